@@ -1,0 +1,23 @@
+# Two entry points for a fresh machine: `make train` and `make test`. Both build the venv first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup train test
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+train: $(STAMP)
+	$(PY) -m train
+
+# Tests submit real jobs to a loopback Slurm that the project starts itself (and stops afterwards).
+test: $(STAMP)
+	bash scripts/slurm-local.sh start
+	eval "$$(bash scripts/slurm-local.sh status)" && $(PY) -m pytest -q $(PYTEST_ARGS); \
+	  rc=$$?; bash scripts/slurm-local.sh stop; exit $$rc
