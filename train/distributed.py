@@ -1,0 +1,36 @@
+"""The distributed environment composer reads, from the submitit job this process runs in.
+
+One task per device: submitit starts every rank itself (locally or through srun), so there is no torchrun
+or composer launcher. CUDA_VISIBLE_DEVICES is left alone: composer picks `cuda:{LOCAL_RANK}`.
+"""
+import os
+import zlib
+
+
+def master_port(job_id: str) -> int:
+    """A port every rank of a job derives alike, and that differs between jobs sharing a node."""
+    return 20000 + zlib.crc32(str(job_id).encode()) % 20000
+
+
+def export_from_submitit() -> dict:
+    """Set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT; return them.
+
+    Outside a submitit job (a plain run) nothing is set: composer then runs as a single process.
+    """
+    if "SUBMITIT_EXECUTOR" not in os.environ:
+        return {}
+    import submitit
+
+    job = submitit.JobEnvironment()
+    env = {
+        "RANK": job.global_rank,
+        "WORLD_SIZE": job.num_tasks,
+        "LOCAL_RANK": job.local_rank,
+        "LOCAL_WORLD_SIZE": job.num_tasks // job.num_nodes,
+        "NODE_RANK": job.node,
+        "MASTER_ADDR": job.hostnames[0],
+        "MASTER_PORT": master_port(job.job_id),
+    }
+    env = {k: str(v) for k, v in env.items()}
+    os.environ.update(env)
+    return env

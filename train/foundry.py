@@ -1,0 +1,14 @@
+"""Our composed config -> the DictConfig that llm-foundry's train() takes."""
+from omegaconf import DictConfig, OmegaConf
+
+from train.validate import PRODUCT_KEYS
+
+
+def foundry_config(cfg: DictConfig) -> DictConfig:
+    """Resolve every interpolation (ours included) and keep only llm-foundry's keys.
+
+    Resolving here, while Hydra's context is live, is what lets `${hydra:...}` and our resolvers appear in
+    the config: llm-foundry resolves again and must find plain values.
+    """
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    return OmegaConf.create({k: v for k, v in plain.items() if k not in PRODUCT_KEYS and k != "hydra"})

@@ -1,0 +1,68 @@
+"""Mock data, like Megatron's: a synthetic token stream written as MDS, and a byte-level tokenizer beside it.
+
+The stream is learnable (each document counts up from a random start with a random stride), so a tiny model's
+loss visibly falls within a few dozen steps. Generation is deterministic: every rank may write it, the first
+complete copy is renamed into place, and the others are thrown away.
+"""
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+EOS = "<|endoftext|>"
+BYTES = 256  # token ids 0..255 are bytes; 256 is EOS
+
+
+def write_tokenizer(folder: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([EOS])
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "bos_token": EOS, "unk_token": EOS,
+        "pad_token": EOS, "model_max_length": 1 << 30}))
+
+
+def token_stream(n_tokens: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    out, total = [], 0
+    while total < n_tokens:
+        length = int(rng.integers(16, 256))
+        doc = (rng.integers(0, BYTES) + rng.integers(1, 4) * np.arange(length)) % BYTES
+        out += [doc, [BYTES]]
+        total += length + 1
+    return np.concatenate(out)[:n_tokens].astype(np.int32)
+
+
+def write_split(folder: Path, samples: int, seq_len: int, seed: int) -> None:
+    from streaming import MDSWriter
+
+    tokens = token_stream(samples * seq_len, seed).reshape(samples, seq_len)
+    with MDSWriter(out=str(folder), columns={"tokens": "ndarray:int32"}) as writer:
+        for row in tokens:
+            writer.write({"tokens": row})
+
+
+def ensure(folder: str, seq_len: int, train_samples: int, val_samples: int) -> Path:
+    """Write the mock dataset at `folder` unless a complete one is already there."""
+    final = Path(folder)
+    if (final / "val" / "index.json").is_file():
+        return final
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write_tokenizer(tmp / "tokenizer")
+    write_split(tmp / "train", train_samples, seq_len, seed=0)
+    write_split(tmp / "val", val_samples, seq_len, seed=1)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp.rename(final)
+    except OSError:  # another rank finished first; its copy is identical
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
