@@ -450,7 +450,7 @@ cmd_stop() {
 }
 
 cmd_status() {
-  echo "export SLURM_CONF=$CONF"
+  printf 'export SLURM_CONF=%q\n' "$CONF"
   local d pid up=0
   if [[ -s $NODES_FILE ]]; then
     for d in $(daemon_names); do

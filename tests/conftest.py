@@ -1,0 +1,64 @@
+"""Shared pytest fixtures."""
+
+# ---------------------------------------------------------------------------------------------------
+# Fixture `slurm`: a real Slurm cluster on loopback (scripts/slurm-local.sh), session-scoped.
+# It starts the cluster if needed (idempotent), exports SLURM_CONF for this process and everything it
+# spawns, and yields the path of slurm.conf. It never stops the cluster: `make test` does that.
+# ---------------------------------------------------------------------------------------------------
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+_REPO = Path(__file__).resolve().parents[1]
+_SLURM_LOCAL = _REPO / "scripts" / "slurm-local.sh"
+_SLURM_HOWTO = f"start it as root with: sudo bash {_SLURM_LOCAL.relative_to(_REPO)} start"
+
+
+def _slurm_local(command: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(_SLURM_LOCAL), command],
+        cwd=_REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """Path of the loopback cluster's slurm.conf, with os.environ["SLURM_CONF"] set to it."""
+    status = _slurm_local("status", timeout=60)
+    if status.returncode != 0:
+        # Starting needs root (slurmd) and, on a fresh machine, apt-get to install the packages.
+        if os.geteuid() != 0:
+            pytest.skip(f"the loopback Slurm cluster is not running and needs root; {_SLURM_HOWTO}")
+        if shutil.which("sbatch") is None and shutil.which("apt-get") is None:
+            pytest.skip(f"Slurm is not installed and apt-get is unavailable; {_SLURM_HOWTO}")
+        # A cold start includes apt-get update + install (about 15 s here, longer on slow mirrors).
+        start = _slurm_local("start", timeout=900)
+        if start.returncode != 0:
+            pytest.fail(
+                f"{_SLURM_LOCAL.name} start failed (exit {start.returncode}):\n"
+                f"{start.stdout}\n{start.stderr}",
+                pytrace=False,
+            )
+        status = _slurm_local("status", timeout=60)
+        if status.returncode != 0:
+            pytest.fail(f"cluster not up right after start:\n{status.stdout}\n{status.stderr}", pytrace=False)
+    first = status.stdout.splitlines()[0] if status.stdout else ""
+    words = shlex.split(first)
+    if len(words) != 2 or words[0] != "export" or not words[1].startswith("SLURM_CONF="):
+        pytest.fail(f"unexpected first line of `{_SLURM_LOCAL.name} status`: {first!r}", pytrace=False)
+    conf = words[1].split("=", 1)[1]
+    os.environ["SLURM_CONF"] = conf
+    yield conf
+
+
+# ---------------------------------------------------------------------------------------------------
+# End of fixture `slurm`.
+# ---------------------------------------------------------------------------------------------------
