@@ -1,0 +1,107 @@
+"""Composition: every preset combination is a valid llm-foundry config, and llm-foundry's own override lines
+land where llm-foundry reads them."""
+import itertools
+
+import pytest
+from omegaconf import OmegaConf
+
+from train.compose import CONF, compose
+from train.estimate import param_count
+from train.foundry import foundry_config
+from train.validate import FOUNDRY_KEYS
+
+MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+STORAGES = sorted(p.stem for p in (CONF / "storage").glob("*.yaml"))
+CHECKPOINTS = sorted(p.stem for p in (CONF / "checkpoint").glob("*.yaml"))
+
+
+def test_presets_exist():
+    assert {"mpt-125m", "mpt-350m", "mpt-760m", "mpt-1b", "mpt-3b", "mpt-7b", "mpt-13b", "mpt-30b", "mpt-70b",
+            "gpt175b", "gpt-375m", "gpt-857m", "mpt-tiny"} <= set(MODELS)
+    assert {"local", "amlfs", "blob", "fsx"} <= set(STORAGES)
+    assert {"sharded", "full", "none"} <= set(CHECKPOINTS)
+
+
+def test_product_keys_match_llm_foundry_train_config():
+    from llmfoundry.utils.config_utils import TRAIN_CONFIG_KEYS
+
+    assert FOUNDRY_KEYS == TRAIN_CONFIG_KEYS
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_combination_passes_llm_foundry_validation(model):
+    from llmfoundry.command_utils.train import validate_config
+    from llmfoundry.utils.config_utils import TRAIN_CONFIG_KEYS, TrainConfig, make_dataclass_and_log_config
+
+    for storage, checkpoint in itertools.product(STORAGES, CHECKPOINTS):
+        cfg = foundry_config(compose([f"model={model}", f"storage={storage}", f"checkpoint={checkpoint}"]))
+        _, train_cfg = make_dataclass_and_log_config(cfg, TrainConfig, TRAIN_CONFIG_KEYS, transforms="all")
+        validate_config(train_cfg)
+        assert train_cfg.model["n_layers"] > 0
+        if checkpoint == "none":
+            assert train_cfg.save_folder is None and not train_cfg.autoresume
+        else:
+            assert train_cfg.save_folder.endswith(train_cfg.run_name) and train_cfg.autoresume
+            assert train_cfg.fsdp_config["state_dict_type"] == checkpoint
+
+
+@pytest.mark.parametrize("model,billions", [("mpt-30b", 29.9), ("mpt-70b", 64.8), ("gpt175b", 175.0),
+                                            ("mpt-125m", 0.125), ("mpt-7b", 6.7)])
+def test_param_counts_match_published_sizes(model, billions):
+    assert param_count(compose([f"model={model}"]).model) / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+@pytest.mark.parametrize("model", ["mpt-tiny", "gpt-375m"])
+def test_param_count_formula_matches_the_built_model(model):
+    """The light formula (used by plans) against llm-foundry's own MPT, built on the meta device."""
+    import torch
+    from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
+
+    model_cfg = OmegaConf.to_container(foundry_config(compose([f"model={model}"])).model)
+    kwargs = {k: v for k, v in model_cfg.items() if k not in ("name", "loss_fn")}
+    kwargs["init_device"] = "meta"
+    with torch.device("meta"):
+        built = MPTForCausalLM(MPTConfig(**kwargs))
+    assert sum(p.numel() for p in built.parameters()) == param_count(model_cfg)
+
+
+def test_llm_foundry_override_lines_land_where_llm_foundry_reads_them():
+    cfg = foundry_config(compose([
+        "variables.data_local=/data/my-copy-c4", "save_folder=/data/checkpoints", "save_interval=1000ba",
+        "save_num_checkpoints_to_keep=10", "fsdp_config.state_dict_type=sharded", "data=c4",
+    ]))
+    assert cfg.train_loader.dataset.local == cfg.eval_loader.dataset.local == "/data/my-copy-c4"
+    assert cfg.save_folder == "/data/checkpoints"
+    assert cfg.save_interval == "1000ba"
+    assert cfg.save_num_checkpoints_to_keep == 10
+    assert cfg.fsdp_config.state_dict_type == "sharded"
+
+    cfg = foundry_config(compose(["data=c4", "variables.data_remote=/blob/my-copy-c4",
+                                  "variables.data_local=/tmp/local-storage"]))
+    assert cfg.train_loader.dataset.remote == "/blob/my-copy-c4"
+    assert cfg.train_loader.dataset.local == "/tmp/local-storage"
+
+
+def test_product_keys_are_dropped_and_hydra_context_resolved():
+    cfg = foundry_config(compose(["model=mpt-125m"]))
+    assert not {"cluster", "storage", "data", "checkpoint", "plan", "hydra"} & set(cfg)
+    assert "${" not in OmegaConf.to_yaml(cfg)
+
+
+def test_run_name_is_stable_per_command_and_differs_between_commands():
+    a = compose(["model=mpt-125m", "optimizer.lr=1e-4"]).run_name
+    assert a == compose(["optimizer.lr=1e-4", "model=mpt-125m"]).run_name  # order does not matter
+    assert a == compose(["model=mpt-125m", "optimizer.lr=1e-4", "plan=true"]).run_name
+    assert a != compose(["model=mpt-125m", "optimizer.lr=2e-4"]).run_name
+    assert a.startswith("mpt-125m-")
+    assert compose(["run_name=mine"]).run_name == "mine"
+
+
+def test_storage_presets_route_data_and_checkpoints():
+    blob = foundry_config(compose(["storage=blob", "data=c4"]))
+    assert blob.variables.data_remote == "/blob/datasets/c4"
+    assert blob.variables.data_local.startswith("/tmp/local-storage/")  # node-local cache, one per run
+    amlfs = foundry_config(compose(["storage=amlfs", "data=c4"]))
+    assert amlfs.variables.data_local == "/data/datasets/c4" and amlfs.variables.data_remote is None
+    assert amlfs.save_folder.startswith("/data/checkpoints/")
+    assert foundry_config(compose(["storage=fsx"])).save_folder.startswith("/fsx/checkpoints/")
