@@ -1,0 +1,94 @@
+"""compose (Hydra) -> validate -> plan -> run this process's parts -> merge when every block is complete."""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+from data_prep.encode import EncoderPool
+from data_prep.errors import DataPrepError
+from data_prep.inputs import Source, resolve_sources
+from data_prep.mds import ShardWriter
+from data_prep.merge import all_complete, merge
+from data_prep.part import is_complete, run_blocks
+from data_prep.plan import Block, assign_parts, check_out_root, make_blocks, plan_document, source_weight, write_plan
+from data_prep.report import Progress, print_skipped, print_summary, summarize
+from data_prep.settings import Settings, settings_from
+from data_prep.tokenizer import LoadedTokenizer, load_tokenizer
+
+
+@dataclass
+class Job:
+    settings: Settings
+    tokenizer: LoadedTokenizer
+    sources: list[Source]
+    blocks: list[Block]
+    parts: list[list[Block]]
+    plan: dict
+
+    def weight(self, block: Block) -> int:
+        return source_weight(block, {s.path: s.size for s in self.sources})
+
+
+def prepare(cfg: DictConfig) -> Job:
+    """Every check that can fail, before anything is written."""
+    settings = settings_from(cfg)
+    minimum = ShardWriter.min_size_limit(settings.concat_tokens)
+    if settings.size_limit < minimum:
+        raise DataPrepError("size_limit", f"{settings.size_limit} bytes cannot hold one sample of "
+                            f"{settings.concat_tokens} tokens", f"use size_limit >= {minimum}")
+    sources = resolve_sources(settings)
+    tokenizer = load_tokenizer(settings)
+    blocks = make_blocks(sources, settings.block_bytes)
+    parts = assign_parts(blocks, settings.num_parts, {s.path: s.size for s in sources})
+    plan = plan_document(settings, sources, blocks, tokenizer.fingerprint)
+    check_out_root(settings, plan)
+    return Job(settings, tokenizer, sources, blocks, parts, plan)
+
+
+def run(cfg: DictConfig, started: float | None = None) -> dict | None:
+    started = time.perf_counter() if started is None else started
+    job = prepare(cfg)
+    s, split_dir = job.settings, job.settings.split_dir
+    write_plan(split_dir, job.plan)
+
+    part_ids = range(s.num_parts) if s.part is None else [s.part]
+    mine = [b for p in part_ids for b in job.parts[p]]
+    todo = [b for b in mine if not is_complete(split_dir, b)]
+    label = "data_prep" if s.part is None else f"part {s.part}/{s.num_parts}"
+    progress = Progress(sum(job.weight(b) for b in todo), label, s.progress)
+    tok = job.tokenizer
+    try:
+        with EncoderPool(tok.tokenizer, s.dataset.text_key, tok.bos_ids, tok.eos_ids, s.workers) as pool:
+            stats = run_blocks(split_dir, todo, s, pool, progress)
+    finally:
+        progress.close()
+    wall = time.perf_counter() - started
+    this_run = {
+        "part": s.part,
+        "num_parts": s.num_parts,
+        "workers": s.workers,
+        "blocks_done": stats.blocks_done,
+        "blocks_skipped": len(mine) - len(todo),
+        "docs": stats.docs,
+        "tokens": stats.tokens,
+        "wall_seconds": round(wall, 3),
+        "tokens_per_second": round(stats.tokens / wall, 1),
+        "docs_per_second": round(stats.docs / wall, 1),
+    }
+    if not all_complete(split_dir, job.blocks):
+        print_skipped(stats.examples, sum(stats.skipped.values()))
+        print(f"data_prep: {label} finished ({stats.blocks_done} blocks, {stats.tokens:,} tokens, "
+              f"{stats.tokens / wall / 1e6:.2f}M tokens/s); other parts are still missing blocks, so the merge "
+              f"runs when the last part finishes (or run again without part= to merge)", file=sys.stderr)
+        return None
+    totals = merge(split_dir, job.blocks, s)
+    summary = summarize(split_dir, totals, this_run)
+    print_skipped(totals["skipped_examples"], totals["skipped_lines"])
+    print_summary(summary)
+    if totals["samples"] == 0:
+        print(f"data_prep: warning: the input holds fewer than concat_tokens={s.concat_tokens} tokens, "
+              f"so the dataset has no samples", file=sys.stderr)
+    return summary

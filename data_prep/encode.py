@@ -1,0 +1,131 @@
+"""Parse, check and tokenize chunks of JSON lines on every core (one single-threaded process per core).
+
+Processes rather than the tokenizer's own thread pool: JSON parsing and turning ids into arrays are Python
+work that threads would serialise behind the GIL, which caps a many-core node far below its tokenizer speed.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+from tokenizers import Tokenizer
+
+# Set in each worker by _init (fork copies the already-loaded tokenizer; nothing is pickled).
+_TOK: Tokenizer | None = None
+_TEXT_KEY = "text"
+_BOS: list[int] = []
+_EOS: list[int] = []
+
+
+@dataclass
+class ChunkResult:
+    tokens: np.ndarray  # int32: bos + ids + eos of every good document, in order
+    docs: int
+    lines: int
+    errors: list[tuple[int, str]]  # (0-based line index within the chunk, reason)
+
+
+def _init(tok: Tokenizer, text_key: str, bos: list[int], eos: list[int]) -> None:
+    global _TOK, _TEXT_KEY, _BOS, _EOS
+    # One process per core already: the tokenizer's own threads would only oversubscribe the CPUs.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    _TOK, _TEXT_KEY, _BOS, _EOS = tok, text_key, list(bos), list(eos)
+
+
+def _check_line(line: bytes) -> tuple[str | None, str]:
+    """(text, "") for a good document, (None, reason) for a line to skip."""
+    try:
+        obj = json.loads(line)
+    except UnicodeDecodeError:
+        return None, "invalid UTF-8"
+    except ValueError as err:
+        if not line.strip():
+            return None, "blank line"
+        return None, f"invalid JSON ({getattr(err, 'msg', err)} at column {getattr(err, 'colno', '?')})"
+    if not isinstance(obj, dict):
+        return None, "not a JSON object"
+    text = obj.get(_TEXT_KEY)
+    if text is None:
+        return None, f"missing {_TEXT_KEY!r} field"
+    if not isinstance(text, str):
+        return None, f"{_TEXT_KEY!r} is not a string"
+    if not text or text.isspace():
+        return None, "empty document"
+    if b"\\ud" in line or b"\\uD" in line:
+        # JSON may escape half a surrogate pair, which is not text and which the tokenizer cannot take.
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return None, "invalid UTF-8 (unpaired surrogate escape)"
+    return text, ""
+
+
+def encode_chunk(chunk: bytes) -> ChunkResult:
+    lines = chunk.split(b"\n")
+    if lines and not lines[-1]:
+        lines.pop()  # the chunk's final newline
+    texts: list[str] = []
+    errors: list[tuple[int, str]] = []
+    for i, line in enumerate(lines):
+        text, reason = _check_line(line)
+        if text is None:
+            errors.append((i, reason))
+        else:
+            texts.append(text)
+    encode = getattr(_TOK, "encode_batch_fast", None) or _TOK.encode_batch  # _fast skips char offsets
+    flat: list[int] = []
+    bos, eos = _BOS, _EOS
+    for enc in encode(texts):
+        if bos:
+            flat += bos
+        flat += enc.ids
+        if eos:
+            flat += eos
+    return ChunkResult(np.array(flat, dtype=np.int32), len(texts), len(lines), errors)
+
+
+class EncoderPool:
+    """Ordered, bounded map of encode_chunk over (meta, chunk) items; chunk None passes meta through."""
+
+    def __init__(self, tok: Tokenizer, text_key: str, bos, eos, workers: int):
+        self.workers = workers
+        self.args = (tok, text_key, list(bos), list(eos))
+        self.pool = None
+
+    def __enter__(self) -> "EncoderPool":
+        if self.workers > 1:
+            # fork: workers start in milliseconds and inherit the loaded tokenizer.
+            self.pool = multiprocessing.get_context("fork").Pool(self.workers, _init, self.args)
+        else:
+            _init(*self.args)
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        if self.pool is not None:
+            if exc_type is None:
+                self.pool.close()
+            else:
+                self.pool.terminate()
+            self.pool.join()
+
+    def map(self, items: Iterable[tuple[Any, bytes | None]]) -> Iterator[tuple[Any, ChunkResult | None]]:
+        if self.pool is None:
+            for meta, chunk in items:
+                yield meta, (encode_chunk(chunk) if chunk is not None else None)
+            return
+        window = 2 * self.workers + 2  # keeps every worker fed while bounding memory to a few MB per core
+        pending: deque = deque()
+        for meta, chunk in items:
+            pending.append((meta, self.pool.apply_async(encode_chunk, (chunk,)) if chunk is not None else None))
+            while len(pending) > window:
+                meta0, fut = pending.popleft()
+                yield meta0, (fut.get() if fut is not None else None)
+        while pending:
+            meta0, fut = pending.popleft()
+            yield meta0, (fut.get() if fut is not None else None)

@@ -1,0 +1,108 @@
+"""input= (files, folders, globs, or nothing for the hub) -> the ordered list of source files."""
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+
+from data_prep.errors import DataPrepError
+from data_prep.settings import Settings
+
+HUB_PREFIX = "hf://datasets/"
+_CODECS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+_UNSUPPORTED = (".bz2", ".xz", ".lz4", ".zip", ".tar", ".parquet", ".arrow")
+
+
+@dataclass(frozen=True)
+class Source:
+    path: str  # absolute local path, or hf://datasets/<repo>/<file>
+    size: int  # bytes on disk (0 when not known yet: hub files)
+    mtime_ns: int
+    codec: str  # plain | gzip | zstd
+
+    @property
+    def splittable(self) -> bool:
+        # Only plain text can be cut into byte ranges; gzip and zstd streams must be read from the start.
+        return self.codec == "plain" and self.size > 0
+
+
+def codec_of(path: str) -> str:
+    lower = path.lower()
+    if lower.endswith(_UNSUPPORTED):
+        raise DataPrepError("input", f"{path}: this compression/format is not supported",
+                            "give JSON lines, plain or compressed with gzip (.gz) or zstd (.zst)")
+    return _CODECS.get(os.path.splitext(lower)[1], "plain")
+
+
+def _local(path: str) -> Source:
+    st = os.stat(path)
+    return Source(os.path.abspath(path), st.st_size, st.st_mtime_ns, codec_of(path))
+
+
+def _expand(item: str, settings: Settings) -> list[str]:
+    path = os.path.expanduser(item)
+    if os.path.isdir(path):
+        found: list[str] = []
+        for pattern in settings.dataset.file_globs:
+            found += glob.glob(os.path.join(glob.escape(path), pattern), recursive=True)
+        files = sorted({f for f in found if os.path.isfile(f)})
+        if not files:
+            raise DataPrepError("input", f"folder {path} holds no {' or '.join(settings.dataset.file_globs)} files "
+                                f"(what dataset={settings.dataset.name} reads)",
+                                "point input= at the files themselves, or pick the dataset= that matches them")
+        return files
+    if os.path.isfile(path):
+        return [path]
+    if glob.has_magic(path):
+        files = sorted(f for f in glob.glob(path, recursive=True) if os.path.isfile(f))
+        if not files:
+            raise DataPrepError("input", f"the pattern {path} matches no files", "check the path and quoting")
+        return files
+    raise DataPrepError("input", f"{path} does not exist", "pass input=<file|folder|glob> of JSON lines")
+
+
+def _hub_sources(settings: Settings) -> list[Source]:
+    ds = settings.dataset
+    if not ds.hub_repo:
+        raise DataPrepError("input", f"is required for dataset={ds.name}", "pass input=<file|folder|glob>")
+    count = ds.hub_shards.get(ds.hub_split)
+    if not count:
+        raise DataPrepError("dataset.hub.split", f"{ds.hub_repo} has no split {ds.hub_split!r} "
+                            f"(known: {', '.join(ds.hub_shards)})", "e.g. split=val dataset.hub.split=validation")
+    _require_hub(ds.hub_repo)
+    names = [f"{ds.hub_subset}/c4-{ds.hub_split}.{i:05d}-of-{count:05d}.json.gz" for i in range(count)]
+    return [Source(f"{HUB_PREFIX}{ds.hub_repo}/{name}", 0, 0, "gzip") for name in names]
+
+
+def _require_hub(repo: str) -> None:
+    fix = "pass input=<folder with c4-*.json.gz files> to read a local copy"
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        raise DataPrepError("input", f"not given, and the hub is switched off (HF_HUB_OFFLINE) for {repo}", fix)
+    try:
+        from huggingface_hub import HfApi
+
+        HfApi().dataset_info(repo, timeout=15)
+    except Exception as err:  # any failure here means "cannot read the hub from this machine"
+        raise DataPrepError("input", f"not given, and the hub ({repo}) is unreachable: {type(err).__name__}", fix) from None
+
+
+def resolve_sources(settings: Settings) -> list[Source]:
+    if not settings.inputs:
+        return _hub_sources(settings)
+    seen: dict[str, Source] = {}
+    for item in settings.inputs:
+        for path in _expand(item, settings):
+            source = _local(path)
+            seen.setdefault(source.path, source)
+    return list(seen.values())
+
+
+def open_local(source: Source) -> str:
+    """Local path for reading: hub files are fetched (and cached) by huggingface_hub on first use."""
+    if not source.path.startswith(HUB_PREFIX):
+        return source.path
+    from huggingface_hub import hf_hub_download
+
+    repo_and_file = source.path[len(HUB_PREFIX):]
+    owner, name, filename = repo_and_file.split("/", 2)
+    return hf_hub_download(f"{owner}/{name}", filename, repo_type="dataset")

@@ -1,0 +1,133 @@
+"""MDS writing for one column `tokens: ndarray:int32` of fixed length, byte-identical to streaming's MDSWriter.
+
+streaming's own writer imports torch (seconds) and encodes sample by sample in Python; every sample here has
+the same length, so a whole shard is laid out with numpy at once. tests/test_data_prep_mds.py checks the
+bytes against MDSWriter and the reading against StreamingDataset.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+COLUMN = {"tokens": "ndarray:int32"}
+INDEX_FILE = "index.json"
+
+
+def _shape_code(length: int) -> tuple[int, str]:
+    # streaming stores a dynamic shape in the smallest unsigned type that holds it.
+    for code, dtype in enumerate(("uint8", "uint16", "uint32", "uint64")):
+        if length < 1 << (8 << code):
+            return code, dtype
+    raise ValueError(length)
+
+
+class ShardWriter:
+    """Writes shard.NNNNN.mds[.zstd] files and index.json into one folder."""
+
+    def __init__(self, folder: Path, concat_tokens: int, compression: str | None, size_limit: int):
+        self.folder = Path(folder)
+        self.length = concat_tokens
+        self.compression = compression
+        self.size_limit = size_limit
+        self.config = {
+            "column_encodings": ["ndarray:int32"],
+            "column_names": ["tokens"],
+            "column_sizes": [None],
+            "compression": compression,
+            "format": "mds",
+            "hashes": [],
+            "size_limit": size_limit,
+            "version": 2,
+        }
+        self.config_data = json.dumps(self.config, sort_keys=True).encode("utf-8")
+        code, shape_dtype = _shape_code(concat_tokens)
+        # One sample: [uint32 size of the column][ndim<<2 | shape code][shape][int32 values].
+        datum = bytes([(1 << 2) | code]) + np.array([concat_tokens], shape_dtype).tobytes()
+        self.sample_head = np.frombuffer(np.uint32(len(datum) + 4 * concat_tokens).tobytes() + datum, np.uint8)
+        self.sample_bytes = len(self.sample_head) + 4 * concat_tokens
+        base = 4 + 4 + len(self.config_data)  # what MDSWriter counts for an empty shard
+        self.per_shard = (size_limit - base) // (self.sample_bytes + 4) if size_limit else 1 << 62
+        self.pending: list[np.ndarray] = []
+        self.pending_count = 0
+        self.shards: list[dict] = []
+        self.samples = 0
+
+    @staticmethod
+    def min_size_limit(concat_tokens: int) -> int:
+        probe = ShardWriter(Path("."), concat_tokens, None, 1 << 26)
+        return 4 + 4 + len(probe.config_data) + probe.sample_bytes + 4 + 64  # room for one sample plus config
+
+    def add(self, samples: np.ndarray) -> None:
+        """samples: int32 array of shape (n, concat_tokens)."""
+        if len(samples) == 0:
+            return
+        self.pending.append(samples)
+        self.pending_count += len(samples)
+        while self.pending_count >= self.per_shard:
+            self._flush(self.per_shard)
+
+    def _flush(self, count: int) -> None:
+        block = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
+        head, rest = block[:count], block[count:]
+        self.pending = [rest] if len(rest) else []
+        self.pending_count = len(rest)
+        self._write_shard(head)
+
+    def _write_shard(self, samples: np.ndarray) -> None:
+        n = len(samples)
+        rows = np.empty((n, self.sample_bytes), np.uint8)
+        rows[:, : len(self.sample_head)] = self.sample_head
+        rows[:, len(self.sample_head):] = np.ascontiguousarray(samples, dtype="<i4").view(np.uint8).reshape(n, -1)
+        header = 4 + 4 * (n + 1) + len(self.config_data)
+        offsets = (header + self.sample_bytes * np.arange(n + 1, dtype=np.int64)).astype("<u4")
+        raw = b"".join((np.uint32(n).tobytes(), offsets.tobytes(), self.config_data, rows.tobytes()))
+        number = len(self.shards)
+        raw_name = f"shard.{number:05d}.mds"
+        raw_info = {"basename": raw_name, "bytes": len(raw), "hashes": {}}
+        zip_info = None
+        data, name = raw, raw_name
+        if self.compression:
+            import zstd  # the same binding streaming uses, so compressed shards match MDSWriter's bytes
+
+            level = int(self.compression.split(":")[1]) if ":" in self.compression else 3
+            data, name = zstd.compress(raw, level), f"{raw_name}.zstd"
+            zip_info = {"basename": name, "bytes": len(data), "hashes": {}}
+        with open(self.folder / name, "wb") as fh:
+            fh.write(data)
+        shard = {"samples": n, "raw_data": raw_info, "zip_data": zip_info}
+        shard.update(self.config)
+        self.shards.append(shard)
+        self.samples += n
+
+    def finish(self) -> list[dict]:
+        if self.pending_count:
+            self._flush(self.pending_count)
+        write_index(self.folder, self.shards)
+        return self.shards
+
+
+def write_index(folder: Path, shards: list[dict]) -> None:
+    tmp = Path(folder) / f".{INDEX_FILE}.tmp-{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump({"shards": shards, "version": 2}, fh, sort_keys=True)
+    os.replace(tmp, Path(folder) / INDEX_FILE)
+
+
+def read_index(folder: Path) -> list[dict]:
+    with open(Path(folder) / INDEX_FILE) as fh:
+        return json.load(fh)["shards"]
+
+
+def prefixed(shards: list[dict], subfolder: str) -> list[dict]:
+    """Shard entries as seen from the parent folder (what streaming's merge_index does)."""
+    out = []
+    for shard in shards:
+        shard = dict(shard)
+        for key in ("raw_data", "zip_data"):
+            if shard.get(key):
+                shard[key] = dict(shard[key], basename=f"{subfolder}/{shard[key]['basename']}")
+        out.append(shard)
+    return out

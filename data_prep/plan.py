@@ -1,0 +1,165 @@
+"""Cut the sources into blocks, group blocks into parts, and guard out_root.
+
+A block is the unit of output: its samples depend only on its own bytes, so the merged dataset is the same
+whatever num_parts is and however the parts were dispatched or interrupted. Each compressed file is one
+block; a plain file larger than block_bytes is cut into byte ranges of block_bytes (on line boundaries).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from data_prep.errors import DataPrepError
+from data_prep.inputs import Source
+from data_prep.settings import Settings
+
+PLAN_FILE = "data_prep_plan.json"
+SUMMARY_FILE = "data_prep_summary.json"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Block:
+    index: int
+    path: str
+    codec: str
+    start: int  # byte offset; lines are owned by the block in which they start
+    end: int | None  # None: to the end of the file
+
+    @property
+    def folder(self) -> str:
+        return f"block-{self.index:05d}"
+
+    @property
+    def weight(self) -> int:
+        return (self.end - self.start) if self.end is not None else 1
+
+
+def make_blocks(sources: list[Source], block_bytes: int) -> list[Block]:
+    blocks: list[Block] = []
+    for src in sources:
+        if src.splittable and src.size > block_bytes:
+            for start in range(0, src.size, block_bytes):
+                end = min(start + block_bytes, src.size)
+                blocks.append(Block(len(blocks), src.path, src.codec, start, end))
+        else:
+            end = src.size if src.size and src.codec == "plain" else None
+            blocks.append(Block(len(blocks), src.path, src.codec, 0, end))
+    return blocks
+
+
+def source_weight(block: Block, sizes: dict[str, int]) -> int:
+    return block.weight if block.end is not None else max(sizes.get(block.path, 0), 1)
+
+
+def assign_parts(blocks: list[Block], num_parts: int, sizes: dict[str, int]) -> list[list[Block]]:
+    """Contiguous runs of blocks with about equal bytes per part (some parts are empty if blocks are few)."""
+    weights = [source_weight(b, sizes) for b in blocks]
+    total = sum(weights) or 1
+    parts: list[list[Block]] = [[] for _ in range(num_parts)]
+    done = 0
+    for block, weight in zip(blocks, weights):
+        # A block goes to the part whose share of the bytes holds the block's midpoint.
+        part = min(num_parts - 1, (2 * done + weight) * num_parts // (2 * total))
+        parts[part].append(block)
+        done += weight
+    return parts
+
+
+def plan_document(settings: Settings, sources: list[Source], blocks: list[Block], tokenizer_fingerprint: str) -> dict:
+    """Everything the output bytes depend on; num_parts, part, workers and strict are deliberately absent."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "settings": {
+            "dataset": settings.dataset.name,
+            "text_key": settings.dataset.text_key,
+            "tokenizer": settings.tokenizer,
+            "tokenizer_sha256": tokenizer_fingerprint,
+            "concat_tokens": settings.concat_tokens,
+            "eos_text": settings.eos_text,
+            "bos_text": settings.bos_text,
+            "compression": settings.compression,
+            "size_limit": settings.size_limit,
+            "block_bytes": settings.block_bytes,
+        },
+        "sources": [{"path": s.path, "size": s.size, "mtime_ns": s.mtime_ns} for s in sources],
+        "blocks": [asdict(b) for b in blocks],
+    }
+
+
+def plan_bytes(plan: dict) -> bytes:
+    return (json.dumps(plan, indent=1, sort_keys=True) + "\n").encode()
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    diffs = [f"{k}: {old.get('settings', {}).get(k)!r} then, {v!r} now"
+             for k, v in new["settings"].items() if old.get("settings", {}).get(k) != v]
+    if old.get("sources") != new["sources"]:
+        diffs.append("the input files (or their sizes/modification times) changed")
+    if not diffs and old != new:
+        diffs.append("the plan format changed")
+    return diffs
+
+
+def _probe_writable(folder: Path, key: str = "out_root") -> None:
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise DataPrepError(key, f"{existing} is a file, so {folder} cannot be created", "choose another out_root")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".data_prep-probe-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise DataPrepError(key, f"cannot write in {existing} ({err.strerror})",
+                            "choose a folder you can write to, or fix its permissions") from None
+
+
+def check_out_root(settings: Settings, plan: dict) -> None:
+    """Refuse anything that could overwrite or mix with another dataset. Writes nothing."""
+    out_root, split_dir = settings.out_root, settings.split_dir
+    if out_root.exists() and not out_root.is_dir():
+        raise DataPrepError("out_root", f"{out_root} is a file, not a folder", "choose a folder for out_root")
+    if (out_root / "index.json").exists():
+        raise DataPrepError("out_root", f"{out_root} is itself an MDS dataset (it has index.json); out_root is the "
+                            f"folder that holds <split>/ folders", "choose an empty or new out_root")
+    if split_dir.exists():
+        if not split_dir.is_dir():
+            raise DataPrepError("out_root", f"{split_dir} is a file", "choose another out_root or split")
+        plan_file = split_dir / PLAN_FILE
+        if plan_file.exists():
+            try:
+                old = json.loads(plan_file.read_text())
+            except (OSError, ValueError):
+                old = {}
+            diffs = _differences(old, plan)
+            if diffs:
+                raise DataPrepError("out_root", f"{split_dir} holds another dataset made with different settings: "
+                                    + "; ".join(diffs),
+                                    "choose a new out_root (or split), or delete that folder to start over")
+        elif any(split_dir.iterdir()):
+            what = "an MDS dataset" if (split_dir / "index.json").exists() else "files"
+            raise DataPrepError("out_root", f"{split_dir} already holds {what} that data_prep did not write",
+                                "choose a new out_root (or split), or empty that folder")
+    _probe_writable(split_dir)
+
+
+def write_plan(split_dir: Path, plan: dict) -> None:
+    """Every part writes the same bytes, so concurrent parts may race here harmlessly."""
+    split_dir.mkdir(parents=True, exist_ok=True)
+    target = split_dir / PLAN_FILE
+    if target.exists():
+        return
+    atomic_write(target, plan_bytes(plan))
+
+
+def atomic_write(target: Path, data: bytes) -> None:
+    tmp = target.parent / f".{target.name}.tmp-{socket.gethostname()}-{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, target)

@@ -1,0 +1,167 @@
+"""Typed, checked view of the composed config. Pure: reads nothing but the config."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from data_prep.errors import DataPrepError
+
+# MDS stores sample byte offsets as uint32, so a shard can never reach 4 GiB (streaming enforces the same).
+MAX_SHARD_BYTES = 2**32 - 1
+
+
+@dataclass(frozen=True)
+class DatasetKind:
+    name: str
+    file_globs: tuple[str, ...]  # tried inside a folder given as input=
+    text_key: str
+    # Only c4: read from the hub when no input= is given. hub_shards maps a hub split to its file count.
+    hub_repo: Optional[str]
+    hub_subset: str
+    hub_split: str
+    hub_shards: dict
+
+
+@dataclass(frozen=True)
+class Settings:
+    dataset: DatasetKind
+    inputs: tuple[str, ...]  # as given; empty means "the hub", resolved in inputs.py
+    out_root: Path
+    split: str
+    tokenizer: str
+    concat_tokens: int
+    eos_text: str
+    bos_text: str
+    compression: Optional[str]
+    size_limit: int
+    num_parts: int
+    part: Optional[int]  # None: every part in this process, then merge
+    workers: int
+    strict: bool
+    block_bytes: int
+    model: Optional[str]
+    model_vocab_size: Optional[int]
+    progress: bool
+
+    @property
+    def split_dir(self) -> Path:
+        return self.out_root / self.split
+
+
+def _int(cfg: DictConfig, key: str, minimum: int, allow_none: bool = False) -> Optional[int]:
+    value = cfg.get(key)
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise DataPrepError(key, f"must be an integer >= {minimum}, got {value!r}", f"pass {key}=<integer>")
+    return value
+
+
+def _text(cfg: DictConfig, key: str) -> str:
+    value = cfg.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise DataPrepError(key, f"must be a string, got {value!r}", f"quote it: {key}='...'")
+    return value
+
+
+def _compression(value) -> Optional[str]:
+    if value in (None, "", "null", "none", "None"):
+        return None
+    match = re.fullmatch(r"zstd(?::(\d+))?", str(value))
+    if not match or (match.group(1) and not 1 <= int(match.group(1)) <= 22):
+        raise DataPrepError("compression", f"{value!r} is not supported", "use compression=null, zstd or zstd:<1-22>")
+    return str(value)
+
+
+def _inputs(value) -> tuple[str, ...]:
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    items = OmegaConf.to_container(value) if not isinstance(value, (list, tuple)) else list(value)
+    if not isinstance(items, list) or not all(isinstance(v, str) and v for v in items):
+        raise DataPrepError("input", f"must be a path, a glob or a list of them, got {value!r}")
+    return tuple(items)
+
+
+def _dataset(cfg: DictConfig) -> DatasetKind:
+    ds = cfg.get("dataset")
+    if not isinstance(ds, DictConfig) or not ds.get("name"):
+        raise DataPrepError("dataset", "no dataset kind selected", "pass dataset=c4, dataset=slimpajama or dataset=jsonl")
+    globs = ds.get("file_globs") or []
+    if isinstance(globs, str):
+        globs = [globs]
+    text_key = ds.get("text_key")
+    if not isinstance(text_key, str) or not text_key:
+        raise DataPrepError("dataset.text_key", f"must name the JSON field holding the text, got {text_key!r}",
+                            "e.g. dataset.text_key=text")
+    hub = ds.get("hub") or {}
+    return DatasetKind(
+        name=str(ds.name),
+        file_globs=tuple(str(g) for g in globs),
+        text_key=text_key,
+        hub_repo=hub.get("repo"),
+        hub_subset=str(hub.get("subset") or ""),
+        hub_split=str(hub.get("split") or ""),
+        hub_shards=dict(hub.get("shards") or {}),
+    )
+
+
+def default_workers() -> int:
+    # Slurm and taskset restrict the CPUs a job may use; os.cpu_count() would ignore that.
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def settings_from(cfg: DictConfig) -> Settings:
+    out_root = cfg.get("out_root")
+    if not out_root or not isinstance(out_root, str):
+        raise DataPrepError("out_root", "is required", "pass out_root=<folder that will hold the <split>/ dataset>")
+    tokenizer = cfg.get("tokenizer")
+    if not tokenizer or not isinstance(tokenizer, str):
+        raise DataPrepError("tokenizer", "is required",
+                            "pass tokenizer=<folder containing tokenizer.json> or a hub name such as EleutherAI/gpt-neox-20b")
+    split = cfg.get("split")
+    if not isinstance(split, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", split) or split in (".", ".."):
+        raise DataPrepError("split", f"must be a plain folder name such as train or val, got {split!r}")
+    num_parts = _int(cfg, "num_parts", 1)
+    part = _int(cfg, "part", 0, allow_none=True)
+    if part is not None and part >= num_parts:
+        raise DataPrepError("part", f"is {part} but num_parts={num_parts} (parts are 0..{num_parts - 1})",
+                            f"sweep -m part=range(0,{num_parts}) or raise num_parts")
+    workers = _int(cfg, "workers", 1, allow_none=True) or default_workers()
+    size_limit = _int(cfg, "size_limit", 1)
+    if size_limit > MAX_SHARD_BYTES:
+        raise DataPrepError("size_limit", f"{size_limit} bytes does not fit MDS's uint32 offsets", "use size_limit <= 4294967295")
+    strict = cfg.get("strict")
+    if not isinstance(strict, bool):
+        raise DataPrepError("strict", f"must be true or false, got {strict!r}")
+    model = cfg.get("model")
+    if model is not None and not isinstance(model, str):
+        raise DataPrepError("model", f"must be a model preset name from conf/model, got {model!r}")
+    return Settings(
+        dataset=_dataset(cfg),
+        inputs=_inputs(cfg.get("input")),
+        out_root=Path(os.path.expanduser(out_root)).absolute(),
+        split=split,
+        tokenizer=tokenizer,
+        concat_tokens=_int(cfg, "concat_tokens", 1),
+        eos_text=_text(cfg, "eos_text"),
+        bos_text=_text(cfg, "bos_text"),
+        compression=_compression(cfg.get("compression")),
+        size_limit=size_limit,
+        num_parts=num_parts,
+        part=part,
+        workers=workers,
+        strict=strict,
+        block_bytes=_int(cfg, "block_bytes", 1),
+        model=model,
+        model_vocab_size=_int(cfg, "model_vocab_size", 1, allow_none=True),
+        progress=bool(cfg.get("progress", True)),
+    )

@@ -1,0 +1,113 @@
+"""Load the tokenizer (a folder with tokenizer.json, or a hub name) and check it against the settings."""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from dataclasses import dataclass
+
+from tokenizers import Tokenizer
+
+from data_prep.errors import DataPrepError
+from data_prep.settings import Settings
+
+INT32_LIMIT = 2**31
+
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    tokenizer: Tokenizer
+    fingerprint: str  # sha256 of the tokenizer definition: a different tokenizer means a different dataset
+    vocab_size: int  # largest id + 1
+    bos_ids: tuple[int, ...]
+    eos_ids: tuple[int, ...]
+
+
+def _from_file(path: str) -> tuple[Tokenizer, str]:
+    with open(path, "rb") as fh:
+        digest = hashlib.sha256(fh.read()).hexdigest()
+    return Tokenizer.from_file(path), digest
+
+
+def _from_hub(name: str) -> tuple[Tokenizer, str]:
+    # transformers costs seconds to import and needs the network, so only hub names pay for it.
+    try:
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(name)
+    except Exception as err:
+        raise DataPrepError(
+            "tokenizer", f"{name!r} is not a local folder with tokenizer.json, and loading it from the hub failed "
+            f"({type(err).__name__}: {str(err).splitlines()[0][:200]})",
+            "pass tokenizer=<folder containing tokenizer.json> (e.g. a hub checkout) when this machine is offline",
+        ) from None
+    if not getattr(hf, "is_fast", False):
+        raise DataPrepError("tokenizer", f"{name!r} has no fast (Rust) tokenizer, which data_prep needs for speed",
+                            "convert it once with transformers and pass the folder holding its tokenizer.json")
+    text = hf.backend_tokenizer.to_str()
+    return Tokenizer.from_str(text), hashlib.sha256(text.encode()).hexdigest()
+
+
+def _load(name: str) -> tuple[Tokenizer, str]:
+    path = os.path.expanduser(name)
+    if os.path.isdir(path):
+        file = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(file):
+            raise DataPrepError("tokenizer", f"folder {path} has no tokenizer.json",
+                                "pass a folder holding a Hugging Face fast tokenizer (tokenizer.json)")
+        return _from_file(file)
+    if os.path.isfile(path) and path.endswith(".json"):
+        return _from_file(path)
+    if path.startswith(("/", "./", "../", "~")) or os.path.exists(path):
+        raise DataPrepError("tokenizer", f"{path} does not exist (or is not a tokenizer.json / folder)",
+                            "pass tokenizer=<folder containing tokenizer.json>")
+    return _from_hub(name)
+
+
+def model_vocab_size(settings: Settings) -> int | None:
+    """The vocab a model preset (conf/model/<name>.yaml composed into train.yaml) declares."""
+    if settings.model_vocab_size is not None or settings.model is None:
+        return settings.model_vocab_size
+    from hydra import compose
+    from omegaconf import OmegaConf
+
+    try:
+        cfg = compose(config_name="train", overrides=[f"model={settings.model}"])
+        size = OmegaConf.select(cfg, "model.vocab_size")
+    except Exception as err:
+        raise DataPrepError("model", f"cannot read the vocab_size of model preset {settings.model!r}: "
+                            f"{str(err).splitlines()[0]}",
+                            "pass a preset from conf/model (e.g. model=mpt-125m) or model_vocab_size=<int>") from None
+    if not isinstance(size, int):
+        raise DataPrepError("model", f"preset {settings.model!r} declares no integer model.vocab_size",
+                            "pass model_vocab_size=<int>")
+    return size
+
+
+def load_tokenizer(settings: Settings) -> LoadedTokenizer:
+    tok, fingerprint = _load(settings.tokenizer)
+    # A tokenizer.json may carry truncation/padding meant for a model's inputs; for corpora that would cut documents.
+    tok.no_truncation()
+    tok.no_padding()
+    vocab = tok.get_vocab(with_added_tokens=True)
+    vocab_size = max(vocab.values()) + 1 if vocab else tok.get_vocab_size(True)
+    if vocab_size > INT32_LIMIT:
+        raise DataPrepError("tokenizer", f"ids reach {vocab_size - 1}, which does not fit the int32 tokens column")
+    model_vocab = model_vocab_size(settings)
+    if model_vocab is not None and vocab_size > model_vocab:
+        which = f"model={settings.model}" if settings.model and settings.model_vocab_size is None else "model_vocab_size"
+        raise DataPrepError(which, f"the tokenizer's ids reach {vocab_size - 1} but the model's vocab_size is "
+                            f"{model_vocab}: those tokens would index past the embedding table",
+                            "use the model's own tokenizer, or a model whose vocab_size >= " + str(vocab_size))
+    bos = tuple(tok.encode(settings.bos_text, add_special_tokens=False).ids) if settings.bos_text else ()
+    eos = tuple(tok.encode(settings.eos_text, add_special_tokens=False).ids) if settings.eos_text else ()
+    adds_specials = tok.encode("test").ids != tok.encode("test", add_special_tokens=False).ids
+    if not bos and not eos and not adds_specials:
+        raise DataPrepError("eos_text", "is empty, bos_text is empty and the tokenizer adds no special tokens, "
+                            "so documents would run into each other with no separator",
+                            "pass eos_text='<|endoftext|>' (or the tokenizer's own end-of-text token)")
+    for key, ids in (("bos_text", bos), ("eos_text", eos)):
+        if len(ids) > 1:
+            print(f"data_prep: note: {key} tokenizes to {len(ids)} tokens {list(ids)}, not one special token",
+                  file=sys.stderr)
+    return LoadedTokenizer(tok, fingerprint, vocab_size, bos, eos)
