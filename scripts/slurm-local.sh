@@ -406,20 +406,29 @@ cmd_start() {
   say "use it with: eval \"\$($0 status)\""
 }
 
-# SIGTERM one daemon by its recorded PID, wait up to 15 s, SIGKILL as a last resort.
-stop_daemon() {
-  local pid i
-  pid=$(live_pid "$1") || return 0
-  kill -TERM "$pid" 2>/dev/null || true
+alive() { [[ -d /proc/$1 && $(cat "/proc/$1/comm" 2>/dev/null) == "$2" ]]; }
+
+# SIGTERM daemons by their recorded PIDs, wait up to 15 s for them to exit, SIGKILL as a last resort.
+stop_daemons() {
+  local d pid i names=() pids=() left
+  for d in "$@"; do
+    pid=$(live_pid "$d") || continue
+    kill -TERM "$pid" 2>/dev/null || true
+    names+=("$d") pids+=("$pid")
+  done
   for ((i = 0; i < 75; i++)); do
-    [[ -d /proc/$pid && $(cat "/proc/$pid/comm" 2>/dev/null) == "$(comm_of "$1")" ]] || break
+    left=0
+    for d in "${!pids[@]}"; do alive "${pids[$d]}" "$(comm_of "${names[$d]}")" && left=1; done
+    [[ $left -eq 0 ]] && break
     sleep 0.2
   done
-  if [[ -d /proc/$pid && $(cat "/proc/$pid/comm" 2>/dev/null) == "$(comm_of "$1")" ]]; then
-    err "$1 (pid $pid) ignored SIGTERM; sending SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
-  say "stopped $1 (pid $pid)"
+  for d in "${!pids[@]}"; do
+    if alive "${pids[$d]}" "$(comm_of "${names[$d]}")"; then
+      err "${names[$d]} (pid ${pids[$d]}) ignored SIGTERM for 15 s; sending SIGKILL"
+      kill -KILL "${pids[$d]}" 2>/dev/null || true
+    fi
+    say "stopped ${names[$d]} (pid ${pids[$d]})"
+  done
 }
 
 cmd_stop() {
@@ -437,9 +446,11 @@ cmd_stop() {
         wait_for 30 "jobs to end" bash -c '[[ -z $(squeue -h -o %A 2>/dev/null) ]]' || true
       fi
     fi
-    local d order=()
-    for d in $(daemon_names); do order=("$d" "${order[@]}"); done
-    for d in "${order[@]}"; do stop_daemon "$d"; done
+    # Reverse start order; munged last, since the Slurm daemons authenticate through it while shutting down.
+    stop_daemons "slurmd-$(node 1)" "slurmd-$(node 2)"
+    stop_daemons slurmctld
+    stop_daemons slurmdbd
+    stop_daemons mariadbd munged
   fi
   if grep -q "$HOSTS_MARK\$" /etc/hosts 2>/dev/null; then
     # Rewrite in place (not a rename): /etc/hosts is often a bind mount.

@@ -141,7 +141,8 @@ def test_submitit_cancelled_job_raises(slurm, tmp_path):
 
 
 def test_status_eval_readies_a_shell(slurm):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    # A shell that knows nothing of the cluster (SLURM_LOCAL_* still choose which cluster it is).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM") or k.startswith("SLURM_LOCAL_")}
     proc = run(["bash", "-c", f'eval "$(bash {SCRIPT} status)" && echo "$SLURM_CONF" && squeue -h -o %i'], env=env)
     assert proc.stdout.splitlines()[0] == slurm
     status = run(["bash", str(SCRIPT), "status"])
