@@ -1,0 +1,121 @@
+"""Real training runs on CPU through llm-foundry: tiny model, few steps, the real code paths."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from paths import C4, PYTHON, ROOT, TOKENIZER, need_shared
+
+
+def train(root: Path, *overrides: str, check=True, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PRETRAIN_ROOT": str(root)}
+    proc = subprocess.run([str(PYTHON), "-m", "train", *overrides], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600, **kw)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def metrics(root: Path) -> dict:
+    [path] = (root / "outputs").rglob("metrics.json")
+    return json.loads(path.read_text())
+
+
+def test_default_run_trains_evaluates_checkpoints_and_plots(tmp_path):
+    proc = train(tmp_path)
+    m = metrics(tmp_path)
+    losses = [loss for _, loss in m["train_loss"]]
+    assert m["batches"] == 40 and len(losses) == 40
+    assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5, losses  # it learns
+    assert m["final_eval"]["eval/LanguageCrossEntropy"] < losses[0]
+    assert m["tokens_per_sec"] > 0
+    [ckpt_dir] = (tmp_path / "checkpoints").iterdir()
+    assert (ckpt_dir / "ep0-ba40-rank0.pt").is_file()
+    png = next((tmp_path / "outputs").rglob("loss_curve.png"))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for shown in (str(ckpt_dir), str(png)):  # it says where things are
+        assert shown in proc.stderr
+
+
+def _c4_mds(folder: Path) -> Path:
+    """Real C4 documents tokenized with the real tokenizer, written as MDS token samples."""
+    import gzip
+
+    import numpy as np
+    from streaming import MDSWriter
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
+    for split, name in (("train", "c4-train.00000-of-01024.first1000.json.gz"),
+                        ("val", "c4-train.sample2.1000.json.gz")):
+        docs = [json.loads(line)["text"] for line in gzip.open(C4 / name, "rt")][:200]
+        ids = np.concatenate([np.array(e.ids + [0], dtype=np.int32) for e in tok.encode_batch(docs)])
+        with MDSWriter(out=str(folder / split), columns={"tokens": "ndarray:int32"}) as w:
+            for row in ids[: len(ids) // 128 * 128].reshape(-1, 128):
+                w.write({"tokens": row})
+    return folder
+
+
+def test_trains_on_real_c4_with_the_real_tokenizer(tmp_path):
+    need_shared()
+    data = _c4_mds(tmp_path / "c4")
+    train(tmp_path, "data=c4", f"variables.data_local={data}", f"tokenizer.name={TOKENIZER}",
+          "max_duration=8ba", "eval_interval=8ba", "checkpoint=none")
+    m = metrics(tmp_path)
+    assert m["batches"] == 8
+    assert m["train_loss"][-1][1] < m["train_loss"][0][1]
+    assert 0 < m["final_eval"]["eval/LanguageCrossEntropy"] < 11.0  # below ln(50368): it learned something
+
+
+def test_two_local_processes_fsdp2_write_a_sharded_checkpoint(tmp_path):
+    train(tmp_path, "-m", "cluster.tasks_per_node=2", "checkpoint=sharded", "max_duration=20ba")
+    m = metrics(tmp_path)
+    assert m["world_size"] == 2 and m["batches"] == 20
+    [ckpt_dir] = (tmp_path / "checkpoints").iterdir()
+    shards = sorted(p.name for p in (ckpt_dir / "ep0-ba20").iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert (ckpt_dir / "latest-sharded-rank0").exists()
+
+
+def test_killed_run_resumes_and_ends_with_the_uninterrupted_loss(tmp_path):
+    args = ("max_duration=60ba", "save_interval=10ba", "eval_interval=60ba", "progress_bar=false")
+    train(tmp_path / "straight", *args)
+    expected = metrics(tmp_path / "straight")
+
+    root = tmp_path / "killed"
+    env = {**os.environ, "PRETRAIN_ROOT": str(root)}
+    proc = subprocess.Popen([str(PYTHON), "-m", "train", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    # a checkpoint counts once the latest pointer names it (composer writes the file, then the pointer)
+    while not any(p.resolve().name == "ep0-ba10-rank0.pt" for p in root.glob("checkpoints/*/latest-*")):
+        assert proc.poll() is None and time.time() < deadline, "run ended before its first checkpoint"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not list(root.glob("checkpoints/*/ep0-ba60-rank0.pt")), "the run finished before it was killed"
+
+    train(root, *args)  # the same command again
+    resumed = metrics(root)
+    assert resumed["batches"] == 60
+    assert resumed["final_train_loss"] == pytest.approx(expected["final_train_loss"], rel=1e-6)
+    assert resumed["final_eval"] == pytest.approx(expected["final_eval"], rel=1e-6)
+    assert len(resumed["train_loss"]) == 60  # the curve survived the kill, through the checkpoint
+
+
+def test_cfg_job_and_help_do_not_import_torch_or_llm_foundry():
+    probe = ("import atexit, runpy, sys\n"
+             "atexit.register(lambda: print('HEAVY', sorted(m for m in ('torch', 'llmfoundry', 'composer', "
+             "'streaming') if m in sys.modules)))\n"
+             "sys.argv = ['train'] + sys.argv[1:]\n"
+             "runpy.run_module('train', run_name='__main__')\n")
+    for flags in (["--cfg", "job"], ["--help"]):
+        out = subprocess.run([str(PYTHON), "-c", probe, *flags], cwd=ROOT, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert "HEAVY []" in out.stdout, out.stdout[-500:]
+    assert "model: " in out.stdout or "model" in out.stdout
