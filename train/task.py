@@ -11,7 +11,7 @@ from train.foundry import foundry_config
 
 
 def run(cfg: DictConfig) -> dict:
-    os.environ.update({k: str(v) for k, v in cfg.cluster.env.items()})
+    os.environ.update({k: os.path.expandvars(str(v)) for k, v in cfg.cluster.env.items()})
     export_from_submitit()
     if cfg.data.kind == "mock":
         from train.mock_data import ensure

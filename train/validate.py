@@ -133,3 +133,30 @@ RULES = [check_keys, check_numbers, check_tokenizer, check_data]
 def validate(cfg: DictConfig) -> None:
     for rule in RULES:
         rule(cfg)
+
+
+def resolve_all(cfg: DictConfig) -> None:
+    """Resolve every interpolation in place, naming the key whose interpolation fails."""
+    try:
+        OmegaConf.resolve(cfg)
+    except InterpolationResolutionError as err:
+        key = getattr(err, "full_key", None) or "config"
+        raise ConfigError(key, f"cannot be resolved ({err.__cause__ or err})".splitlines()[0],
+                          "set the keys it refers to, or give it a value directly") from None
+
+
+def check_sweep(cfgs: list) -> None:
+    """Every point of a sweep, before the first is submitted: each valid, and no two sharing a save_folder
+    (they would resume from, and overwrite, each other's checkpoints)."""
+    folders = {}
+    for num, cfg in enumerate(cfgs):
+        try:
+            validate(cfg)
+        except ConfigError as err:
+            raise ConfigError(f"[sweep point #{num}] {err.key}", err.problem, err.fix) from None
+        folder = cfg.get("save_folder")
+        if folder and folder in folders:
+            raise ConfigError("save_folder", f"sweep points #{folders[folder]} and #{num} both write to {folder}",
+                              "leave save_folder to the checkpoint group (one folder per run_name), or make it "
+                              "differ per point, e.g. save_folder=/data/ckpt/${run_name}")
+        folders[folder] = num

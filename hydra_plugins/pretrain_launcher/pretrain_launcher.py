@@ -1,0 +1,192 @@
+"""The `-m` launcher: checks every sweep point, then submits them through submitit (Slurm or this machine),
+waits with progress, and writes a summary of every point.
+
+Built on hydra-submitit-launcher: its job body (recompose the point, run the task, requeue on timeout or
+preemption through `checkpoint`) is reused as is. What we add: per-point resources from each point's
+`cluster` group (so sweeps over cluster.nodes work), srun arguments for containers (which its PyPI release
+lacks), validation of every point before the first submission, `plan` for sweeps, and the summary.
+"""
+import csv
+import io
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus, setup_globals
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+
+@dataclass
+class SweepLauncherConf:
+    _target_: str = "hydra_plugins.pretrain_launcher.pretrain_launcher.SweepLauncher"
+    submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
+    poll_s: float = 2.0  # how often the waiting submitter looks at its jobs
+
+
+for _name in ("local", "slurm"):
+    ConfigStore.instance().store(group="hydra/launcher", name=_name, node=SweepLauncherConf, provider="pretrain")
+
+
+@dataclass
+class Point:
+    num: int
+    overrides: list
+    cfg: DictConfig  # resolved, without the hydra node
+    job: Any = None
+
+
+class SweepLauncher(BaseSubmititLauncher):
+    _EXECUTOR = "auto"
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from train.validate import ConfigError, check_sweep
+
+        setup_globals()
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        points = [self._point(initial_job_idx + i, list(o), sweep_dir) for i, o in enumerate(job_overrides)]
+        try:
+            check_sweep([p.cfg for p in points])
+        except ConfigError as err:
+            print(err, file=sys.stderr)
+            sys.exit(2)
+        if points[0].cfg.plan:
+            from train.plan import print_plans
+
+            print_plans([p.cfg for p in points])
+            return []
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        self._submit(points)
+        self._wait(points)
+        return self._report(points, sweep_dir)
+
+    def _point(self, num: int, overrides: list, sweep_dir: Path) -> Point:
+        """Compose and resolve one point exactly as its job will (same Hydra context), without running it."""
+        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        with open_dict(cfg.hydra.job), read_write(cfg.hydra):
+            cfg.hydra.job.num = num
+            cfg.hydra.runtime.output_dir = str(sweep_dir / str(cfg.hydra.sweep.subdir))
+        HydraConfig.instance().set_config(cfg)
+        plain = OmegaConf.to_container(cfg, resolve=False)
+        plain.pop("hydra")
+        resolved = OmegaConf.create(plain)
+        from train.validate import ConfigError, resolve_all
+
+        try:
+            resolve_all(resolved)
+        except ConfigError as err:
+            print(f"sweep point #{num} ({' '.join(overrides) or 'no overrides'}):\n{err}", file=sys.stderr)
+            sys.exit(2)
+        return Point(num, overrides, resolved)
+
+    def _submit(self, points: list) -> None:
+        from train.executor import make_executor
+
+        for p in points:
+            ex = make_executor(p.cfg, self.params["submitit_folder"])
+            p.job = ex.submit(self, p.overrides, "hydra.sweep.dir", p.num, f"job_id_for_{p.num}",
+                              _singleton_state())
+            print(f"[sweep] #{p.num} {' '.join(p.overrides) or '(defaults)'} -> job {p.job.job_id}", flush=True)
+
+    def _wait(self, points: list) -> None:
+        last = None
+        while True:
+            done = [p.job.done() for p in points]
+            counts = Counter("done" if d else _bucket(p.job.state) for p, d in zip(points, done))
+            line = ", ".join(f"{counts[k]} {k}" for k in ("pending", "running", "done") if counts[k])
+            if line != last:
+                print(f"[sweep] jobs: {line}", flush=True)
+                last = line
+            if all(done):
+                return
+            time.sleep(self.params.get("poll_s", 2.0))
+
+    def _report(self, points: list, sweep_dir: Path) -> list:
+        rows, results, failed = [], [], 0
+        for p in points:
+            ret, error = _result(p.job)
+            if ret is not None:
+                results.append(ret)
+            ok = ret is not None and ret.status == JobStatus.COMPLETED
+            failed += not ok
+            metrics = ret.return_value if ok and isinstance(ret.return_value, dict) else {}
+            if ret is not None and not ok:
+                error = repr(ret._return_value)
+            rows.append({
+                "point": p.num,
+                "overrides": " ".join(p.overrides),
+                "job_id": p.job.job_id,
+                "state": "COMPLETED" if ok else _final_state(p.job),
+                "final_loss": metrics.get("final_train_loss"),
+                "eval_loss": (metrics.get("final_eval") or {}).get("eval/LanguageCrossEntropy"),
+                "tokens_per_sec": metrics.get("tokens_per_sec"),
+                "world_size": metrics.get("world_size"),
+                "checkpoint": p.cfg.save_folder,
+                "log": str(p.job.paths.stderr).replace("%t", "0"),
+                "error": (error or "")[-300:],
+            })
+        table = _markdown(rows)
+        (sweep_dir / "summary.md").write_text(table)
+        with open(sweep_dir / "summary.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"\n{table}\nsummary: {sweep_dir / 'summary.md'} and summary.csv", flush=True)
+        for row in rows:
+            if row["state"] != "COMPLETED":
+                print(f"[sweep] #{row['point']} {row['state']}: see {row['log']}\n  {row['error']}",
+                      file=sys.stderr)
+        if failed:
+            print(f"[sweep] {failed} of {len(points)} points did not complete", file=sys.stderr)
+            sys.exit(1)
+        return results
+
+
+def _singleton_state():
+    from hydra.core.singleton import Singleton
+
+    return Singleton.get_state()
+
+
+def _bucket(state: str) -> str:
+    state = state.upper()
+    if state in ("PENDING", "REQUEUED", "CONFIGURING", "UNKNOWN", "QUEUED", "READY"):
+        return "pending"
+    return "running"
+
+
+def _result(job):
+    """(JobReturn of rank 0, None), or (None, why) when the job never returned (cancelled, timed out...)."""
+    try:
+        return job.results()[0], None
+    except Exception as err:  # submitit's UncompletedJobError / FailedJobError
+        return None, f"{type(err).__name__}: {err}".splitlines()[0]
+
+
+def _final_state(job) -> str:
+    try:
+        state = job.state.upper()
+    except Exception:
+        return "UNKNOWN"
+    if state.startswith("CANCELLED"):
+        return "CANCELLED"
+    return "FAILED" if state in ("COMPLETED", "FINISHED", "DONE") else state
+
+
+def _fmt(v):
+    return f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))
+
+
+def _markdown(rows: list) -> str:
+    cols = ["point", "overrides", "job_id", "state", "final_loss", "eval_loss", "tokens_per_sec", "checkpoint",
+            "log"]
+    out = io.StringIO()
+    out.write("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n")
+    for r in rows:
+        out.write("| " + " | ".join(_fmt(r[c]) for c in cols) + " |\n")
+    return out.getvalue()
