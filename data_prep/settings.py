@@ -142,9 +142,9 @@ def settings_from(cfg: DictConfig) -> Settings:
     strict = cfg.get("strict")
     if not isinstance(strict, bool):
         raise DataPrepError("strict", f"must be true or false, got {strict!r}")
-    model = cfg.get("model")
+    model = cfg.get("model_preset")
     if model is not None and not isinstance(model, str):
-        raise DataPrepError("model", f"must be a model preset name from conf/model, got {model!r}")
+        raise DataPrepError("model_preset", f"must be a model preset name from conf/model, got {model!r}")
     return Settings(
         dataset=_dataset(cfg),
         inputs=_inputs(cfg.get("input")),

@@ -5,7 +5,9 @@ import hashlib
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
+from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
 from data_prep.errors import DataPrepError
@@ -64,22 +66,42 @@ def _load(name: str) -> tuple[Tokenizer, str]:
     return _from_hub(name)
 
 
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def _preset_vocab(name: str, seen: tuple = ()) -> int | None:
+    """model.vocab_size as a preset sets it, following the preset's own defaults (e.g. gpt-375m -> gpt175b)."""
+    path = CONF / "model" / f"{name}.yaml"
+    if not path.is_file() or name in seen:
+        known = ", ".join(sorted(p.stem for p in (CONF / "model").glob("*.yaml")))
+        raise DataPrepError("model_preset", f"no preset {name!r} in conf/model (known: {known})",
+                            "pass one of those, or model_vocab_size=<int>")
+    node = OmegaConf.load(path)
+    size = OmegaConf.select(node, "model.vocab_size", throw_on_resolution_failure=False)
+    if size is not None:
+        return size
+    for parent in node.get("defaults") or []:
+        if isinstance(parent, str) and parent != "_self_":
+            size = _preset_vocab(parent, seen + (name,))
+            if size is not None:
+                return size
+    return None
+
+
 def model_vocab_size(settings: Settings) -> int | None:
-    """The vocab a model preset (conf/model/<name>.yaml composed into train.yaml) declares."""
+    """The vocab of the model the data is for: given directly, or as train.yaml + conf/model/<preset> set it.
+
+    Read from the YAML files rather than composed with Hydra, so that data_prep does not depend on the
+    training app's plugins and resolvers.
+    """
     if settings.model_vocab_size is not None or settings.model is None:
         return settings.model_vocab_size
-    from hydra import compose
-    from omegaconf import OmegaConf
-
-    try:
-        cfg = compose(config_name="train", overrides=[f"model={settings.model}"])
-        size = OmegaConf.select(cfg, "model.vocab_size")
-    except Exception as err:
-        raise DataPrepError("model", f"cannot read the vocab_size of model preset {settings.model!r}: "
-                            f"{str(err).splitlines()[0]}",
-                            "pass a preset from conf/model (e.g. model=mpt-125m) or model_vocab_size=<int>") from None
-    if not isinstance(size, int):
-        raise DataPrepError("model", f"preset {settings.model!r} declares no integer model.vocab_size",
+    size = _preset_vocab(settings.model)
+    if size is None:
+        size = OmegaConf.select(OmegaConf.load(CONF / "train.yaml"), "model.vocab_size",
+                                throw_on_resolution_failure=False)
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise DataPrepError("model_preset", f"cannot find an integer model.vocab_size for preset {settings.model!r}",
                             "pass model_vocab_size=<int>")
     return size
 
@@ -95,7 +117,7 @@ def load_tokenizer(settings: Settings) -> LoadedTokenizer:
         raise DataPrepError("tokenizer", f"ids reach {vocab_size - 1}, which does not fit the int32 tokens column")
     model_vocab = model_vocab_size(settings)
     if model_vocab is not None and vocab_size > model_vocab:
-        which = f"model={settings.model}" if settings.model and settings.model_vocab_size is None else "model_vocab_size"
+        which = f"model_preset={settings.model}" if settings.model and settings.model_vocab_size is None else "model_vocab_size"
         raise DataPrepError(which, f"the tokenizer's ids reach {vocab_size - 1} but the model's vocab_size is "
                             f"{model_vocab}: those tokens would index past the embedding table",
                             "use the model's own tokenizer, or a model whose vocab_size >= " + str(vocab_size))

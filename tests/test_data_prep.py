@@ -1,0 +1,307 @@
+"""python -m data_prep end to end on the real excerpts in ../shared/data: every run is a real process."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+TOKENIZER = DATA / "tokenizers" / "gpt-neox-20b"
+C4 = DATA / "c4" / "en"
+C4_FIRST = C4 / "c4-train.00000-of-01024.first1000.json.gz"
+C4_SECOND = C4 / "c4-train.sample2.1000.json.gz"
+SLIMPAJAMA = DATA / "slimpajama"
+EOS = 0  # <|endoftext|> in GPT-NeoX-20B
+SUMMARY = "data_prep_summary.json"
+
+
+@pytest.fixture(autouse=True)
+def need_shared():
+    if not (TOKENIZER / "tokenizer.json").is_file() or not C4_FIRST.is_file():
+        pytest.skip(f"../shared/data is missing (looked for {DATA}); these tests read its real C4 excerpts")
+
+
+def prep(*overrides: str, check: bool = True, tokenizer: Path = TOKENIZER) -> subprocess.CompletedProcess:
+    flags = [o for o in overrides if o.startswith("-")]  # Hydra takes -m before the overrides
+    cmd = [sys.executable, "-m", "data_prep", *flags, f"tokenizer={tokenizer}",
+           *[o for o in overrides if not o.startswith("-")]]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if check:
+        assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def texts(path: Path) -> list[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as fh:
+        return [json.loads(line)["text"] for line in fh]
+
+
+def reference_tokens(docs: list[str]) -> np.ndarray:
+    """The token stream a converter must produce: each document's ids, then EOS (as llm-foundry does)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
+    out: list[int] = []
+    for enc in tok.encode_batch(docs):
+        out += enc.ids + [EOS]
+    return np.array(out, np.int32)
+
+
+def expected_samples(per_block: list[np.ndarray], length: int = 2048) -> np.ndarray:
+    """Full samples of each block in order, then the blocks' leftovers joined into the last samples."""
+    rows, tails = [], []
+    for stream in per_block:
+        full = len(stream) // length * length
+        rows.append(stream[:full].reshape(-1, length))
+        tails.append(stream[full:])
+    tail = np.concatenate(tails)
+    rows.append(tail[: len(tail) // length * length].reshape(-1, length))
+    return np.concatenate(rows)
+
+
+def streaming_samples(split_dir: Path) -> np.ndarray:
+    from streaming import StreamingDataset
+
+    ds = StreamingDataset(local=str(split_dir), shuffle=False, batch_size=1)
+    return np.stack([ds[i]["tokens"] for i in range(ds.num_samples)])
+
+
+def tree(folder: Path, skip=(SUMMARY,)) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name not in skip}
+
+
+@pytest.fixture(scope="module")
+def c4_dataset(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("c4")
+    proc = prep("dataset=c4", f"input={C4}", f"out_root={out}", "model_preset=mpt-125m")
+    assert "docs/s" in proc.stderr and "tokens/s" in proc.stderr, proc.stderr  # the progress bar
+    assert "data_prep summary" in proc.stdout
+    return out
+
+
+def test_round_trip_one_file_decodes_to_the_documents_joined_by_eos(tmp_path):
+    prep("dataset=c4", f"input={C4_FIRST}", f"out_root={tmp_path}", "num_parts=1")
+    samples = streaming_samples(tmp_path / "train")
+    assert samples.dtype == np.int32 and samples.shape[1] == 2048
+    docs = texts(C4_FIRST)
+    stream = reference_tokens(docs)
+    assert len(samples) == len(stream) // 2048
+    assert np.array_equal(samples.ravel(), stream[: samples.size])
+    from tokenizers import Tokenizer
+
+    decoded = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json")).decode(samples.ravel().tolist(),
+                                                                             skip_special_tokens=False)
+    joined = "".join(d + "<|endoftext|>" for d in docs)
+    assert joined.startswith(decoded) and len(joined) - len(decoded) < 2048 * 8
+
+
+def test_two_c4_files_every_token_kept_summary_written(c4_dataset):
+    samples = streaming_samples(c4_dataset / "train")
+    streams = [reference_tokens(texts(f)) for f in sorted(C4.glob("c4-train.*.json.gz"))]
+    assert np.array_equal(samples, expected_samples(streams))
+    summary = json.loads((c4_dataset / "train" / SUMMARY).read_text())
+    total = sum(len(s) for s in streams)
+    assert summary["docs"] == 2000 and summary["tokens"] == total and summary["skipped_lines"] == 0
+    assert summary["samples"] == len(samples) == total // 2048
+    assert summary["dropped_tail_tokens"] == total % 2048
+    assert summary["shards"] >= 3 and summary["this_run"]["tokens_per_second"] > 0
+
+
+def test_llm_foundry_text_loader_reads_the_dataset(c4_dataset):
+    script = f"""
+import numpy as np
+from llmfoundry.data.text_data import build_text_dataloader
+from llmfoundry.utils.builders import build_tokenizer
+tok = build_tokenizer({str(TOKENIZER)!r}, {{}})
+spec = build_text_dataloader(tok, 4, dict(local={str(c4_dataset)!r}, split='train', shuffle=False,
+                             max_seq_len=2048), drop_last=False, num_workers=1)
+rows = [b['input_ids'].numpy() for b in spec.dataloader]
+np.save({str(c4_dataset / 'loaded.npy')!r}, np.concatenate(rows))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = np.load(c4_dataset / "loaded.npy")
+    assert np.array_equal(loaded, streaming_samples(c4_dataset / "train").astype(loaded.dtype))
+
+
+def test_parts_dispatched_with_submitit_then_merged_equal_a_single_part(tmp_path):
+    single, parallel = tmp_path / "single", tmp_path / "parallel"
+    prep("dataset=c4", f"input={C4}", f"out_root={single}", "num_parts=1", "progress=false")
+    proc = prep("dataset=c4", f"input={C4}", f"out_root={parallel}", "num_parts=2", "progress=false",
+                "hydra/launcher=submitit_local", "-m", "part=0,1")
+    jobs = list((parallel / ".data_prep_jobs" / "train").glob("*/part-*"))
+    assert len(jobs) == 2, proc.stdout  # two submitit jobs ran, one per part
+    assert tree(parallel / "train") == tree(single / "train")  # byte for byte, merged index included
+
+
+def test_byte_ranges_of_one_plain_file_lose_and_repeat_no_line(tmp_path):
+    big = tmp_path / "in" / "docs.jsonl"
+    big.parent.mkdir()
+    with gzip.open(C4_FIRST, "rb") as a, gzip.open(C4_SECOND, "rb") as b:
+        big.write_bytes(a.read() + b.read())
+    prep("dataset=jsonl", f"input={big}", f"out_root={tmp_path / 'out'}", "block_bytes=300000", "num_parts=3",
+         "workers=2", "progress=false")
+    split = tmp_path / "out" / "train"
+    blocks = sorted(split.glob("block-*"))
+    assert len(blocks) == -(-big.stat().st_size // 300000)
+    # Each block's samples then its leftover, block after block, are exactly the file's token stream.
+    rebuilt = []
+    for block in blocks:
+        rows = streaming_samples(block) if json.loads((block / "index.json").read_text())["shards"] else []
+        rebuilt += [np.ravel(rows), np.array(json.loads((block / "block.json").read_text())["tail"], np.int32)]
+    docs = texts(C4_FIRST) + texts(C4_SECOND)
+    assert np.array_equal(np.concatenate(rebuilt), reference_tokens(docs))
+    assert json.loads((split / SUMMARY).read_text())["docs"] == 2000
+
+
+def test_interrupted_run_resumes_to_identical_bytes(tmp_path):
+    src = tmp_path / "docs.jsonl"
+    with gzip.open(C4_FIRST, "rb") as a, gzip.open(C4_SECOND, "rb") as b:
+        src.write_bytes(a.read() + b.read())
+    args = ["dataset=jsonl", f"input={src}", "block_bytes=200000", "workers=1", "progress=false"]
+    prep(*args, f"out_root={tmp_path / 'whole'}")
+
+    out = tmp_path / "resumed"
+    cmd = [sys.executable, "-m", "data_prep", f"tokenizer={TOKENIZER}", *args, f"out_root={out}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not list((out / "train").glob("block-00001")) and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    split = out / "train"
+    assert not (split / "index.json").exists(), "the run finished before it could be interrupted"
+    assert (split / "block-00000" / "block.json").exists()
+
+    rerun = prep(*args, f"out_root={out}")
+    assert not list(split.glob(".tmp-*"))
+    this_run = json.loads((split / SUMMARY).read_text())["this_run"]
+    assert this_run["blocks_skipped"] >= 2 and this_run["blocks_done"] >= 1, rerun.stdout
+    assert tree(split) == tree(tmp_path / "whole" / "train")
+
+
+CORRUPT_LINES = [
+    (b'{"text": "cut off', "invalid JSON"),
+    (b'{"url": "https://example.com/no-text"}', "missing 'text' field"),
+    (b'{"text": "caf\xe9 au lait"}', "invalid UTF-8"),
+    (b'{"text": ""}', "empty document"),
+    (b'{"text": 17}', "'text' is not a string"),
+]
+
+
+def corrupt_file(folder: Path) -> tuple[Path, dict[int, str], list[str]]:
+    """40 real C4 lines with one corrupt line of each kind after every eighth; (path, {line: reason}, good texts)."""
+    with gzip.open(C4_FIRST, "rb") as fh:
+        good = fh.read().splitlines()[:40]
+    lines, bad = [], {}
+    for i, line in enumerate(good):
+        lines.append(line)
+        if i % 8 == 3:
+            text, reason = CORRUPT_LINES[len(bad)]
+            lines.append(text)
+            bad[len(lines)] = reason  # 1-based line number
+    path = folder / "corrupt.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path, bad, [json.loads(line)["text"] for line in good]
+
+
+def test_corrupt_lines_are_skipped_counted_and_reported_with_file_and_line(tmp_path):
+    src, bad, good = corrupt_file(tmp_path)
+    proc = prep("dataset=jsonl", f"input={src}", f"out_root={tmp_path / 'out'}", "concat_tokens=256",
+                "progress=false")
+    for line, reason in bad.items():
+        assert f"skipped {src}:{line}: {reason}" in proc.stderr, proc.stderr
+    summary = json.loads((tmp_path / "out" / "train" / SUMMARY).read_text())
+    assert summary["docs"] == 40 and summary["skipped_lines"] == len(bad)
+    assert sorted(summary["skipped_by_reason"]) == sorted(r for r in bad.values())
+    assert [[p, n] for p, n, _ in summary["skipped_examples"]] == [[str(src), n] for n in bad]
+    samples = streaming_samples(tmp_path / "out" / "train")
+    assert np.array_equal(samples.ravel(), reference_tokens(good)[: samples.size])
+
+
+def test_strict_mode_stops_at_the_first_corrupt_line(tmp_path):
+    src, bad, _ = corrupt_file(tmp_path)
+    proc = prep("dataset=jsonl", f"input={src}", f"out_root={tmp_path / 'out'}", "strict=true", check=False)
+    first_line, first_reason = next(iter(bad.items()))
+    assert proc.returncode != 0
+    assert f"{src}:{first_line}: {first_reason}" in proc.stderr and "strict=false" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    split = tmp_path / "out" / "train"
+    assert not (split / "index.json").exists() and not list(split.glob("block-*")) and not list(split.glob(".tmp-*"))
+
+
+def test_slimpajama_zst_is_read_in_one_pass(tmp_path):
+    import zstandard
+
+    [src] = SLIMPAJAMA.glob("*.jsonl.zst")
+    before = sorted(p.name for p in SLIMPAJAMA.iterdir())
+    proc = prep("dataset=slimpajama", f"input={SLIMPAJAMA}", f"out_root={tmp_path}", "compression=zstd",
+                "progress=false")
+    assert sorted(p.name for p in SLIMPAJAMA.iterdir()) == before  # nothing extracted beside the input
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train"]  # nor anywhere in the output
+    with open(src, "rb") as fh:
+        raw = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True).read()
+    docs = [json.loads(line)["text"] for line in raw.splitlines()]
+    assert len(docs) == 362
+    # The sample holds one real empty document: skipped, and said so.
+    empty = [n for n, d in enumerate(docs, 1) if not d.strip()]
+    assert len(empty) == 1 and f"skipped {src}:{empty[0]}: empty document" in proc.stderr
+    docs = [d for d in docs if d.strip()]
+    shards = list((tmp_path / "train").rglob("shard.*"))
+    assert shards and all(p.name.endswith(".mds.zstd") for p in shards)  # before streaming unpacks them
+    samples = streaming_samples(tmp_path / "train")
+    assert np.array_equal(samples, expected_samples([reference_tokens(docs)]))
+
+
+def _snapshot(folder: Path) -> list[str]:
+    return sorted(str(p) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("case", ["missing input", "unknown dataset", "unwritable out_root", "foreign dataset",
+                                  "other settings", "missing tokenizer", "model vocab too small", "sweep"])
+def test_bad_input_gives_one_clear_message_and_writes_nothing(tmp_path, case):
+    out = tmp_path / "out"
+    args = ["dataset=c4", f"input={C4_FIRST}", f"out_root={out}"]
+    expect = "out_root"
+    if case == "missing input":
+        args[1], expect = f"input={tmp_path / 'nope' / 'c4-train.json.gz'}", "input"
+    elif case == "unknown dataset":
+        args[0], expect = "dataset=c5", "Could not find 'dataset/c5'"
+    elif case == "unwritable out_root":
+        (tmp_path / "a-file").write_text("x")
+        args[2] = f"out_root={tmp_path / 'a-file' / 'out'}"
+    elif case == "foreign dataset":
+        from streaming import MDSWriter
+
+        with MDSWriter(columns={"tokens": "ndarray:int32"}, out=str(out / "train")) as writer:
+            writer.write({"tokens": np.arange(2048, dtype=np.int32)})
+        expect = "data_prep did not write"
+    elif case == "other settings":
+        prep(*args, "concat_tokens=512", "progress=false")
+        expect = "concat_tokens: 512 then, 2048 now"
+    elif case == "missing tokenizer":
+        args.append(f"tokenizer={tmp_path / 'no-tokenizer'}")
+        expect = "tokenizer"
+    elif case == "model vocab too small":
+        args.append("model_vocab_size=50000")
+        expect = "model_vocab_size"
+    elif case == "sweep":  # validated once before any job is launched
+        args[1], expect = f"input={tmp_path / 'nope.json.gz'}", "input"
+        args += ["hydra/launcher=submitit_local", "-m", "part=0,1", "num_parts=2"]
+    before = _snapshot(tmp_path)
+    proc = prep(*args, check=False)
+    assert proc.returncode != 0
+    assert expect in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert _snapshot(tmp_path) == before
