@@ -48,6 +48,20 @@ def prepare(cfg: DictConfig) -> Job:
     return Job(settings, tokenizer, sources, blocks, parts, plan)
 
 
+def missing_blocks(split_dir) -> list[str]:
+    """Folders of planned blocks that are not complete (every block, when there is no plan yet)."""
+    import json
+
+    from data_prep.plan import PLAN_FILE
+
+    try:
+        planned = json.loads((split_dir / PLAN_FILE).read_text())["blocks"]
+    except (OSError, ValueError, KeyError):
+        return ["(no plan)"]
+    blocks = [Block(**b) for b in planned]
+    return [b.folder for b in blocks if not is_complete(split_dir, b)]
+
+
 def run(cfg: DictConfig, started: float | None = None) -> dict | None:
     started = time.perf_counter() if started is None else started
     job = prepare(cfg)

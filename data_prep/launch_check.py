@@ -1,4 +1,6 @@
-"""Hydra callback: validate once before a -m sweep launches any job, so bad input launches (and writes) nothing."""
+"""Hydra callback for -m sweeps: validate once before any job is launched (bad input launches and writes
+nothing), and afterwards print the merged dataset's summary, or what is still missing."""
+import json
 import sys
 from typing import Any
 
@@ -17,3 +19,18 @@ class ValidateBeforeLaunch(Callback):
         except DataPrepError as err:
             print(err, file=sys.stderr)
             sys.exit(2)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from data_prep.app import missing_blocks
+        from data_prep.plan import SUMMARY_FILE
+        from data_prep.report import print_summary
+        from data_prep.settings import settings_from
+
+        settings = settings_from(config)
+        missing = missing_blocks(settings.split_dir)
+        if missing:
+            print(f"data_prep: {len(missing)} blocks are not complete yet ({', '.join(missing[:5])}"
+                  f"{', ...' if len(missing) > 5 else ''}); run the missing parts again, or the same command "
+                  f"without -m, to finish and merge", file=sys.stderr)
+            return
+        print_summary(json.loads((settings.split_dir / SUMMARY_FILE).read_text()))

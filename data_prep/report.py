@@ -67,7 +67,8 @@ def print_summary(summary: dict, out=sys.stdout) -> None:
         ("shards", _human(summary["shards"])),
         ("skipped lines", _human(summary["skipped_lines"])
          + (f"  {summary['skipped_by_reason']}" if summary["skipped_lines"] else "")),
-        ("this run", f"{_human(run['tokens'])} tokens tokenized in {run['wall_seconds']:.1f} s wall "
+        ("this run" if run.get("part") is None else f"this run (part {run['part']}/{run['num_parts']})",
+         f"{_human(run['tokens'])} tokens tokenized in {run['wall_seconds']:.1f} s wall "
                      f"= {run['tokens_per_second'] / 1e6:.2f}M tokens/s, {run['docs_per_second']:,.0f} docs/s "
                      f"({run['blocks_done']} blocks done, {run['blocks_skipped']} already complete)"),
     ]
