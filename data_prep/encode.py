@@ -10,6 +10,7 @@ import multiprocessing
 import os
 from collections import deque
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -79,15 +80,11 @@ def encode_chunk(chunk: bytes) -> ChunkResult:
         else:
             texts.append(text)
     encode = getattr(_TOK, "encode_batch_fast", None) or _TOK.encode_batch  # _fast skips char offsets
-    flat: list[int] = []
-    bos, eos = _BOS, _EOS
-    for enc in encode(texts):
-        if bos:
-            flat += bos
-        flat += enc.ids
-        if eos:
-            flat += eos
-    return ChunkResult(np.array(flat, dtype=np.int32), len(texts), len(lines), errors)
+    encodings = encode(texts)
+    count = sum(len(enc) for enc in encodings) + len(encodings) * (len(_BOS) + len(_EOS))
+    pieces = ((_BOS, enc.ids, _EOS) for enc in encodings)
+    tokens = np.fromiter(chain.from_iterable(chain.from_iterable(pieces)), np.int32, count)
+    return ChunkResult(tokens, len(texts), len(lines), errors)
 
 
 class EncoderPool:

@@ -83,20 +83,21 @@ class ShardWriter:
         rows[:, len(self.sample_head):] = np.ascontiguousarray(samples, dtype="<i4").view(np.uint8).reshape(n, -1)
         header = 4 + 4 * (n + 1) + len(self.config_data)
         offsets = (header + self.sample_bytes * np.arange(n + 1, dtype=np.int64)).astype("<u4")
-        raw = b"".join((np.uint32(n).tobytes(), offsets.tobytes(), self.config_data, rows.tobytes()))
+        parts = (np.uint32(n).tobytes(), offsets.tobytes(), self.config_data, memoryview(rows).cast("B"))
         number = len(self.shards)
         raw_name = f"shard.{number:05d}.mds"
-        raw_info = {"basename": raw_name, "bytes": len(raw), "hashes": {}}
+        raw_info = {"basename": raw_name, "bytes": sum(len(p) for p in parts), "hashes": {}}
         zip_info = None
-        data, name = raw, raw_name
+        name = raw_name
         if self.compression:
             import zstd  # the same binding streaming uses, so compressed shards match MDSWriter's bytes
 
             level = int(self.compression.split(":")[1]) if ":" in self.compression else 3
-            data, name = zstd.compress(raw, level), f"{raw_name}.zstd"
-            zip_info = {"basename": name, "bytes": len(data), "hashes": {}}
+            parts, name = (zstd.compress(b"".join(parts), level),), f"{raw_name}.zstd"
+            zip_info = {"basename": name, "bytes": len(parts[0]), "hashes": {}}
         with open(self.folder / name, "wb") as fh:
-            fh.write(data)
+            for part in parts:  # no joined copy of a 64 MB shard
+                fh.write(part)
         shard = {"samples": n, "raw_data": raw_info, "zip_data": zip_info}
         shard.update(self.config)
         self.shards.append(shard)

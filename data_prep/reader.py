@@ -8,7 +8,7 @@ from typing import BinaryIO, Iterator
 from data_prep.inputs import Source, open_local
 from data_prep.plan import Block
 
-CHUNK_BYTES = 1 << 20  # big enough to amortise one worker round-trip, small enough to keep every core busy
+CHUNK_BYTES = 1 << 19  # small enough that the last chunks finish together on every core, big enough to amortise a round-trip
 
 
 def _open_stream(path: str, codec: str, raw: BinaryIO) -> BinaryIO:
