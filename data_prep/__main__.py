@@ -20,6 +20,9 @@ def main(cfg: DictConfig):
     except DataPrepError as err:
         print(err, file=sys.stderr)
         sys.exit(2)
+    except OSError as err:  # disk full, permissions changed mid-run: say which file, not a traceback
+        print(f"data_prep: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

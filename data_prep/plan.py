@@ -138,7 +138,9 @@ def check_out_root(settings: Settings, plan: dict) -> None:
             except (OSError, ValueError):
                 old = {}
             diffs = _differences(old, plan)
-            if diffs:
+            # A plan with no finished block and no index protects nothing: a new run may replace it.
+            started = (split_dir / "index.json").exists() or any(split_dir.glob("block-*/block.json"))
+            if diffs and started:
                 raise DataPrepError("out_root", f"{split_dir} holds another dataset made with different settings: "
                                     + "; ".join(diffs),
                                     "choose a new out_root (or split), or delete that folder to start over")
@@ -153,9 +155,10 @@ def write_plan(split_dir: Path, plan: dict) -> None:
     """Every part writes the same bytes, so concurrent parts may race here harmlessly."""
     split_dir.mkdir(parents=True, exist_ok=True)
     target = split_dir / PLAN_FILE
-    if target.exists():
+    data = plan_bytes(plan)
+    if target.exists() and target.read_bytes() == data:
         return
-    atomic_write(target, plan_bytes(plan))
+    atomic_write(target, data)
 
 
 def atomic_write(target: Path, data: bytes) -> None:

@@ -3,12 +3,20 @@ from __future__ import annotations
 
 import gzip
 import io
+import zlib
 from typing import BinaryIO, Iterator
 
+from data_prep.errors import DataPrepError
 from data_prep.inputs import Source, open_local
 from data_prep.plan import Block
 
 CHUNK_BYTES = 1 << 19  # small enough that the last chunks finish together on every core, big enough to amortise a round-trip
+
+
+def _unreadable(path: str, err: BaseException) -> DataPrepError:
+    # A broken compressed stream has no next line to skip to, so even strict=false stops here.
+    return DataPrepError("input", f"{path}: cannot be read to the end ({type(err).__name__}: {err})",
+                         "re-download or repair that file, or leave it out of input=")
 
 
 def _open_stream(path: str, codec: str, raw: BinaryIO) -> BinaryIO:
@@ -35,12 +43,19 @@ class BlockReader:
 
     def __iter__(self) -> Iterator[tuple[bytes, int]]:
         block = self.block
-        path = open_local(Source(block.path, 0, 0, block.codec))
-        with open(path, "rb", buffering=0) as raw:
-            if block.codec != "plain":
-                yield from self._whole(_open_stream(path, block.codec, io.BufferedReader(raw, 1 << 20)), raw)
-            else:
-                yield from self._range(raw)
+        try:
+            path = open_local(Source(block.path, 0, 0, block.codec))
+            with open(path, "rb", buffering=0) as raw:
+                if block.codec != "plain":
+                    yield from self._whole(_open_stream(path, block.codec, io.BufferedReader(raw, 1 << 20)), raw)
+                else:
+                    yield from self._range(raw)
+        except (OSError, EOFError, zlib.error) as err:
+            raise _unreadable(block.path, err) from None
+        except Exception as err:
+            if type(err).__name__ != "ZstdError":  # zstandard is imported only for .zst input
+                raise
+            raise _unreadable(block.path, err) from None
 
     def _whole(self, stream: BinaryIO, raw: BinaryIO) -> Iterator[tuple[bytes, int]]:
         rest = b""

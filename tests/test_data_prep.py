@@ -305,3 +305,15 @@ def test_bad_input_gives_one_clear_message_and_writes_nothing(tmp_path, case):
     assert expect in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert _snapshot(tmp_path) == before
+
+
+def test_a_truncated_gzip_file_stops_with_its_name_not_a_traceback(tmp_path):
+    broken = tmp_path / "in" / "c4-train.cut.json.gz"
+    broken.parent.mkdir()
+    broken.write_bytes(C4_SECOND.read_bytes()[:300_000])
+    proc = prep("dataset=c4", f"input={broken.parent}", f"out_root={tmp_path / 'out'}", "progress=false",
+                check=False)
+    assert proc.returncode != 0
+    assert f"{broken}: cannot be read to the end" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out" / "train" / "index.json").exists()
+    assert not list((tmp_path / "out" / "train").glob("block-*"))
