@@ -1,21 +1,170 @@
-"""Model arithmetic from the config alone (no torch): parameter count and FLOPs per token."""
+"""Model arithmetic from the config alone (no torch): parameters, FLOPs, memory per GPU, checkpoint size.
+
+Units: sizes in bytes; GiB = 2**30 bytes. Storage bandwidths (`storage.write_GBps`, `storage.file_GBps`) are read
+in the units of the vendor tables they come from: the AMLFS table (2.3 TiB written in 2.04 min at 19.2 "GB/s")
+works out only with 2**30 bytes per "GB", so that is what a "GB/s" is here.
+"""
+import math
+
+GiB = 2**30
+TiB = 2**40
+
+# Bytes per parameter that FSDP keeps sharded under llm-foundry's MPT presets (mixed_precision PURE, AdamW):
+# fp32 weights, fp32 gradients (FSDP hands the optimizer full-precision sharded grads), two fp32 Adam moments.
+WEIGHT_BYTES, GRAD_BYTES, ADAM_BYTES = 4, 4, 8
+# A composer checkpoint holds the fp32 weights and the two Adam moments: 12 bytes per parameter.
+CHECKPOINT_BYTES_PER_PARAM = WEIGHT_BYTES + ADAM_BYTES
+# Megatron-LM's (distributed optimizer) checkpoint adds fp16 weights beside the fp32 master weights: 14.
+MEGATRON_BYTES_PER_PARAM = 2 + CHECKPOINT_BYTES_PER_PARAM
+
+# Activations kept per layer, in units of (microbatch x seq x d_model) elements (Korthikanti et al. 2022,
+# "Reducing Activation Recomputation in Large Transformer Models"): 34 per layer without recomputation when
+# attention scores are never materialised (flash attention); with activation checkpointing only the block's
+# input (1 element) is kept, and one block's full set is rebuilt at a time during backward.
+ACT_ELEMENTS_PER_LAYER = 34
+ACT_ELEMENTS_CHECKPOINTED = 1
+# CUDA context, NCCL buffers, cuBLAS workspaces: outside PyTorch's allocator, roughly constant.
+RUNTIME_BYTES = 2 * GiB
+# Of the GPU's memory, this fraction is left free for allocator fragmentation and peaks the model misses.
+HEADROOM = 0.10
+
+SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "NO_SHARD")
+
+
+def _get(node, key, default=None):
+    try:
+        v = node.get(key, default)
+    except AttributeError:
+        return default
+    return default if v is None else v
+
+
+def block_params(model) -> int:
+    """Parameters of one transformer block (an FSDP unit under llm-foundry's MPT wrapping)."""
+    d = model["d_model"]
+    hidden = int(_get(model, "expansion_ratio", 4) * d)
+    bias = not _get(model, "no_bias", False)
+    return 4 * d * d + 2 * d * hidden + 2 * d + bias * (3 * d + d + hidden + d + 2 * d)
+
+
+def embedding_params(model) -> int:
+    d = model["d_model"]
+    pos = model["max_seq_len"] * d if _get(model, "learned_pos_emb", True) else 0
+    return model["vocab_size"] * d + pos
 
 
 def param_count(model) -> int:
     """Parameters of llm-foundry's MPT for this model config (weights tied, as MPT does by default)."""
-    d, layers, vocab = model["d_model"], model["n_layers"], model["vocab_size"]
-    hidden = int(model.get("expansion_ratio", 4) * d)
-    bias = not model.get("no_bias", False)  # MPTConfig keeps biases unless told
-    per_layer = (
-        3 * d * d + d * d           # Wqkv, out_proj
-        + 2 * d * hidden            # up, down
-        + 2 * d                     # two LayerNorm weights
-        + bias * (3 * d + d + hidden + d + 2 * d)
-    )
-    embeddings = vocab * d + (model["max_seq_len"] * d if model.get("learned_pos_emb", True) else 0)
-    return layers * per_layer + embeddings + d * (1 + bias)  # + final norm
+    d = model["d_model"]
+    bias = not _get(model, "no_bias", False)
+    return model["n_layers"] * block_params(model) + embedding_params(model) + d * (1 + bias)  # + final norm
 
 
 def flops_per_token(model) -> float:
     """Training FLOPs per token: 6N for the matmuls plus attention's QK^T and AV (forward 2*2*L*s*d, x3)."""
     return 6 * param_count(model) + 12 * model["n_layers"] * model["max_seq_len"] * model["d_model"]
+
+
+def shard_count(sharding_strategy: str | None, world_size: int, tasks_per_node: int) -> int:
+    """Over how many ranks the weights, gradients and optimizer state are split."""
+    if sharding_strategy in (None, "NO_SHARD"):
+        return 1
+    if sharding_strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
+        return max(1, min(world_size, tasks_per_node))
+    return max(1, world_size)
+
+
+def activation_bytes(model, microbatch: int, act_bytes: int, checkpointing: bool) -> int:
+    """Activations of one microbatch: the layers' saved tensors, plus logits and the loss's fp32 copy."""
+    if not microbatch:
+        return 0
+    d, layers, seq = model["d_model"], model["n_layers"], model["max_seq_len"]
+    tokens = microbatch * seq
+    if checkpointing:
+        # every block's input, plus one block rebuilt in full during its backward
+        layer_part = tokens * d * act_bytes * (layers * ACT_ELEMENTS_CHECKPOINTED + ACT_ELEMENTS_PER_LAYER)
+    else:
+        layer_part = tokens * d * act_bytes * layers * ACT_ELEMENTS_PER_LAYER
+    logits = tokens * model["vocab_size"] * (act_bytes + 4)
+    return layer_part + logits
+
+
+def memory_per_gpu(model, *, world_size: int, tasks_per_node: int, microbatch, precision: str,
+                   fsdp: dict | None, checkpointing: bool | None = None) -> dict:
+    """Bytes per GPU, by part. fsdp: the fsdp_config (None: no FSDP, every rank holds everything).
+
+    FULL_SHARD: weights, gradients and Adam state are split over the world (16 bytes x params in total, the
+    rule of thumb), while each block's bf16 weights are gathered for its forward and backward (two units in
+    flight with limit_all_gathers) and its gradients reduced from a bf16 buffer.
+    """
+    n = param_count(model)
+    strategy = _get(fsdp, "sharding_strategy", "FULL_SHARD") if fsdp is not None else None
+    shards = shard_count(strategy, world_size, tasks_per_node)
+    low = precision in ("amp_bf16", "amp_fp16", "amp_fp8", "bf16", "fp16")
+    act_bytes = 2 if low else 4
+    pure = fsdp is not None and _get(fsdp, "mixed_precision", "DEFAULT") == "PURE" and low
+    unit_bytes = 2 if pure else 4
+    if checkpointing is None:
+        checkpointing = bool(_get(fsdp, "activation_checkpointing", False)) if fsdp is not None else False
+    mb = microbatch if isinstance(microbatch, int) and not isinstance(microbatch, bool) else 0
+    parts = {
+        "params": WEIGHT_BYTES * n // shards,
+        "grads": GRAD_BYTES * n // shards,
+        "optimizer": ADAM_BYTES * n // shards,
+        # gathered weights (two blocks in flight, plus the root unit's embedding) and one block's grads
+        "gathered": (3 * block_params(model) + embedding_params(model)) * unit_bytes if shards > 1 else 0,
+        "activations": activation_bytes(model, mb, act_bytes, checkpointing),
+        "runtime": RUNTIME_BYTES,
+    }
+    if strategy in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"):
+        parts["gathered"] += unit_bytes * n  # weights stay gathered between forward and backward
+    return {**parts, "total": sum(parts.values()), "shards": shards, "activation_checkpointing": checkpointing}
+
+
+def usable_bytes(gpu_memory_bytes: int) -> int:
+    return int(gpu_memory_bytes * (1 - HEADROOM))
+
+
+def min_nodes(model, *, tasks_per_node: int, gpu_memory_bytes: int, microbatch, precision: str,
+              fsdp: dict | None, max_nodes: int = 100_000):
+    """The smallest node count at which the estimate fits, or None if none does (the part that does not shrink
+    with more ranks, activations mostly, is too large already)."""
+    if not gpu_memory_bytes or not tasks_per_node:
+        return None
+    usable = usable_bytes(gpu_memory_bytes)
+
+    def total(nodes):
+        return memory_per_gpu(model, world_size=nodes * tasks_per_node, tasks_per_node=tasks_per_node,
+                              microbatch=microbatch, precision=precision, fsdp=fsdp)
+
+    one = total(1)
+    if one["total"] <= usable:
+        return 1
+    if total(2)["shards"] == one["shards"]:
+        return None  # sharding does not grow with the node count
+    sharded = one["params"] + one["grads"] + one["optimizer"]  # shrinks as 1/nodes
+    room = usable - (one["total"] - sharded)
+    if room <= 0:
+        return None
+    nodes = max(1, math.ceil(sharded / room) - 1)
+    while nodes <= max_nodes:
+        if total(nodes)["total"] <= usable:
+            return nodes
+        nodes += 1
+    return None
+
+
+def checkpoint_bytes(params: int) -> int:
+    return CHECKPOINT_BYTES_PER_PARAM * params
+
+
+def write_seconds(total_bytes: int, *, sharded: bool, ranks: int, write_GBps: float, file_GBps: float | None):
+    """Seconds to write a checkpoint: sharded, every rank writes its own file in parallel (bounded by the file
+    system's aggregate bandwidth and by one file's ceiling); full, rank 0 writes one file."""
+    if not write_GBps or write_GBps <= 0:
+        return None
+    file_GBps = file_GBps or write_GBps
+    if sharded and ranks > 1:
+        per_rank = total_bytes / ranks
+        return max(total_bytes / (write_GBps * GiB), per_rank / (file_GBps * GiB))
+    return total_bytes / (min(write_GBps, file_GBps) * GiB)
