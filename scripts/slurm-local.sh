@@ -45,6 +45,9 @@ CPUS=${SLURM_LOCAL_CPUS:-16}
 GPUS=${SLURM_LOCAL_GPUS:-8}
 MEM_MB=${SLURM_LOCAL_MEM_MB:-512000}
 TIMEOUT=${SLURM_LOCAL_TIMEOUT:-60}
+for v in PORT_BASE CPUS GPUS MEM_MB TIMEOUT; do
+  [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "slurm-local: SLURM_LOCAL_$v must be a positive integer, got '${!v}'" >&2; exit 2; }
+done
 CLUSTER=local
 
 CTLD_PORT=$PORT_BASE
@@ -270,8 +273,13 @@ wait_for() {
   while [[ $1 == -d ]]; do watch+=("$2"); shift 2; done
   local limit=$1 what=$2 t0=$SECONDS
   shift 2
-  until "$@" >/dev/null 2>&1; do
-    if ((SECONDS - t0 >= limit)); then err "timed out after ${limit} s waiting for $what"; return 1; fi
+  local out
+  until out=$("$@" 2>&1); do
+    if ((SECONDS - t0 >= limit)); then
+      err "timed out after ${limit} s waiting for $what${out:+; last output of '$*':}"
+      [[ -n $out ]] && tail -n 5 <<<"$out" | sed 's/^/    /' >&2
+      return 1
+    fi
     for d in "${watch[@]}"; do
       live_pid "$d" >/dev/null || { sleep 0.5; live_pid "$d" >/dev/null; } ||
         { err "$d exited while waiting for $what"; return 1; }
@@ -289,6 +297,11 @@ fail_with_logs() {
     echo "----- tail of $f -----" >&2
     tail -n 25 "$f" >&2
   done
+  if [[ ${STARTING:-0} -eq 1 ]]; then
+    err "stopping what this start brought up (logs stay in $DIR)"
+    STARTING=0
+    cmd_stop >&2
+  fi
   exit 1
 }
 
@@ -318,9 +331,10 @@ any_up() {
 
 # Daemons never keep the caller's stdio (a caller that captures our output would wait forever).
 # spawn: start a daemon that forks by itself; returns the exit status of its parent process.
-spawn() { (cd / && exec setsid "$@" </dev/null >>"$LOG/daemons.out" 2>&1); }
+# Both close fd 9 (the lock, see lock()) so that daemons do not hold it.
+spawn() { (cd / && exec setsid "$@" </dev/null >>"$LOG/daemons.out" 2>&1 9>&-); }
 # detach: start a program that stays in the foreground, in the background.
-detach() { (cd / && exec setsid "$@" </dev/null >>"$LOG/daemons.out" 2>&1 &); }
+detach() { (cd / && exec setsid "$@" </dev/null >>"$LOG/daemons.out" 2>&1 9>&- &); }
 
 start_munged() {
   mkdir -p "$MUNGE"
@@ -357,7 +371,6 @@ start_mariadb() {
 }
 
 cmd_start() {
-  [[ $EUID -eq 0 ]] || { err "must run as root (slurmd runs jobs as root here); try: sudo $0 start"; exit 2; }
   mkdir -p "$DIR" "$ETC" "$RUN" "$LOG"
   chmod 755 "$DIR"
   install_packages
@@ -380,6 +393,7 @@ cmd_start() {
   done
   write_configs
   : >"$LOG/daemons.out"
+  STARTING=1
 
   start_munged
   start_mariadb
@@ -477,9 +491,25 @@ cmd_status() {
   return 3
 }
 
-case ${1:-} in
-  start) cmd_start ;;
-  stop) cmd_stop ;;
-  status) cmd_status ;;
-  *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
-esac
+# start and stop take a lock, so that concurrent callers (parallel test sessions) take turns.
+lock() {
+  mkdir -p "$DIR"
+  exec 9>>"$DIR/start-stop.lock"
+  flock -w 900 9 || { err "could not lock $DIR/start-stop.lock within 900 s"; exit 1; }
+}
+
+# All of the above are definitions; bash reads a script as it runs, so keep the work in one function
+# called on the last line (an edit of this file during a run cannot derail it).
+main() {
+  case ${1:-} in
+    start | stop)
+      [[ $EUID -eq 0 ]] || { err "$1 must run as root (slurmd runs jobs as root here); try: sudo $0 $1"; exit 2; }
+      lock
+      "cmd_$1"
+      ;;
+    status) cmd_status ;;
+    *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  esac
+}
+
+main "$@"; exit
