@@ -13,21 +13,24 @@
 #   - a private munged (own key and socket, run as the munge user),
 #   - a private MariaDB (own datadir, 127.0.0.1 only) and slurmdbd, so that `sacct` works: without
 #     accounting a cancelled submitit job hangs its submitter forever,
-#   - slurmctld and two slurmd on 127.0.0.1, named after two names that resolve on this machine (the
-#     host name and another loopback name; not `localhost`, which Slurm renames to the host name), each with CPUs=16 (declared, config_overrides) and 8 fake
-#     GPUs (character devices made with mknod) so that real presets' requests such as
+#   - slurmctld and two slurmd on 127.0.0.1, named after two names that resolve on this machine: the
+#     host name and another name /etc/hosts gives to 127.x (not `localhost`: Slurm renames a node of
+#     that name to the host name). Each node declares CPUs=16 (config_overrides) and 8 fake GPUs
+#     (character devices made with mknod) so that real presets' requests such as
 #     `--gpus-per-node=8 --ntasks-per-node=8 --cpus-per-task=2 --exclusive` are accepted,
 #   - partitions `gpu` (default) and `htc` over both nodes, a scheduler that starts jobs within ~1 s and
 #     a short credential lifetime so that requeued jobs restart within seconds.
-# Nothing is written outside $SLURM_LOCAL_DIR, except that when fewer than two node names resolve, one
-# line marked "# slurm-local" is appended to /etc/hosts (and removed again by `stop`).
+# Nothing is written outside $SLURM_LOCAL_DIR, except: apt-get (with a temporary policy-rc.d so that
+# the distribution's own services stay stopped), and, only when fewer than two node names resolve, one
+# line marked "# slurm-local" appended to /etc/hosts (removed again by `stop`).
 # Requires root (slurmd must run as root). `start` is idempotent: if the cluster is up it says so and
 # exits 0; a half-running cluster is stopped and started afresh. Accounting data and the controller's
 # state persist in $SLURM_LOCAL_DIR across stop/start, so job IDs keep increasing (sacct stays truthful).
 #
 # Exit codes: 0 success; 1 failure (the relevant log tail is printed on stderr); 2 usage or
-# prerequisites (not root, no apt-get); `status` exits 3 when the cluster is not (fully) up. `status`
-# always prints the export line first; every other line it prints is a `#` comment, so eval is safe.
+# prerequisites (not root, no apt-get). `status` always prints the export line first, even when the
+# cluster is down, and then exits 3 if it is not (fully) up; every other line it prints is a `#`
+# comment, so eval is always safe. start and stop serialize on a lock file in $SLURM_LOCAL_DIR.
 #
 # Environment (all optional):
 #   SLURM_LOCAL_DIR        all state, configs, logs and pid files  [/tmp/slurm-local]
@@ -35,7 +38,7 @@
 #   SLURM_LOCAL_CPUS       CPUs declared per node  [16]
 #   SLURM_LOCAL_GPUS       fake GPUs per node  [8]
 #   SLURM_LOCAL_MEM_MB     RealMemory declared per node (memory is not a consumable here)  [512000]
-#   SLURM_LOCAL_NODES      two node names to use instead of the detected ones, e.g. "localhost myhost"
+#   SLURM_LOCAL_NODES      two node names to use instead of the detected ones, e.g. "node-a node-b"
 #   SLURM_LOCAL_TIMEOUT    seconds to wait for each readiness step  [60]
 set -euo pipefail
 
@@ -306,7 +309,7 @@ fail_with_logs() {
 }
 
 nodes_ready() {
-  local states
+  local states n
   states=$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u) || return 1
   for n in "$(node 1)" "$(node 2)"; do
     grep -Eq "^$n (idle|mix|alloc)\$" <<<"$states" || return 1
