@@ -5,7 +5,7 @@ import hydra
 from omegaconf import DictConfig
 
 import train  # noqa: F401  (registers resolvers before composing)
-from train.validate import ConfigError, validate
+from train.validate import ConfigError, discard_fresh_dir, validate
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base=None)
@@ -13,16 +13,88 @@ def main(cfg: DictConfig):
     try:
         validate(cfg)
     except ConfigError as err:
+        _discard_run_dir(cfg)
         print(err, file=sys.stderr)
         sys.exit(2)
     if cfg.plan:
         from train.plan import print_plan
 
-        return print_plan(cfg)
+        print_plan(cfg)
+        _discard_run_dir(cfg)
+        return None
     from train.task import run  # the heavy imports (torch, llm-foundry) start here
 
     return run(cfg)
 
 
+def _discard_run_dir(cfg: DictConfig) -> None:
+    """Hydra makes the run folder (.hydra/ and the job log) before calling main: a run that stops at validation,
+    or a plan, leaves nothing behind. Only a folder holding nothing else is removed."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        if hc.mode == RunMode.MULTIRUN:
+            return  # a sweep job's folder belongs to the launcher
+        discard_fresh_dir(hc.runtime.output_dir, {str(hc.output_subdir), f"{hc.job.name}.log"}, cfg.storage.root)
+    except Exception:
+        pass
+
+
+def _dotted_keys(node, prefix="") -> set:
+    keys = set()
+    if isinstance(node, dict):
+        for k, v in node.items():
+            full = f"{prefix}{k}"
+            keys.add(full)
+            keys |= _dotted_keys(v, full + ".")
+    return keys
+
+
+def suggest_keys(args: list) -> list:
+    """For overrides of keys the config does not have (Hydra's "Key 'x' is not in struct"): the closest keys."""
+    import difflib
+
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from train.compose import CONF, compose
+
+    groups = {p.name for p in CONF.iterdir() if p.is_dir()}
+    pairs = [a.split("=", 1) for a in args if "=" in a and not a.startswith("-")]
+    choices = [f"{k}={v}" for k, v in pairs if k in groups]
+    unknown = [(k.lstrip("~"), v) for k, v in pairs
+               if not k.startswith("+") and "/" not in k and k not in groups and not k.startswith("hydra")]
+    if not unknown:
+        return []
+    GlobalHydra.instance().clear()
+    try:
+        cfg = compose(choices)
+    except Exception:
+        return []
+    finally:
+        GlobalHydra.instance().clear()
+    keys = _dotted_keys(OmegaConf.to_container(cfg, resolve=False))
+    found = []
+    for key, val in unknown:
+        if key in keys:
+            continue
+        match = difflib.get_close_matches(key, sorted(keys), n=1, cutoff=0.6)
+        fix = (f"did you mean {match[0]}? ({match[0]}={val})" if match else
+               "see the keys with `python -m train --cfg job`; `+variables.<name>=...` adds a value of your own")
+        found.append(ConfigError(key, "is not a key of this config", fix))
+    return found
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SystemExit as exit_:
+        if exit_.code not in (0, None, 2):
+            try:
+                for err in suggest_keys(sys.argv[1:]):
+                    print(err, file=sys.stderr)
+            except Exception:
+                pass
+        raise

@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from train import estimate
 from train.estimate import GiB, TiB
-from train.validate import _batches, memory_figures, plan_warnings, value, world_size
+from train.validate import _batches, discard_sweep_dir, memory_figures, plan_warnings, value, world_size
 
 # Published GPT-3 175B checkpoint from the Megatron-LM recipe, to set our figure beside.
 MEGATRON_GPT3_CHECKPOINT_BYTES = int(2.3 * TiB)
@@ -121,6 +121,7 @@ def build_plan(cfg: DictConfig, multirun: bool | None = None) -> dict:
         "memory_headroom": estimate.HEADROOM,
         "fits": fig["fits"] if fig else None,
         "min_nodes": fig["min_nodes"] if fig else None,
+        "min_nodes_batch": fig["min_nodes_batch"] if fig else None,
         "checkpoint": kind if save_folder else None,
         "save_folder": save_folder,
         "checkpoint_bytes": ckpt,
@@ -153,7 +154,9 @@ def build_plan(cfg: DictConfig, multirun: bool | None = None) -> dict:
 def _size(n) -> str:
     if n is None:
         return "?"
-    return f"{n / TiB:.2f} TiB" if n >= TiB else f"{n / GiB:.1f} GiB"
+    if n >= TiB:
+        return f"{n / TiB:.2f} TiB"
+    return f"{n / GiB:.1f} GiB" if n >= GiB / 10 else f"{n / 2**20:.1f} MiB"
 
 
 def _duration_words(s) -> str:
@@ -200,6 +203,8 @@ def render(p: dict) -> str:
         fits = "fits" if p["fits"] else "DOES NOT FIT"
         smallest = (f"smallest node count that fits: {p['min_nodes']}" if p["min_nodes"]
                     else "no node count fits at this microbatch")
+        if p["min_nodes"] and p["min_nodes_batch"] not in (None, p["min_nodes"]):
+            smallest += f" ({p['min_nodes_batch']} to also divide the global batch)"
         b = p["memory_breakdown_bytes"]
         add(f"memory/GPU  ~{_size(p['memory_per_gpu_bytes'])} of {_size(p['gpu_memory_bytes'])} "
             f"({_size(p['usable_memory_bytes'])} usable, {int(p['memory_headroom'] * 100)}% kept free): {fits}; "
@@ -228,9 +233,10 @@ def render(p: dict) -> str:
         add(f"            every {p['save_interval']}: {p['checkpoints_to_max_duration']:,} checkpoints to "
             f"max_duration{overhead}")
     meg = p["megatron_checkpoint_bytes"]
+    ratio = meg / MEGATRON_GPT3_CHECKPOINT_BYTES
     add(f"            Megatron-LM layout (fp16 weights beside fp32 master weights + 2 moments, 14 B/param): "
-        f"{_size(meg)}, {meg / MEGATRON_GPT3_CHECKPOINT_BYTES * 100:.0f}% of the ~2.3 TiB its GPT-3 175B "
-        "recipe writes")
+        f"{_size(meg)}" + (f", {ratio * 100:.0f}% of the ~2.3 TiB its GPT-3 175B recipe writes"
+                           if 0.5 < ratio < 2 else ""))
 
     if p["step_seconds"]:
         add(f"speed       at {p['mfu'] * 100:.2f}% MFU (cluster.mfu) of {p['peak_flops'] / 1e12:.0f} TFLOP/s: "
@@ -285,8 +291,9 @@ def print_plans(cfgs: list) -> list:
     plans = [build_plan(cfg, multirun=True) for cfg in cfgs]
     if value(cfgs[0], "plan") == "json":
         print(to_json(plans), flush=True)
-        return plans
-    for i, (cfg, p) in enumerate(zip(cfgs, plans)):
-        print(f"=== sweep point #{i} ===\n{render(p)}\n", flush=True)
-    print(f"sweep of {len(plans)} points:\n{_summary(plans)}", flush=True)
+    else:
+        for i, p in enumerate(plans):
+            print(f"=== sweep point #{i} ===\n{render(p)}\n", flush=True)
+        print(f"sweep of {len(plans)} points:\n{_summary(plans)}", flush=True)
+    discard_sweep_dir(cfgs)  # a plan submits and keeps nothing
     return plans

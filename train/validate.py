@@ -269,8 +269,10 @@ def check_storage(cfg, multirun=None):
             raise ConfigError("variables.data_local", f"data is streamed from {remote} but there is no local "
                               "cache to stream it into", "variables.data_local=/tmp/local-storage/<run> "
                               "(node-local NVMe)")
-        mounts = [str(m).split(":")[0].rstrip("/") for m in value(cfg, "storage.mounts") or []]
-        if _same_or_under(local, remote) or any(_same_or_under(local, m) for m in mounts if m):
+        shared = [str(m).split(":")[0].rstrip("/") for m in value(cfg, "storage.mounts") or []]
+        if remote_root:  # a streaming preset (blob): its root is the shared storage
+            shared.append(str(value(cfg, "storage.root")))
+        if _same_or_under(local, remote) or any(_same_or_under(local, m) for m in shared if m):
             raise ConfigError("variables.data_local", f"the cache {local} is on the shared storage it streams "
                               f"from ({remote}), not on the node", "variables.data_local=/tmp/local-storage/<run> "
                               "(node-local NVMe)")
@@ -447,14 +449,27 @@ def memory_figures(cfg, world: int) -> dict | None:
                                   checkpointing=bool(fsdp_used and fsdp_used.get("activation_checkpointing")),
                                   **common)
     gpu_bytes = int(gpu_gb * estimate.GiB)
+    smallest = estimate.min_nodes(model, tasks_per_node=tasks, gpu_memory_bytes=gpu_bytes, fsdp=fsdp, **common)
     return {
         "memory": mem,
         "gpu_memory_bytes": gpu_bytes,
         "usable_bytes": estimate.usable_bytes(gpu_bytes),
         "fits": mem["total"] <= estimate.usable_bytes(gpu_bytes),
-        "min_nodes": estimate.min_nodes(model, tasks_per_node=tasks, gpu_memory_bytes=gpu_bytes, fsdp=fsdp,
-                                        **common),
+        "min_nodes": smallest,
+        "min_nodes_batch": _divides_from(cfg, smallest),
     }
+
+
+def _divides_from(cfg, nodes):
+    """The smallest node count >= nodes at which the global batch splits evenly into microbatches."""
+    if nodes is None:
+        return None
+    gbs, mb = value(cfg, "global_train_batch_size"), value(cfg, "device_train_microbatch_size")
+    step = value(cfg, "cluster.tasks_per_node") * (mb if _is_int(mb) else 1)
+    for n in range(nodes, nodes * 64 + 1):
+        if gbs % (n * step) == 0:
+            return n
+    return None
 
 
 def _gib(n) -> str:
@@ -475,8 +490,11 @@ def check_memory(cfg, multirun=None):
                f"{int(estimate.HEADROOM * 100)}% kept free); GiB: {parts}")
     if fig["min_nodes"] is not None:
         tip = "" if multirun or planning(cfg) else " and submit with -m"
-        raise ConfigError("cluster.nodes", problem, f"cluster.nodes={fig['min_nodes']}{tip} (the smallest node "
-                          "count that fits), or a smaller device_train_microbatch_size"
+        n, nb = fig["min_nodes"], fig["min_nodes_batch"]
+        why = ("the smallest node count that fits" if n == nb or nb is None else
+               f"{n} nodes fit, {nb} also divide global_train_batch_size={value(cfg, 'global_train_batch_size')}")
+        raise ConfigError("cluster.nodes", problem, f"cluster.nodes={nb or n}{tip} ({why}), or a smaller "
+                          "device_train_microbatch_size"
                           + ("" if m["activation_checkpointing"] else
                              ", or fsdp_config.activation_checkpointing=true"))
     raise ConfigError("device_train_microbatch_size", problem + "; no node count fits at this microbatch",
@@ -526,7 +544,16 @@ def resolve_all(cfg: DictConfig) -> None:
 
 def check_sweep(cfgs: list) -> None:
     """Every point of a sweep, before the first is submitted: each valid, and no two sharing a save_folder
-    (they would resume from, and overwrite, each other's checkpoints)."""
+    (they would resume from, and overwrite, each other's checkpoints). A sweep that fails here leaves no sweep
+    folder behind (Hydra writes its multirun.yaml before the launcher runs)."""
+    try:
+        _check_points(cfgs)
+    except ConfigError:
+        discard_sweep_dir(cfgs)
+        raise
+
+
+def _check_points(cfgs: list) -> None:
     folders = {}
     for num, cfg in enumerate(cfgs):
         try:
@@ -539,3 +566,36 @@ def check_sweep(cfgs: list) -> None:
                               "leave save_folder to the checkpoint group (one folder per run_name), or make it "
                               "differ per point, e.g. save_folder=/data/ckpt/${run_name}")
         folders[folder] = num
+
+
+def discard_fresh_dir(folder, kept_names, root) -> None:
+    """Remove `folder` if it holds nothing but `kept_names` (what Hydra wrote before our checks ran), then its
+    parents while empty, up to `root` (kept, unless it is a folder below the current directory, like ./runs)."""
+    import shutil
+
+    try:
+        folder, root = Path(folder).resolve(), Path(str(root)).resolve()
+        if root not in folder.parents or not folder.is_dir():
+            return
+        for p in folder.iterdir():
+            if p.name not in kept_names or (p.is_file() and p.suffix == ".log" and p.stat().st_size):
+                return
+        shutil.rmtree(folder)
+        top = root.parent if Path.cwd().resolve() in root.parents else root
+        parent = folder.parent
+        while parent != top and top in parent.parents and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+    except OSError:
+        pass
+
+
+def discard_sweep_dir(cfgs: list) -> None:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        sweep_dir = HydraConfig.get().sweep.dir
+    except Exception:
+        return
+    if cfgs:
+        discard_fresh_dir(sweep_dir, {"multirun.yaml"}, value(cfgs[0], "storage.root"))
