@@ -72,7 +72,8 @@ def run(cfg: DictConfig, started: float | None = None) -> dict | None:
     mine = [b for p in part_ids for b in job.parts[p]]
     todo = [b for b in mine if not is_complete(split_dir, b)]
     label = "data_prep" if s.part is None else f"part {s.part}/{s.num_parts}"
-    progress = Progress(sum(job.weight(b) for b in todo), label, s.progress)
+    known = all(src.size for src in job.sources)  # hub files have no size until they are fetched
+    progress = Progress(sum(job.weight(b) for b in todo) if known else None, label, s.progress)
     tok = job.tokenizer
     try:
         with EncoderPool(tok.tokenizer, s.dataset.text_key, tok.bos_ids, tok.eos_ids, s.workers) as pool:

@@ -10,11 +10,11 @@ from data_prep.plan import SUMMARY_FILE, atomic_write
 
 
 class Progress:
-    def __init__(self, total_bytes: int, label: str, enabled: bool):
+    def __init__(self, total_bytes: int | None, label: str, enabled: bool):
         self.start = time.perf_counter()
         self.docs = self.tokens = 0
         self.bar = None
-        if enabled and total_bytes:
+        if enabled and total_bytes != 0:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total_bytes, desc=label, unit="B", unit_scale=True, unit_divisor=1024,

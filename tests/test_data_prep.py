@@ -30,11 +30,12 @@ def need_shared():
         pytest.skip(f"../shared/data is missing (looked for {DATA}); these tests read its real C4 excerpts")
 
 
-def prep(*overrides: str, check: bool = True, tokenizer: Path = TOKENIZER) -> subprocess.CompletedProcess:
+def prep(*overrides: str, check: bool = True, tokenizer: Path = TOKENIZER, env=None) -> subprocess.CompletedProcess:
     flags = [o for o in overrides if o.startswith("-")]  # Hydra takes -m before the overrides
     cmd = [sys.executable, "-m", "data_prep", *flags, f"tokenizer={tokenizer}",
            *[o for o in overrides if not o.startswith("-")]]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
     if check:
         assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
@@ -268,13 +269,16 @@ def _snapshot(folder: Path) -> list[str]:
     return sorted(str(p) for p in folder.rglob("*"))
 
 
-@pytest.mark.parametrize("case", ["missing input", "unknown dataset", "unwritable out_root", "foreign dataset",
+@pytest.mark.parametrize("case", ["missing input", "c4 hub while offline", "unknown dataset", "unwritable out_root", "foreign dataset",
                                   "other settings", "missing tokenizer", "model vocab too small", "sweep"])
 def test_bad_input_gives_one_clear_message_and_writes_nothing(tmp_path, case):
     out = tmp_path / "out"
     args = ["dataset=c4", f"input={C4_FIRST}", f"out_root={out}"]
-    expect = "out_root"
-    if case == "missing input":
+    expect, env = "out_root", {}
+    if case == "c4 hub while offline":
+        args.pop(1)
+        expect, env = "HF_HUB_OFFLINE", {"HF_HUB_OFFLINE": "1"}
+    elif case == "missing input":
         args[1], expect = f"input={tmp_path / 'nope' / 'c4-train.json.gz'}", "input"
     elif case == "unknown dataset":
         args[0], expect = "dataset=c5", "Could not find 'dataset/c5'"
@@ -300,7 +304,7 @@ def test_bad_input_gives_one_clear_message_and_writes_nothing(tmp_path, case):
         args[1], expect = f"input={tmp_path / 'nope.json.gz'}", "input"
         args += ["hydra/launcher=submitit_local", "-m", "part=0,1", "num_parts=2"]
     before = _snapshot(tmp_path)
-    proc = prep(*args, check=False)
+    proc = prep(*args, check=False, env=env)
     assert proc.returncode != 0
     assert expect in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
