@@ -1,0 +1,228 @@
+"""`plan=true` / `plan=json`: figures against the published ones (/work/shared/CONTEXT.md), the JSON form, sweeps,
+and the submit path's promises (no torch / llm-foundry import, fast, nothing written or submitted)."""
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from paths import PYTHON, ROOT
+from train import estimate
+from train.compose import compose
+from train.estimate import GiB, TiB
+from train.plan import build_plan, render
+
+REQUIRED = ("params", "flops_per_token", "world_size", "grad_accum", "memory_per_gpu_bytes", "gpu_memory_bytes",
+            "fits", "min_nodes", "checkpoint_bytes", "checkpoint_write_seconds", "step_seconds", "train_days",
+            "sbatch_script")
+
+
+def cli(root, *overrides):
+    env = {**os.environ, "PRETRAIN_ROOT": str(root)}
+    return subprocess.run([str(PYTHON), "-m", "train", *overrides], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def plan(*overrides):
+    return build_plan(compose([*overrides, "plan=json"]))
+
+
+# ------------------------------------------------------------------------------------- published figures
+
+
+@pytest.mark.parametrize("model,gib", [("mpt-30b", 336), ("mpt-70b", 725)])
+def test_checkpoint_size_matches_published(model, gib):
+    p = plan(f"model={model}", "cluster=ndv5", "cluster.nodes=16", "storage=amlfs")
+    assert p["checkpoint_bytes"] / GiB == pytest.approx(gib, rel=0.05)
+    assert p["checkpoint_bytes"] == 12 * p["params"]  # fp32 weights + two Adam moments
+    assert p["checkpoint_bytes_per_rank"] == p["checkpoint_bytes"] // 128 and p["checkpoint_files"] == 128
+
+
+def test_gpt175b_checkpoint_against_megatrons_2_3_tib():
+    p = plan("model=gpt175b", "cluster=ndv5", "cluster.nodes=64", "storage=amlfs", "checkpoint=sharded")
+    assert p["megatron_checkpoint_bytes"] == 14 * p["params"]  # fp16 weights beside fp32 master weights
+    assert p["megatron_checkpoint_bytes"] / TiB == pytest.approx(2.3, rel=0.05)
+    assert p["checkpoint_bytes"] / p["megatron_checkpoint_bytes"] == pytest.approx(12 / 14)
+    text = render(p)
+    assert "14 B/param" in text and "of the ~2.3 TiB its GPT-3 175B recipe writes" in text
+
+
+@pytest.mark.parametrize("tier,minutes", [("AMLFS-40", 2.04), ("AMLFS-125", 0.61), ("AMLFS-250", 0.31),
+                                          ("AMLFS-500", 0.15)])
+def test_amlfs_write_time_table(tier, minutes):
+    """CONTEXT.md: a 2.3 TiB checkpoint takes 2.04 / 0.61 / 0.31 / 0.15 min by tier."""
+    cfg = compose(["storage=amlfs", f"storage.tier={tier}"])
+    seconds = estimate.write_seconds(int(2.3 * TiB), sharded=True, ranks=512, write_GBps=cfg.storage.write_GBps,
+                                     file_GBps=cfg.storage.file_GBps)
+    assert seconds / 60 == pytest.approx(minutes, rel=0.05)
+    # one file is capped near 10 GB/s: a full checkpoint does not get the tier's bandwidth
+    full = estimate.write_seconds(int(2.3 * TiB), sharded=False, ranks=512, write_GBps=cfg.storage.write_GBps,
+                                  file_GBps=cfg.storage.file_GBps)
+    assert full / 60 == pytest.approx(2.3 * 1024 / 10 / 60, rel=0.01)
+
+
+def test_plan_write_time_follows_the_storage_preset_and_overrides():
+    base = ("model=gpt175b", "cluster=ndv5", "cluster.nodes=64", "checkpoint=sharded")
+    p40 = plan(*base, "storage=amlfs")
+    p500 = plan(*base, "storage=amlfs", "storage.tier=AMLFS-500")
+    assert p40["checkpoint_write_seconds"] == pytest.approx(p40["checkpoint_bytes"] / (19.2 * GiB))
+    assert p40["checkpoint_write_seconds"] / p500["checkpoint_write_seconds"] == pytest.approx(256 / 19.2)
+    assert plan(*base, "storage=amlfs", "storage.write_GBps=5")["write_GBps"] == 5
+    full = plan(*base, "storage=amlfs", "checkpoint=full")
+    assert full["checkpoint_bytes_per_rank"] is None
+    assert full["checkpoint_write_seconds"] == pytest.approx(full["checkpoint_bytes"] / (10 * GiB))
+    for storage, gbps in (("blob", 5.0), ("fsx", 12.0)):
+        assert plan(*base, f"storage={storage}")["write_GBps"] == gbps
+
+
+@pytest.mark.parametrize("model,cluster,mfu,tokens", [("mpt-30b", "ndv5", None, 2199),
+                                                      ("mpt-70b", "ndv5", 0.4336, 1058),
+                                                      ("mpt-30b", "ndv4", None, 916)])
+def test_tokens_per_second_per_gpu_at_published_mfu(model, cluster, mfu, tokens):
+    extra = [f"cluster.mfu={mfu}"] if mfu else []
+    p = plan(f"model={model}", f"cluster={cluster}", "cluster.nodes=16", *extra)
+    assert p["tokens_per_second_per_gpu"] == pytest.approx(tokens, rel=0.02)
+    assert p["step_seconds"] == pytest.approx(p["tokens_per_step"] / (p["tokens_per_second_per_gpu"] * 128))
+    assert p["train_days"] == pytest.approx(p["steps"] * p["step_seconds"] / 86400)
+
+
+def test_flops_per_token_is_6n_plus_attention():
+    p = plan("model=mpt-30b")
+    assert p["flops_per_token"] == 6 * p["params"] + 12 * 48 * 2048 * 7168
+    assert p["params"] / 1e9 == pytest.approx(29.9, rel=0.01)
+
+
+def test_batch_steps_and_tokens():
+    p = plan("model=mpt-30b", "cluster=ndv5", "cluster.nodes=16")
+    assert (p["world_size"], p["per_device_batch"], p["grad_accum"]) == (128, 16, 2)
+    assert p["tokens_per_step"] == 2048 * 2048
+    assert p["steps"] == 143100 and p["tokens"] / 1e9 == pytest.approx(600, rel=0.01)  # ~600B tokens
+    assert plan("model=mpt-30b", "max_duration=1000000000tok")["steps"] == 239
+    assert plan("model=mpt-30b", "max_duration=4096sp")["steps"] == 2
+    assert plan("model=mpt-30b", "max_duration=1ep")["steps"] is None
+
+
+# ----------------------------------------------------------------------------------------------- memory
+
+
+def test_memory_model_shards_16_bytes_per_param_over_the_world():
+    p = plan("model=mpt-70b", "cluster=ndv5", "cluster.nodes=16")
+    b = p["memory_breakdown_bytes"]
+    assert b["params"] + b["grads"] + b["optimizer"] == pytest.approx(16 * p["params"] / 128, rel=1e-6)
+    assert p["memory_per_gpu_bytes"] == sum(b.values())
+    assert p["gpu_memory_bytes"] == 80 * GiB and p["fits"] is True
+    assert p["activation_checkpointing"] is True
+    assert b["activations"] == p["activation_bytes_with_checkpointing"]
+    assert p["activation_bytes_without_checkpointing"] > 5 * p["activation_bytes_with_checkpointing"]
+    # the rule of thumb (16 x params in GB of total GPU memory) is a floor the estimate stays above
+    assert p["memory_per_gpu_bytes"] * 128 > 16 * p["params"]
+
+
+@pytest.mark.parametrize("model,cluster,min_nodes", [("mpt-30b", "ndv5", 2), ("mpt-70b", "ndv5", 3),
+                                                     ("gpt175b", "ndv5", 7), ("mpt-7b", "ndv5", 1),
+                                                     ("mpt-30b", "p4d", 8)])
+def test_min_nodes(model, cluster, min_nodes):
+    p = plan(f"model={model}", f"cluster={cluster}", "cluster.nodes=1")
+    assert p["min_nodes"] == min_nodes
+    assert p["fits"] is (min_nodes == 1)
+    at = plan(f"model={model}", f"cluster={cluster}", f"cluster.nodes={min_nodes}")
+    assert at["fits"] is True
+    if min_nodes > 1:
+        assert plan(f"model={model}", f"cluster={cluster}", f"cluster.nodes={min_nodes - 1}")["fits"] is False
+
+
+def test_local_cpu_plan_has_no_gpu_figures():
+    p = plan()
+    assert p["fits"] is None and p["gpu_memory_bytes"] is None and p["min_nodes"] is None
+    assert p["step_seconds"] is None and p["train_days"] is None and p["sbatch_script"] is None
+    assert p["world_size"] == 1 and p["grad_accum"] == 2
+
+
+# ------------------------------------------------------------------------------------- the command line
+
+
+def test_plan_json_prints_only_json_with_every_key(tmp_path):
+    proc = cli(tmp_path, "model=gpt175b", "cluster=ndv5", "cluster.nodes=64", "storage=amlfs",
+               f"storage.root={tmp_path}", "storage.mounts=[]", "checkpoint=sharded", "plan=json")
+    assert proc.returncode == 0, proc.stderr
+    p = json.loads(proc.stdout)
+    assert set(REQUIRED) <= set(p)
+    assert p["world_size"] == 512 and p["grad_accum"] == 3 and p["fits"] is True and p["min_nodes"] == 7
+    assert "#SBATCH --nodes=64" in p["sbatch_script"] and "#SBATCH --gpus-per-node=8" in p["sbatch_script"]
+    assert "NCCL_TOPO_FILE" in p["sbatch_script"]
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_plan_local_json_has_null_sbatch(tmp_path):
+    proc = cli(tmp_path, "plan=json")
+    assert proc.returncode == 0, proc.stderr
+    p = json.loads(proc.stdout)
+    assert p["sbatch_script"] is None and p["fits"] is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_plan_true_report(tmp_path):
+    proc = cli(tmp_path, "model=mpt-30b", "cluster=ndv5", "cluster.nodes=16", "storage=amlfs",
+               f"storage.root={tmp_path}", "storage.mounts=[]", "plan=true")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for words in ("29.9", "GFLOP per token", "world size 128", "16 per device", "2 gradient accumulation",
+                  "143,100 steps", "fits", "smallest node count that fits: 2", "with activation checkpointing",
+                  "sharded", "per rank", "AMLFS-40", "tokens/s/GPU", "to max_duration", "#SBATCH --nodes=16"):
+        assert words in out, (words, out)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sweep_plan_is_a_json_list_one_object_per_point(tmp_path):
+    proc = cli(tmp_path, "-m", "model=mpt-30b", "cluster=ndv5", "cluster.nodes=16,32", "plan=json")
+    assert proc.returncode == 0, proc.stderr
+    plans = json.loads(proc.stdout)
+    assert [p["world_size"] for p in plans] == [128, 256]
+    assert [p["grad_accum"] for p in plans] == [2, 1]
+    assert all(set(REQUIRED) <= set(p) for p in plans)
+    assert "[sweep] #" not in proc.stdout  # nothing submitted
+    assert list(tmp_path.iterdir()) == []  # not even the sweep folder
+
+
+def test_sweep_plan_report_has_a_summary(tmp_path):
+    proc = cli(tmp_path, "-m", "model=mpt-70b", "cluster=ndv5", "cluster.nodes=4,16", "plan=true")
+    assert proc.returncode == 0, proc.stderr
+    assert "=== sweep point #0 ===" in proc.stdout and "=== sweep point #1 ===" in proc.stdout
+    assert "sweep of 2 points" in proc.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+PROBE = ("import atexit, runpy, sys\n"
+         "atexit.register(lambda: print('HEAVY', sorted(m for m in ('torch', 'llmfoundry', 'composer', "
+         "'streaming') if m in sys.modules), file=sys.stderr))\n"
+         "sys.argv = ['train'] + sys.argv[1:]\n"
+         "runpy.run_module('train', run_name='__main__')\n")
+
+
+@pytest.mark.parametrize("args", [
+    ["model=gpt175b", "cluster=ndv5", "cluster.nodes=64", "storage=amlfs", "plan=true"],
+    ["model=mpt-30b", "cluster=ndv5", "plan=json"],
+    ["-m", "model=mpt-30b", "cluster=ndv5", "cluster.nodes=16,32", "plan=json"],
+    ["optimizer.lr=0"],                                       # validation error
+    ["-m", "cluster=slurm-local", "optimizer.lr=-1,1e-4"],    # validation error in a sweep
+    ["save_intervl=100ba"],                                   # unknown key and its suggestion
+], ids=["plan", "json", "sweep-plan", "invalid", "invalid-sweep", "unknown-key"])
+def test_submit_path_does_not_import_torch_or_llm_foundry(tmp_path, args):
+    env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path)}
+    out = subprocess.run([str(PYTHON), "-c", PROBE, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert "HEAVY []" in out.stderr, out.stderr[-2000:]
+
+
+def test_plan_answers_within_1_5_s(tmp_path):
+    best = {}
+    for form in ("true", "json"):
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            proc = cli(tmp_path, "model=gpt175b", "cluster=ndv5", "cluster.nodes=64", "storage=amlfs",
+                       "checkpoint=sharded", f"plan={form}")
+            times.append(time.perf_counter() - start)
+            assert proc.returncode == 0, proc.stderr
+        best[form] = min(times)
+    assert max(best.values()) <= 1.5, best
