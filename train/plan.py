@@ -175,7 +175,14 @@ def _big(n) -> str:
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
-    return str(n)
+    return f"{n:.0f}"
+
+
+def _flop(n) -> str:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}FLOP"
+    return f"{n:.0f} FLOP"
 
 
 def render(p: dict) -> str:
@@ -184,8 +191,8 @@ def render(p: dict) -> str:
     m = p["model"]
     add(f"model       {_big(p['params'])} parameters (d_model {m['d_model']}, {m['n_layers']} layers, "
         f"{m['n_heads']} heads, vocab {m['vocab_size']}, seq {m['max_seq_len']})")
-    add(f"            {p['flops_per_token'] / 1e9:.1f} GFLOP per token = 6N {p['flops_per_token_6n'] / 1e9:.1f} "
-        f"+ attention {p['flops_per_token_attention'] / 1e9:.1f}")
+    add(f"            {_flop(p['flops_per_token'])} per token = 6N {_flop(p['flops_per_token_6n'])} "
+        f"+ attention {_flop(p['flops_per_token_attention'])}")
     gpu = f" on {p['gpu']}" if p["gpu"] else " (CPU)"
     add(f"cluster     {p['cluster']}: {p['nodes']} node(s) x {p['tasks_per_node']} tasks = world size "
         f"{p['world_size']}{gpu}")
