@@ -274,9 +274,19 @@ def to_json(obj) -> str:
     return json.dumps(obj, indent=2, default=_json_default)
 
 
+def _emit(text: str) -> None:
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `plan=true | head`: the reader has seen enough
+        import os
+        import sys
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def print_plan(cfg: DictConfig) -> dict:
     p = build_plan(cfg)
-    print(to_json(p) if value(cfg, "plan") == "json" else render(p), flush=True)
+    _emit(to_json(p) if value(cfg, "plan") == "json" else render(p))
     return p
 
 
@@ -297,10 +307,9 @@ def print_plans(cfgs: list) -> list:
     """A sweep's plans, one per point. plan=json: one JSON list, one object per point, in point order."""
     plans = [build_plan(cfg, multirun=True) for cfg in cfgs]
     if value(cfgs[0], "plan") == "json":
-        print(to_json(plans), flush=True)
+        _emit(to_json(plans))
     else:
-        for i, p in enumerate(plans):
-            print(f"=== sweep point #{i} ===\n{render(p)}\n", flush=True)
-        print(f"sweep of {len(plans)} points:\n{_summary(plans)}", flush=True)
+        _emit("\n".join(f"=== sweep point #{i} ===\n{render(p)}\n" for i, p in enumerate(plans))
+              + f"\nsweep of {len(plans)} points:\n{_summary(plans)}")
     discard_sweep_dir(cfgs)  # a plan submits and keeps nothing
     return plans
