@@ -1,9 +1,11 @@
 """compose (Hydra) -> validate -> plan -> run this process's parts -> merge when every block is complete."""
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -12,8 +14,8 @@ from data_prep.errors import DataPrepError
 from data_prep.inputs import Source, resolve_sources
 from data_prep.mds import ShardWriter
 from data_prep.merge import all_complete, merge
-from data_prep.part import is_complete, run_blocks
-from data_prep.plan import Block, assign_parts, check_out_root, make_blocks, plan_document, source_weight, write_plan
+from data_prep.part import RunStats, is_complete, run_blocks
+from data_prep.plan import PLAN_FILE, Block, assign_parts, check_out_root, make_blocks, plan_document, source_weight, write_plan
 from data_prep.report import Progress, print_skipped, print_summary, summarize
 from data_prep.settings import Settings, settings_from
 from data_prep.tokenizer import LoadedTokenizer, load_tokenizer
@@ -48,18 +50,30 @@ def prepare(cfg: DictConfig) -> Job:
     return Job(settings, tokenizer, sources, blocks, parts, plan)
 
 
-def missing_blocks(split_dir) -> list[str]:
+def missing_blocks(split_dir: Path) -> list[str]:
     """Folders of planned blocks that are not complete (every block, when there is no plan yet)."""
-    import json
-
-    from data_prep.plan import PLAN_FILE
-
     try:
         planned = json.loads((split_dir / PLAN_FILE).read_text())["blocks"]
     except (OSError, ValueError, KeyError):
         return ["(no plan)"]
     blocks = [Block(**b) for b in planned]
     return [b.folder for b in blocks if not is_complete(split_dir, b)]
+
+
+def _this_run(s: Settings, stats: RunStats, skipped_blocks: int, started: float) -> dict:
+    wall = time.perf_counter() - started
+    return {
+        "part": s.part,
+        "num_parts": s.num_parts,
+        "workers": s.workers,
+        "blocks_done": stats.blocks_done,
+        "blocks_skipped": skipped_blocks,
+        "docs": stats.docs,
+        "tokens": stats.tokens,
+        "wall_seconds": round(wall, 3),
+        "tokens_per_second": round(stats.tokens / wall, 1),
+        "docs_per_second": round(stats.docs / wall, 1),
+    }
 
 
 def run(cfg: DictConfig, started: float | None = None) -> dict | None:
@@ -80,27 +94,15 @@ def run(cfg: DictConfig, started: float | None = None) -> dict | None:
             stats = run_blocks(split_dir, todo, s, pool, progress)
     finally:
         progress.close()
-    wall = time.perf_counter() - started
-    this_run = {
-        "part": s.part,
-        "num_parts": s.num_parts,
-        "workers": s.workers,
-        "blocks_done": stats.blocks_done,
-        "blocks_skipped": len(mine) - len(todo),
-        "docs": stats.docs,
-        "tokens": stats.tokens,
-        "wall_seconds": round(wall, 3),
-        "tokens_per_second": round(stats.tokens / wall, 1),
-        "docs_per_second": round(stats.docs / wall, 1),
-    }
     if not all_complete(split_dir, job.blocks):
+        wall = time.perf_counter() - started
         print_skipped(stats.examples, sum(stats.skipped.values()))
         print(f"data_prep: {label} finished ({stats.blocks_done} blocks, {stats.tokens:,} tokens, "
               f"{stats.tokens / wall / 1e6:.2f}M tokens/s); other parts are still missing blocks, so the merge "
               f"runs when the last part finishes (or run again without part= to merge)", file=sys.stderr)
         return None
     totals = merge(split_dir, job.blocks, s)
-    summary = summarize(split_dir, totals, this_run)
+    summary = summarize(split_dir, totals, _this_run(s, stats, len(mine) - len(todo), started))
     print_skipped(totals["skipped_examples"], totals["skipped_lines"])
     print_summary(summary)
     if totals["samples"] == 0:

@@ -1,5 +1,4 @@
 """data_prep's shard writer against mosaicml-streaming's own MDSWriter and StreamingDataset."""
-from pathlib import Path
 
 import numpy as np
 import pytest
