@@ -339,6 +339,17 @@ spawn() { (cd / && exec setsid "$@" </dev/null >>"$LOG/daemons.out" 2>&1 9>&-); 
 # detach: start a program that stays in the foreground, in the background.
 detach() { (cd / && exec setsid "$@" </dev/null >>"$LOG/daemons.out" 2>&1 9>&- &); }
 
+# Each node gets its own /dev/shm, as separate machines have: node-local shared memory named alike on
+# two nodes (streaming's dataset registry, for one) would otherwise collide between the two slurmd.
+spawn_node() {
+  if unshare -m --propagation private true 2>/dev/null; then
+    spawn unshare -m --propagation private sh -c \
+      'mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec "$@"' sh slurmd -f "$CONF" -N "$1"
+  else
+    spawn slurmd -f "$CONF" -N "$1"
+  fi
+}
+
 start_munged() {
   mkdir -p "$MUNGE"
   chown munge:munge "$MUNGE" && chmod 755 "$MUNGE"   # munged wants its socket dir reachable by all
@@ -410,7 +421,7 @@ cmd_start() {
     fail_with_logs "slurmctld did not answer" "$LOG/slurmctld.log" "$LOG/daemons.out"
   for n in "$(node 1)" "$(node 2)"; do
     mkdir -p "$STATE/d/$n"
-    spawn slurmd -f "$CONF" -N "$n" || fail_with_logs "slurmd $n did not start" "$LOG/slurmd-$n.log" "$LOG/daemons.out"
+    spawn_node "$n" || fail_with_logs "slurmd $n did not start" "$LOG/slurmd-$n.log" "$LOG/daemons.out"
   done
   wait_for -d slurmctld -d "slurmd-$(node 1)" -d "slurmd-$(node 2)" "$TIMEOUT" "both nodes to be idle" nodes_ready ||
     fail_with_logs "nodes did not come up: $(sinfo -h -N -o '%N=%t' 2>/dev/null | tr '\n' ' ')" \

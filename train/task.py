@@ -2,9 +2,10 @@
 distributed environment -> data -> llm-foundry's train()."""
 import os
 import sys
+import tempfile
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from train.distributed import export_from_submitit
 from train.foundry import foundry_config
@@ -12,13 +13,15 @@ from train.foundry import foundry_config
 
 def run(cfg: DictConfig) -> dict:
     os.environ.update({k: os.path.expandvars(str(v)) for k, v in cfg.cluster.env.items()})
-    export_from_submitit()
+    dist_env = export_from_submitit()
     if cfg.data.kind == "mock":
         from train.mock_data import ensure
 
         ensure(cfg.variables.data_local, cfg.max_seq_len, cfg.data.train_samples, cfg.data.val_samples)
 
     fcfg = foundry_config(cfg)
+    if dist_env:
+        _node_local_cwd(fcfg, dist_env)
     from llmfoundry.command_utils import train
 
     from train.report import register
@@ -35,6 +38,22 @@ def run(cfg: DictConfig) -> dict:
               f"loss curve:  {report / 'loss_curve.png'}\nmetrics:     {report / 'metrics.json'}",
               file=sys.stderr)
     return metrics
+
+
+def _node_local_cwd(fcfg, env: dict) -> None:
+    """composer and llm-foundry sync the ranks of a node through signal files in the working directory,
+    named alike on every node: in a directory shared by several nodes they collide. Give each node its own,
+    after making the config's relative paths absolute."""
+    for key in ("save_folder", "load_path", "variables.data_local", "train_loader.dataset.local",
+                "eval_loader.dataset.local", "tokenizer.name"):
+        value = OmegaConf.select(fcfg, key)
+        if isinstance(value, str) and "://" not in value and not os.path.isabs(value) and os.path.exists(value):
+            OmegaConf.update(fcfg, key, os.path.abspath(value))
+        elif key in ("save_folder", "variables.data_local") and isinstance(value, str) and "://" not in value:
+            OmegaConf.update(fcfg, key, os.path.abspath(value))
+    scratch = Path(tempfile.gettempdir()) / f"pretrain-{env['MASTER_PORT']}-node{env['NODE_RANK']}"
+    scratch.mkdir(parents=True, exist_ok=True)
+    os.chdir(scratch)
 
 
 def _read(path: Path) -> dict:

@@ -94,9 +94,13 @@ class SweepLauncher(BaseSubmititLauncher):
             print(f"[sweep] #{p.num} {' '.join(p.overrides) or '(defaults)'} -> job {p.job.job_id}", flush=True)
 
     def _wait(self, points: list) -> None:
-        last = None
+        last, refreshed = None, 0.0
         while True:
-            done = [p.job.done() for p in points]
+            # One forced accounting query (for all jobs at once) every 10 s, so that a cancelled or failed
+            # job is seen promptly without calling sacct for every job at every poll.
+            force = time.time() - refreshed > 10
+            refreshed = time.time() if force else refreshed
+            done = [p.job.done(force_check=force and i == 0) for i, p in enumerate(points)]
             counts = Counter("done" if d else _bucket(p.job.state) for p, d in zip(points, done))
             line = ", ".join(f"{counts[k]} {k}" for k in ("pending", "running", "done") if counts[k])
             if line != last:
@@ -121,7 +125,7 @@ class SweepLauncher(BaseSubmititLauncher):
                 "point": p.num,
                 "overrides": " ".join(p.overrides),
                 "job_id": p.job.job_id,
-                "state": "COMPLETED" if ok else _final_state(p.job),
+                "state": "COMPLETED" if ok else "FAILED" if ret is not None else _final_state(p.job),
                 "final_loss": metrics.get("final_train_loss"),
                 "eval_loss": (metrics.get("final_eval") or {}).get("eval/LanguageCrossEntropy"),
                 "tokens_per_sec": metrics.get("tokens_per_sec"),

@@ -1,0 +1,133 @@
+"""`python -m train ... -m` on a real Slurm controller (scripts/slurm-local.sh): real jobs, real ranks."""
+import csv
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from paths import PYTHON, ROOT
+from train.compose import compose
+from train.executor import sbatch_script
+
+TINY = ("cluster=slurm-local", "progress_bar=false")
+
+
+def sweep(root: Path, *overrides: str, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PRETRAIN_ROOT": str(root)}
+    return subprocess.run([str(PYTHON), "-m", "train", "-m", *TINY, *overrides], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900, **kw)
+
+
+def summary(root: Path) -> list:
+    [path] = (root / "outputs" / "sweeps").glob("*/summary.csv")
+    assert (path.parent / "summary.md").is_file()
+    return list(csv.DictReader(path.open()))
+
+
+def test_two_point_sweep_of_two_task_jobs_writes_sharded_checkpoints(slurm, tmp_path):
+    proc = sweep(tmp_path, "max_duration=10ba", "save_interval=10ba", "optimizer.lr=1e-3,3e-3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = summary(tmp_path)
+    assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"]
+    assert {r["overrides"].split()[-1] for r in rows} == {"optimizer.lr=0.001", "optimizer.lr=0.003"}
+    for row in rows:
+        assert float(row["final_loss"]) > 0 and float(row["tokens_per_sec"]) > 0
+        assert row["world_size"] == "2"
+        shards = sorted(p.name for p in (Path(row["checkpoint"]) / "ep0-ba10").iterdir())
+        assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+        job_dir = Path(row["log"]).parent  # every task's log and the submission script
+        assert {f"{row['job_id']}_0_log.err", f"{row['job_id']}_1_log.err"} <= {p.name for p in job_dir.iterdir()}
+        assert (job_dir / f"{row['job_id']}_submission.sh").is_file()
+    sweep_dir = Path(rows[0]["log"]).parents[2]
+    assert (sweep_dir / "0" / ".hydra" / "config.yaml").is_file()  # the composed config of each point
+    assert _accounted_state(rows[0]["job_id"]) == "COMPLETED"
+
+
+def _accounted_state(job_id: str) -> str:
+    """The job's state in Slurm's accounting, once it has caught up with the job's end."""
+    deadline = time.time() + 60
+    while True:
+        out = subprocess.run(["sacct", "-n", "-X", "-o", "State", "-j", job_id], capture_output=True, text=True)
+        state = (out.stdout.split() or ["?"])[0]
+        if state not in ("RUNNING", "PENDING", "COMPLETING", "?") or time.time() > deadline:
+            return state
+        time.sleep(1)
+
+
+def test_two_nodes_by_two_tasks_trains_with_world_size_four(slurm, tmp_path):
+    proc = sweep(tmp_path, "cluster.nodes=2", "device_train_microbatch_size=4", "max_duration=6ba", "checkpoint=none")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [row] = summary(tmp_path)
+    assert row["state"] == "COMPLETED" and row["world_size"] == "4"
+    nodes = subprocess.run(["sacct", "-n", "-X", "-o", "NNodes", "-j", row["job_id"]], capture_output=True, text=True)
+    assert nodes.stdout.split()[0] == "2"
+
+
+def test_a_failing_point_is_reported_with_its_log_and_the_other_completes(slurm, tmp_path):
+    # num_workers=0 passes our checks but fails inside llm-foundry (its default prefetch_factor needs workers)
+    proc = sweep(tmp_path, "max_duration=4ba", "checkpoint=none", "train_loader.num_workers=1,0")
+    assert proc.returncode == 1
+    ok, bad = summary(tmp_path)
+    assert ok["state"] == "COMPLETED" and float(ok["final_loss"]) > 0
+    assert bad["state"] == "FAILED" and "prefetch_factor" in bad["error"]
+    assert Path(bad["log"]).is_file() and bad["log"] in proc.stderr
+
+
+def test_scancel_of_a_running_job_is_reported_as_cancelled(slurm, tmp_path):
+    env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path)}
+    proc = subprocess.Popen([str(PYTHON), "-m", "train", "-m", *TINY, "max_duration=100000ba", "checkpoint=none"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job_id = None
+    for line in proc.stdout:  # "[sweep] #0 ... -> job 123"
+        if "-> job" in line:
+            job_id = line.split()[-1]
+            break
+    assert job_id, "the sweep never said which job it submitted"
+    deadline = time.time() + 120
+    while subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
+                         text=True).stdout.strip() != "RUNNING":
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.5)
+    subprocess.run(["scancel", job_id], check=True)
+    stdout, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 1
+    [row] = summary(tmp_path)
+    assert row["job_id"] == job_id and row["state"] == "CANCELLED"
+    assert "CANCELLED" in stderr
+
+
+def test_a_timed_out_job_is_requeued_and_ends_with_the_uninterrupted_loss(slurm, tmp_path):
+    args = ("max_duration=600ba", "save_interval=50ba", "eval_interval=600ba", "progress_bar=false",
+            "checkpoint=full")
+    straight = subprocess.run([str(PYTHON), "-m", "train", *args], cwd=ROOT, capture_output=True, text=True,
+                              env={**os.environ, "PRETRAIN_ROOT": str(tmp_path / "straight")}, timeout=600)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    [expected] = (tmp_path / "straight" / "outputs").rglob("metrics.json")
+    expected = json.loads(expected.read_text())
+
+    proc = sweep(tmp_path / "slurm", *args, "cluster.tasks_per_node=1", "cluster.timeout_min=1",
+                 "cluster.signal_delay_s=25")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [row] = summary(tmp_path / "slurm")
+    assert row["state"] == "COMPLETED"
+    log = Path(row["log"]).read_text()
+    assert "Requeued" in log or "requeue" in log.lower(), log[-2000:]  # it really hit the limit
+    assert float(row["final_loss"]) == pytest.approx(expected["final_train_loss"], rel=1e-6)
+
+
+def test_ndv5_submission_script_holds_container_nccl_tasks_and_nodes(tmp_path):
+    image = tmp_path / "train.sqsh"
+    script = sbatch_script(compose(["model=mpt-30b", "cluster=ndv5", "cluster.nodes=16", "storage=amlfs",
+                                    f"cluster.container.image={image}"]), folder="/data/outputs/sweeps/x/%j")
+    assert "#SBATCH --nodes=16" in script
+    assert "#SBATCH --ntasks-per-node=8" in script and "#SBATCH --gpus-per-node=8" in script
+    assert "#SBATCH --exclusive" in script and "#SBATCH --partition=gpu" in script
+    assert f"--container-image={image}" in script
+    assert "--container-mounts=/data:/data," in script and f"{ROOT}:{ROOT}" in script
+    for line in ('export NCCL_TOPO_FILE="/etc/ndv5-topo.xml"', 'export NCCL_MIN_NCHANNELS="32"',
+                 'export UCX_NET_DEVICES="mlx5_ib0:1"', 'export CUDA_DEVICE_ORDER="PCI_BUS_ID"'):
+        assert line in script
+    assert "--signal=USR2@120" in script  # time to checkpoint and requeue before the limit
