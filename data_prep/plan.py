@@ -77,7 +77,6 @@ def plan_document(settings: Settings, sources: list[Source], blocks: list[Block]
         "settings": {
             "dataset": settings.dataset.name,
             "text_key": settings.dataset.text_key,
-            "tokenizer": settings.tokenizer,
             "tokenizer_sha256": tokenizer_fingerprint,
             "concat_tokens": settings.concat_tokens,
             "eos_text": settings.eos_text,
