@@ -19,6 +19,7 @@ import gzip
 import itertools
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,10 +38,10 @@ import json, gzip, sys, time
 from tokenizers import Tokenizer
 docs = [json.loads(line)["text"] for line in gzip.open(sys.argv[1])]
 tok = Tokenizer.from_file(sys.argv[2] + "/tokenizer.json")
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 encodings = tok.encode_batch(docs)
-seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "tokens": sum(len(e.ids) for e in encodings)}))
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+print(json.dumps({"seconds": seconds, "cpu": cpu, "tokens": sum(len(e.ids) for e in encodings)}))
 """
 
 FOUNDRY = """
@@ -64,12 +65,17 @@ def build_input(folder: Path, docs: int) -> Path:
     return out
 
 
-def timed(cmd: list[str], env: dict) -> tuple[float, str]:
+def timed(cmd: list[str], env: dict, cpu: list | None = None) -> tuple[float, str]:
+    """Wall seconds of a whole process; its CPU seconds (all its processes) are appended to `cpu`."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode:
         sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    if cpu is not None:
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     return seconds, proc.stdout
 
 
@@ -96,21 +102,23 @@ def main() -> None:
         env = dict(os.environ, HF_DATASETS_CACHE=str(tmp / "hf-datasets"), HF_HUB_OFFLINE="1",
                    TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
         ceiling, foundry, ours, foundry_in_call, ours_in_run = [], [], [], [], []
+        ceiling_cpu, foundry_cpu, ours_cpu = [], [], []
         tokens = None
         for r in range(args.repeats):
             _, out = timed([PY, "-c", CEILING, str(src), str(TOKENIZER)], env)
             result = json.loads(out.strip().splitlines()[-1])
             ceiling.append(result["tokens"] / result["seconds"])
+            ceiling_cpu.append(result["cpu"])
 
             foundry_out = tmp / f"foundry-{r}"
-            seconds, out = timed([PY, "-c", FOUNDRY, str(src), str(foundry_out), str(TOKENIZER)], env)
+            seconds, out = timed([PY, "-c", FOUNDRY, str(src), str(foundry_out), str(TOKENIZER)], env, foundry_cpu)
             foundry.append(seconds)
             foundry_in_call.append(float(out.split("IN_CALL_SECONDS")[-1]))
 
             ours_out = tmp / f"ours-{r}"
             seconds, _ = timed([PY, "-m", "data_prep", "dataset=jsonl", f"input={src}", f"out_root={ours_out}",
                                 f"tokenizer={TOKENIZER}", "concat_tokens=2048", "eos_text='<|endoftext|>'",
-                                "bos_text=''", "compression=null", "split=train", "progress=false"], env)
+                                "bos_text=''", "compression=null", "split=train", "progress=false"], env, ours_cpu)
             ours.append(seconds)
             summary = json.loads((ours_out / "train" / "data_prep_summary.json").read_text())
             tokens = summary["tokens"]
@@ -127,18 +135,20 @@ def main() -> None:
     print(f"input: {args.docs:,} C4 documents (the two files in ../shared/data/c4/en, repeated), gzip JSON lines; "
           f"{tokens:,} tokens with EOS; concat_tokens 2048, no compression; {os.cpu_count()} CPUs; "
           f"best (and median) of {args.repeats} interleaved runs")
-    print(f"{'':40}{'seconds':>16}{'M tokens/s':>16}")
-    print(f"{'tokenizers encode_batch, in the call':40}{'':>16}"
+    print(f"{'':50}{'seconds':>16}{'M tokens/s':>16}")
+    print(f"{'tokenizers encode_batch, in the call':50}{'':>16}"
           f"{best_ceiling / 1e6:>9.3f} ({statistics.median(ceiling) / 1e6:.3f})")
     for name, runs, in_call in (("llm-foundry convert_dataset_json", foundry, foundry_in_call),
                                 ("data_prep", ours, ours_in_run)):
-        print(f"{name + ', whole process':40}{min(runs):>9.2f} ({statistics.median(runs):.2f})"
+        print(f"{name + ', whole process':50}{min(runs):>9.2f} ({statistics.median(runs):.2f})"
               f"{tokens / min(runs) / 1e6:>9.3f} ({tokens / statistics.median(runs) / 1e6:.3f})"
               f"   inside: {min(in_call):.2f} s")
     print(f"data_prep / llm-foundry, whole processes: {best_foundry / best_ours:.2f}x "
           f"(median {statistics.median(foundry) / statistics.median(ours):.2f}x)")
     print(f"data_prep whole process / encode_batch ceiling: {tokens / best_ours / best_ceiling:.0%}; "
           f"inside the run: {tokens / min(ours_in_run) / best_ceiling:.0%}")
+    print(f"CPU seconds (least of the runs): encode_batch {min(ceiling_cpu):.1f} in the call, "
+          f"llm-foundry {min(foundry_cpu):.1f}, data_prep {min(ours_cpu):.1f} (whole processes)")
     print(f"identical samples: {same}")
     if not same:
         sys.exit("the two converters wrote different samples")
