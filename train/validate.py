@@ -409,9 +409,8 @@ def tokenizer_size(cfg) -> tuple[int | None, str]:
         path = cached[-1]
     try:
         data = json.loads(path.read_text())
-        ids = list((data.get("model") or {}).get("vocab") or {})
-        vocab = data["model"]["vocab"]
-        top = max(vocab.values()) if isinstance(vocab, dict) and vocab else len(ids) - 1
+        vocab = data["model"]["vocab"]  # {token: id} (BPE, WordPiece) or [[token, score], ...] (Unigram)
+        top = max(vocab.values()) if isinstance(vocab, dict) else len(vocab) - 1
         for added in data.get("added_tokens") or []:
             top = max(top, added["id"])
         return top + 1, str(path.parent)
