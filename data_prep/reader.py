@@ -58,60 +58,65 @@ class BlockReader:
             raise _unreadable(block.path, err) from None
 
     def _whole(self, stream: BinaryIO, raw: BinaryIO) -> Iterator[tuple[bytes, int]]:
-        rest = b""
-        while True:
-            data = stream.read(self.chunk_bytes)
-            if not data:
-                break
-            data = rest + data
-            cut = data.rfind(b"\n") + 1
-            if cut:
-                yield data[:cut], raw.tell()
-                rest = data[cut:]
-            else:
-                rest = data
-        if rest:
-            yield rest, raw.tell()
+        for chunk in _line_chunks(stream, self.chunk_bytes):
+            yield chunk, raw.tell()
 
     def _range(self, raw: BinaryIO) -> Iterator[tuple[bytes, int]]:
         start, end = self.block.start, self.block.end
-        pos = 0
+        pos = start
         if start > 0:
+            # The line running into the block belongs to the previous block: skip to the first newline.
             raw.seek(start - 1)
             pos = start - 1
-            skipped = b""
-            while b"\n" not in skipped:  # the line running into the block belongs to the previous block
+            while True:
                 data = raw.read(self.chunk_bytes)
                 if not data:
+                    self.first_line_pos = pos
                     return
-                skipped += data
-            nl = skipped.index(b"\n")
-            pos += nl + 1
-            buf = skipped[nl + 1:]
-        else:
-            buf = b""
+                nl = data.find(b"\n")
+                if nl >= 0:
+                    pos += nl + 1
+                    break
+                pos += len(data)
         self.first_line_pos = pos
         if end is not None and pos >= end:
             return  # one long line spans this whole block; the block where it starts owns it
-        while True:
-            if end is not None and pos + len(buf) >= end:
-                # The last line this block owns starts before `end` and runs to its newline.
-                nl = buf.find(b"\n", max(end - pos - 1, 0))
-                if nl >= 0:
-                    yield buf[:nl + 1], pos + nl + 1
+        raw.seek(pos)
+        for chunk in _line_chunks(raw, self.chunk_bytes):
+            if end is None or pos + len(chunk) <= end:
+                pos += len(chunk)
+                yield chunk, pos
+                if end is not None and pos >= end:
                     return
-            data = raw.read(self.chunk_bytes)
-            if not data:
-                if buf and (end is None or pos < end):
-                    yield buf, pos + len(buf)
-                return
-            buf += data
-            if end is None or pos + len(buf) < end:
-                cut = buf.rfind(b"\n") + 1
-                if cut:
-                    yield buf[:cut], pos + cut
-                    pos += cut
-                    buf = buf[cut:]
+                continue
+            # The last line this block owns starts before `end` and runs to its newline.
+            nl = chunk.find(b"\n", end - pos - 1)
+            stop = nl + 1 if nl >= 0 else len(chunk)
+            yield chunk[:stop], pos + stop
+            return
+
+
+def _line_chunks(stream: BinaryIO, chunk_bytes: int) -> Iterator[bytes]:
+    """Whole lines, about chunk_bytes at a time; a line longer than that is gathered without quadratic copying."""
+    pending: list[bytes] = []  # pieces of a line not finished yet
+    while True:
+        data = stream.read(chunk_bytes)
+        if not data:
+            break
+        cut = data.rfind(b"\n") + 1
+        if not cut:
+            pending.append(data)
+            continue
+        if pending:
+            pending.append(data[:cut])
+            yield b"".join(pending)
+            pending = []
+        else:
+            yield data[:cut]
+        if cut < len(data):
+            pending.append(data[cut:])
+    if pending:
+        yield b"".join(pending)
 
 
 def line_number_of(path: str, pos: int) -> int:
