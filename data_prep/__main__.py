@@ -1,5 +1,5 @@
 """`python -m data_prep dataset=c4 input=... out_root=... tokenizer=...` (plain: every part here, then merge)
-`python -m data_prep ... num_parts=4 -m part=0,1,2,3` (one job per part through hydra/launcher)."""
+`python -m data_prep -m part=0,1,2,3 num_parts=4 ...` (one job per part through hydra/launcher)."""
 import sys
 import time
 
@@ -10,6 +10,23 @@ from omegaconf import DictConfig  # noqa: E402
 
 from data_prep.errors import DataPrepError  # noqa: E402
 
+ERROR_FILE = "data_prep_error.txt"  # a failed sweep job's message, collected by launch_check
+
+
+def _fail(message: str, code: int) -> None:
+    print(message, file=sys.stderr)
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        # A job that exits leaves the launcher a traceback about a missing result; this message is the news.
+        from pathlib import Path
+
+        Path(hydra_cfg.runtime.output_dir, ERROR_FILE).write_text(message + "\n")
+        return
+    sys.exit(code)
+
 
 @hydra.main(config_path="../conf", config_name="data_prep", version_base=None)
 def main(cfg: DictConfig):
@@ -18,11 +35,9 @@ def main(cfg: DictConfig):
     try:
         run(cfg, started=_STARTED)
     except DataPrepError as err:
-        print(err, file=sys.stderr)
-        sys.exit(2)
+        _fail(str(err), 2)
     except OSError as err:  # disk full, permissions changed mid-run: say which file, not a traceback
-        print(f"data_prep: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
-        sys.exit(1)
+        _fail(f"data_prep: {err.filename or ''}: {err.strerror or err}", 1)
 
 
 if __name__ == "__main__":

@@ -21,11 +21,21 @@ class ValidateBeforeLaunch(Callback):
             sys.exit(2)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from pathlib import Path
+
+        from data_prep.__main__ import ERROR_FILE
         from data_prep.app import missing_blocks
         from data_prep.plan import SUMMARY_FILE
         from data_prep.report import print_summary
         from data_prep.settings import settings_from
 
+        failed = sorted(Path(config.hydra.sweep.dir).glob(f"*/{ERROR_FILE}"))
+        for path in failed:
+            print(f"{path.parent.name}: {path.read_text().strip()}", file=sys.stderr)
+        if failed:
+            print(f"data_prep: {len(failed)} jobs failed; finished blocks are kept, so fix the cause and run the same "
+                  f"command again", file=sys.stderr)
+            sys.exit(2)
         settings = settings_from(config)
         missing = missing_blocks(settings.split_dir)
         if missing:

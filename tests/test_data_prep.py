@@ -321,3 +321,15 @@ def test_a_truncated_gzip_file_stops_with_its_name_not_a_traceback(tmp_path):
     assert f"{broken}: cannot be read to the end" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out" / "train" / "index.json").exists()
     assert not list((tmp_path / "out" / "train").glob("block-*"))
+
+
+def test_a_failing_sweep_job_reports_its_message_not_a_traceback(tmp_path):
+    src, bad, _ = corrupt_file(tmp_path)
+    first_line, first_reason = next(iter(bad.items()))
+    proc = prep("dataset=jsonl", f"input={src}", f"out_root={tmp_path / 'out'}", "strict=true", "num_parts=2",
+                "block_bytes=20000", "progress=false", "hydra/launcher=submitit_local", "-m", "part=0,1",
+                check=False)
+    assert proc.returncode == 2
+    assert f"part-0: data_prep: strict: {src}:{first_line}: {first_reason}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out" / "train" / "index.json").exists()
