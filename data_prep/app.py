@@ -87,13 +87,14 @@ def run(cfg: DictConfig, started: float | None = None) -> dict | None:
     todo = [b for b in mine if not is_complete(split_dir, b)]
     label = "data_prep" if s.part is None else f"part {s.part}/{s.num_parts}"
     known = all(src.size for src in job.sources)  # hub files have no size until they are fetched
-    progress = Progress(sum(job.weight(b) for b in todo) if known else None, label, s.progress)
     tok = job.tokenizer
-    try:
-        with EncoderPool(tok.tokenizer, s.dataset.text_key, tok.bos_ids, tok.eos_ids, s.workers) as pool:
+    # The pool forks first, so no thread of the progress bar is copied into the workers.
+    with EncoderPool(tok.tokenizer, s.dataset.text_key, tok.bos_ids, tok.eos_ids, s.workers) as pool:
+        progress = Progress(sum(job.weight(b) for b in todo) if known else None, label, s.progress)
+        try:
             stats = run_blocks(split_dir, todo, s, pool, progress)
-    finally:
-        progress.close()
+        finally:
+            progress.close()
     if not all_complete(split_dir, job.blocks):
         wall = time.perf_counter() - started
         print_skipped(stats.examples, sum(stats.skipped.values()))
