@@ -89,7 +89,8 @@ def run(cfg: DictConfig, started: float | None = None) -> dict | None:
     known = all(src.size for src in job.sources)  # hub files have no size until they are fetched
     tok = job.tokenizer
     # The pool forks first, so no thread of the progress bar is copied into the workers.
-    with EncoderPool(tok.tokenizer, s.dataset.text_key, tok.bos_ids, tok.eos_ids, s.workers) as pool:
+    workers = s.workers if todo else 1  # nothing left to tokenize: no processes to start
+    with EncoderPool(tok.tokenizer, s.dataset.text_key, tok.bos_ids, tok.eos_ids, workers) as pool:
         progress = Progress(sum(job.weight(b) for b in todo) if known else None, label, s.progress)
         try:
             stats = run_blocks(split_dir, todo, s, pool, progress)
