@@ -333,3 +333,13 @@ def test_a_failing_sweep_job_reports_its_message_not_a_traceback(tmp_path):
     assert f"part-0: data_prep: strict: {src}:{first_line}: {first_reason}" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out" / "train" / "index.json").exists()
+
+
+def test_a_local_tokenizer_run_imports_no_torch_transformers_or_llmfoundry(tmp_path):
+    cmd = [sys.executable, "-X", "importtime", "-m", "data_prep", "dataset=c4", f"input={C4_FIRST}",
+           f"out_root={tmp_path}", f"tokenizer={TOKENIZER}", "progress=false"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "tokenizers" in imported and "numpy" in imported
+    assert not imported & {"torch", "transformers", "llmfoundry", "streaming", "datasets"}
