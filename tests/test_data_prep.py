@@ -138,7 +138,8 @@ np.save({str(c4_dataset / 'loaded.npy')!r}, np.concatenate(rows))
 
 def test_parts_dispatched_with_submitit_then_merged_equal_a_single_part(tmp_path):
     single, parallel = tmp_path / "single", tmp_path / "parallel"
-    prep("dataset=c4", f"input={C4}", f"out_root={single}", "num_parts=1", "progress=false")
+    # The same files named by a glob here and by their folder below.
+    prep("dataset=c4", f"input={C4}/c4-train.*.json.gz", f"out_root={single}", "num_parts=1", "progress=false")
     proc = prep("dataset=c4", f"input={C4}", f"out_root={parallel}", "num_parts=2", "progress=false",
                 "hydra/launcher=submitit_local", "-m", "part=0,1")
     jobs = list((parallel / ".data_prep_jobs" / "train").glob("*/part-*"))
