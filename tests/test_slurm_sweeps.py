@@ -100,21 +100,24 @@ def test_scancel_of_a_running_job_is_reported_as_cancelled(slurm, tmp_path):
 
 
 def test_a_timed_out_job_is_requeued_and_ends_with_the_uninterrupted_loss(slurm, tmp_path):
-    args = ("max_duration=600ba", "save_interval=50ba", "eval_interval=600ba", "progress_bar=false",
-            "checkpoint=full")
-    straight = subprocess.run([str(PYTHON), "-m", "train", *args], cwd=ROOT, capture_output=True, text=True,
-                              env={**os.environ, "PRETRAIN_ROOT": str(tmp_path / "straight")}, timeout=600)
-    assert straight.returncode == 0, straight.stderr[-2000:]
-    [expected] = (tmp_path / "straight" / "outputs").rglob("metrics.json")
-    expected = json.loads(expected.read_text())
-
+    # A 1-minute limit, warned (USR2) 20 s ahead on Slurm's 30 s tick: each allocation trains ~20 s, less
+    # than these 80 large batches need, so the job hits its limit and resumes at least once.
+    args = ("max_duration=80ba", "global_train_batch_size=64", "device_train_microbatch_size=16",
+            "save_interval=10ba", "eval_interval=80ba", "progress_bar=false", "checkpoint=full")
+    straight_log = (tmp_path / "straight.log").open("w")  # a file, not a pipe nobody reads while it runs
+    straight = subprocess.Popen([str(PYTHON), "-m", "train", *args], cwd=ROOT, stdout=straight_log,
+                                stderr=subprocess.STDOUT, env={**os.environ, "PRETRAIN_ROOT": str(tmp_path / "straight")})
     proc = sweep(tmp_path / "slurm", *args, "cluster.tasks_per_node=1", "cluster.timeout_min=1",
-                 "cluster.signal_delay_s=25")
+                 "cluster.signal_delay_s=20")
+    assert straight.wait(timeout=600) == 0, (tmp_path / "straight.log").read_text()[-2000:]
     assert proc.returncode == 0, proc.stderr[-3000:]
     [row] = summary(tmp_path / "slurm")
     assert row["state"] == "COMPLETED"
-    log = Path(row["log"]).read_text()
-    assert "Requeued" in log or "requeue" in log.lower(), log[-2000:]  # it really hit the limit
+    log = Path(row["log"]).read_text() + Path(row["log"].replace("_log.err", "_log.out")).read_text()
+    assert "timed-out" in log and "Requeued job" in log, log[-2000:]  # it really hit the limit
+    assert log.count("Starting with JobEnvironment") >= 2  # and ran again
+    [expected] = (tmp_path / "straight" / "outputs").rglob("metrics.json")
+    expected = json.loads(expected.read_text())
     assert float(row["final_loss"]) == pytest.approx(expected["final_train_loss"], rel=1e-6)
 
 
@@ -131,3 +134,31 @@ def test_ndv5_submission_script_holds_container_nccl_tasks_and_nodes(tmp_path):
                  'export UCX_NET_DEVICES="mlx5_ib0:1"', 'export CUDA_DEVICE_ORDER="PCI_BUS_ID"'):
         assert line in script
     assert "--signal=USR2@120" in script  # time to checkpoint and requeue before the limit
+
+
+def test_data_prep_parts_run_as_a_slurm_array_on_the_cpu_partition(slurm, tmp_path):
+    from paths import C4, TOKENIZER, need_shared
+
+    need_shared()
+    common = ["dataset=c4", f"input={C4}", f"tokenizer={TOKENIZER}", "num_parts=2", "progress=false"]
+
+    def run(*extra):
+        return subprocess.run([str(PYTHON), "-m", "data_prep", *extra, *common], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600)
+
+    array = run("-m", "part=range(0,2)", "hydra/launcher=htc", "hydra.launcher.cpus_per_task=2",
+                f"out_root={tmp_path / 'array'}")
+    assert array.returncode == 0, array.stderr[-3000:]
+    single = run(f"out_root={tmp_path / 'single'}")
+    assert single.returncode == 0, single.stderr[-3000:]
+
+    [submission] = (tmp_path / "array").rglob("*_submission.sh")
+    assert "#SBATCH --partition=htc" in submission.read_text() and "#SBATCH --array=0-1" in submission.read_text()
+    job_id = submission.name.split("_")[0]
+    assert _accounted_state(f"{job_id}_0") == _accounted_state(f"{job_id}_1") == "COMPLETED"
+
+    def files(root):
+        return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+                and p.suffix in (".mds", ".json") and "summary" not in p.name and ".data_prep_jobs" not in str(p)}
+
+    assert files(tmp_path / "array" / "train") == files(tmp_path / "single" / "train")

@@ -1,6 +1,7 @@
 """What runs inside each task (this process for a plain run, one process per device under `-m`):
 distributed environment -> data -> llm-foundry's train()."""
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -14,6 +15,8 @@ from train.foundry import foundry_config
 def run(cfg: DictConfig) -> dict:
     os.environ.update({k: os.path.expandvars(str(v)) for k, v in cfg.cluster.env.items()})
     dist_env = export_from_submitit()
+    if dist_env:
+        _leave_signals_to_the_task()
     if cfg.data.kind == "mock":
         from train.mock_data import ensure
 
@@ -38,6 +41,17 @@ def run(cfg: DictConfig) -> dict:
               f"loss curve:  {report / 'loss_curve.png'}\nmetrics:     {report / 'metrics.json'}",
               file=sys.stderr)
     return metrics
+
+
+def _leave_signals_to_the_task() -> None:
+    """Slurm signals every process of a job step, dataloader workers included. Forked workers inherit
+    submitit's USR2 handler and would checkpoint-and-requeue the job a second time, racing the task itself:
+    only the task answers."""
+    def reset():
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    os.register_at_fork(after_in_child=reset)
 
 
 def _node_local_cwd(fcfg, env: dict) -> None:

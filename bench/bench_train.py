@@ -1,0 +1,74 @@
+"""Training throughput: `python -m train` against llm-foundry's own `train()` on the identical composed config.
+
+Both run as whole processes on this machine, alternating, with the same model, data, batch and seed; the
+reference gets exactly the config our command composes (minus our report callback). Throughput is what
+composer's speed monitor logs (tokens/s over its last 10 batches), read from each process's console log.
+
+    .venv/bin/python bench/bench_train.py [--repeats 2] [overrides ...]
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+PYTHON = sys.executable
+THROUGHPUT = re.compile(r"throughput/tokens_per_sec: ([0-9.]+)")
+REFERENCE = ("import sys\nfrom omegaconf import OmegaConf\nfrom llmfoundry.command_utils import train\n"
+             "train(OmegaConf.load(sys.argv[1]))\n")
+
+
+def timed(cmd, env) -> tuple:
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode:
+        sys.exit(f"{cmd[:3]} failed:\n{proc.stderr[-3000:]}")
+    rates = [float(x) for x in THROUGHPUT.findall(proc.stdout + proc.stderr)]
+    return wall, rates[-1]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("overrides", nargs="*",
+                        default=["max_duration=200ba", "checkpoint=none", "eval_interval=200ba",
+                                 "progress_bar=false", "console_log_interval=10ba"])
+    args = parser.parse_args()
+
+    from omegaconf import OmegaConf
+
+    from train.compose import compose
+    from train.foundry import foundry_config
+
+    root = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    env = {**os.environ, "PRETRAIN_ROOT": str(root)}
+    os.environ["PRETRAIN_ROOT"] = str(root)
+    reference_cfg = foundry_config(compose(args.overrides))
+    del reference_cfg.callbacks["run_report"]
+    cfg_path = root / "reference.yaml"
+    OmegaConf.save(reference_cfg, cfg_path)
+
+    ours, theirs = [], []
+    for _ in range(args.repeats):  # ours first: it also writes the mock data both read
+        ours.append(timed([PYTHON, "-m", "train", *args.overrides], env))
+        theirs.append(timed([PYTHON, "-c", REFERENCE, str(cfg_path)], env))
+
+    best = lambda runs: (min(w for w, _ in runs), max(r for _, r in runs))  # noqa: E731
+    (ow, orate), (tw, trate) = best(ours), best(theirs)
+    print(f"config: {' '.join(args.overrides)}; {reference_cfg.max_duration} of "
+          f"{reference_cfg.global_train_batch_size} x {reference_cfg.max_seq_len} tokens; "
+          f"{os.cpu_count()} CPUs; best of {args.repeats}, alternating")
+    print(f"{'':44}{'wall s':>9}{'tokens/s':>12}")
+    print(f"{'llm-foundry train(), whole process':44}{tw:9.1f}{trate:12,.0f}")
+    print(f"{'python -m train, whole process':44}{ow:9.1f}{orate:12,.0f}")
+    print(f"ours / llm-foundry: tokens/s {orate / trate:.3f}x, wall {tw / ow:.3f}x (above 1: ours faster)")
+
+
+if __name__ == "__main__":
+    main()
