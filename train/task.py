@@ -61,9 +61,8 @@ def _node_local_cwd(fcfg, env: dict) -> None:
     for key in ("save_folder", "load_path", "variables.data_local", "train_loader.dataset.local",
                 "eval_loader.dataset.local", "tokenizer.name"):
         value = OmegaConf.select(fcfg, key)
-        if isinstance(value, str) and "://" not in value and not os.path.isabs(value) and os.path.exists(value):
-            OmegaConf.update(fcfg, key, os.path.abspath(value))
-        elif key in ("save_folder", "variables.data_local") and isinstance(value, str) and "://" not in value:
+        relative = isinstance(value, str) and "://" not in value and not os.path.isabs(value)
+        if relative and (key != "tokenizer.name" or os.path.exists(value)):  # else a hub name
             OmegaConf.update(fcfg, key, os.path.abspath(value))
     scratch = Path(tempfile.gettempdir()) / f"pretrain-{env['MASTER_PORT']}-node{env['NODE_RANK']}"
     scratch.mkdir(parents=True, exist_ok=True)
