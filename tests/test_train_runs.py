@@ -119,3 +119,12 @@ def test_cfg_job_and_help_do_not_import_torch_or_llm_foundry():
         assert out.returncode == 0, out.stderr
         assert "HEAVY []" in out.stdout, out.stdout[-500:]
     assert "model: " in out.stdout or "model" in out.stdout
+
+
+def test_the_same_command_after_a_finished_run_does_nothing_and_says_so(tmp_path):
+    args = ("max_duration=4ba", "save_interval=4ba", "eval_interval=4ba")
+    train(tmp_path, *args)
+    first = metrics(tmp_path)
+    again = train(tmp_path, *args)
+    assert "already trained to max_duration=4ba: nothing to do" in again.stderr
+    assert metrics(tmp_path)["final_train_loss"] == first["final_train_loss"]

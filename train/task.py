@@ -30,10 +30,17 @@ def run(cfg: DictConfig) -> dict:
     from train.report import register
 
     register()
-    trainer = train(fcfg)
     report = Path(fcfg.callbacks.run_report.folder)
+    try:
+        train(fcfg).close()
+    except ValueError as err:
+        if "No training would occur" not in str(err):
+            raise
+        # the same command again after the run finished: autoresume found the final checkpoint
+        print(f"\n{fcfg.run_name} already trained to max_duration={fcfg.max_duration}: nothing to do. "
+              f"To train longer raise max_duration (the LR schedule changes with it); to start afresh pass "
+              f"another run_name.", file=sys.stderr)
     metrics = _read(report / "metrics.json")
-    trainer.close()
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"\nfinal train loss {metrics.get('final_train_loss')}, "
               f"eval {metrics.get('final_eval')}\n"
