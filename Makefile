@@ -7,10 +7,12 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The exact versions from requirements.lock (no dependency resolution), then the project itself.
+$(STAMP): pyproject.toml requirements.lock
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
 train: $(STAMP)
