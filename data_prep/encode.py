@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 from collections import deque
 from dataclasses import dataclass
 from itertools import chain
@@ -33,6 +34,10 @@ class ChunkResult:
 
 def _init(tok: Tokenizer, text_key: str, bos: list[int], eos: list[int]) -> None:
     global _TOK, _TEXT_KEY, _BOS, _EOS
+    # Forked from a submitit job, a worker inherits its handlers that bypass SIGTERM (and requeue on USR2):
+    # the pool could then never terminate its workers, and a worker must not requeue the job.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     # One process per core already: the tokenizer's own threads would only oversubscribe the CPUs.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"
