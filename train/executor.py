@@ -3,8 +3,8 @@ exact sbatch script that would be submitted.
 
 Resources come from each point's own `cluster` group, so `-m cluster.nodes=1,2` really asks for 1 and 2 nodes.
 """
-import os
 import shlex
+import sys
 from pathlib import Path
 
 import submitit
@@ -52,8 +52,6 @@ def make_executor(cfg: DictConfig, folder: str) -> submitit.AutoExecutor:
         slurm_qos=c.qos, slurm_constraint=c.constraint, slurm_exclusive=c.exclusive or None,
         slurm_signal_delay_s=c.signal_delay_s, slurm_additional_parameters=extra,
         slurm_setup=[*env_lines(cfg), *([] if in_container else c.setup)], slurm_srun_args=srun_args(cfg),
-        # submitit sets CUDA_VISIBLE_DEVICES per task otherwise; composer picks cuda:{LOCAL_RANK} itself
-        slurm_use_srun=True,
     )
     return ex
 
@@ -63,5 +61,5 @@ def sbatch_script(cfg: DictConfig, folder: str = "<sweep dir>/.submitit/%j") -> 
     if cfg.cluster.name == "local":
         return None
     ex = make_executor(cfg, folder)
-    python = "python3" if cfg.cluster.container.image else shlex.quote(os.sys.executable)
+    python = "python3" if cfg.cluster.container.image else shlex.quote(sys.executable)
     return ex._executor._make_submission_file_text(f"{python} -u -m submitit.core._submit {folder}", "plan")

@@ -1,5 +1,6 @@
 """What runs inside each task (this process for a plain run, one process per device under `-m`):
 distributed environment -> data -> llm-foundry's train()."""
+import json
 import os
 import signal
 import sys
@@ -77,6 +78,4 @@ def _node_local_cwd(fcfg, env: dict) -> None:
 
 
 def _read(path: Path) -> dict:
-    import json
-
     return json.loads(path.read_text()) if path.is_file() else {}

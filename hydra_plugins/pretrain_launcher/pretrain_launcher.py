@@ -49,8 +49,8 @@ class SweepLauncher(BaseSubmititLauncher):
 
         setup_globals()
         sweep_dir = Path(self.config.hydra.sweep.dir)
-        points = [self._point(initial_job_idx + i, list(o), sweep_dir) for i, o in enumerate(job_overrides)]
         try:
+            points = [self._point(initial_job_idx + i, list(o), sweep_dir) for i, o in enumerate(job_overrides)]
             check_sweep([p.cfg for p in points])
         except ConfigError as err:
             print(err, file=sys.stderr)
@@ -79,9 +79,8 @@ class SweepLauncher(BaseSubmititLauncher):
 
         try:
             resolve_all(resolved)
-        except ConfigError as err:
-            print(f"sweep point #{num} ({' '.join(overrides) or 'no overrides'}):\n{err}", file=sys.stderr)
-            sys.exit(2)
+        except ConfigError as err:  # named like check_sweep's errors
+            raise ConfigError(f"[sweep point #{num}] {err.key}", err.problem, err.fix) from None
         return Point(num, overrides, resolved)
 
     def _submit(self, points: list) -> None:
