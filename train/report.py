@@ -1,7 +1,10 @@
 """A Composer callback that keeps the loss history and writes the run's report at the end of fit:
 `metrics.json` (final losses, tokens/s) and `loss_curve.png`, in the run's output folder.
 
-The history travels inside checkpoints (state_dict), so a resumed run still reports its whole curve.
+The history travels inside checkpoints (state_dict), so a resumed run still reports its whole curve. It is
+kept there as one JSON string: torch's distributed checkpoint flattens nested lists and dicts into one key per
+leaf, and a fresh callback offering the nested shape would miss those keys at load (the state after an
+evaluation could not be resumed from a sharded checkpoint). One string is one key in every format and world size.
 Registered with llm-foundry's callback registry as `run_report`, so it is configured like any other callback.
 """
 import json
@@ -75,10 +78,12 @@ class RunReport(Callback):
         plt.close(fig)
 
     def state_dict(self) -> dict:
-        return {"train": self.train, "evals": self.evals}
+        return {"history": json.dumps({"train": self.train, "evals": self.evals})}
 
     def load_state_dict(self, state: dict) -> None:
-        self.train, self.evals = list(state["train"]), list(state["evals"])
+        history = state["history"]
+        history = json.loads(history.decode() if isinstance(history, bytes) else history)
+        self.train, self.evals = history["train"], history["evals"]
 
 
 def register() -> None:
