@@ -1,6 +1,7 @@
 """What runs inside each task (this process for a plain run, one process per device under `-m`):
 distributed environment -> data -> llm-foundry's train()."""
 import json
+import logging
 import os
 import signal
 import sys
@@ -14,6 +15,7 @@ from train.foundry import foundry_config
 
 
 def run(cfg: DictConfig) -> dict:
+    _log_to_stderr()
     os.environ.update({k: os.path.expandvars(str(v)) for k, v in cfg.cluster.env.items()})
     dist_env = export_from_submitit()
     if dist_env:
@@ -26,6 +28,8 @@ def run(cfg: DictConfig) -> dict:
     fcfg = foundry_config(cfg)
     if dist_env:
         _node_local_cwd(fcfg, dist_env)
+    _start_dist(fcfg)
+    _choose_resume_point(fcfg)
     from llmfoundry.command_utils import train
 
     from train.report import register
@@ -37,10 +41,12 @@ def run(cfg: DictConfig) -> dict:
     except ValueError as err:
         if "No training would occur" not in str(err):
             raise
-        # the same command again after the run finished: autoresume found the final checkpoint
-        print(f"\n{fcfg.run_name} already trained to max_duration={fcfg.max_duration}: nothing to do. "
-              f"To train longer raise max_duration (the LR schedule changes with it); to start afresh pass "
-              f"another run_name.", file=sys.stderr)
+        # the same command again after the run finished: the newest checkpoint is the final one
+        print(f"\n{fcfg.run_name} already trained to max_duration={fcfg.max_duration} (checkpoint "
+              f"{fcfg.load_path}): nothing to do. To train this run longer, add run_name={fcfg.run_name} and a "
+              f"larger max_duration to the command (the run name is kept, so it resumes from this checkpoint; "
+              f"the LR schedule follows the new max_duration). To start afresh, pass another run_name.",
+              file=sys.stderr)
     metrics = _read(report / "metrics.json")
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"\nfinal train loss {metrics.get('final_train_loss')}, "
@@ -49,6 +55,49 @@ def run(cfg: DictConfig) -> dict:
               f"loss curve:  {report / 'loss_curve.png'}\nmetrics:     {report / 'metrics.json'}",
               file=sys.stderr)
     return metrics
+
+
+def _log_to_stderr() -> None:
+    """Our own messages (logger `train`) go to stderr, the job log, whatever llm-foundry does with the root."""
+    logger = logging.getLogger("train")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def _start_dist(fcfg) -> None:
+    """Join the process group before llm-foundry does (it reuses it: same device, same timeout), so that rank 0
+    can choose the resume point while the others wait."""
+    from composer.utils import dist, get_device
+
+    dist.initialize_dist(get_device(None), timeout=float(fcfg.get("dist_timeout") or 600.0))
+
+
+def _choose_resume_point(fcfg) -> None:
+    """Resume from the newest complete checkpoint in save_folder, found by content (train/resume.py), instead
+    of composer's `latest` link. Applies to the local save folders and default file names this tool writes;
+    anything else (a remote save_folder, a custom save_filename) is left to composer's own autoresume."""
+    folder = fcfg.get("save_folder")
+    if not (fcfg.get("autoresume") and folder and "://" not in str(folder) and not fcfg.get("save_filename")
+            and not fcfg.get("save_latest_filename")):
+        return
+    from composer.utils import dist
+
+    from train import resume
+
+    world = dist.get_world_size()
+    fsdp = fcfg.get("fsdp_config") or {}
+    reads_sharded = world > 1 and fsdp.get("state_dict_type") == "sharded"  # llm-foundry drops FSDP at 1 rank
+    answer = [resume.resume_path(folder, reads_sharded) if dist.get_global_rank() == 0 else None]
+    dist.broadcast_object_list(answer)
+    if answer[0]:
+        # as composer's autoresume does: the whole state of the run's own checkpoint, whatever load_* said
+        fcfg.load_path, fcfg.load_weights_only, fcfg.load_ignore_keys = answer[0], False, None
+        print(f"resuming from {answer[0]}", file=sys.stderr)
+    fcfg.autoresume = False  # the choice is made; composer must not follow a stale link instead
 
 
 def _leave_signals_to_the_task() -> None:

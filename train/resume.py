@@ -1,0 +1,156 @@
+"""Where a run resumes from, decided by content before the trainer starts.
+
+composer's autoresume follows one symbolic link (`latest-rank0.pt` / `latest-sharded-rank0`) that it removes
+and creates again at every save. A kill at the wrong moment leaves no link (the run would start from batch 0 and
+overwrite every checkpoint), a link to the previous checkpoint beside a newer complete one, or a half-written
+newest checkpoint (refused, or unreadable). So the task looks at the files instead: the newest *complete*
+checkpoint in the save folder is the one to resume from; incomplete newer ones are moved to `set-aside/` with
+a warning naming them (never deleted); and when the newest complete checkpoint is in the other format than this
+world size reads (llm-foundry drops FSDP at one rank, so a sharded checkpoint must become one file there, and
+the other way round), it is converted beside itself first. The trainer is then given that path as `load_path`.
+
+Only global rank 0 looks and moves files; the other ranks wait for its answer (train/task.py).
+"""
+import logging
+import os
+import re
+import shutil
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# composer's default names: llm-foundry's save_filename `ep{epoch}-ba{batch}-rank{rank}.pt` (monolithic, rank 0
+# writes it) and composer's sharded prefix `ep{epoch}-ba{batch}/` (one `__{rank}_0.distcp` per rank + `.metadata`).
+_NAME = re.compile(r"^ep(\d+)-ba(\d+)(-rank0\.pt)?$")
+SET_ASIDE = "set-aside"
+_PARTIAL = ".partial-"  # conversions are written under a hidden name, then renamed into place
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    epoch: int
+    batch: int
+    sharded: bool
+
+    @property
+    def stem(self) -> str:
+        return f"ep{self.epoch}-ba{self.batch}"
+
+
+def find(folder) -> list[Checkpoint]:
+    """Every checkpoint in `folder` named as composer names them, oldest first."""
+    folder = Path(folder)
+    found = []
+    if folder.is_dir():
+        for p in folder.iterdir():
+            m = _NAME.match(p.name)
+            if m and not p.is_symlink():
+                found.append(Checkpoint(p, int(m[1]), int(m[2]), sharded=m[3] is None))
+    return sorted(found, key=lambda c: (c.batch, c.epoch, c.sharded))
+
+
+def problem(ckpt: Checkpoint) -> str | None:
+    """Why this checkpoint cannot be loaded, or None when it is complete.
+
+    Cheap checks that catch what an interrupted write leaves: a monolithic file is a zip archive (torch.save)
+    whose central directory is written last; a sharded folder's `.metadata` is written by rank 0 after every
+    rank wrote its shard, and it records how many bytes of each shard file it indexes.
+    """
+    p = ckpt.path
+    if not ckpt.sharded:
+        if not p.is_file():
+            return "not a file"
+        if p.stat().st_size == 0:
+            return "empty file (its write never started or was cut off)"
+        if not zipfile.is_zipfile(p):
+            return "truncated (no zip central directory: its write was cut off)"
+        return None
+    meta = p / ".metadata"
+    if not meta.is_file() or meta.stat().st_size == 0:
+        return "no .metadata (the sharded write did not finish)"
+    try:
+        import pickle
+
+        with open(meta, "rb") as f:
+            metadata = pickle.load(f)
+    except Exception as err:
+        return f".metadata unreadable ({type(err).__name__}: {err})"
+    needed: dict[str, int] = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(needed.items()):
+        shard = p / name
+        if not shard.is_file():
+            return f"shard {name} is missing"
+        if shard.stat().st_size < size:
+            return f"shard {name} is truncated ({shard.stat().st_size} of {size} bytes)"
+    return None
+
+
+def set_aside(ckpt: Checkpoint, why: str) -> Path:
+    """Move a checkpoint that cannot be loaded out of composer's way, keeping it for inspection."""
+    dest_dir = ckpt.path.parent / SET_ASIDE
+    dest_dir.mkdir(exist_ok=True)
+    dest = dest_dir / f"{ckpt.path.name}.{time.strftime('%Y%m%d-%H%M%S')}"
+    while dest.exists():
+        dest = dest.with_name(dest.name + "_")
+    os.replace(ckpt.path, dest)
+    log.warning("checkpoint %s cannot be resumed from: %s. Moved to %s; resuming from the previous one.",
+                ckpt.path, why, dest)
+    return dest
+
+
+def consolidate(src: Path, out: Path) -> Path:
+    """A sharded checkpoint folder -> one monolithic file composer loads at any world size (written atomically)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    tmp = out.parent / f"{_PARTIAL}{out.name}"
+    dcp_to_torch_save(str(src), str(tmp))
+    os.replace(tmp, out)
+    return out
+
+
+def shard(src: Path, out: Path) -> Path:
+    """A monolithic checkpoint file -> a sharded checkpoint folder (written under a hidden name, then renamed)."""
+    from torch.distributed.checkpoint.format_utils import torch_save_to_dcp
+
+    tmp = out.parent / f"{_PARTIAL}{out.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    torch_save_to_dcp(str(src), str(tmp))
+    os.replace(tmp, out)
+    return out
+
+
+def newest_complete(folder, reads_sharded: bool | None = None) -> Checkpoint | None:
+    """The newest complete checkpoint; newer incomplete ones are set aside. At equal batch, the format this run
+    reads (`reads_sharded`) comes first."""
+    folder = Path(folder)
+    for leftover in folder.glob(f"{_PARTIAL}*") if folder.is_dir() else ():
+        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()  # a conversion cut off: ours
+    order = sorted(find(folder), key=lambda c: (c.batch, c.sharded == reads_sharded))
+    for ckpt in reversed(order):
+        why = problem(ckpt)
+        if why is None:
+            return ckpt
+        set_aside(ckpt, why)
+    return None
+
+
+def resume_path(folder, reads_sharded: bool) -> str | None:
+    """The path this run loads to continue, in the format it reads; None when there is nothing to resume."""
+    ckpt = newest_complete(folder, reads_sharded)
+    if ckpt is None:
+        return None
+    if ckpt.sharded == reads_sharded:
+        return str(ckpt.path)
+    if ckpt.sharded:
+        out = ckpt.path.parent / f"{ckpt.stem}-rank0.pt"
+        log.warning("resuming %s at one rank (no FSDP): consolidating its shards into %s first", ckpt.path, out)
+        return str(consolidate(ckpt.path, out))
+    out = ckpt.path.parent / ckpt.stem
+    log.warning("resuming %s with sharded checkpoints: converting it into %s first", ckpt.path, out)
+    return str(shard(ckpt.path, out))
