@@ -125,24 +125,32 @@ def shard(src: Path, out: Path) -> Path:
     return out
 
 
-def newest_complete(folder, reads_sharded: bool | None = None) -> Checkpoint | None:
-    """The newest complete checkpoint; newer incomplete ones are set aside. At equal batch, the format this run
-    reads (`reads_sharded`) comes first."""
+def newest_complete(folder, reads_sharded: bool | None = None, tidy: bool = False) -> Checkpoint | None:
+    """The newest complete checkpoint. At equal batch, the format this run reads (`reads_sharded`) comes first.
+
+    `tidy` (only for the run that owns the folder, about to write into it): newer incomplete checkpoints are set
+    aside and a cut-off conversion is removed. A reader beside a live run must not: the newest folder may be
+    one the run is writing right now.
+    """
     folder = Path(folder)
-    for leftover in folder.glob(f"{_PARTIAL}*") if folder.is_dir() else ():
-        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()  # a conversion cut off: ours
+    if tidy and folder.is_dir():
+        for leftover in folder.glob(f"{_PARTIAL}*"):
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     order = sorted(find(folder), key=lambda c: (c.batch, c.sharded == reads_sharded))
     for ckpt in reversed(order):
         why = problem(ckpt)
         if why is None:
             return ckpt
-        set_aside(ckpt, why)
+        if tidy:
+            set_aside(ckpt, why)
+        else:
+            log.warning("skipping %s: %s", ckpt.path, why)
     return None
 
 
 def resume_path(folder, reads_sharded: bool) -> str | None:
     """The path this run loads to continue, in the format it reads; None when there is nothing to resume."""
-    ckpt = newest_complete(folder, reads_sharded)
+    ckpt = newest_complete(folder, reads_sharded, tidy=True)
     if ckpt is None:
         return None
     if ckpt.sharded == reads_sharded:

@@ -1,0 +1,243 @@
+"""Resume is the promise: every checkpoint this tool writes resumes, at any rank count, after any event.
+
+Real runs of the tiny model on CPU (one process, or 2 and 4 ranks over gloo with FSDP2 through `-m`). The
+matrix: checkpoint format {sharded, full} x ranks {1, 2}, each with evaluations before its checkpoints, each
+resumed after (a) SIGKILL right after a checkpoint and (b) the run finished. Then world-size changes, and the
+states an interrupted write leaves on disk. The uninterrupted run of each rank count is the reference.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from paths import PYTHON, ROOT
+
+# Evaluations at 10, 20, 30, 40: every checkpoint after the first holds the report's evaluation history.
+ARGS = ("max_duration=40ba", "save_interval=10ba", "eval_interval=10ba", "progress_bar=false")
+
+
+def command(ranks: int, fmt: str, *extra: str) -> list:
+    launch = ["-m", f"cluster.tasks_per_node={ranks}"] if ranks > 1 else []
+    return [str(PYTHON), "-m", "train", *launch, f"checkpoint={fmt}", *ARGS, *extra]
+
+
+def run(root: Path, cmd: list, check=True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PRETRAIN_ROOT": str(root)}, capture_output=True,
+                          text=True, timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def newest_metrics(root: Path) -> dict:
+    path = max((root / "outputs").rglob("metrics.json"), key=lambda p: p.stat().st_mtime)
+    return json.loads(path.read_text())
+
+
+def task_log(root: Path) -> str:
+    """What the last run's ranks wrote (a `-m` run: rank 0's job log; a plain run has none)."""
+    logs = sorted((root / "outputs" / "sweeps").rglob("*_0_log.err"), key=lambda p: p.stat().st_mtime)
+    return logs[-1].read_text() if logs else ""
+
+
+def save_folder(root: Path) -> Path:
+    [folder] = (root / "checkpoints").iterdir()
+    return folder
+
+
+def kill_after_checkpoint(root: Path, cmd: list, batch: int) -> None:
+    """Start `cmd`, SIGKILL its whole process group as soon as the checkpoint at `batch` is complete (composer
+    points its `latest` link at a checkpoint once every file of it is written)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PRETRAIN_ROOT": str(root)}, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not any(os.readlink(p).startswith(f"ep0-ba{batch}") for p in root.glob("checkpoints/*/latest-*")
+                  if p.is_symlink()):
+        assert proc.poll() is None and time.time() < deadline, "the run ended before its checkpoint"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for pid in _processes_with(f"PRETRAIN_ROOT={root}"):  # ranks that submitit started in sessions of their own
+        os.kill(pid, signal.SIGKILL)
+
+
+def _processes_with(variable: str) -> list:
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if variable.encode() in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except OSError:
+            pass
+    return found
+
+
+_finished = {}
+
+
+def finished(ranks: int, fmt: str, tmp_path_factory) -> Path:
+    """The root of an uninterrupted, finished run (made once per module): the reference and a source of
+    checkpoint folders to damage."""
+    if (ranks, fmt) not in _finished:
+        root = tmp_path_factory.mktemp(f"finished-{fmt}{ranks}")
+        run(root, command(ranks, fmt))
+        _finished[ranks, fmt] = root
+    return _finished[ranks, fmt]
+
+
+def straight(ranks: int, tmp_path_factory) -> dict:
+    """The uninterrupted run's metrics at this rank count (the checkpoint format does not change training)."""
+    return newest_metrics(finished(ranks, "sharded", tmp_path_factory))
+
+
+def assert_same_run(got: dict, want: dict) -> None:
+    assert got["batches"] == 40 and [b for b, _ in got["train_loss"]] == list(range(1, 41))
+    assert got["final_train_loss"] == pytest.approx(want["final_train_loss"], rel=1e-6)
+    assert got["final_eval"] == pytest.approx(want["final_eval"], rel=1e-6)
+    assert [b for b, _ in got["eval"]] == [10, 20, 30, 40]  # the evaluation history came through the checkpoint
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("fmt", ["sharded", "full"])
+def test_killed_after_a_checkpoint_then_finished_the_same_command_resumes_then_does_nothing(
+        fmt, ranks, tmp_path, tmp_path_factory):
+    want = straight(ranks, tmp_path_factory)
+    cmd = command(ranks, fmt)
+    kill_after_checkpoint(tmp_path, cmd, batch=20)
+    folder = save_folder(tmp_path)
+    assert not any(c.name.startswith("ep0-ba40") for c in folder.iterdir()), "killed too late"
+
+    resumed = run(tmp_path, cmd)  # (a) the same command after SIGKILL
+    assert "resuming from" in resumed.stderr + task_log(tmp_path)
+    got = newest_metrics(tmp_path)
+    assert got["world_size"] == ranks
+    assert_same_run(got, want)
+
+    before = {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+    again = run(tmp_path, cmd)  # (b) the same command after the run finished
+    said = again.stderr + task_log(tmp_path)
+    assert "nothing to do" in said and f"run_name={got['run_name']}" in said
+    assert {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} == before
+
+
+def test_world_size_changes_two_to_four_to_two_and_two_to_one_continue_the_loss(tmp_path, tmp_path_factory):
+    """The same run continued at another rank count from its sharded checkpoint. Compared: the loss of the first
+    batch after each resume with the uninterrupted 2-rank run's loss at that batch (the global batch holds the same
+    samples at every world size: streaming's order depends on its canonical nodes, not on the ranks), and the
+    run's final loss; both within 1e-3 (the ranks' reductions add in another order)."""
+    want = {b: loss for b, loss in straight(2, tmp_path_factory)["train_loss"]}
+    name = ("run_name=resize",)
+    two = tmp_path / "two"
+    kill_after_checkpoint(two, command(2, "sharded", *name), batch=20)
+
+    one = tmp_path / "one"  # 2 -> 1: the same checkpoint folder continued by a plain one-process run
+    shutil.copytree(two / "checkpoints", one / "checkpoints", symlinks=True)
+    proc = run(one, command(1, "sharded", *name))
+    assert "consolidating its shards" in proc.stderr
+    got = newest_metrics(one)
+    assert got["world_size"] == 1 and got["batches"] == 40
+    assert dict(got["train_loss"])[21] == pytest.approx(want[21], rel=1e-3)
+    assert got["final_train_loss"] == pytest.approx(want[40], rel=1e-3)
+
+    kill_after_checkpoint(two, command(4, "sharded", *name), batch=30)  # 2 -> 4, killed after batch 30
+    assert sorted(p.name for p in (save_folder(two) / "ep0-ba30").iterdir()) == \
+        [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
+    run(two, command(2, "sharded", *name))  # 4 -> 2
+    got = newest_metrics(two)
+    assert got["world_size"] == 2 and got["batches"] == 40
+    losses = dict(got["train_loss"])
+    assert losses[21] == pytest.approx(want[21], rel=1e-3)  # first batch at 4 ranks
+    assert losses[31] == pytest.approx(want[31], rel=1e-3)  # first batch back at 2 ranks
+    assert got["final_train_loss"] == pytest.approx(want[40], rel=1e-3)
+
+
+def _finished_copy(ranks: int, fmt: str, tmp_path: Path, tmp_path_factory) -> tuple[Path, list]:
+    """A finished run's checkpoints (10, 20, 30, 40) in a fresh root, and the command that made them."""
+    src = finished(ranks, fmt, tmp_path_factory)
+    root = tmp_path / "root"
+    shutil.copytree(src / "checkpoints", root / "checkpoints", symlinks=True)
+    return save_folder(root), command(ranks, fmt)
+
+
+def _files(folder: Path, older_than: str = "~") -> dict:
+    """Content of every checkpoint file whose top-level name sorts before `older_than` (default: all)."""
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*")
+            if p.is_file() and not p.is_symlink() and p.relative_to(folder).parts[0] < older_than}
+
+
+def test_no_link_and_a_truncated_newest_shard_resume_from_the_previous_checkpoint_never_from_scratch(
+        tmp_path, tmp_path_factory):
+    """2-rank sharded: the `latest` link gone (a kill between composer's remove and create) and the newest
+    checkpoint's second shard cut short. The rerun sets ep0-ba40 aside with a warning naming it, resumes from
+    ep0-ba30, ends at the uninterrupted loss, and rewrites none of the older checkpoints."""
+    folder, cmd = _finished_copy(2, "sharded", tmp_path, tmp_path_factory)
+    (folder / "latest-sharded-rank0").unlink()
+    shard = folder / "ep0-ba40" / "__1_0.distcp"
+    half = shard.stat().st_size // 2
+    shard.write_bytes(shard.read_bytes()[:half])
+    older = _files(folder, "ep0-ba40")
+    root = folder.parents[1]
+
+    run(root, cmd)
+    log = task_log(root)
+    assert "ep0-ba40 cannot be resumed from: shard __1_0.distcp is truncated" in log
+    assert "resuming from " + str(folder / "ep0-ba30") in log
+    [aside] = (folder / "set-aside").iterdir()  # kept, not deleted
+    assert aside.name.startswith("ep0-ba40.") and (aside / "__1_0.distcp").stat().st_size == half
+    assert _files(folder, "ep0-ba40") == older  # nothing older was overwritten
+    assert_same_run(newest_metrics(root), straight(2, tmp_path_factory))
+
+
+def test_an_empty_newest_file_beside_a_link_to_the_previous_resumes_from_the_previous(tmp_path, tmp_path_factory):
+    """1-rank full: killed the instant composer created the next checkpoint file (0 bytes, link still on the
+    previous one). composer alone refuses this folder ("may conflict with a future checkpoint")."""
+    folder, cmd = _finished_copy(1, "full", tmp_path, tmp_path_factory)
+    link = folder / "latest-rank0.pt"
+    link.unlink()
+    link.symlink_to("ep0-ba30-rank0.pt")
+    (folder / "ep0-ba40-rank0.pt").write_bytes(b"")
+    root = folder.parents[1]
+
+    proc = run(root, cmd)
+    assert "ep0-ba40-rank0.pt cannot be resumed from: empty file" in proc.stderr
+    assert_same_run(newest_metrics(root), straight(1, tmp_path_factory))
+
+
+def test_a_complete_checkpoint_newer_than_the_link_is_used(tmp_path, tmp_path_factory):
+    """2-rank sharded: killed after the newest checkpoint's files, before the link moved to it. The rerun finds
+    the final checkpoint by content: nothing to do, nothing written."""
+    folder, cmd = _finished_copy(2, "sharded", tmp_path, tmp_path_factory)
+    link = folder / "latest-sharded-rank0"
+    link.unlink()
+    link.symlink_to("ep0-ba30")
+    before = _files(folder)
+    root = folder.parents[1]
+
+    run(root, cmd)
+    assert "nothing to do" in task_log(root)
+    assert _files(folder) == before
+
+
+def test_consolidate_a_sharded_checkpoint_into_one_file_that_load_path_continues(tmp_path, tmp_path_factory):
+    folder, _ = _finished_copy(2, "sharded", tmp_path, tmp_path_factory)
+    out = tmp_path / "consolidated.pt"
+    proc = subprocess.run([str(PYTHON), "-m", "train.consolidate", str(folder), "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(out) and out.stat().st_size > 0
+
+    # a new run (its own name and folder) that starts from the consolidated state and trains 10 more batches
+    root = tmp_path / "from-file"
+    run(root, [str(PYTHON), "-m", "train", "checkpoint=full", f"load_path={out}", "max_duration=50ba",
+               "save_interval=10ba", "eval_interval=10ba", "progress_bar=false"])
+    got = newest_metrics(root)
+    assert got["batches"] == 50 and [b for b, _ in got["train_loss"]] == list(range(1, 51))
+
+    bad = subprocess.run([str(PYTHON), "-m", "train.consolidate", str(tmp_path / "nowhere")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no complete checkpoint" in bad.stderr
