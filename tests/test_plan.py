@@ -226,3 +226,13 @@ def test_plan_answers_within_1_5_s(tmp_path):
             assert proc.returncode == 0, proc.stderr
         best[form] = min(times)
     assert max(best.values()) <= 1.5, best
+
+
+def test_the_plan_says_what_checkpoint_sharded_means_at_one_rank():
+    one = plan("checkpoint=sharded")  # a plain run: one process, llm-foundry drops FSDP
+    assert one["checkpoint_files"] == 1 and "world size 1" in one["checkpoint_layout"]
+    assert "converted into shards" in one["checkpoint_layout"]
+    assert "world size 1" in render(one)
+    two = plan("checkpoint=sharded", "cluster=slurm-local")
+    assert two["checkpoint_files"] == 2 and "consolidated" in two["checkpoint_layout"]
+    assert plan("checkpoint=none")["checkpoint_layout"] is None

@@ -144,7 +144,8 @@ def test_world_size_changes_two_to_four_to_two_and_two_to_one_continue_the_loss(
     assert dict(got["train_loss"])[21] == pytest.approx(want[21], rel=1e-3)
     assert got["final_train_loss"] == pytest.approx(want[40], rel=1e-3)
 
-    kill_after_checkpoint(two, command(4, "sharded", *name), batch=30)  # 2 -> 4, killed after batch 30
+    # 2 -> 4, killed after batch 30 (16 samples a batch: 4 per rank at 4 ranks, 8 at 2; no accumulation either way)
+    kill_after_checkpoint(two, command(4, "sharded", *name, "device_train_microbatch_size=4"), batch=30)
     assert sorted(p.name for p in (save_folder(two) / "ep0-ba30").iterdir()) == \
         [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
     run(two, command(2, "sharded", *name))  # 4 -> 2

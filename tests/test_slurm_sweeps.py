@@ -99,26 +99,35 @@ def test_scancel_of_a_running_job_is_reported_as_cancelled(slurm, tmp_path):
     assert "CANCELLED" in stderr
 
 
-def test_a_timed_out_job_is_requeued_and_ends_with_the_uninterrupted_loss(slurm, tmp_path):
-    # A 1-minute limit, warned (USR2) 20 s ahead on Slurm's 30 s tick: each allocation trains ~20 s, less
-    # than these 80 large batches need, so the job hits its limit and resumes at least once.
-    args = ("max_duration=80ba", "global_train_batch_size=64", "device_train_microbatch_size=16",
-            "save_interval=10ba", "eval_interval=80ba", "progress_bar=false", "checkpoint=full")
+def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_with_the_uninterrupted_loss(
+        slurm, tmp_path):
+    # The default policy of every Slurm preset: 2 ranks, checkpoint=sharded, evaluations between checkpoints.
+    # A 1-minute limit, warned (USR2) 20 s ahead on Slurm's 30 s tick: each allocation trains for less than
+    # these 200 batches need, so the job hits its limit and resumes from a sharded checkpoint saved after an
+    # evaluation, at least twice.
+    args = ("max_duration=200ba", "global_train_batch_size=64", "device_train_microbatch_size=16",
+            "save_interval=10ba", "eval_interval=20ba", "eval_subset_num_batches=1", "progress_bar=false",
+            "checkpoint=sharded")
     straight_log = (tmp_path / "straight.log").open("w")  # a file, not a pipe nobody reads while it runs
-    straight = subprocess.Popen([str(PYTHON), "-m", "train", *args], cwd=ROOT, stdout=straight_log,
-                                stderr=subprocess.STDOUT, env={**os.environ, "PRETRAIN_ROOT": str(tmp_path / "straight")})
-    proc = sweep(tmp_path / "slurm", *args, "cluster.tasks_per_node=1", "cluster.timeout_min=1",
-                 "cluster.signal_delay_s=20")
-    assert straight.wait(timeout=600) == 0, (tmp_path / "straight.log").read_text()[-2000:]
+    straight = subprocess.Popen([str(PYTHON), "-m", "train", "-m", "cluster.tasks_per_node=2", *args], cwd=ROOT,
+                                stdout=straight_log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PRETRAIN_ROOT": str(tmp_path / "straight")})
+    assert straight.wait(timeout=900) == 0, (tmp_path / "straight.log").read_text()[-2000:]
+    proc = sweep(tmp_path / "slurm", *args, "cluster.timeout_min=1", "cluster.signal_delay_s=20")
     assert proc.returncode == 0, proc.stderr[-3000:]
     [row] = summary(tmp_path / "slurm")
-    assert row["state"] == "COMPLETED"
+    assert row["state"] == "COMPLETED" and row["world_size"] == "2"
     log = Path(row["log"]).read_text() + Path(row["log"].replace("_log.err", "_log.out")).read_text()
     assert "timed-out" in log and "Requeued job" in log, log[-2000:]  # it really hit the limit
-    assert log.count("Starting with JobEnvironment") >= 2  # and ran again
+    assert log.count("Starting with JobEnvironment") >= 3, log[-3000:]  # and ran again, at least twice
+    assert log.count("resuming from") >= 2
     [expected] = (tmp_path / "straight" / "outputs").rglob("metrics.json")
     expected = json.loads(expected.read_text())
     assert float(row["final_loss"]) == pytest.approx(expected["final_train_loss"], rel=1e-6)
+    [got] = (tmp_path / "slurm" / "outputs").rglob("metrics.json")
+    got = json.loads(got.read_text())
+    assert [b for b, _ in got["eval"]] == list(range(20, 201, 20))  # every evaluation, across the requeues
+    assert got["final_eval"] == pytest.approx(expected["final_eval"], rel=1e-6)
 
 
 def test_ndv5_submission_script_holds_container_nccl_tasks_and_nodes(tmp_path):

@@ -127,6 +127,14 @@ def build_plan(cfg: DictConfig, multirun: bool | None = None) -> dict:
         "checkpoint_bytes": ckpt,
         "checkpoint_bytes_per_rank": ckpt // world if sharded else None,
         "checkpoint_files": world if sharded else 1,
+        # what is on disk at this world size, and what a resume at another world size does with it
+        "checkpoint_layout": (None if not save_folder else
+                              f"sharded: ep{{E}}-ba{{B}}/ with one .distcp per rank; resumes at any rank count "
+                              f"(at one rank it is consolidated into one file first)" if sharded else
+                              "one file ep{E}-ba{B}-rank0.pt (world size 1: llm-foundry trains without FSDP, so "
+                              "checkpoint=sharded writes one file here); resumed at more ranks with "
+                              "checkpoint=sharded it is converted into shards first" if kind == "sharded" else
+                              "one file ep{E}-ba{B}-rank0.pt written by rank 0; resumes at any rank count"),
         "megatron_checkpoint_bytes": estimate.MEGATRON_BYTES_PER_PARAM * params,
         "storage_tier": value(cfg, "storage.tier"),
         "write_GBps": write_gbps,
@@ -234,6 +242,8 @@ def render(p: dict) -> str:
     add(f"checkpoint  {what}: {_size(p['checkpoint_bytes'])} (12 B/param: fp32 weights + 2 Adam moments){per_rank}")
     add(f"            write {_duration_words(p['checkpoint_write_seconds'])} at {p['write_GBps']} GB/s{tier}"
         f"{ceiling}")
+    if p["checkpoint_layout"]:
+        add(f"            layout: {p['checkpoint_layout']}")
     if p["checkpoints_to_max_duration"]:
         overhead = (f", {p['checkpoint_overhead'] * 100:.2f}% of training time"
                     if p["checkpoint_overhead"] is not None else "")
