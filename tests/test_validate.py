@@ -217,3 +217,18 @@ def test_mock_tokenizer_size_matches_mock_data():
 def test_good_data_folder_passes(tmp_path):
     validate(compose(["data=c4", f"variables.data_local={mds(tmp_path / 'c4')}"]))
     validate(compose(["storage=blob", f"storage.root={tmp_path}", "storage.mounts=[]", "data=c4"]))
+
+
+def test_a_run_that_does_not_resume_is_refused_over_existing_checkpoints(tmp_path):
+    """composer would refuse full checkpoints only once running, and silently rewrite sharded ones."""
+    folder = tmp_path / "ckpts"
+    (folder / "ep0-ba10").mkdir(parents=True)
+    (folder / "ep0-ba20-rank0.pt").write_bytes(b"")
+    root = tmp_path / "root"
+    root.mkdir()
+    proc = cli(root, "autoresume=false", f"save_folder={folder}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"error: autoresume: false, but save_folder {folder} already holds 2 checkpoint(s)" in proc.stderr
+    assert "overwrite them" in proc.stderr and "fix: autoresume=true continues that run" in proc.stderr
+    assert list(root.iterdir()) == []
+    assert cli(root, "autoresume=false", f"save_folder={tmp_path / 'fresh'}", "plan=true").returncode == 0

@@ -246,6 +246,24 @@ def check_checkpoint(cfg, multirun=None):
                           "e.g. save_num_checkpoints_to_keep=10")
 
 
+def check_no_overwrite(cfg, multirun=None):
+    """A run that does not resume must not start over the checkpoints of an earlier run: composer refuses a
+    folder of full checkpoints only once it is running, and rewrites sharded ones without a word."""
+    folder = value(cfg, "save_folder")
+    if (not folder or "://" in str(folder) or value(cfg, "autoresume") or value(cfg, "save_overwrite")
+            or value(cfg, "save_filename")):
+        return
+    from train.resume import find
+
+    found = find(folder)
+    if found:
+        names = ", ".join(c.path.name for c in found[-3:])
+        raise ConfigError("autoresume", f"false, but save_folder {folder} already holds {len(found)} checkpoint(s) "
+                          f"(… {names}): this run would start from batch 0 and overwrite them",
+                          f"autoresume=true continues that run; another run_name (or save_folder) starts afresh "
+                          f"beside it; save_overwrite=true replaces them")
+
+
 def check_storage(cfg, multirun=None):
     tiers = value(cfg, "storage.tiers")
     if tiers:
@@ -504,7 +522,7 @@ def check_memory(cfg, multirun=None):
 
 # ------------------------------------------------------------------------------------------------ driver
 
-NODE_RULES = [check_mounts, check_container, check_load_path, check_tokenizer, check_data]
+NODE_RULES = [check_mounts, check_container, check_load_path, check_no_overwrite, check_tokenizer, check_data]
 FIT_RULES = [check_memory]
 RULES = [check_plan, check_keys, check_numbers, check_schedule, check_seq_len, check_device, check_fsdp,
          check_checkpoint, check_storage, check_cluster_figures, check_vocab, check_batch,
