@@ -106,7 +106,7 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     # these 200 batches need, so the job hits its limit and resumes from a sharded checkpoint saved after an
     # evaluation, at least twice.
     args = ("max_duration=200ba", "global_train_batch_size=64", "device_train_microbatch_size=16",
-            "save_interval=10ba", "eval_interval=20ba", "eval_subset_num_batches=1", "progress_bar=false",
+            "save_interval=5ba", "eval_interval=20ba", "eval_subset_num_batches=1", "progress_bar=false",
             "checkpoint=sharded")
     straight_log = (tmp_path / "straight.log").open("w")  # a file, not a pipe nobody reads while it runs
     straight = subprocess.Popen([str(PYTHON), "-m", "train", "-m", "cluster.tasks_per_node=2", *args], cwd=ROOT,
