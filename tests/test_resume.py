@@ -5,6 +5,7 @@ matrix: checkpoint format {sharded, full} x ranks {1, 2}, each with evaluations 
 resumed after (a) SIGKILL right after a checkpoint and (b) the run finished. Then world-size changes, and the
 states an interrupted write leaves on disk. The uninterrupted run of each rank count is the reference.
 """
+import csv
 import json
 import os
 import shutil
@@ -242,3 +243,52 @@ def test_consolidate_a_sharded_checkpoint_into_one_file_that_load_path_continues
     bad = subprocess.run([str(PYTHON), "-m", "train.consolidate", str(tmp_path / "nowhere")], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no complete checkpoint" in bad.stderr
+
+
+def test_a_stopped_rank_ends_the_whole_job_within_the_timeout_and_the_error_names_the_ranks(tmp_path):
+    """SIGSTOP one rank of a 2-rank job: the other fails its next collective after cluster.dist_timeout, exits
+    non-zero with its own error, the stopped rank is killed, and the sweep reports both ranks, in minutes rather
+    than at the job's time limit (60 min here)."""
+    cmd = [str(PYTHON), "-m", "train", "-m", "cluster.tasks_per_node=2", "checkpoint=none", "max_duration=100000ba",
+           "progress_bar=false", "cluster.dist_timeout=15"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PRETRAIN_ROOT": str(tmp_path)}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 300
+        while not list(tmp_path.glob("outputs/sweeps/*/.submitit/*/*_0_log.err")) or "Train time/batch" not in \
+                next(tmp_path.glob("outputs/sweeps/*/.submitit/*/*_0_log.err")).read_text():
+            assert proc.poll() is None and time.time() < deadline, "the job never started training"
+            time.sleep(0.2)
+        rank1s = [pid for pid in _processes_with(f"PRETRAIN_ROOT={tmp_path}")
+                  if _has(pid, "SUBMITIT_LOCAL_GLOBALID=1") and _has(pid, "SUBMITIT_EXECUTOR=local")]
+        # the rank itself (a child of submitit's local controller), not the workers it started
+        [rank1] = [pid for pid in rank1s if b"submitit.local._local" in Path(f"/proc/{_parent(pid)}/cmdline").read_bytes()]
+        os.kill(rank1, signal.SIGSTOP)
+        stopped = time.time()
+        out, err = proc.communicate(timeout=600)
+        ended = time.time() - stopped
+    finally:
+        for pid in _processes_with(f"PRETRAIN_ROOT={tmp_path}"):  # whatever is left if the test failed
+            os.kill(pid, signal.SIGKILL)
+
+    assert proc.returncode == 1
+    assert ended < 180, f"the job took {ended:.0f} s to end after a rank stopped"
+    assert not Path(f"/proc/{rank1}").exists() or "zombie" in Path(f"/proc/{rank1}/status").read_text()
+    [row] = list(csv.DictReader(next(tmp_path.glob("outputs/sweeps/*/summary.csv")).open()))
+    assert row["state"] == "FAILED"
+    assert row["error"].startswith("rank 0: RuntimeError") and "Timed out" in row["error"]
+    assert "rank 1: no result (killed, or stopped responding" in row["error"]
+    assert "rank 0: RuntimeError" in err and "rank 1:" in err
+    logs = [p.read_text() for p in tmp_path.glob("outputs/sweeps/*/.submitit/*/*_log.*")]
+    assert logs and not any("completed successfully" in text for text in logs)
+
+
+def _has(pid: int, variable: str) -> bool:
+    try:
+        return variable.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])

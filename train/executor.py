@@ -20,7 +20,10 @@ def container_mounts(cfg: DictConfig) -> list[str]:
 
 
 def srun_args(cfg: DictConfig) -> list[str]:
-    args = list(cfg.cluster.srun_extra)
+    # A task that exits non-zero (its exception, or a collective timing out on a dead or stuck rank) ends the
+    # whole step at once: the other tasks are killed, stopped ones included, instead of holding the job until
+    # its time limit. First, so that srun_extra can still override it.
+    args = ["--kill-on-bad-exit=1", *cfg.cluster.srun_extra]
     if cfg.cluster.container.image:
         args += [f"--container-image={cfg.cluster.container.image}",
                  f"--container-mounts={','.join(container_mounts(cfg))}",

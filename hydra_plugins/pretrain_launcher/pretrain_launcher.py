@@ -44,6 +44,16 @@ class Point:
 class SweepLauncher(BaseSubmititLauncher):
     _EXECUTOR = "auto"
 
+    def __call__(self, *args, **kwargs) -> JobReturn:
+        """The job body (every rank). Hydra's run_job catches the task's exception into a FAILED JobReturn,
+        so submitit would log "Job completed successfully" and the process would exit 0: srun could not
+        tell that a rank failed. Raise it again: the traceback goes to this rank's log, submitit stores it
+        as the task's error, and the process exits 1."""
+        ret = super().__call__(*args, **kwargs)
+        if ret.status == JobStatus.FAILED and isinstance(ret._return_value, BaseException):
+            raise ret._return_value
+        return ret
+
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from train.validate import ConfigError, check_sweep
 
@@ -100,6 +110,11 @@ class SweepLauncher(BaseSubmititLauncher):
             force = time.time() - refreshed > 10
             refreshed = time.time() if force else refreshed
             done = [p.job.done(force_check=force and i == 0) for i, p in enumerate(points)]
+            for p, d in zip(points, done):
+                failed_ranks = [] if d or p.cfg.cluster.name != "local" else _failed_ranks(p.job)
+                if failed_ranks:
+                    print(f"[sweep] #{p.num}: rank {failed_ranks[0]} failed: ending its other ranks", flush=True)
+                    _kill_local_tasks(p.job)
             counts = Counter("done" if d else _bucket(p.job.state) for p, d in zip(points, done))
             line = ", ".join(f"{counts[k]} {k}" for k in ("pending", "running", "done") if counts[k])
             if line != last:
@@ -110,29 +125,34 @@ class SweepLauncher(BaseSubmititLauncher):
             time.sleep(self.params.get("poll_s", 2.0))
 
     def _report(self, points: list, sweep_dir: Path) -> list:
-        rows, results, failed = [], [], 0
+        rows, results, failed, bad_ranks = [], [], 0, {}
         for p in points:
-            ret, error = _result(p.job)
+            ranks = _rank_outcomes(p.job, wait_s=0 if p.cfg.cluster.name == "local" else 15)
+            ret = ranks[0].value if ranks[0].outcome == "success" else None
             if ret is not None:
                 results.append(ret)
-            ok = ret is not None and ret.status == JobStatus.COMPLETED
+            bad = [r for r in ranks if not r.ok]
+            ok = not bad
             failed += not ok
             metrics = ret.return_value if ok and isinstance(ret.return_value, dict) else {}
-            if ret is not None and not ok:
-                error = repr(ret._return_value)
+            # the rank that failed first: its log, then every failed rank's own error
+            first = min(bad, key=lambda r: (r.outcome != "error", r.mtime, r.rank)) if bad else ranks[0]
+            bad.sort(key=lambda r: r.rank != first.rank)
+            error = "; ".join(f"rank {r.rank}: {r.error}" for r in bad)
             rows.append({
                 "point": p.num,
                 "overrides": " ".join(p.overrides),
                 "job_id": p.job.job_id,
-                "state": "COMPLETED" if ok else "FAILED" if ret is not None else _final_state(p.job),
+                "state": "COMPLETED" if ok else "FAILED" if any(r.outcome for r in ranks) else _final_state(p.job),
                 "final_loss": metrics.get("final_train_loss"),
                 "eval_loss": (metrics.get("final_eval") or {}).get("eval/LanguageCrossEntropy"),
                 "tokens_per_sec": metrics.get("tokens_per_sec"),
                 "world_size": metrics.get("world_size"),
                 "checkpoint": p.cfg.save_folder,
-                "log": str(p.job.paths.stderr).replace("%t", "0"),
-                "error": (error or "")[-300:],
+                "log": str(first.log),
+                "error": error[:600],
             })
+            bad_ranks[p.num] = bad
         table = _markdown(rows)
         (sweep_dir / "summary.md").write_text(table)
         with open(sweep_dir / "summary.csv", "w", newline="") as f:
@@ -142,8 +162,10 @@ class SweepLauncher(BaseSubmititLauncher):
         print(f"\n{table}\nsummary: {sweep_dir / 'summary.md'} and summary.csv", flush=True)
         for row in rows:
             if row["state"] != "COMPLETED":
-                print(f"[sweep] #{row['point']} {row['state']}: see {row['log']}\n  {row['error']}",
-                      file=sys.stderr)
+                print(f"[sweep] #{row['point']} {row['state']}: see {row['log']}", file=sys.stderr)
+                for r in bad_ranks[row["point"]]:
+                    tail = "".join(f"\n    | {line}" for line in r.tail)
+                    print(f"  rank {r.rank}: {r.error}\n    last lines of {r.log}:{tail}", file=sys.stderr)
         if failed:
             print(f"[sweep] {failed} of {len(points)} points did not complete", file=sys.stderr)
             sys.exit(1)
@@ -163,12 +185,85 @@ def _bucket(state: str) -> str:
     return "running"
 
 
-def _result(job):
-    """(JobReturn of rank 0, None), or (None, why) when the job never returned (cancelled, timed out...)."""
+@dataclass
+class RankOutcome:
+    rank: int
+    outcome: str | None  # "success" / "error" (submitit's result pickle), None: the task left no result
+    value: Any           # JobReturn, or the traceback text
+    log: Path            # the task's own stderr
+    mtime: float         # when it ended (its result), for "which rank failed first"
+    tail: list           # last lines of its log
+    ok: bool = False
+    error: str = ""
+
+
+def _kill_local_tasks(job) -> None:
+    """srun's --kill-on-bad-exit for submitit's local controller, which otherwise waits for every task until
+    its time limit. SIGKILL, as srun ends with: it also ends a stopped task. (The controller's own cancel is a
+    SIGINT, which a launcher started in the background passes on ignored.) The controller then sees its tasks
+    gone and exits."""
+    import psutil
+
     try:
-        return job.results()[0], None
-    except Exception as err:  # submitit's UncompletedJobError / FailedJobError
-        return None, f"{type(err).__name__}: {err}".splitlines()[0]
+        tasks = psutil.Process(int(job.job_id)).children(recursive=True)
+    except psutil.Error:
+        return
+    for task in tasks:
+        try:
+            task.kill()
+        except psutil.Error:
+            pass
+
+
+def _failed_ranks(job) -> list:
+    """Ranks of a running job that have already stored an error."""
+    return [k for k in range(job.num_tasks) if _load(job.task(k).paths.result_pickle)[0] == "error"]
+
+
+def _load(path: Path):
+    from submitit.core.utils import pickle_load
+
+    try:
+        return pickle_load(path) if path.exists() else (None, None)
+    except Exception:  # written at this moment
+        return (None, None)
+
+
+def _rank_outcomes(job, wait_s: float = 15.0) -> list:
+    """What each task of an ended job left: its result, or its error and the last lines of its log."""
+    tasks = [job.task(k) for k in range(job.num_tasks)]
+    deadline = time.time() + wait_s  # results on a network filesystem may show up late
+    while not all(t.paths.result_pickle.exists() for t in tasks) and time.time() < deadline:
+        time.sleep(1)
+    out = []
+    for k, t in enumerate(tasks):
+        outcome, value = _load(t.paths.result_pickle)
+        log = Path(str(t.paths.stderr))
+        r = RankOutcome(k, outcome, value, log, t.paths.result_pickle.stat().st_mtime if outcome else time.time(),
+                        _tail(log))
+        if outcome == "success" and getattr(value, "status", None) != JobStatus.FAILED:
+            r.ok = True
+        elif outcome == "success":  # a job started before tasks re-raised their exceptions
+            r.error = f"{type(value._return_value).__name__}: {value._return_value}"
+        elif outcome == "error":
+            lines = [line for line in str(value).strip().splitlines() if line.strip()]
+            r.error = lines[-1] if lines else "error"
+        else:
+            r.error = f"no result (killed, or stopped responding; job {_final_state(job)}); last log line: " + \
+                      (r.tail[-1] if r.tail else "(empty log)")
+        out.append(r)
+    return out
+
+
+def _tail(path: Path, n: int = 8) -> list:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 16384))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+    own = ("submitit ", "[submitit]")  # submitit's lines about signals and exits: not the rank's own
+    return [line.rstrip() for line in lines if line.strip() and not line.startswith(own[0]) and own[1] not in line][-n:]
 
 
 def _final_state(job) -> str:
