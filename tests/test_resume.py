@@ -292,3 +292,41 @@ def _has(pid: int, variable: str) -> bool:
 
 def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+# ------------------------------------------------------------------ the choice itself, on files made here
+
+
+def test_the_choice_by_content_on_made_up_folders(tmp_path):
+    """Newest complete first; newer incomplete ones set aside only by the run that owns the folder; a conversion
+    cut off (hidden partial) removed; at equal batch the format the run reads wins."""
+    import torch
+
+    from train import resume
+
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    torch.save({"state": {"model": {"w": torch.ones(1000)}, "note": "x"}}, folder / "ep0-ba10-rank0.pt")
+    (folder / "ep0-ba20").mkdir()  # a sharded write that never got its .metadata
+    (folder / "ep0-ba20" / "__0_0.distcp").write_bytes(b"x")
+    good = (folder / "ep0-ba10-rank0.pt").read_bytes()
+    (folder / "ep0-ba30-rank0.pt").write_bytes(good[: len(good) // 2])  # cut off mid-write
+    (folder / ".partial-ep0-ba10").mkdir()  # a conversion cut off
+
+    # a reader beside a live run moves nothing
+    assert resume.newest_complete(folder).path.name == "ep0-ba10-rank0.pt"
+    assert {p.name for p in folder.iterdir()} == {"ep0-ba10-rank0.pt", "ep0-ba20", "ep0-ba30-rank0.pt",
+                                                  ".partial-ep0-ba10"}
+    # the run that owns the folder tidies it
+    assert resume.problem(resume.find(folder)[-1]).startswith("truncated")
+    assert resume.newest_complete(folder, tidy=True).path.name == "ep0-ba10-rank0.pt"
+    assert {p.name for p in folder.iterdir()} == {"ep0-ba10-rank0.pt", "set-aside"}
+    assert sorted(p.name.split(".")[0] for p in (folder / "set-aside").iterdir()) == ["ep0-ba20", "ep0-ba30-rank0"]
+
+    # the same batch in both formats: the one the run reads comes first
+    sharded = resume.shard(folder / "ep0-ba10-rank0.pt", folder / "ep0-ba10")
+    assert resume.newest_complete(folder, reads_sharded=True).path == sharded
+    assert resume.newest_complete(folder, reads_sharded=False).path.name == "ep0-ba10-rank0.pt"
+    shard = sharded / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:-1])
+    assert resume.problem(resume.find(folder)[-1]).startswith("shard __0_0.distcp is truncated")
