@@ -13,6 +13,8 @@ from omegaconf import DictConfig, OmegaConf
 from train.distributed import export_from_submitit
 from train.foundry import foundry_config
 
+log = logging.getLogger(__name__)
+
 
 def run(cfg: DictConfig) -> dict:
     _log_to_stderr()
@@ -96,7 +98,7 @@ def _choose_resume_point(fcfg) -> None:
     if answer[0]:
         # as composer's autoresume does: the whole state of the run's own checkpoint, whatever load_* said
         fcfg.load_path, fcfg.load_weights_only, fcfg.load_ignore_keys = answer[0], False, None
-        print(f"resuming from {answer[0]}", file=sys.stderr)
+        log.info("resuming from %s", answer[0])
     fcfg.autoresume = False  # the choice is made; composer must not follow a stale link instead
 
 
