@@ -12,10 +12,12 @@ from omegaconf import DictConfig
 from data_prep.encode import EncoderPool
 from data_prep.errors import DataPrepError
 from data_prep.inputs import Source, resolve_sources
+from data_prep.lock import OutRootLock
 from data_prep.mds import ShardWriter
 from data_prep.merge import all_complete, merge
 from data_prep.part import RunStats, is_complete, run_blocks
-from data_prep.plan import PLAN_FILE, Block, assign_parts, check_out_root, make_blocks, plan_document, source_weight, write_plan
+from data_prep.plan import (PLAN_FILE, Block, assign_parts, check_out_root, make_blocks, plan_bytes, plan_document,
+                            source_weight, write_plan)
 from data_prep.report import Progress, print_skipped, print_summary, summarize
 from data_prep.settings import Settings, settings_from
 from data_prep.tokenizer import LoadedTokenizer, load_tokenizer
@@ -79,11 +81,24 @@ def _this_run(s: Settings, stats: RunStats, skipped_blocks: int, started: float)
 def run(cfg: DictConfig, started: float | None = None) -> dict | None:
     started = time.perf_counter() if started is None else started
     job = prepare(cfg)
-    s, split_dir = job.settings, job.settings.split_dir
-    write_plan(split_dir, job.plan)
-
+    s = job.settings
     part_ids = range(s.num_parts) if s.part is None else [s.part]
     mine = [b for p in part_ids for b in job.parts[p]]
+    # Before anything is written: a second, independent run into this split is refused here (exit 2).
+    lock = OutRootLock(s, mine, plan_bytes(job.plan))
+    lock.acquire()
+    try:
+        return _run_locked(job, lock, mine, started)
+    finally:
+        lock.release()
+
+
+def _run_locked(job: Job, lock: OutRootLock, mine: list[Block], started: float) -> dict | None:
+    s, split_dir = job.settings, job.settings.split_dir
+    # Again under the lock: a run that finished between prepare() and now may have left a dataset here.
+    check_out_root(s, job.plan)
+    write_plan(split_dir, job.plan)
+
     todo = [b for b in mine if not is_complete(split_dir, b)]
     label = "data_prep" if s.part is None else f"part {s.part}/{s.num_parts}"
     known = all(src.size for src in job.sources)  # hub files have no size until they are fetched
@@ -103,6 +118,7 @@ def run(cfg: DictConfig, started: float | None = None) -> dict | None:
               f"{stats.tokens / wall / 1e6:.2f}M tokens/s); other parts are still missing blocks, so the merge "
               f"runs when the last part finishes (or run again without part= to merge)", file=sys.stderr)
         return None
+    lock.lock_merge()  # waits while another part of this run merges the same blocks
     totals = merge(split_dir, job.blocks, s)
     summary = summarize(split_dir, totals, _this_run(s, stats, len(mine) - len(todo), started))
     print_skipped(totals["skipped_examples"], totals["skipped_lines"])

@@ -3,6 +3,7 @@ exact sbatch script that would be submitted.
 
 Resources come from each point's own `cluster` group, so `-m cluster.nodes=1,2` really asks for 1 and 2 nodes.
 """
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -33,7 +34,24 @@ def srun_args(cfg: DictConfig) -> list[str]:
 
 def env_lines(cfg: DictConfig) -> list[str]:
     """`export` lines for the cluster's environment: visible in the script, inherited by srun and pyxis."""
-    return [f'export {k}="{v}"' for k, v in cfg.cluster.env.items()]
+    return [f"export {k}={shell_value(v)}" for k, v in cfg.cluster.env.items()]
+
+
+# `$NAME` and `${NAME}` stay expansions (documented: TRITON_CACHE_DIR=/tmp/triton-cache-$SLURM_JOB_ID).
+_EXPANSION = re.compile(r"\$(?=\{?[A-Za-z_])")
+
+
+def shell_value(value) -> str:
+    """A value as one double-quoted shell word that stays data: quotes, backslashes, backticks and every `$`
+    that does not start a variable (so `$(...)`) are escaped; `$NAME` / `${NAME}` still expand in the job."""
+    text = str(value)
+    out = []
+    for i, ch in enumerate(text):
+        if ch in '"\\`' or (ch == "$" and not _EXPANSION.match(text, i)):
+            out.append("\\" + ch)
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
 
 
 def make_executor(cfg: DictConfig, folder: str) -> submitit.AutoExecutor:
@@ -65,4 +83,6 @@ def sbatch_script(cfg: DictConfig, folder: str = "<sweep dir>/.submitit/%j") -> 
         return None
     ex = make_executor(cfg, folder)
     python = "python3" if cfg.cluster.container.image else shlex.quote(sys.executable)
-    return ex._executor._make_submission_file_text(f"{python} -u -m submitit.core._submit {folder}", "plan")
+    # the command exactly as submitit writes it when it submits (the folder quoted)
+    return ex._executor._make_submission_file_text(
+        f"{python} -u -m submitit.core._submit {shlex.quote(folder)}", "plan")

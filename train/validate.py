@@ -310,6 +310,57 @@ def _same_or_under(path, root) -> bool:
     return bool(root) and (path == root or path.startswith(root + "/"))
 
 
+# Environment variable names that hold credentials: never written into a script, a config copy or a plan.
+_CREDENTIAL = re.compile(r"(_KEY|_TOKEN|_SECRET|PASSWORD|PASSWD|_CREDENTIALS?)$|^AZURE_STORAGE_|SECRET|PASSWORD",
+                         re.IGNORECASE)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_credentials(cfg, multirun=None):
+    """A credential in cluster.env would be written into the sbatch script, `.hydra/` and the plan."""
+    for name in value(cfg, "cluster.env") or {}:
+        if _CREDENTIAL.search(str(name)):
+            raise ConfigError(f"cluster.env.{name}", "looks like a credential: it would be written in plain text "
+                              "into the sbatch script, the run's .hydra/ config and the plan",
+                              f"remove it here and `export {name}=...` in the shell you submit from: Slurm passes "
+                              f"that environment to every task (--export=ALL), and local runs inherit it")
+
+
+def check_shell_safety(cfg, multirun=None):
+    """Values that land in the sbatch script stay data: sbatch reads `#SBATCH` lines up to a newline (the rest
+    would run as a command, and sbatch would silently ignore every directive after it); the run name is a path
+    component of the checkpoint and output folders and the job name."""
+    name = value(cfg, "run_name")
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", "..") \
+            or ".." in name.split(".") or _CONTROL.search(name):
+        raise ConfigError("run_name", f"{name!r} is not a plain folder name (it names the checkpoint and output "
+                          "folders: no path separators, `..` or control characters)",
+                          "e.g. run_name=mpt-30b-c4-v2")
+    for key in ("cluster.account", "cluster.partition", "cluster.qos", "cluster.constraint",
+                "cluster.container.image"):
+        v = value(cfg, key)
+        if isinstance(v, str) and _CONTROL.search(v):
+            raise ConfigError(key, f"{v!r} holds a control character (a newline would end its #SBATCH line and "
+                              "run the rest as a shell command)", "remove it")
+    for key, items in (("cluster.sbatch_extra", value(cfg, "cluster.sbatch_extra") or {}),):
+        for k, v in items.items():
+            if _CONTROL.search(f"{k}{v}") or not re.match(r"^[A-Za-z0-9_-]+$", str(k)):
+                raise ConfigError(f"{key}.{k}", f"{k}={v!r} is not a plain sbatch flag and value (a newline would "
+                                  "end the #SBATCH line and run the rest as a command)",
+                                  "a flag name of letters, digits and dashes, and a value on one line")
+    for key in ("cluster.srun_extra", "cluster.container.mounts", "storage.mounts"):
+        for v in value(cfg, key) or []:
+            if _CONTROL.search(str(v)):
+                raise ConfigError(key, f"{v!r} holds a control character", "remove it")
+    for k, v in (value(cfg, "cluster.env") or {}).items():
+        if not _ENV_NAME.match(str(k)):
+            raise ConfigError(f"cluster.env.{k}", "is not an environment variable name",
+                              "letters, digits and underscores, not starting with a digit")
+        if _CONTROL.search(str(v)):
+            raise ConfigError(f"cluster.env.{k}", f"{v!r} holds a control character", "put the value on one line")
+
+
 def check_cluster_figures(cfg, multirun=None):
     mfu = value(cfg, "cluster.mfu")
     if mfu is not None and (isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1):
@@ -524,7 +575,7 @@ def check_memory(cfg, multirun=None):
 
 NODE_RULES = [check_mounts, check_container, check_load_path, check_no_overwrite, check_tokenizer, check_data]
 FIT_RULES = [check_memory]
-RULES = [check_plan, check_keys, check_numbers, check_schedule, check_seq_len, check_device, check_fsdp,
+RULES = [check_plan, check_keys, check_credentials, check_shell_safety, check_numbers, check_schedule, check_seq_len, check_device, check_fsdp,
          check_checkpoint, check_storage, check_cluster_figures, check_vocab, check_batch,
          *NODE_RULES, *FIT_RULES]
 

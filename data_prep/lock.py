@@ -1,0 +1,142 @@
+"""Keep a second, independent run out of out_root/<split>, while the parts of one run write side by side.
+
+What corrupts is two processes writing the same block (each clears the other's temporary folder), merging
+at once, or two runs with different settings adding blocks to one dataset. So a run locks what it writes,
+as byte ranges of one lock file, `out_root/.data_prep_lock/<split>/lock` (POSIX record locks, fcntl.lockf):
+
+    byte 0                    the merge (tail/ and index.json): a part that merges waits for it, so two
+                              parts finishing together merge one after the other
+    byte 1 + i                block i: a plain run (every part, then the merge) locks the whole file,
+                              `part=p` the contiguous range of its blocks (exclusive, refused if taken)
+    byte SETTINGS + hash      shared by the parts of one run (same plan = same byte); a part is refused
+                              while another byte of that area is held, i.e. a run with other settings
+
+So the parts of one sweep never collide, while a second run is refused before it writes anything if it
+would write any of the same blocks (same part, a plain run, another num_parts whose parts overlap) or
+has other settings.
+
+Why record locks, not a lock file that exists or flock: the kernel drops them when the process dies
+(SIGKILL, OOM; on NFS when the node's lease ends), so a crashed run never leaves a stuck lock, and unlike
+flock they are not inherited by the forked tokenizer workers, which may outlive a killed parent briefly.
+The lock file stays empty; `<host>-<pid>.json` beside it only names the holder in the refusal message.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import struct
+import time
+from pathlib import Path
+
+from data_prep.errors import DataPrepError
+from data_prep.plan import Block
+from data_prep.settings import Settings
+
+LOCK_FOLDER = ".data_prep_lock"
+SETTINGS = 1 << 40  # far above any block's byte
+FIX = ("wait for that run to finish or stop it, or choose another out_root; a crashed run holds no lock "
+       "(it dies with the process), so if that process is gone just run again")
+
+
+def lock_dir(settings: Settings) -> Path:
+    # Beside the split, not in it: out_root/<split>/ stays exactly the dataset.
+    return settings.out_root / LOCK_FOLDER / settings.split
+
+
+def _overlaps(a, b) -> bool:
+    """Byte ranges [start, end); end None runs to infinity."""
+    return (b[1] is None or a[0] < b[1]) and (a[1] is None or b[0] < a[1])
+
+
+class OutRootLock:
+    def __init__(self, settings: Settings, blocks: list[Block], plan: bytes):
+        self.settings, self.folder = settings, lock_dir(settings)
+        self.settings_byte = SETTINGS + int(hashlib.sha256(plan).hexdigest()[:8], 16)
+        if settings.part is None:
+            self.range: tuple[int, int | None] = (0, None)  # every block, the merge, every settings byte
+            self.what = "every part and the merge"
+        elif blocks:
+            self.range = (1 + blocks[0].index, 2 + blocks[-1].index)  # a part's blocks are contiguous
+            self.what = f"part {settings.part}/{settings.num_parts}, blocks {blocks[0].index}-{blocks[-1].index}"
+        else:
+            self.range = (1, 1)  # a part with no blocks: nothing of its own to lock
+            self.what = f"part {settings.part}/{settings.num_parts}, no blocks"
+        self.me = f"{socket.gethostname()}-{os.getpid()}"
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take this run's ranges now or refuse (DataPrepError, exit 2). Writes nothing in out_root/<split>."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            start, end = self.range
+            if end is None or end > start:
+                self._take(fcntl.LOCK_EX, start, end, "would write the same blocks")
+            if self.settings.part is not None:
+                byte = self.settings_byte
+                self._take(fcntl.LOCK_SH, byte, byte + 1, "cannot run beside a run of every part")  # a plain run holds it
+                if self._held(SETTINGS, byte) or self._held(byte + 1, None):
+                    self._refuse("has other settings (another data_prep_plan.json), so their blocks would not fit together")
+        except DataPrepError:
+            self.release()
+            raise
+        if end is None or end > start:
+            self._forget_dead_holders()
+        info = {"host": socket.gethostname(), "pid": os.getpid(), "what": self.what, "range": list(self.range),
+                "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        (self.folder / f"{self.me}.json").write_text(json.dumps(info))
+
+    def lock_merge(self) -> None:
+        """Wait for byte 0: another part of this run may be merging the same blocks right now."""
+        fcntl.lockf(self.fd, fcntl.LOCK_EX, 1, 0)
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        (self.folder / f"{self.me}.json").unlink(missing_ok=True)
+        os.close(self.fd)  # closing the file drops every range this process held
+        self.fd = None
+
+    def _take(self, kind: int, start: int, end: int | None, problem: str) -> None:
+        try:
+            fcntl.lockf(self.fd, kind | fcntl.LOCK_NB, 0 if end is None else end - start, start)
+        except OSError as err:
+            if err.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
+            self._refuse(problem)
+
+    def _held(self, start: int, end: int | None) -> bool:
+        """Does another process hold any of [start, end)? F_GETLK asks without taking anything."""
+        query = struct.pack("@hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, start, 0 if end is None else end - start, 0)
+        return struct.unpack("@hhqqi4x", fcntl.fcntl(self.fd, fcntl.F_GETLK, query))[0] != fcntl.F_UNLCK
+
+    def _refuse(self, problem: str) -> None:
+        raise DataPrepError("out_root", f"{self.settings.split_dir} is being written by another data_prep run"
+                            f"{self._holder()}; this run ({self.what}) {problem}", FIX)
+
+    def _notes(self) -> list[tuple[Path, dict]]:
+        found = []
+        for path in self.folder.glob("*.json"):
+            try:
+                found.append((path, json.loads(path.read_text())))
+            except (OSError, ValueError):
+                continue  # being written or removed right now
+        return found
+
+    def _forget_dead_holders(self) -> None:
+        # We hold our range now, so whoever left a note overlapping it is gone (killed before it cleaned up).
+        for path, info in self._notes():
+            if path.stem != self.me and _overlaps(self.range, info.get("range", (0, None))):
+                path.unlink(missing_ok=True)
+
+    def _holder(self) -> str:
+        notes = [info for _, info in self._notes()]
+        if not notes:
+            return ""
+        # Prefer a note overlapping our range; the newest, as an older one may be from a crashed run.
+        info = max(notes, key=lambda i: (_overlaps(self.range, i.get("range", (0, None))), i.get("since", "")))
+        return f" (host {info.get('host')} pid {info.get('pid')}: {info.get('what')}, since {info.get('since')})"

@@ -1,0 +1,116 @@
+"""Nothing leaks, nothing injects: credentials stay out of files and plans; values in the sbatch script stay data.
+
+Injection attempts go through `plan=json` (the script `-m` would submit) and then that script is run under bash
+with a stand-in `srun`: no file may appear. Credentials: refused in config with the fix; exported in the
+submitting shell they reach the job on the loopback Slurm, and a grep of everything written finds them nowhere.
+"""
+import hashlib
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from paths import PYTHON, ROOT
+
+SECRET = "s3cr3t-value-7f1e9a"
+
+
+def cli(root: Path, *overrides: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(PYTHON), "-m", "train", *overrides], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PRETRAIN_ROOT": str(root), **(env or {})})
+
+
+def written(root: Path) -> str:
+    """Everything under root, as text."""
+    return "".join(p.read_bytes().decode(errors="replace") for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("override", [
+    "+cluster.env.X='$(touch {pwned})'",
+    "+cluster.env.X='`touch {pwned}`'",
+    "+cluster.env.X='a\"; touch {pwned}; \"'",
+    "+cluster.env.X='a\\\\\"; touch {pwned}; #'",
+    "cluster.env.TRITON_CACHE_DIR='/tmp/x-$(touch {pwned})'",
+])
+def test_env_values_stay_data_in_the_submitted_script(tmp_path, override):
+    pwned = tmp_path / "pwned"
+    proc = cli(tmp_path / "root", "-m", "cluster=ndv5", "plan=json", override.format(pwned=pwned))
+    assert proc.returncode == 0, proc.stderr
+    [plan] = json.loads(proc.stdout)
+    script = tmp_path / "job.sh"
+    script.write_text(plan["sbatch_script"])
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "srun").chmod(0o755)
+    ran = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "SLURM_JOB_ID": "42"})
+    assert ran.returncode == 0, ran.stderr
+    assert not pwned.exists(), plan["sbatch_script"]
+
+
+@pytest.mark.parametrize("override,key", [
+    ("cluster.account='acct\ntouch /tmp/pwned'", "cluster.account"),
+    ("cluster.partition='gpu\ntouch /tmp/pwned'", "cluster.partition"),
+    ("cluster.qos='high\ntouch /tmp/pwned'", "cluster.qos"),
+    ("cluster.constraint='h100\ntouch /tmp/pwned'", "cluster.constraint"),
+    ("+cluster.sbatch_extra.reservation='big\ntouch /tmp/pwned'", "cluster.sbatch_extra.reservation"),
+    ("run_name='r\ntouch /tmp/pwned'", "run_name"),
+    ("run_name=../../../x", "run_name"),
+    ("run_name=a/b", "run_name"),
+    ("+cluster.env.WANDB_API_KEY=" + SECRET, "cluster.env.WANDB_API_KEY"),
+    ("+cluster.env.HF_TOKEN=" + SECRET, "cluster.env.HF_TOKEN"),
+    ("+cluster.env.AWS_SECRET_ACCESS_KEY=" + SECRET, "cluster.env.AWS_SECRET_ACCESS_KEY"),
+    ("+cluster.env.AZURE_STORAGE_CONNECTION_STRING=" + SECRET, "cluster.env.AZURE_STORAGE_CONNECTION_STRING"),
+    ("+cluster.env.DB_PASSWORD=" + SECRET, "cluster.env.DB_PASSWORD"),
+])
+@pytest.mark.parametrize("mode", [("-m", "plan=json"), ()])
+def test_refused_before_anything_is_written_and_no_secret_is_echoed(tmp_path, override, key, mode):
+    root = tmp_path / "root"
+    root.mkdir()
+    proc = cli(root, *mode, "cluster=ndv5", override)
+    assert proc.returncode == 2, (proc.stdout[-1000:], proc.stderr[-2000:])
+    assert f"{key}: " in proc.stderr and "fix: " in proc.stderr and "Traceback" not in proc.stderr
+    assert SECRET not in proc.stdout + proc.stderr
+    assert SECRET not in written(tmp_path) and not Path("/tmp/pwned").exists()
+    assert list(root.iterdir()) == []
+
+
+def test_credential_refusal_says_where_it_goes(tmp_path):
+    proc = cli(tmp_path, "+cluster.env.WANDB_API_KEY=" + SECRET)
+    assert "export WANDB_API_KEY=... in the shell you submit from" in proc.stderr.replace("`", "")
+
+
+def test_the_plan_shows_exactly_the_script_that_is_submitted_and_a_credential_reaches_the_job_unwritten(
+        slurm, tmp_path):
+    """A credential exported in the submitting shell reaches the job (the job hashes what it sees) while no file
+    written by the run, no console line and no plan holds it; the submitted script equals the plan's."""
+    marker = tmp_path / "seen.sha256"
+    args = ["-m", "cluster=slurm-local", "max_duration=2ba", "checkpoint=none", "eval_interval=0",
+            f"cluster.setup=['printenv PROBE_TOKEN | sha256sum > {marker}']"]
+    env = {"PROBE_TOKEN": SECRET}
+    plan = cli(tmp_path / "root", *args, "plan=json", env=env)
+    assert plan.returncode == 0, plan.stderr
+    [planned] = json.loads(plan.stdout)
+    proc = cli(tmp_path / "root", *args, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert marker.read_text().split()[0] == hashlib.sha256((SECRET + "\n").encode()).hexdigest()
+    [submitted] = (tmp_path / "root").rglob("*_submission.sh")
+    sweep = submitted.parents[2]
+    assert submitted.read_text() == planned["sbatch_script"].replace(
+        planned["sbatch_script"].split("--error=")[1].split("/.submitit/")[0], str(sweep))
+    for out in (plan.stdout, plan.stderr, proc.stdout, proc.stderr, written(tmp_path / "root")):
+        assert SECRET not in out
+
+
+def test_files_that_hold_job_commands_are_not_world_readable(tmp_path):
+    proc = cli(tmp_path, "-m", "cluster.tasks_per_node=1", "max_duration=2ba", "checkpoint=none", "eval_interval=0")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    kinds = {p.suffix for p in files} | {p.name for p in files}
+    assert {".pkl", "config.yaml", "multirun.yaml"} <= kinds, kinds
+    loose = [p for p in files if p.stat().st_mode & stat.S_IROTH]
+    assert not loose, loose[:5]
