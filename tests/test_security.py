@@ -89,7 +89,7 @@ def test_the_plan_shows_exactly_the_script_that_is_submitted_and_a_credential_re
     """A credential exported in the submitting shell reaches the job (the job hashes what it sees) while no file
     written by the run, no console line and no plan holds it; the submitted script equals the plan's."""
     marker = tmp_path / "seen.sha256"
-    args = ["-m", "cluster=slurm-local", "max_duration=2ba", "checkpoint=none", "eval_interval=0",
+    args = ["-m", "cluster=slurm-local", "max_duration=4ba", "checkpoint=none", "eval_interval=4ba",
             f"cluster.setup=['printenv PROBE_TOKEN | sha256sum > {marker}']"]
     env = {"PROBE_TOKEN": SECRET}
     plan = cli(tmp_path / "root", *args, "plan=json", env=env)
@@ -107,7 +107,7 @@ def test_the_plan_shows_exactly_the_script_that_is_submitted_and_a_credential_re
 
 
 def test_files_that_hold_job_commands_are_not_world_readable(tmp_path):
-    proc = cli(tmp_path, "-m", "cluster.tasks_per_node=1", "max_duration=2ba", "checkpoint=none", "eval_interval=0")
+    proc = cli(tmp_path, "-m", "cluster.tasks_per_node=1", "max_duration=4ba", "checkpoint=none", "eval_interval=4ba")
     assert proc.returncode == 0, proc.stderr[-2000:]
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     kinds = {p.suffix for p in files} | {p.name for p in files}

@@ -1,4 +1,5 @@
 """`python -m train [overrides] [-m]`: compose conf/, validate, then plan, train here, or launch."""
+import os
 import sys
 
 import hydra
@@ -88,6 +89,9 @@ def suggest_keys(args: list) -> list:
 
 
 if __name__ == "__main__":
+    # Submission scripts, submitit's pickles, `.hydra/` and multirun.yaml hold job commands and the whole config:
+    # nothing this command (or a job it starts: Slurm and submitit pass the umask on) writes is world-readable.
+    os.umask(os.umask(0o027) | 0o027)
     try:
         main()
     except SystemExit as exit_:
