@@ -2,7 +2,7 @@
 
 What corrupts is two processes writing the same block (each clears the other's temporary folder), merging
 at once, or two runs with different settings adding blocks to one dataset. So a run locks what it writes,
-as byte ranges of one lock file, `out_root/.data_prep_lock/<split>/lock` (POSIX record locks, fcntl.lockf):
+as byte ranges of one lock file, `out_root/<split>/.data_prep_lock/lock` (POSIX record locks, fcntl.lockf):
 
     byte 0                    the merge (tail/ and index.json): a part that merges waits for it, so two
                               parts finishing together merge one after the other
@@ -33,18 +33,17 @@ import time
 from pathlib import Path
 
 from data_prep.errors import DataPrepError
-from data_prep.plan import Block
+from data_prep.plan import LOCK_FOLDER, Block
 from data_prep.settings import Settings
 
-LOCK_FOLDER = ".data_prep_lock"
 SETTINGS = 1 << 40  # far above any block's byte
 FIX = ("wait for that run to finish or stop it, or choose another out_root; a crashed run holds no lock "
        "(it dies with the process), so if that process is gone just run again")
 
 
 def lock_dir(settings: Settings) -> Path:
-    # Beside the split, not in it: out_root/<split>/ stays exactly the dataset.
-    return settings.out_root / LOCK_FOLDER / settings.split
+    # Inside the split (out_root holds only <split>/ folders); never removed: a process may be about to lock it.
+    return settings.split_dir / LOCK_FOLDER
 
 
 def _overlaps(a, b) -> bool:

@@ -19,6 +19,7 @@ from data_prep.settings import Settings
 
 PLAN_FILE = "data_prep_plan.json"
 SUMMARY_FILE = "data_prep_summary.json"
+LOCK_FOLDER = ".data_prep_lock"  # out_root/<split>/.data_prep_lock/: see lock.py
 FORMAT_VERSION = 1
 
 
@@ -143,7 +144,7 @@ def check_out_root(settings: Settings, plan: dict) -> None:
                 raise DataPrepError("out_root", f"{split_dir} holds another dataset made with different settings: "
                                     + "; ".join(diffs),
                                     "choose a new out_root (or split), or delete that folder to start over")
-        elif any(split_dir.iterdir()):
+        elif any(p.name != LOCK_FOLDER for p in split_dir.iterdir()):  # a run that locked, not yet planned
             what = "an MDS dataset" if (split_dir / "index.json").exists() else "files"
             raise DataPrepError("out_root", f"{split_dir} already holds {what} that data_prep did not write",
                                 "choose a new out_root (or split), or empty that folder")

@@ -111,12 +111,12 @@ def test_killed_run_leaves_no_stuck_lock(docs, alone, tmp_path):
     catch_mid_way(killed, out / "train")
     killed.kill()  # SIGKILL: no cleanup runs, the lock file and the holder's note stay behind
     killed.communicate()
-    assert (out / ".data_prep_lock" / "train" / f"{socket.gethostname()}-{killed.pid}.json").exists()
+    assert (out / "train" / ".data_prep_lock" / f"{socket.gethostname()}-{killed.pid}.json").exists()
 
     again = run(command(docs, out))
     assert again.returncode == 0 and REFUSED not in again.stderr, again.stderr[-3000:]
     assert tree(out / "train") == alone
-    assert sorted(p.name for p in (out / ".data_prep_lock" / "train").iterdir()) == ["lock"]  # note gone
+    assert sorted(p.name for p in (out / "train" / ".data_prep_lock").iterdir()) == ["lock"]  # note gone
 
 
 def test_parts_of_one_run_write_at_once_a_second_copy_of_a_part_is_refused(docs, alone, tmp_path):

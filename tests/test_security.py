@@ -37,7 +37,8 @@ def written(root: Path) -> str:
 ])
 def test_env_values_stay_data_in_the_submitted_script(tmp_path, override):
     pwned = tmp_path / "pwned"
-    proc = cli(tmp_path / "root", "-m", "cluster=ndv5", "plan=json", override.format(pwned=pwned))
+    proc = cli(tmp_path / "root", "-m", "cluster=ndv5", "global_train_batch_size=64", "plan=json",
+               override.format(pwned=pwned))
     assert proc.returncode == 0, proc.stderr
     [plan] = json.loads(proc.stdout)
     script = tmp_path / "job.sh"
