@@ -76,10 +76,10 @@ class OutRootLock:
             if end is None or end > start:
                 self._take(fcntl.LOCK_EX, start, end, "would write the same blocks")
             if self.settings.part is not None:
-                byte = self.settings_byte
-                self._take(fcntl.LOCK_SH, byte, byte + 1, "cannot run beside a run of every part")  # a plain run holds it
+                byte = self.settings_byte  # shared with our sibling parts; only a plain run holds it exclusively
+                self._take(fcntl.LOCK_SH, byte, byte + 1, "cannot run beside a run of every part")
                 if self._held(SETTINGS, byte) or self._held(byte + 1, None):
-                    self._refuse("has other settings (another data_prep_plan.json), so their blocks would not fit together")
+                    self._refuse("has other settings (another data_prep_plan.json): their blocks would not mix")
         except DataPrepError:
             self.release()
             raise

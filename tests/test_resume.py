@@ -119,11 +119,11 @@ def test_killed_after_a_checkpoint_then_finished_the_same_command_resumes_then_d
     assert got["world_size"] == ranks
     assert_same_run(got, want)
 
-    before = {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+    before = {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file() and p.name != ".lock"}
     again = run(tmp_path, cmd)  # (b) the same command after the run finished
     said = again.stderr + task_log(tmp_path)
     assert "nothing to do" in said and f"run_name={got['run_name']}" in said
-    assert {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} == before
+    assert {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file() and p.name != ".lock"} == before
 
 
 def test_world_size_changes_two_to_four_to_two_and_two_to_one_continue_the_loss(tmp_path, tmp_path_factory):
@@ -167,9 +167,10 @@ def _finished_copy(ranks: int, fmt: str, tmp_path: Path, tmp_path_factory) -> tu
 
 
 def _files(folder: Path, older_than: str = "~") -> dict:
-    """Content of every checkpoint file whose top-level name sorts before `older_than` (default: all)."""
-    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*")
-            if p.is_file() and not p.is_symlink() and p.relative_to(folder).parts[0] < older_than}
+    """Content of every checkpoint file whose top-level name sorts before `older_than` (default: all; not the
+    run's lock file, which names its holder)."""
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.is_symlink()
+            and p.name != ".lock" and p.relative_to(folder).parts[0] < older_than}
 
 
 def test_no_link_and_a_truncated_newest_shard_resume_from_the_previous_checkpoint_never_from_scratch(

@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,29 @@ def test_files_that_hold_job_commands_are_not_world_readable(tmp_path):
     assert {".pkl", "config.yaml", "multirun.yaml"} <= kinds, kinds
     loose = [p for p in files if p.stat().st_mode & stat.S_IROTH]
     assert not loose, loose[:5]
+
+
+def test_a_second_training_on_a_save_folder_in_use_is_refused_and_the_first_is_intact(tmp_path):
+    args = ["max_duration=1000ba", "save_interval=500ba", "eval_interval=1000ba", "progress_bar=false"]
+    env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path / "root")}
+    log = (tmp_path / "first.log").open("w")  # a file: a pipe nobody reads would stall the run
+    first = subprocess.Popen([str(PYTHON), "-m", "train", *args], cwd=ROOT, env=env, stdout=log,
+                             stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 300
+        while not list(tmp_path.glob("root/checkpoints/*/.lock")):
+            assert first.poll() is None and time.time() < deadline, "the first run never claimed its folder"
+            time.sleep(0.2)
+        second = cli(tmp_path / "root", *args)
+        assert first.poll() is None, "the first run ended before the second was refused"
+        assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-2000:]
+        [lock] = tmp_path.glob("root/checkpoints/*/.lock")
+        assert f"error: save_folder: save_folder {lock.parent} is in use by another run (host " in second.stderr
+        assert f"pid {first.pid}" in second.stderr and "another run_name" in second.stderr
+        assert first.wait(timeout=600) == 0, (tmp_path / "first.log").read_text()[-2000:]
+    finally:
+        first.kill()
+    [metrics] = (tmp_path / "root" / "outputs").rglob("metrics.json")
+    m = json.loads(metrics.read_text())
+    assert m["batches"] == 1000 and [b for b, _ in m["train_loss"]] == list(range(1, 1001))
+    assert sorted(p.name.split("-")[1] for p in lock.parent.glob("ep*")) == ["ba1000", "ba500"]

@@ -23,9 +23,19 @@ def main(cfg: DictConfig):
         print_plan(cfg)
         _discard_run_dir(cfg)
         return None
+    from train.resume import FolderInUse
     from train.task import run  # the heavy imports (torch, llm-foundry) start here
 
-    return run(cfg)
+    try:
+        return run(cfg)
+    except FolderInUse as err:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # a sweep job: its summary shows the error
+        print(f"error: save_folder: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 def _discard_run_dir(cfg: DictConfig) -> None:

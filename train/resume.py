@@ -11,10 +11,12 @@ the other way round), it is converted beside itself first. The trainer is then g
 
 Only global rank 0 looks and moves files; the other ranks wait for its answer (train/task.py).
 """
+import fcntl
 import logging
 import os
 import re
 import shutil
+import socket
 import time
 import zipfile
 from dataclasses import dataclass
@@ -162,3 +164,41 @@ def resume_path(folder, reads_sharded: bool) -> str | None:
     out = ckpt.path.parent / ckpt.stem
     log.warning("resuming %s with sharded checkpoints: converting it into %s first", ckpt.path, out)
     return str(shard(ckpt.path, out))
+
+
+class FolderInUse(RuntimeError):
+    """Another live run holds this save folder."""
+
+
+_held = {}  # folder -> open lock file: the lock lives as long as this process (a crash releases it)
+
+
+def claim(folder) -> None:
+    """One run writes a save folder at a time: two would overwrite each other's checkpoints. An flock on
+    `<folder>/.lock`, released by the kernel when the holding process ends however it ends (SIGKILL, a node's
+    job killed at its time limit, a requeue), so no stale lock is ever left to clear by hand."""
+    folder = Path(folder)
+    if str(folder) in _held:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    f = open(folder / ".lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise FolderInUse(f"save_folder {folder} is in use by another run ({holder}): two runs writing one folder "
+                          f"would overwrite each other's checkpoints. Fix: let that run end (or cancel it) before "
+                          f"starting this one again, or give this run another run_name") from None
+    except OSError as err:  # a filesystem without flock: run unguarded rather than not at all
+        log.warning("cannot lock %s (%s): nothing stops a second run from writing into it", folder, err)
+        f.close()
+        return
+    f.seek(0)
+    f.truncate()
+    job = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
+    f.write(f"host {socket.gethostname()}, pid {os.getpid()}" + (f", job {job}" if job else "") +
+            f", since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    f.flush()
+    _held[str(folder)] = f

@@ -79,27 +79,37 @@ def _start_dist(fcfg) -> None:
 
 
 def _choose_resume_point(fcfg) -> None:
-    """Resume from the newest complete checkpoint in save_folder, found by content (train/resume.py), instead
-    of composer's `latest` link. Applies to the local save folders and default file names this tool writes;
-    anything else (a remote save_folder, a custom save_filename) is left to composer's own autoresume."""
+    """Claim the save folder for this run (one writer at a time), then resume from the newest complete
+    checkpoint in it, found by content (train/resume.py), instead of composer's `latest` link. Rank 0 does both;
+    the others wait for its answer and fail with it. Applies to the local save folders and default file names
+    this tool writes; anything else (a remote save_folder, a custom save_filename) is left to composer."""
     folder = fcfg.get("save_folder")
-    if not (fcfg.get("autoresume") and folder and "://" not in str(folder) and not fcfg.get("save_filename")
-            and not fcfg.get("save_latest_filename")):
+    if not folder or "://" in str(folder):
         return
     from composer.utils import dist
 
     from train import resume
 
-    world = dist.get_world_size()
+    ours = fcfg.get("autoresume") and not fcfg.get("save_filename") and not fcfg.get("save_latest_filename")
     fsdp = fcfg.get("fsdp_config") or {}
-    reads_sharded = world > 1 and fsdp.get("state_dict_type") == "sharded"  # llm-foundry drops FSDP at 1 rank
-    answer = [resume.resume_path(folder, reads_sharded) if dist.get_global_rank() == 0 else None]
+    reads_sharded = dist.get_world_size() > 1 and fsdp.get("state_dict_type") == "sharded"  # no FSDP at 1 rank
+    answer = [None]
+    if dist.get_global_rank() == 0:
+        try:
+            resume.claim(folder)
+            answer = [("load", resume.resume_path(folder, reads_sharded) if ours else None)]
+        except resume.FolderInUse as err:
+            answer = [("in use", str(err))]
     dist.broadcast_object_list(answer)
-    if answer[0]:
+    kind, found = answer[0]
+    if kind == "in use":
+        raise resume.FolderInUse(found)
+    if found:
         # as composer's autoresume does: the whole state of the run's own checkpoint, whatever load_* said
-        fcfg.load_path, fcfg.load_weights_only, fcfg.load_ignore_keys = answer[0], False, None
-        log.info("resuming from %s", answer[0])
-    fcfg.autoresume = False  # the choice is made; composer must not follow a stale link instead
+        fcfg.load_path, fcfg.load_weights_only, fcfg.load_ignore_keys = found, False, None
+        log.info("resuming from %s", found)
+    if ours:
+        fcfg.autoresume = False  # the choice is made; composer must not follow a stale link instead
 
 
 def _leave_signals_to_the_task() -> None:
