@@ -142,3 +142,24 @@ def test_a_second_training_on_a_save_folder_in_use_is_refused_and_the_first_is_i
     m = json.loads(metrics.read_text())
     assert m["batches"] == 1000 and [b for b, _ in m["train_loss"]] == list(range(1, 1001))
     assert sorted(p.name.split("-")[1] for p in lock.parent.glob("ep*")) == ["ba1000", "ba500"]
+
+
+def test_scratch_folders_are_private_to_the_job_and_removed(tmp_path):
+    from train.task import private_dir
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = cli(tmp_path / "root", "-m", "cluster.tasks_per_node=2", "max_duration=4ba", "checkpoint=none",
+               "eval_interval=4ba", env={"TMPDIR": str(scratch)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not list(scratch.glob("pretrain-*")), "the job's scratch folder was left behind"
+
+    made = private_dir(scratch / "a")
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+    (scratch / "shared").mkdir(mode=0o777)
+    (scratch / "shared").chmod(0o777)
+    with pytest.raises(RuntimeError, match="not a private folder"):
+        private_dir(scratch / "shared")
+    (scratch / "link").symlink_to(made)
+    with pytest.raises(RuntimeError, match="not a private folder"):
+        private_dir(scratch / "link")

@@ -1,9 +1,12 @@
 """What runs inside each task (this process for a plain run, one process per device under `-m`):
 distributed environment -> data -> llm-foundry's train()."""
+import atexit
 import json
 import logging
 import os
+import shutil
 import signal
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -133,9 +136,23 @@ def _node_local_cwd(fcfg, env: dict) -> None:
         relative = isinstance(value, str) and "://" not in value and not os.path.isabs(value)
         if relative and (key != "tokenizer.name" or os.path.exists(value)):  # else a hub name
             OmegaConf.update(fcfg, key, os.path.abspath(value))
-    scratch = Path(tempfile.gettempdir()) / f"pretrain-{env['MASTER_PORT']}-node{env['NODE_RANK']}"
-    scratch.mkdir(parents=True, exist_ok=True)
+    job = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or env["MASTER_PORT"]
+    scratch = private_dir(Path(tempfile.gettempdir()) / f"pretrain-{os.getuid()}-{job}-node{env['NODE_RANK']}")
     os.chdir(scratch)
+    if env["LOCAL_RANK"] == "0":  # the node's ranks share it; the last to need it removes it
+        atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+
+
+def private_dir(path: Path) -> Path:
+    """`path`, created (or found) as a folder only this user can enter. Every local rank of a job derives the
+    same name, so it cannot be random; a folder of that name made by someone else (or a link) is refused
+    instead of used."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise RuntimeError(f"scratch folder {path} exists but is not a private folder of this user "
+                           f"(mode {stat.S_IMODE(st.st_mode):o}, owner uid {st.st_uid}): remove it, or set TMPDIR")
+    return path
 
 
 def _read(path: Path) -> dict:
