@@ -41,4 +41,7 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
+    import os
+
+    os.umask(os.umask(0o027) | 0o027)  # its plans, sweep scripts and pickles are not world-readable
     main()
