@@ -174,24 +174,25 @@ _held = {}  # folder -> open lock file: the lock lives as long as this process (
 
 
 def claim(folder) -> None:
-    """One run writes a save folder at a time: two would overwrite each other's checkpoints. An flock on
-    `<folder>/.lock`, released by the kernel when the holding process ends however it ends (SIGKILL, a node's
-    job killed at its time limit, a requeue), so no stale lock is ever left to clear by hand."""
+    """One run writes a save folder at a time: two would overwrite each other's checkpoints. A POSIX record
+    lock on `<folder>/.lock` (as data_prep's), released by the kernel when the holding process ends however it
+    ends (SIGKILL, a job killed at its time limit, a requeue), so no stale lock is ever left to clear by hand;
+    unlike flock it is not inherited by the dataloader workers, which may outlive a killed rank briefly."""
     folder = Path(folder)
     if str(folder) in _held:
         return
     folder.mkdir(parents=True, exist_ok=True)
     f = open(folder / ".lock", "a+")
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (BlockingIOError, PermissionError):  # EAGAIN / EACCES: held by another process
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()
         raise FolderInUse(f"save_folder {folder} is in use by another run ({holder}): two runs writing one folder "
                           f"would overwrite each other's checkpoints. Fix: let that run end (or cancel it) before "
                           f"starting this one again, or give this run another run_name") from None
-    except OSError as err:  # a filesystem without flock: run unguarded rather than not at all
+    except OSError as err:  # a filesystem without locks: run unguarded rather than not at all
         log.warning("cannot lock %s (%s): nothing stops a second run from writing into it", folder, err)
         f.close()
         return
