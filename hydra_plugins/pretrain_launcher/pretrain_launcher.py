@@ -109,7 +109,7 @@ class SweepLauncher(BaseSubmititLauncher):
             # job is seen promptly without calling sacct for every job at every poll.
             force = time.time() - refreshed > 10
             refreshed = time.time() if force else refreshed
-            done = [p.job.done(force_check=force and i == 0) for i, p in enumerate(points)]
+            done = [p.job.done(force_check=force and i == 0) and _ended(p) for i, p in enumerate(points)]
             for p, d in zip(points, done):
                 failed_ranks = [] if d or p.cfg.cluster.name != "local" else _failed_ranks(p.job)
                 if failed_ranks:
@@ -176,6 +176,18 @@ def _singleton_state():
     from hydra.core.singleton import Singleton
 
     return Singleton.get_state()
+
+
+def _ended(p: Point) -> bool:
+    """submitit calls a job done once its rank-0 result file exists. A rank that fails while Slurm tears the
+    step down for a requeue (its dataloader workers get SIGTERM) writes one too, yet the job comes back: on
+    Slurm, done also needs a state Slurm will not resume from."""
+    if p.cfg.cluster.name == "local":
+        return True
+    try:
+        return _bucket(p.job.state) != "pending" and p.job.state.upper() not in ("RUNNING", "COMPLETING")
+    except Exception:
+        return True
 
 
 def _bucket(state: str) -> str:
