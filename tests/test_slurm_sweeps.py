@@ -103,11 +103,11 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
         slurm, tmp_path):
     # The default policy of every Slurm preset: 2 ranks, checkpoint=sharded, evaluations between checkpoints.
     # A 1-minute limit, warned (USR2) 20 s ahead on Slurm's 30 s tick. Measured here: the first allocation trains
-    # ~40 of these batches (~0.5-1 s each at 2 ranks), each later one ~30 s, half of it start-up, 5-15 batches;
-    # so 100 batches take 4 or more allocations: the job resumes from sharded checkpoints saved after
-    # evaluations at least twice.
-    args = ("max_duration=100ba", "global_train_batch_size=64", "device_train_microbatch_size=16",
-            "save_interval=5ba", "eval_interval=20ba", "eval_subset_num_batches=1", "progress_bar=false",
+    # up to ~40 of these batches (~0.5-1 s each at 2 ranks), each later one ~30 s, half of it start-up, 5-15
+    # batches; 60 batches took 3 allocations on a quiet machine (more under load). Asserted: at least one
+    # requeue, resumed from a sharded checkpoint saved after evaluations.
+    args = ("max_duration=60ba", "global_train_batch_size=64", "device_train_microbatch_size=16",
+            "save_interval=5ba", "eval_interval=10ba", "eval_subset_num_batches=1", "progress_bar=false",
             "checkpoint=sharded")
     straight_log = (tmp_path / "straight.log").open("w")  # a file, not a pipe nobody reads while it runs
     straight = subprocess.Popen([str(PYTHON), "-m", "train", "-m", "cluster.tasks_per_node=2", *args], cwd=ROOT,
@@ -120,14 +120,14 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     assert row["state"] == "COMPLETED" and row["world_size"] == "2"
     log = Path(row["log"]).read_text() + Path(row["log"].replace("_log.err", "_log.out")).read_text()
     assert "timed-out" in log and "Requeued job" in log, log[-2000:]  # it really hit the limit
-    assert log.count("Starting with JobEnvironment") >= 3, log[-3000:]  # and ran again, at least twice
-    assert log.count("resuming from") >= 2
+    assert log.count("Starting with JobEnvironment") >= 2, log[-3000:]  # and ran again
+    assert log.count("resuming from") >= 1
     [expected] = (tmp_path / "straight" / "outputs").rglob("metrics.json")
     expected = json.loads(expected.read_text())
     assert float(row["final_loss"]) == pytest.approx(expected["final_train_loss"], rel=1e-6)
     [got] = (tmp_path / "slurm" / "outputs").rglob("metrics.json")
     got = json.loads(got.read_text())
-    assert [b for b, _ in got["eval"]] == list(range(20, 101, 20))  # every evaluation, across the requeues
+    assert [b for b, _ in got["eval"]] == list(range(10, 61, 10))  # every evaluation, across the requeues
     assert got["final_eval"] == pytest.approx(expected["final_eval"], rel=1e-6)
 
 
