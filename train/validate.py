@@ -343,12 +343,11 @@ def check_shell_safety(cfg, multirun=None):
         if isinstance(v, str) and _CONTROL.search(v):
             raise ConfigError(key, f"{v!r} holds a control character (a newline would end its #SBATCH line and "
                               "run the rest as a shell command)", "remove it")
-    for key, items in (("cluster.sbatch_extra", value(cfg, "cluster.sbatch_extra") or {}),):
-        for k, v in items.items():
-            if _CONTROL.search(f"{k}{v}") or not re.match(r"^[A-Za-z0-9_-]+$", str(k)):
-                raise ConfigError(f"{key}.{k}", f"{k}={v!r} is not a plain sbatch flag and value (a newline would "
-                                  "end the #SBATCH line and run the rest as a command)",
-                                  "a flag name of letters, digits and dashes, and a value on one line")
+    for k, v in (value(cfg, "cluster.sbatch_extra") or {}).items():
+        if _CONTROL.search(f"{k}{v}") or not re.match(r"^[A-Za-z0-9_-]+$", str(k)):
+            raise ConfigError(f"cluster.sbatch_extra.{k}", f"{k}={v!r} is not a plain sbatch flag and value (a "
+                              "newline would end the #SBATCH line and run the rest as a command)",
+                              "a flag name of letters, digits and dashes, and a value on one line")
     for key in ("cluster.srun_extra", "cluster.container.mounts", "storage.mounts"):
         for v in value(cfg, key) or []:
             if _CONTROL.search(str(v)):
