@@ -8,6 +8,7 @@ lacks), validation of every point before the first submission, `plan` for sweeps
 """
 import csv
 import io
+import re
 import sys
 import time
 from collections import Counter
@@ -139,18 +140,25 @@ class SweepLauncher(BaseSubmititLauncher):
             first = min(bad, key=lambda r: (r.outcome != "error", r.mtime, r.rank)) if bad else ranks[0]
             bad.sort(key=lambda r: r.rank != first.rank)
             error = "; ".join(f"rank {r.rank}: {r.error}" for r in bad)
+            state = "COMPLETED" if ok else _final_state(p.job)
+            if not ok and state not in _SLURM_ENDS and any(r.outcome for r in ranks):
+                state = "FAILED"  # a rank raised; Slurm's own state is kept where it says more (TIMEOUT, ...)
+            report = OmegaConf.select(p.cfg, "callbacks.run_report.folder")  # train/report.py writes these
             rows.append({
                 "point": p.num,
                 "overrides": " ".join(p.overrides),
                 "job_id": p.job.job_id,
-                "state": "COMPLETED" if ok else "FAILED" if any(r.outcome for r in ranks) else _final_state(p.job),
+                "state": state,
                 "final_loss": metrics.get("final_train_loss"),
                 "eval_loss": (metrics.get("final_eval") or {}).get("eval/LanguageCrossEntropy"),
                 "tokens_per_sec": metrics.get("tokens_per_sec"),
-                "world_size": metrics.get("world_size"),
+                # from the point's config, so that a failed point shows it too
+                "world_size": p.cfg.cluster.nodes * p.cfg.cluster.tasks_per_node,
                 "checkpoint": p.cfg.save_folder,
+                "metrics": _existing(report, "metrics.json"),
+                "loss_curve": _existing(report, "loss_curve.png"),
                 "log": str(first.log),
-                "error": error[:600],
+                "error": error[:1000],
             })
             bad_ranks[p.num] = bad
         table = _markdown(rows)
@@ -258,13 +266,42 @@ def _rank_outcomes(job, wait_s: float = 15.0) -> list:
         elif outcome == "success":  # a job started before tasks re-raised their exceptions
             r.error = f"{type(value._return_value).__name__}: {value._return_value}"
         elif outcome == "error":
-            lines = [line for line in str(value).strip().splitlines() if line.strip()]
-            r.error = lines[-1] if lines else "error"
+            r.error = _exception(str(value)) or "error"
+            if "UncompletedJobError" in r.error.split(":")[0]:
+                # submitit's own, not the task's: out of time or preempted, and not requeued. What the task
+                # was doing says more than the exception's name.
+                r.error = f"{r.error.split(': ', 1)[-1]} (job {_final_state(job)}); last log line: {_last(r.tail)}"
         else:
-            r.error = f"no result (killed, or stopped responding; job {_final_state(job)}); last log line: " + \
-                      (r.tail[-1] if r.tail else "(empty log)")
+            # a rank that died of an error without storing it (its log ends with the traceback), or was killed
+            r.error = f"no result (killed, or stopped responding; job {_final_state(job)}); " + \
+                      (_exception("\n".join(r.tail)) or f"last log line: {_last(r.tail)}")
         out.append(r)
     return out
+
+
+_SLURM_ENDS = ("CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "DEADLINE", "BOOT_FAIL")
+
+
+def _exception(text: str, n: int = 4) -> str:
+    """The last exception of a traceback, as printed under its last frame (type and message, up to n lines,
+    joined to fit one table cell), without the frames; "" if `text` holds none. Log lines may carry torch's
+    `[rankN]:` prefix."""
+    lines = [re.sub(r"^\[rank\d+\]: ?", "", line).rstrip() for line in text.splitlines()]
+    frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
+    if not frames:
+        return ""
+    rest = lines[frames[-1] + 1:]
+    while rest and rest[0].startswith("    "):  # the frame's source line and its ^^^ markers
+        rest.pop(0)
+    return " / ".join([line.strip() for line in rest if line.strip()][:n])
+
+
+def _last(tail: list) -> str:
+    return tail[-1] if tail else "(empty log)"
+
+
+def _existing(folder, name: str) -> str:
+    return str(Path(folder) / name) if folder and (Path(folder) / name).is_file() else ""
 
 
 def _tail(path: Path, n: int = 8) -> list:
@@ -293,10 +330,9 @@ def _fmt(v):
 
 
 def _markdown(rows: list) -> str:
-    cols = ["point", "overrides", "job_id", "state", "final_loss", "eval_loss", "tokens_per_sec", "checkpoint",
-            "log"]
+    cols = list(rows[0])  # every column of summary.csv
     out = io.StringIO()
     out.write("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n")
-    for r in rows:
-        out.write("| " + " | ".join(_fmt(r[c]) for c in cols) + " |\n")
+    for r in rows:  # a | or a line break in a value (an error message) would end its cell or row
+        out.write("| " + " | ".join(" ".join(_fmt(r[c]).replace("|", "\\|").split("\n")) for c in cols) + " |\n")
     return out.getvalue()
