@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from train.compose import CONF, compose
 from train.estimate import param_count
 from train.foundry import foundry_config
-from train.validate import FOUNDRY_KEYS
+from train.checks.values import FOUNDRY_KEYS
 
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 STORAGES = sorted(p.stem for p in (CONF / "storage").glob("*.yaml"))

@@ -6,23 +6,12 @@ import hydra
 from omegaconf import DictConfig
 
 import train  # noqa: F401  (registers resolvers before composing)
-from train.validate import ConfigError, discard_fresh_dir, validate
+from train.compose import command_line
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base=None)
 def main(cfg: DictConfig):
-    try:
-        validate(cfg)
-    except ConfigError as err:
-        _discard_run_dir(cfg)
-        print(err, file=sys.stderr)
-        sys.exit(2)
-    if cfg.plan:
-        from train.plan import print_plan
-
-        print_plan(cfg)
-        _discard_run_dir(cfg)
-        return None
+    # Checked (and planned) already, before Hydra wrote anything: train/gate.py.
     from train.resume import FolderInUse
     from train.task import run  # the heavy imports (torch, llm-foundry) start here
 
@@ -36,21 +25,6 @@ def main(cfg: DictConfig):
             raise  # a sweep job: its summary shows the error
         print(f"error: save_folder: {err}", file=sys.stderr)
         sys.exit(2)
-
-
-def _discard_run_dir(cfg: DictConfig) -> None:
-    """Hydra makes the run folder (.hydra/ and the job log) before calling main: a run that stops at validation,
-    or a plan, leaves nothing behind. Only a folder holding nothing else is removed."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        hc = HydraConfig.get()
-        if hc.mode == RunMode.MULTIRUN:
-            return  # a sweep job's folder belongs to the launcher
-        discard_fresh_dir(hc.runtime.output_dir, {str(hc.output_subdir), f"{hc.job.name}.log"}, cfg.storage.root)
-    except Exception:
-        pass
 
 
 def _dotted_keys(node, prefix="") -> set:
@@ -70,6 +44,7 @@ def suggest_keys(args: list) -> list:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
+    from train.checks import ConfigError
     from train.compose import CONF, compose
 
     groups = {p.name for p in CONF.iterdir() if p.is_dir()}
@@ -102,6 +77,7 @@ if __name__ == "__main__":
     # Submission scripts, submitit's pickles, `.hydra/` and multirun.yaml hold job commands and the whole config:
     # nothing this command (or a job it starts: Slurm and submitit pass the umask on) writes is world-readable.
     os.umask(os.umask(0o027) | 0o027)
+    sys.argv[1:] = command_line(sys.argv[1:])
     try:
         main()
     except SystemExit as exit_:

@@ -168,3 +168,55 @@ def write_seconds(total_bytes: int, *, sharded: bool, ranks: int, write_GBps: fl
         per_rank = total_bytes / ranks
         return max(total_bytes / (write_GBps * GiB), per_rank / (file_GBps * GiB))
     return total_bytes / (min(write_GBps, file_GBps) * GiB)
+
+
+def _select(cfg, key):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(cfg, key)
+
+
+def _plain(node):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True) if node is not None and not isinstance(node, dict) else node
+
+
+def fit(cfg, world: int, device_bytes: int | None = None) -> dict | None:
+    """The memory estimate of a composed config at this world size, against one device of `device_bytes`
+    (default: the cluster's cluster.gpu_memory_gb); None when that memory is unknown.
+
+    On a CPU run, the device is this machine's RAM, shared by its ranks: pass device_bytes // ranks."""
+    gpu_gb = _select(cfg, "cluster.gpu_memory_gb")
+    if device_bytes is None:
+        if not (_select(cfg, "cluster.gpus_per_node") or 0) or not gpu_gb:
+            return None
+        device_bytes = int(gpu_gb * GiB)
+    model = _plain(_select(cfg, "model"))
+    fsdp = _plain(_select(cfg, "fsdp_config")) or None
+    fsdp_used = fsdp if world > 1 else None  # llm-foundry drops FSDP with world size 1
+    common = dict(microbatch=_select(cfg, "device_train_microbatch_size"), precision=_select(cfg, "precision"))
+    tasks = _select(cfg, "cluster.tasks_per_node")
+    mem = memory_per_gpu(model, world_size=world, tasks_per_node=tasks, fsdp=fsdp_used,
+                         checkpointing=bool(fsdp_used and fsdp_used.get("activation_checkpointing")), **common)
+    smallest = min_nodes(model, tasks_per_node=tasks, gpu_memory_bytes=device_bytes, fsdp=fsdp, **common)
+    return {
+        "memory": mem,
+        "gpu_memory_bytes": device_bytes,
+        "usable_bytes": usable_bytes(device_bytes),
+        "fits": mem["total"] <= usable_bytes(device_bytes),
+        "min_nodes": smallest,
+        "min_nodes_batch": _divides_from(cfg, smallest),
+    }
+
+
+def _divides_from(cfg, nodes):
+    """The smallest node count >= nodes at which the global batch splits evenly into microbatches."""
+    if nodes is None:
+        return None
+    gbs, mb = _select(cfg, "global_train_batch_size"), _select(cfg, "device_train_microbatch_size")
+    step = _select(cfg, "cluster.tasks_per_node") * (mb if isinstance(mb, int) else 1)
+    for n in range(nodes, nodes * 64 + 1):
+        if gbs % (n * step) == 0:
+            return n
+    return None

@@ -1,7 +1,7 @@
 """Our composed config -> the DictConfig that llm-foundry's train() takes."""
 from omegaconf import DictConfig, OmegaConf
 
-from train.validate import PRODUCT_KEYS
+from train.checks.values import PRODUCT_KEYS
 
 
 def foundry_config(cfg: DictConfig) -> DictConfig:

@@ -10,7 +10,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from train import estimate
 from train.estimate import GiB, TiB
-from train.validate import _batches, discard_sweep_dir, memory_figures, plan_warnings, value, world_size
+from train.checks.core import batches as _batches
+from train.checks.core import value
 
 # Published GPT-3 175B checkpoint from the Megatron-LM recipe, to set our figure beside.
 MEGATRON_GPT3_CHECKPOINT_BYTES = int(2.3 * TiB)
@@ -40,15 +41,15 @@ def _submitit_folder() -> str:
         return "<sweep dir>/.submitit/%j"
 
 
-def build_plan(cfg: DictConfig, multirun: bool | None = None) -> dict:
-    """Every figure of the plan, as plain JSON-able values."""
+def build_plan(cfg: DictConfig, problems=(), multirun=None) -> dict:
+    """Every figure of the plan, as plain JSON-able values. problems: the checks' warnings, reported with it."""
     from train.executor import sbatch_script
 
     model = OmegaConf.to_container(value(cfg, "model"), resolve=True)
     params = estimate.param_count(model)
     fpt = estimate.flops_per_token(model)
     nodes, tasks = value(cfg, "cluster.nodes"), value(cfg, "cluster.tasks_per_node")
-    world = world_size(cfg, multirun=True)
+    world = nodes * tasks
     gbs, mb = value(cfg, "global_train_batch_size"), value(cfg, "device_train_microbatch_size")
     seq = value(cfg, "max_seq_len")
     per_device = gbs / world
@@ -61,7 +62,7 @@ def build_plan(cfg: DictConfig, multirun: bool | None = None) -> dict:
     steps, tokens = _steps_and_tokens(duration, tokens_per_step, gbs)
 
     # memory
-    fig = memory_figures(cfg, world)
+    fig = estimate.fit(cfg, world)
     precision = value(cfg, "precision")
     act_bytes = 2 if precision != "fp32" else 4
     mb_int = mb if isinstance(mb, int) else 0
@@ -69,7 +70,8 @@ def build_plan(cfg: DictConfig, multirun: bool | None = None) -> dict:
     ac = bool(fsdp and fsdp.get("activation_checkpointing")) and world > 1
 
     # checkpoint
-    kind = value(cfg, "checkpoint.state_dict_type")
+    # llm-foundry's own key decides (the checkpoint group only sets its default)
+    kind = (value(cfg, "fsdp_config.state_dict_type") if fsdp else None) or value(cfg, "checkpoint.state_dict_type")
     sharded = kind == "sharded" and bool(fsdp) and world > 1
     ckpt = estimate.checkpoint_bytes(params)
     write_gbps, file_gbps = value(cfg, "storage.write_GBps"), value(cfg, "storage.file_GBps")
@@ -151,7 +153,7 @@ def build_plan(cfg: DictConfig, multirun: bool | None = None) -> dict:
         "train_days": train_s / 86400 if train_s else None,
         "checkpoint_overhead": (saves * write_s / train_s) if (saves and write_s and train_s) else None,
         "sbatch_script": sbatch_script(cfg, _submitit_folder()),
-        "warnings": [str(err) for err in plan_warnings(cfg, multirun=True)],
+        "warnings": [str(p) for p in problems],
     }
     return plan
 
@@ -294,8 +296,8 @@ def _emit(text: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def print_plan(cfg: DictConfig) -> dict:
-    p = build_plan(cfg)
+def print_plan(cfg: DictConfig, ctx=None, problems=()) -> dict:
+    p = build_plan(cfg, problems)
     _emit(to_json(p) if value(cfg, "plan") == "json" else render(p))
     return p
 
@@ -313,13 +315,13 @@ def _summary(plans: list) -> str:
     return "\n".join("| " + r + " |" for r in rows)
 
 
-def print_plans(cfgs: list) -> list:
+def print_plans(cfgs: list, ctxs=None, problems=()) -> list:
     """A sweep's plans, one per point. plan=json: one JSON list, one object per point, in point order."""
-    plans = [build_plan(cfg, multirun=True) for cfg in cfgs]
+    prefix = [f"[sweep point #{i}] " for i in range(len(cfgs))]
+    plans = [build_plan(cfg, [p for p in problems if p.key.startswith(prefix[i])]) for i, cfg in enumerate(cfgs)]
     if value(cfgs[0], "plan") == "json":
         _emit(to_json(plans))
     else:
         _emit("\n".join(f"=== sweep point #{i} ===\n{render(p)}\n" for i, p in enumerate(plans))
               + f"\nsweep of {len(plans)} points:\n{_summary(plans)}")
-    discard_sweep_dir(cfgs)  # a plan submits and keeps nothing
     return plans

@@ -24,7 +24,13 @@ def subdir(root, name):
     return None if root in (None, "", "null") else f"{root}/{name}"
 
 
+def vocab_size(tokenizer_name) -> int:
+    from train.vocab import vocab_size as size
+
+    return size(tokenizer_name)
+
+
 def register_resolvers() -> None:
-    for name, fn in {"run_id": run_id, "subdir": subdir, "abspath": os.path.abspath}.items():
+    for name, fn in {"run_id": run_id, "subdir": subdir, "abspath": os.path.abspath, "vocab_size": vocab_size}.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)

@@ -173,6 +173,23 @@ class FolderInUse(RuntimeError):
 _held = {}  # folder -> open lock file: the lock lives as long as this process (a crash releases it)
 
 
+def holder(folder) -> str | None:
+    """Who holds `folder`'s claim now (the holder line claim wrote), or None; takes nothing and creates nothing."""
+    try:
+        f = open(Path(folder) / ".lock", "r+")
+    except OSError:
+        return None
+    with f:
+        try:
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except (BlockingIOError, PermissionError):
+            return f.read().strip() or "another process"
+        except OSError:
+            return None
+        fcntl.lockf(f, fcntl.LOCK_UN)
+    return None
+
+
 def claim(folder) -> None:
     """One run writes a save folder at a time: two would overwrite each other's checkpoints. A POSIX record
     lock on `<folder>/.lock` (as data_prep's), released by the kernel when the holding process ends however it

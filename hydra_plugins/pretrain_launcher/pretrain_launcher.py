@@ -1,10 +1,10 @@
-"""The `-m` launcher: checks every sweep point, then submits them through submitit (Slurm or this machine),
-waits with progress, and writes a summary of every point.
+"""The `-m` launcher: submits every sweep point through submitit (Slurm or this machine), waits with progress,
+and writes a summary of every point. The points were checked, and a plan printed, before (train/gate.py).
 
 Built on hydra-submitit-launcher: its job body (recompose the point, run the task, requeue on timeout or
 preemption through `checkpoint`) is reused as is. What we add: per-point resources from each point's
 `cluster` group (so sweeps over cluster.nodes work), srun arguments for containers (which its PyPI release
-lacks), validation of every point before the first submission, `plan` for sweeps, and the summary.
+lacks), and the summary.
 """
 import csv
 import io
@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hydra.core.config_store import ConfigStore
-from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, setup_globals
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf
 
 
 @dataclass
@@ -56,21 +55,10 @@ class SweepLauncher(BaseSubmititLauncher):
         return ret
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from train.validate import ConfigError, check_sweep
-
+        # Every point was checked (and a plan printed) before Hydra wrote the sweep folder: train/gate.py.
         setup_globals()
         sweep_dir = Path(self.config.hydra.sweep.dir)
-        try:
-            points = [self._point(initial_job_idx + i, list(o), sweep_dir) for i, o in enumerate(job_overrides)]
-            check_sweep([p.cfg for p in points])
-        except ConfigError as err:
-            print(err, file=sys.stderr)
-            sys.exit(2)
-        if points[0].cfg.plan:
-            from train.plan import print_plans
-
-            print_plans([p.cfg for p in points])
-            return []
+        points = [self._point(initial_job_idx + i, list(o), sweep_dir) for i, o in enumerate(job_overrides)]
         sweep_dir.mkdir(parents=True, exist_ok=True)
         self._submit(points)
         self._wait(points)
@@ -78,21 +66,11 @@ class SweepLauncher(BaseSubmititLauncher):
 
     def _point(self, num: int, overrides: list, sweep_dir: Path) -> Point:
         """Compose and resolve one point exactly as its job will (same Hydra context), without running it."""
-        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
-        with open_dict(cfg.hydra.job), read_write(cfg.hydra):
-            cfg.hydra.job.num = num
-            cfg.hydra.runtime.output_dir = str(sweep_dir / str(cfg.hydra.sweep.subdir))
-        HydraConfig.instance().set_config(cfg)
-        plain = OmegaConf.to_container(cfg, resolve=False)
-        plain.pop("hydra")
-        resolved = OmegaConf.create(plain)
-        from train.validate import ConfigError, resolve_all
+        from train.compose import sweep_point
 
-        try:
-            resolve_all(resolved)
-        except ConfigError as err:  # named like check_sweep's errors
-            raise ConfigError(f"[sweep point #{num}] {err.key}", err.problem, err.fix) from None
-        return Point(num, overrides, resolved)
+        cfg = sweep_point(self.hydra_context.config_loader, self.config, num, overrides, sweep_dir)
+        OmegaConf.resolve(cfg)
+        return Point(num, overrides, cfg)
 
     def _submit(self, points: list) -> None:
         from train.executor import make_executor

@@ -1,0 +1,82 @@
+"""Everything checked before a run starts or a sweep is submitted. Light: no torch, no llm-foundry.
+
+Each rule is a small function `rule(cfg, ctx)` yielding Problems (key, problem, fix; an error or a warning), in
+modules by what they look at: config values (values.py), credentials and shell safety (safety.py), this node's
+files (node.py), memory fit (fit.py); sweeps add one rule across points (here). `check` runs them all and returns
+every problem at once, in a stable order, so a config is fixed in one round trip.
+
+An error is what llm-foundry, composer, streaming or Slurm would refuse, or what surely fails, and says which;
+a warning is legal but likely a mistake: printed, put in the plan, and the run goes on. In a plan, the rules
+about this node's files and the memory fit are warnings too (plans are made away from the cluster).
+"""
+from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationResolutionError
+
+from train.checks import fit, node, safety, values
+from train.checks.core import ERROR, WARNING, ConfigError, Context, Problem, value  # noqa: F401
+
+RULES = [*safety.RULES, *values.RULES, *node.RULES, *fit.RULES]
+# What only this node can tell, or the memory estimate: warnings in a plan.
+SOFT_IN_PLAN = {r for r in node.RULES + fit.RULES if r not in node.EVERYWHERE}
+
+
+def check(cfg, ctx: Context) -> list:
+    """Every problem of one config, errors and warnings, in rule order (each reported once)."""
+    found = []
+    for rule in RULES:
+        try:
+            for p in rule(cfg, ctx) or ():
+                found.append(p.as_warning() if ctx.mode == "plan" and rule in SOFT_IN_PLAN else p)
+        except ConfigError as err:  # a value the rule reads is missing or does not resolve
+            found.extend(err.problems)
+        except (TypeError, ValueError, ZeroDivisionError, AttributeError, KeyError):
+            # A rule reading a value an earlier problem already names (nodes=0, a string for a number).
+            if not any(p.level == ERROR for p in found):
+                raise
+    unique = []
+    for p in found:
+        if p not in unique:
+            unique.append(p)
+    return unique
+
+
+def check_points(cfgs: list, ctxs: list) -> list:
+    """Every point of a sweep, and what no single point shows: two points writing one save_folder would resume
+    from, and overwrite, each other's checkpoints."""
+    found, folders = [], {}
+    for num, (cfg, ctx) in enumerate(zip(cfgs, ctxs)):
+        found += [p.at_point(num) for p in check(cfg, ctx)]
+        folder = cfg.get("save_folder")
+        if folder and folder in folders:
+            found.append(Problem("save_folder", f"sweep points #{folders[folder]} and #{num} both write to {folder}",
+                                 "leave save_folder to the checkpoint group (one folder per run_name), or make it "
+                                 "differ per point, e.g. save_folder=/data/ckpt/${run_name}"))
+        folders.setdefault(folder, num)
+    return found
+
+
+def errors(problems: list) -> list:
+    return [p for p in problems if p.level == ERROR]
+
+
+def report(problems: list, stream=None) -> bool:
+    """Print every problem (errors first), to stderr; True when none is an error."""
+    import sys
+
+    stream = stream or sys.stderr
+    bad = errors(problems)
+    for p in bad + [p for p in problems if p.level != ERROR]:
+        print(p, file=stream)
+    if len(bad) > 1:
+        print(f"{len(bad)} problems: nothing was started or written", file=stream)
+    return not bad
+
+
+def resolve_all(cfg) -> None:
+    """Resolve every interpolation in place, naming the key whose interpolation fails."""
+    try:
+        OmegaConf.resolve(cfg)
+    except InterpolationResolutionError as err:
+        key = getattr(err, "full_key", None) or "config"
+        raise ConfigError(key, f"cannot be resolved ({err.__cause__ or err})".splitlines()[0],
+                          "set the keys it refers to, or give it a value directly") from None

@@ -1,0 +1,123 @@
+"""What every rule shares: a Problem, the Context a rule sees, and reading a value from the config."""
+import difflib
+import os
+import re
+from dataclasses import dataclass, field, replace
+
+from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
+
+ERROR, WARNING = "error", "warning"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a config: the key to change, what is wrong (and who would refuse it), the fix.
+    An error stops the run before anything starts; a warning is printed (and put in the plan) and the run goes on."""
+
+    key: str
+    problem: str
+    fix: str
+    level: str = ERROR
+
+    def __str__(self) -> str:
+        return f"{self.level}: {self.key}: {self.problem}\n  fix: {self.fix}"
+
+    def as_warning(self) -> "Problem":
+        return replace(self, level=WARNING)
+
+    def at_point(self, num: int) -> "Problem":
+        return replace(self, key=f"[sweep point #{num}] {self.key}")
+
+
+class ConfigError(ValueError):
+    """Problems that stop a run: raised where checking cannot go on (a value is missing, a save folder is
+    held by another run); `problems` holds every one found."""
+
+    def __init__(self, key: str = "", problem: str = "", fix: str = "", problems: list | None = None):
+        self.problems = list(problems) if problems else [Problem(key, problem, fix)]
+        first = self.problems[0]
+        self.key, self.problem, self.fix = first.key, first.problem, first.fix
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a rule may know besides the config, read once at the entry.
+
+    mode: "run" (a plain `python -m train`: trains in this process), "sweep" (`-m`: each point is a job of
+    cluster.nodes x cluster.tasks_per_node ranks) or "plan" (describes the job `-m` would submit; the rules about
+    this node's files and memory become warnings, since a plan is often made away from the cluster).
+    overrides: the command-line overrides (of this sweep point), to tell what the user asked for from defaults.
+    choices: the config groups picked (model, data, cluster, ..., hydra/launcher)."""
+
+    mode: str = "run"
+    overrides: tuple = ()
+    choices: dict = field(default_factory=dict)
+
+    def world_size(self, cfg) -> int:
+        if self.mode == "run":
+            return int(os.environ.get("WORLD_SIZE", "1") or 1)
+        return value(cfg, "cluster.nodes") * value(cfg, "cluster.tasks_per_node")
+
+    def world_words(self, cfg) -> str:
+        ws = self.world_size(cfg)
+        if self.mode == "run":
+            return f"world size {ws} (a plain run trains in this process; `-m` runs cluster.nodes x tasks_per_node ranks)"
+        return f"world size {ws} (cluster.nodes={cfg.cluster.nodes} x cluster.tasks_per_node={cfg.cluster.tasks_per_node})"
+
+    def given(self, key: str) -> str | None:
+        """The value the command line gave `key` (`key=v`, `+key=v`, `++key=v`), or None."""
+        for o in self.overrides:
+            k, _, v = str(o).partition("=")
+            if k.lstrip("+~") == key:
+                return v
+        return None
+
+    @property
+    def slurm(self) -> bool:
+        return self.choices.get("hydra/launcher") == "slurm"
+
+    def group(self, name: str) -> str:
+        return str(self.choices.get(name, "?"))
+
+
+def value(cfg, key: str, default=None):
+    """The resolved value at a dotted key, turning OmegaConf's errors into ours."""
+    try:
+        return OmegaConf.select(cfg, key, default=default, throw_on_missing=True)
+    except MissingMandatoryValue:
+        raise ConfigError(key, "has no value", f"pass it on the command line: {key}=<value>") from None
+    except InterpolationResolutionError as err:
+        raise ConfigError(key, f"cannot be resolved ({err.__cause__ or err})".splitlines()[0],
+                          "set the keys it refers to, or give it a value directly") from None
+
+
+def close_match(word: str, options) -> str:
+    found = difflib.get_close_matches(word, sorted(options), n=1)
+    return f"did you mean `{found[0]}`?" if found else ""
+
+
+def is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+DURATION = re.compile(r"^\d+(ba|ep|tok|sp|dur)$")
+TIME_UNITS = "ba (batches), ep (epochs), tok (tokens) or sp (samples), e.g. 1000ba"
+
+
+def batches(duration) -> int | None:
+    return int(duration[:-2]) if isinstance(duration, str) and DURATION.match(duration) and \
+        duration.endswith("ba") else None
+
+
+URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+
+def same_or_under(path, root) -> bool:
+    path, root = str(path).rstrip("/"), str(root).rstrip("/")
+    return bool(root) and (path == root or path.startswith(root + "/"))

@@ -1,0 +1,204 @@
+"""Rules about this node's files: mounts, the container image, checkpoints, the tokenizer and the data.
+
+They fail a run or a submission that would start here; in a plan they are warnings (a plan is often made from a
+laptop, for a cluster whose mounts it does not have)."""
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+from train import vocab
+from train.checks.core import URI, WARNING, Problem, value
+
+# What AutoTokenizer can build a tokenizer from, beside tokenizer_config.json.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
+
+
+def mounts(cfg, ctx):
+    found = [("storage.mounts", str(m).split(":")[0]) for m in value(cfg, "storage.mounts") or []]
+    found += [("cluster.container.mounts", str(m).split(":")[0]) for m in value(cfg, "cluster.container.mounts") or []]
+    for key, path in found:
+        if not os.path.exists(path):  # a folder or a file: pyxis mounts both
+            yield Problem(key, f"{path} does not exist on this node ({os.uname().nodename})",
+                          f"mount it (e.g. the {ctx.group('storage')} file system) on every node, or run with a "
+                          "storage preset this node has (storage=local)")
+
+
+def container(cfg, ctx):
+    image = value(cfg, "cluster.container.image")
+    if not image:
+        return
+    image = str(image)
+    is_file = image.endswith(".sqsh") or image.startswith(("/", ".", "~"))
+    if is_file and not URI.match(image) and not os.path.isfile(os.path.expanduser(image)):
+        yield Problem("cluster.container.image", f"{image} does not exist (pyxis would fail every task)",
+                      "import it first (enroot import -o /shared/images/x.sqsh docker://...), point at an existing "
+                      ".sqsh, or give a registry image: 'cluster.container.image=\"nvcr.io#nvidia/pytorch:24.05-py3\"'")
+
+
+def load_path(cfg, ctx):
+    path = value(cfg, "load_path")
+    if path and not URI.match(str(path)) and not os.path.exists(os.path.expanduser(str(path))):
+        yield Problem("load_path", f"{path} does not exist (composer would fail to load it)",
+                      "point it at a checkpoint file (full) or an ep{E}-ba{B} directory (sharded), or drop it "
+                      "(load_path=null) and let autoresume find the latest")
+
+
+def no_overwrite(cfg, ctx):
+    """A run that does not resume must not start over the checkpoints of an earlier run: composer refuses a
+    folder of full checkpoints only once it is running, and rewrites sharded ones without a word."""
+    folder = value(cfg, "save_folder")
+    if (not folder or "://" in str(folder) or value(cfg, "autoresume") or value(cfg, "save_overwrite")
+            or value(cfg, "save_filename")):
+        return
+    from train.resume import find
+
+    found = find(folder)
+    if found:
+        names = ", ".join(c.path.name for c in found[-3:])
+        yield Problem("autoresume", f"false, but save_folder {folder} already holds {len(found)} checkpoint(s) "
+                      f"(… {names}): this run would start from batch 0 and overwrite them",
+                      "autoresume=true continues that run; another run_name (or save_folder) starts afresh beside "
+                      "it; save_overwrite=true replaces them")
+
+
+def _offline() -> bool:
+    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
+               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _reachable(url: str, timeout: float = 3.0) -> bool:
+    parsed = urlparse(url)
+    try:
+        with socket.create_connection((parsed.hostname, parsed.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def tokenizer(cfg, ctx):
+    if value(cfg, "data.kind") == "mock":
+        return  # written beside the mock data when the run starts
+    name = str(value(cfg, "tokenizer.name"))
+    if vocab.looks_like_path(name):
+        folder = Path(name).expanduser()
+        if not folder.is_dir():
+            yield Problem("tokenizer.name", f"{folder} does not exist", "point it at a folder saved by "
+                          "save_pretrained, or use a hub name such as EleutherAI/gpt-neox-20b")
+        elif not any((folder / f).is_file() for f in _TOKENIZER_FILES):
+            has_config = (folder / "tokenizer_config.json").is_file()
+            yield Problem("tokenizer.name", f"{folder} is not a tokenizer folder: "
+                          + ("tokenizer_config.json but no tokenizer.json or vocabulary file" if has_config else
+                             "no tokenizer.json") + " (transformers' AutoTokenizer cannot load it)",
+                          "save the whole tokenizer there (tokenizer.save_pretrained(folder) writes tokenizer.json), "
+                          "or point at a folder that has it")
+        return
+    if vocab.cached_snapshot(name):
+        return
+    cache = vocab.hub_cache()
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    why = ("HF_HUB_OFFLINE is set" if _offline() else
+           f"{endpoint} cannot be reached from {os.uname().nodename}" if not _reachable(endpoint) else None)
+    if why:
+        yield Problem("tokenizer.name", f"{name} is a Hugging Face hub name, not in the cache ({cache}), and {why}: "
+                      "llm-foundry would fail to download it when the run starts",
+                      f"point tokenizer.name at a local folder (e.g. one saved with save_pretrained), or download it "
+                      f"where the hub is reachable into {cache} (huggingface-cli download {name})")
+
+
+def vocabulary(cfg, ctx):
+    name = "mock" if value(cfg, "data.kind") == "mock" else str(value(cfg, "tokenizer.name"))
+    size, source = (vocab.MOCK_IDS, "the mock byte tokenizer") if name == "mock" else vocab.tokenizer_ids(name)
+    model_vocab = value(cfg, "model.vocab_size")
+    if size is not None and isinstance(model_vocab, int) and size > model_vocab:
+        yield Problem("model.vocab_size", f"{model_vocab} is smaller than the tokenizer's {size} ids ({source}): "
+                      "token ids past it would index outside the embedding (an IndexError, a device-side assert on "
+                      "GPU)", f"model.vocab_size={vocab.padded(size)} (the tokenizer's size rounded up to a multiple "
+                      "of 64)")
+
+
+def _mds_fix(local: Path, split: str) -> str:
+    """Where the data most likely is, or how to make it: a split folder given for the root, raw files given for
+    the MDS folder, or nothing there yet."""
+    if (local / "index.json").is_file():
+        return f"variables.data_local={local.parent} (the folder holding {local.name}/; each split is a subfolder)"
+    if local.is_dir() and any(local.iterdir()):
+        fresh = local.parent / f"{local.name}-mds"
+        return (f"it holds no MDS data: if these are raw JSON files, make MDS shards beside them with `python -m "
+                f"data_prep dataset=jsonl dataset.path={local} out_root={fresh} split={split}` and set "
+                f"variables.data_local={fresh}")
+    return (f"make it with `python -m data_prep out_root={local} split={split} ...`, or point variables.data_local at "
+            "an MDS folder (or set variables.data_remote to stream one)")
+
+
+def data(cfg, ctx):
+    if value(cfg, "data.kind") == "mock" or value(cfg, "variables.data_remote"):
+        return  # mock data is written when the run starts; remote data is streamed into data_local
+    local = Path(str(value(cfg, "variables.data_local"))).expanduser()
+    for split_key in ("train_loader.dataset.split", "eval_loader.dataset.split"):
+        split = value(cfg, split_key)
+        folder = local / str(split)
+        if not (folder / "index.json").is_file():
+            where = "does not exist" if not local.exists() else f"has no {split}/index.json"
+            yield Problem("variables.data_local", f"{local} {where} (streaming needs an MDS folder per split)",
+                          _mds_fix(local, split))
+            return
+        yield from _split_data(cfg, folder)
+
+
+def _split_data(cfg, folder: Path):
+    try:
+        from data_prep import facts
+    except ImportError:  # pragma: no cover - data_prep ships beside train
+        return
+    problems = facts.check_index(folder)
+    if problems:
+        yield Problem("variables.data_local", f"{folder}: " + "; ".join(problems[:3])
+                      + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
+                      + " (streaming would fail to read it)",
+                      "copy the data again (every shard named in index.json, whole), or make it again with "
+                      "data_prep")
+        return
+    found = facts.dataset_facts(folder)
+    sample = found.get("sample_tokens")
+    seq = value(cfg, "max_seq_len")
+    if sample and isinstance(seq, int) and sample != seq:
+        if sample > seq:
+            what = (f"samples of {sample} tokens; max_seq_len={seq} keeps the first {seq} of each and drops the "
+                    f"rest ({100 * (sample - seq) // sample} % of the prepared tokens never trained on)")
+        else:
+            what = (f"samples of {sample} tokens, shorter than max_seq_len={seq}: the run trains on {sample}-token "
+                    "sequences, not what the plan assumed")
+        yield Problem("max_seq_len", f"{folder} holds {what}", f"max_seq_len={sample}, or prepare the data again "
+                      f"with concat_tokens={seq}", WARNING)
+    recorded = found.get("tokenizer_fingerprint")
+    if recorded and value(cfg, "data.kind") != "mock":
+        name = str(value(cfg, "tokenizer.name"))
+        ours = facts.tokenizer_fingerprint(name)
+        if ours and ours != recorded:
+            used = found.get("tokenizer") or "another tokenizer"
+            yield Problem("tokenizer.name", f"{folder} was tokenized with {used}, not {name}: its token ids mean "
+                          "other words here (and may index outside the embedding)", f"tokenizer.name={found.get('tokenizer') or '<the tokenizer data_prep used>'}, "
+                          "or prepare the data again with this tokenizer")
+
+
+RULES = [mounts, container, load_path, no_overwrite, tokenizer, vocabulary, data]
+# Rules that hold whatever node they run on: not softened in a plan.
+EVERYWHERE = {vocabulary}
+
+
+def folder_free(cfg, ctx):
+    """Another run writing this save_folder now: the task would refuse it once started (train/resume.py claim)."""
+    folder = value(cfg, "save_folder")
+    if not folder or "://" in str(folder):
+        return
+    from train.resume import holder
+
+    who = holder(folder)
+    if who:
+        yield Problem("save_folder", f"{folder} is in use by another run ({who}): two runs writing one folder would "
+                      "overwrite each other's checkpoints", "let that run end (or cancel it) first, or give this run "
+                      "another run_name", WARNING if ctx.mode == "sweep" else "error")
+
+
+RULES.append(folder_free)

@@ -1,0 +1,239 @@
+"""Rules about the config's values alone: what llm-foundry, composer or Slurm would refuse, or what surely fails
+(errors), and what is legal but likely a mistake (warnings). Each rule yields every problem it finds."""
+from train import estimate
+from train.checks.core import (DURATION, TIME_UNITS, WARNING, Problem, batches, close_match, is_int, is_number,
+                               value)
+
+# Ours; removed before llm-foundry sees the config (train/foundry.py).
+PRODUCT_KEYS = frozenset({"cluster", "storage", "data", "checkpoint", "plan"})
+# llm-foundry 0.22's TrainConfig fields (tests/test_config.py checks this list against the library).
+FOUNDRY_KEYS = frozenset("""
+model tokenizer optimizer scheduler train_loader device_train_batch_size device_eval_batch_size max_duration
+max_seq_len seed precision code_paths max_split_size_mb expandable_segments cuda_load_lazy dist_timeout
+fsdp_config tp_config accumulate_train_batch_on_tokens eval_interval eval_loader eval_loaders icl_tasks
+icl_tasks_str eval_gauntlet eval_gauntlet_str icl_subset_num_batches icl_seq_len loggers progress_bar
+log_to_console python_log_level console_log_interval log_config callbacks algorithms save_folder
+save_latest_filename save_overwrite save_weights_only save_filename save_interval save_num_checkpoints_to_keep
+load_path load_weights_only load_strict_model_weights load_ignore_keys save_ignore_keys only_hf_checkpoint
+only_composer_checkpoint train_subset_num_batches device_train_microbatch_size global_train_batch_size
+spin_dataloaders eval_subset_num_batches eval_first compile_config metadata flatten_metadata run_name
+autoresume profiler variables n_gpus device_train_grad_accum
+""".split())
+
+PRECISIONS = ("fp32", "amp_bf16", "amp_fp16", "amp_fp8")
+STATE_DICT_TYPES = ("full", "sharded")
+
+
+def plan_form(cfg, ctx):
+    v = value(cfg, "plan")
+    if v not in (None, False, True, "json"):
+        yield Problem("plan", f"{v!r} is not a plan form", "plan=true for the report, plan=json for JSON, or leave "
+                      "it out to run")
+
+
+def known_keys(cfg, ctx):
+    for key in cfg:
+        if key not in FOUNDRY_KEYS | PRODUCT_KEYS:
+            yield Problem(key, "is not a key llm-foundry or this tool knows (llm-foundry refuses unknown keys)",
+                          close_match(key, FOUNDRY_KEYS | PRODUCT_KEYS)
+                          or "remove it, or put your own values under `variables.`")
+
+
+def mock_data_only_where_asked(cfg, ctx):
+    """Synthetic tokens only where nobody asked for real data: never silently on a real cluster, and never
+    written into a folder the user named for their own data."""
+    if value(cfg, "data.kind") != "mock":
+        return
+    for key in ("variables.data_local", "variables.data_remote"):
+        if ctx.given(key) not in (None, "null"):
+            yield Problem(key, "names your data, but data=mock (the default) would write synthetic tokens there "
+                          "and train on them", "name the data group: data=c4 (C4 made by data_prep) or data=mds "
+                          f"(any MDS folder), e.g. data=mds {key}={ctx.given(key)}")
+    if ctx.slurm and ctx.given("data") != "mock":
+        yield Problem("data", f"no data named: cluster={ctx.group('cluster')} is a Slurm cluster and data=mock (the "
+                      "default) would spend it on synthetic tokens", "data=c4, or data=mds "
+                      "variables.data_local=<MDS folder>; write data=mock on the command line for a smoke test on "
+                      "synthetic tokens")
+
+
+def _positive_int(cfg, key, example=8):
+    v = value(cfg, key)
+    if not is_int(v) or v <= 0:
+        yield Problem(key, f"must be a positive whole number, got {v!r}", f"e.g. {key}={example}")
+
+
+def _duration(cfg, key, zero_means=None):
+    v = value(cfg, key)
+    if zero_means and (v == 0 or v in ("0ba", "0ep")) and not isinstance(v, bool):
+        return  # composer: an interval of 0 never fires
+    if is_int(v) and v > 0:
+        yield Problem(key, f"{v} has no unit (composer would read a bare number as epochs)",
+                      f"add one: {key}={v}ba for batches, or {TIME_UNITS}")
+    elif not isinstance(v, str) or not DURATION.match(v):
+        yield Problem(key, f"{v!r} is not a duration with a unit (composer's Time)", f"use {TIME_UNITS}: {key}=1000ba"
+                      + (f", or {key}=0 ({zero_means})" if zero_means else ""))
+
+
+def numbers(cfg, ctx):
+    yield from _positive_int(cfg, "cluster.nodes", 1)
+    yield from _positive_int(cfg, "cluster.tasks_per_node", 8)
+    for key in ("max_seq_len", "global_train_batch_size", "model.d_model", "model.n_heads", "model.n_layers",
+                "model.vocab_size", "device_eval_batch_size"):
+        yield from _positive_int(cfg, key)
+    if value(cfg, "device_train_microbatch_size") != "auto":
+        yield from _positive_int(cfg, "device_train_microbatch_size")
+    yield from _duration(cfg, "max_duration")
+    yield from _duration(cfg, "eval_interval", zero_means="never evaluate")
+    yield from _duration(cfg, "save_interval")
+    lr = value(cfg, "optimizer.lr")
+    if not is_number(lr) or lr <= 0:
+        yield Problem("optimizer.lr", f"must be a positive number, got {lr!r}", "e.g. optimizer.lr=6.0e-4")
+    d, h = value(cfg, "model.d_model"), value(cfg, "model.n_heads")
+    if is_int(d) and is_int(h) and h > 0 and d % h:
+        yield Problem("model.n_heads", f"{h} does not divide model.d_model={d} (MPT's attention refuses it)",
+                      "pick a head count that divides d_model (head size 128 suits flash attention)")
+
+
+def schedule(cfg, ctx):
+    warmup = batches(value(cfg, "scheduler.t_warmup"))
+    total = batches(value(cfg, "max_duration"))
+    if warmup is not None and total is not None and warmup > total:
+        yield Problem("scheduler.t_warmup", f"{warmup}ba of warmup is longer than max_duration={total}ba: the "
+                      "learning rate never reaches optimizer.lr (composer runs it; fine for a smoke test)",
+                      f"shorten it, e.g. scheduler.t_warmup={max(1, total // 10)}ba, or train longer", WARNING)
+
+
+def seq_len(cfg, ctx):
+    model_len = value(cfg, "model.max_seq_len")
+    if not is_int(model_len) or model_len <= 0:
+        yield Problem("model.max_seq_len", f"must be a positive whole number, got {model_len!r}",
+                      "leave it to follow max_seq_len")
+        return
+    for key in ("max_seq_len", "train_loader.dataset.max_seq_len", "eval_loader.dataset.max_seq_len"):
+        seq = value(cfg, key)
+        if is_int(seq) and seq > model_len:
+            yield Problem(key, f"{seq} is above the model's model.max_seq_len={model_len} (MPT refuses longer "
+                          "sequences)", f"use {key}={model_len} or less, or raise model.max_seq_len (it follows "
+                          "max_seq_len unless set)")
+
+
+def device(cfg, ctx):
+    gpus = value(cfg, "cluster.gpus_per_node") or 0
+    name = value(cfg, "cluster.name")
+    precision = value(cfg, "precision")
+    if not gpus:
+        if precision in PRECISIONS and precision != "fp32":
+            yield Problem("precision", f"{precision} needs a GPU and cluster={name} has none (cluster.gpus_per_node=0)",
+                          "precision=fp32 (cluster.precision=fp32) on CPU, or a GPU cluster")
+        if value(cfg, "model.attn_config.attn_impl") == "flash":
+            yield Problem("model.attn_config.attn_impl", f"flash attention needs a GPU and cluster={name} has none",
+                          "model.attn_config.attn_impl=torch (cluster.attn_impl=torch) on CPU")
+        if value(cfg, "model.loss_fn") == "fused_crossentropy":
+            yield Problem("model.loss_fn", f"fused_crossentropy needs flash-attn on a GPU; cluster={name} has none",
+                          "model.loss_fn=torch_crossentropy (cluster.loss_fn=torch_crossentropy)")
+    else:
+        tasks = value(cfg, "cluster.tasks_per_node")
+        if is_int(tasks) and tasks > gpus:
+            yield Problem("cluster.tasks_per_node", f"{tasks} tasks on {gpus} GPUs per node: ranks would share a GPU "
+                          "(NCCL refuses two ranks on one device)", f"cluster.tasks_per_node={gpus} (one task per GPU)")
+    if precision not in PRECISIONS:
+        yield Problem("precision", f"{precision!r} is not a composer precision",
+                      close_match(str(precision), PRECISIONS) or f"one of {', '.join(PRECISIONS)}")
+
+
+def fsdp(cfg, ctx):
+    config = value(cfg, "fsdp_config")
+    if not config:
+        if value(cfg, "checkpoint.state_dict_type") == "sharded":
+            yield Problem("checkpoint", "checkpoint=sharded writes FSDP shards, but FSDP is off (fsdp_config is null)",
+                          "use checkpoint=full, or keep fsdp_config (e.g. fsdp_config.sharding_strategy=FULL_SHARD)")
+        return
+    strategy = value(cfg, "fsdp_config.sharding_strategy")
+    if strategy is not None and strategy not in estimate.SHARDING_STRATEGIES:
+        yield Problem("fsdp_config.sharding_strategy", f"{strategy!r} is not an FSDP sharding strategy",
+                      close_match(str(strategy), estimate.SHARDING_STRATEGIES)
+                      or f"one of {', '.join(estimate.SHARDING_STRATEGIES)}")
+    sd = value(cfg, "fsdp_config.state_dict_type")
+    if sd is not None and sd not in STATE_DICT_TYPES:
+        yield Problem("fsdp_config.state_dict_type", f"{sd!r} is not a state dict type (composer knows full and "
+                      "sharded)", "checkpoint=sharded or checkpoint=full")
+
+
+def checkpoint(cfg, ctx):
+    if value(cfg, "autoresume") and not value(cfg, "save_folder"):
+        yield Problem("autoresume", "autoresume needs a save_folder to find its checkpoints in, and there is none "
+                      "(composer refuses it)", "pick a checkpoint group with a folder (checkpoint=sharded), or "
+                      "autoresume=false")
+    keep = value(cfg, "save_num_checkpoints_to_keep")
+    if keep is not None and (not is_int(keep) or keep < -1):
+        yield Problem("save_num_checkpoints_to_keep", f"{keep!r} is not -1 (keep all) or a count",
+                      "e.g. save_num_checkpoints_to_keep=10")
+
+
+def cluster_figures(cfg, ctx):
+    mfu = value(cfg, "cluster.mfu")
+    if mfu is not None and (not is_number(mfu) or not 0 < mfu <= 1):
+        yield Problem("cluster.mfu", f"must be a fraction in (0, 1], got {mfu!r}", "e.g. cluster.mfu=0.42")
+    peak = value(cfg, "cluster.peak_flops")
+    if peak is not None and (not is_number(peak) or peak <= 0):
+        yield Problem("cluster.peak_flops", f"must be a positive FLOP/s figure, got {peak!r}",
+                      "e.g. cluster.peak_flops=989e12 (H100 dense bf16)")
+
+
+def batch(cfg, ctx):
+    gbs = value(cfg, "global_train_batch_size")
+    mb = value(cfg, "device_train_microbatch_size")
+    ws = ctx.world_size(cfg)
+    step = ws * (mb if is_int(mb) else 1)
+    if gbs % step == 0:
+        return
+    what = ctx.world_words(cfg) + (f" x device_train_microbatch_size={mb}" if is_int(mb) else "")
+    lower, upper = gbs // step * step, (gbs // step + 1) * step
+    tasks = value(cfg, "cluster.tasks_per_node")
+    nodes_ok = [n for n in range(1, 257) if gbs % (n * tasks * (mb if is_int(mb) else 1)) == 0]
+    alternatives = f"global_train_batch_size={upper}" + (f" or {lower}" if lower else "")
+    if nodes_ok:
+        alternatives += f", or cluster.nodes in {nodes_ok[:8]} (with -m)"
+    yield Problem("global_train_batch_size", f"{gbs} is not divisible by {what} = {step} (llm-foundry refuses it)",
+                  f"{alternatives}, or another device_train_microbatch_size")
+
+
+def storage(cfg, ctx):
+    tiers = value(cfg, "storage.tiers")
+    if tiers:
+        tier = value(cfg, "storage.tier")
+        if tier not in tiers:
+            yield Problem("storage.tier", f"{tier!r} is not a tier of storage={ctx.group('storage')}",
+                          f"one of {', '.join(tiers)} (or give storage.write_GBps directly)")
+            return  # storage.write_GBps follows the tier
+    for key in ("storage.write_GBps", "storage.file_GBps"):
+        bw = value(cfg, key)
+        if bw is not None and (not is_number(bw) or bw <= 0):
+            yield Problem(key, f"must be a positive bandwidth in GB/s, got {bw!r}", f"e.g. {key}=19.2")
+    from train.checks.core import same_or_under
+
+    remote = value(cfg, "variables.data_remote")
+    remote_root = value(cfg, "storage.data_remote_root")
+    if remote_root and not value(cfg, "storage.data_local_root"):
+        yield Problem("storage.data_local_root", f"storage={ctx.group('storage')} streams data from {remote_root} "
+                      "and needs a node-local cache, but storage.data_local_root is null",
+                      "storage.data_local_root=/tmp/local-storage/${run_name} (node-local NVMe)")
+        return
+    if remote:
+        local = value(cfg, "variables.data_local")
+        if not local or str(local).startswith("None/"):
+            yield Problem("variables.data_local", f"data is streamed from {remote} but there is no local cache to "
+                          "stream it into (streaming refuses it)", "variables.data_local=/tmp/local-storage/<run> "
+                          "(node-local NVMe)")
+            return
+        shared = [str(m).split(":")[0].rstrip("/") for m in value(cfg, "storage.mounts") or []]
+        if remote_root:  # a streaming preset (blob): its root is the shared storage
+            shared.append(str(value(cfg, "storage.root")))
+        if same_or_under(local, remote) or any(same_or_under(local, m) for m in shared if m):
+            yield Problem("variables.data_local", f"the cache {local} is on the shared storage it streams from "
+                          f"({remote}), not on the node", "variables.data_local=/tmp/local-storage/<run> "
+                          "(node-local NVMe)")
+
+
+RULES = [plan_form, known_keys, mock_data_only_where_asked, numbers, schedule, seq_len, device, fsdp, checkpoint,
+         storage, cluster_figures, batch]
