@@ -1,4 +1,4 @@
-"""The summary a `-m` sweep prints and writes: real local jobs, one of which fails inside llm-foundry."""
+"""The summary a `-m` sweep prints and writes, from real jobs that fail for real reasons."""
 import csv
 import json
 import os
@@ -11,22 +11,26 @@ from paths import PYTHON, ROOT
 BAD = "`load_in_8bit` is only supported for evaluation rather than training."
 
 
-def _markdown_rows(path: Path) -> list:
-    header, _, *rows = path.read_text().splitlines()
+def _sweep(root: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(PYTHON), "-m", "train", "-m", "progress_bar=false", "checkpoint=none", *overrides],
+                          cwd=ROOT, env={**os.environ, "PRETRAIN_ROOT": str(root)}, capture_output=True, text=True,
+                          timeout=600)
+
+
+def _summaries(root: Path) -> tuple:
+    """(sweep folder, rows of summary.csv, rows of summary.md)"""
+    [sweep_dir] = (root / "outputs" / "sweeps").iterdir()
+    header, _, *lines = (sweep_dir / "summary.md").read_text().splitlines()
     cells = lambda line: [c.strip() for c in line.strip().strip("|").split(" | ")]  # noqa: E731
-    return [dict(zip(cells(header), cells(row))) for row in rows]
+    return (sweep_dir, list(csv.DictReader((sweep_dir / "summary.csv").open())),
+            [dict(zip(cells(header), cells(line))) for line in lines])
 
 
 def test_a_failed_point_shows_its_own_error_and_a_good_one_its_metrics_curve_and_world_size(tmp_path):
-    proc = subprocess.run([str(PYTHON), "-m", "train", "-m", "cluster=local", "cluster.tasks_per_node=1",
-                           "max_duration=4ba", "checkpoint=none", "progress_bar=false",
-                           "+model.load_in_8bit=false,true"],
-                          cwd=ROOT, env={**os.environ, "PRETRAIN_ROOT": str(tmp_path)}, capture_output=True,
-                          text=True, timeout=600)
+    proc = _sweep(tmp_path, "cluster=local", "cluster.tasks_per_node=1", "max_duration=4ba",
+                  "+model.load_in_8bit=false,true")
     assert proc.returncode == 1, proc.stderr[-3000:]
-    [sweep_dir] = (tmp_path / "outputs" / "sweeps").iterdir()
-    good, bad = csv.DictReader((sweep_dir / "summary.csv").open())
-    md_good, md_bad = _markdown_rows(sweep_dir / "summary.md")
+    sweep_dir, (good, bad), (md_good, md_bad) = _summaries(tmp_path)
 
     assert bad["state"] == "FAILED"
     assert bad["error"] == f"rank 0: ValueError: {BAD}"  # the task's exception, not submitit's wrapper
@@ -43,3 +47,16 @@ def test_a_failed_point_shows_its_own_error_and_a_good_one_its_metrics_curve_and
     assert Path(good["metrics"]).parent == Path(good["loss_curve"]).parent == sweep_dir / "0"
     assert (md_good["metrics"], md_good["loss_curve"]) == (good["metrics"], good["loss_curve"])
     assert good["loss_curve"] in proc.stdout
+
+
+def test_a_job_out_of_time_and_not_requeued_says_why(slurm, tmp_path):
+    # a 1-minute limit, warned 20 s ahead, and no requeue allowed: submitit gives up inside the task (about 1 min)
+    proc = _sweep(tmp_path, "cluster=slurm-local", "data=mock", "max_duration=100000ba", "cluster.timeout_min=1",
+                  "cluster.signal_delay_s=20", "cluster.max_num_timeout=0")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    sweep_dir, [row], [md] = _summaries(tmp_path)
+    assert row["state"] in ("FAILED", "TIMEOUT")
+    assert row["error"].startswith("rank 0: Job not requeued because: timed-out too many times."), row["error"]
+    assert md["error"] == row["error"] and md["world_size"] == row["world_size"] == "2"
+    assert "UncompletedJobError" not in (sweep_dir / "summary.md").read_text()
+    assert row["metrics"] == row["loss_curve"] == ""

@@ -246,13 +246,13 @@ def _rank_outcomes(job, wait_s: float = 15.0) -> list:
         elif outcome == "error":
             r.error = _exception(str(value)) or "error"
             if "UncompletedJobError" in r.error.split(":")[0]:
-                # submitit's own, not the task's: out of time or preempted, and not requeued. What the task
-                # was doing says more than the exception's name.
-                r.error = f"{r.error.split(': ', 1)[-1]} (job {_final_state(job)}); last log line: {_last(r.tail)}"
+                # raised by submitit in the task when it ran out of time (or was preempted) and will not be
+                # requeued: its message says why; its type, internal to submitit, says nothing
+                r.error = r.error.split(": ", 1)[-1]
         else:
             # a rank that died of an error without storing it (its log ends with the traceback), or was killed
             r.error = f"no result (killed, or stopped responding; job {_final_state(job)}); " + \
-                      (_exception("\n".join(r.tail)) or f"last log line: {_last(r.tail)}")
+                      (_exception("\n".join(r.tail)) or "last log line: " + (r.tail[-1] if r.tail else "(empty log)"))
         out.append(r)
     return out
 
@@ -272,10 +272,6 @@ def _exception(text: str, n: int = 4) -> str:
     while rest and rest[0].startswith("    "):  # the frame's source line and its ^^^ markers
         rest.pop(0)
     return " / ".join([line.strip() for line in rest if line.strip()][:n])
-
-
-def _last(tail: list) -> str:
-    return tail[-1] if tail else "(empty log)"
 
 
 def _existing(folder, name: str) -> str:
