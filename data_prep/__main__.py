@@ -8,7 +8,7 @@ _STARTED = time.perf_counter()
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from data_prep.errors import DataPrepError  # noqa: E402
+from data_prep.errors import DataPrepError, write_error  # noqa: E402
 
 ERROR_FILE = "data_prep_error.txt"  # a failed sweep job's message, collected by launch_check
 
@@ -23,7 +23,10 @@ def _fail(message: str, code: int) -> None:
         # A job that exits leaves the launcher a traceback about a missing result; this message is the news.
         from pathlib import Path
 
-        Path(hydra_cfg.runtime.output_dir, ERROR_FILE).write_text(message + "\n")
+        try:
+            Path(hydra_cfg.runtime.output_dir, ERROR_FILE).write_text(message + "\n")
+        except OSError:  # the disk that is full may be this one: the message is in the job's log already
+            pass
         return
     sys.exit(code)
 
@@ -37,7 +40,8 @@ def main(cfg: DictConfig):
     except DataPrepError as err:
         _fail(str(err), 2)
     except OSError as err:  # disk full, permissions changed mid-run: say which file, not a traceback
-        _fail(f"data_prep: {err.filename or ''}: {err.strerror or err}", 1)
+        full = write_error(err.filename or cfg.get("out_root"), err)  # writes not wrapped in errors.writing
+        _fail(str(full) if full else f"data_prep: {err.filename or ''}: {err.strerror or err}", 2 if full else 1)
 
 
 if __name__ == "__main__":

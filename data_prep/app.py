@@ -119,8 +119,14 @@ def _run_locked(job: Job, lock: OutRootLock, mine: list[Block], started: float) 
               f"runs when the last part finishes (or run again without part= to merge)", file=sys.stderr)
         return None
     lock.lock_merge()  # waits while another part of this run merges the same blocks
+    if not all_complete(split_dir, job.blocks):  # that merge failed and removed its empty blocks; it says why
+        print(f"data_prep: {label} finished, but another part's merge removed the blocks (see its message)",
+              file=sys.stderr)
+        return None
     totals = merge(split_dir, job.blocks, s)
-    summary = summarize(split_dir, totals, _this_run(s, stats, len(mine) - len(todo), started))
+    facts = {"sample_tokens": s.concat_tokens, "tokenizer": s.tokenizer, "tokenizer_fingerprint": tok.vocab_fingerprint,
+             "tokenizer_vocab_size": tok.vocab_size}
+    summary = summarize(split_dir, totals, facts, _this_run(s, stats, len(mine) - len(todo), started))
     print_skipped(totals["skipped_examples"], totals["skipped_lines"])
     print_summary(summary)
     if totals["samples"] == 0:

@@ -58,7 +58,9 @@ def _check_line(line: bytes) -> tuple[str | None, str]:
         return None, "not a JSON object"
     text = obj.get(_TEXT_KEY)
     if text is None:
-        return None, f"missing {_TEXT_KEY!r} field"
+        # The fields it has instead: a wrong dataset.text_key is then obvious from the first skipped line.
+        fields = ", ".join(k[:40] for k in list(obj)[:8]) + (", ..." if len(obj) > 8 else "")
+        return None, f"missing {_TEXT_KEY!r} field (has {fields or 'no fields'})"
     if not isinstance(text, str):
         return None, f"{_TEXT_KEY!r} is not a string"
     if not text or text.isspace():

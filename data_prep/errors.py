@@ -1,4 +1,10 @@
 """The one error type users see: a message naming the key and the fix, never a stack trace."""
+from __future__ import annotations
+
+import errno
+import os
+from contextlib import contextmanager
+from typing import Iterator
 
 
 class DataPrepError(Exception):
@@ -10,3 +16,31 @@ class DataPrepError(Exception):
         if fix:
             text += f"\n  fix: {fix}"
         super().__init__(text)
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full file system, or the user's quota on it
+RERUN = "run the same command again (finished blocks are kept)"
+
+
+def write_error(path: str | os.PathLike, err: OSError) -> DataPrepError | None:
+    """A write that failed for lack of room, as a message naming the file; None for any other error."""
+    if err.errno in NO_SPACE:
+        fix = f"free space (or raise the quota) on that file system and {RERUN}, or choose another out_root"
+    elif err.errno == errno.EFBIG:
+        fix = (f"raise the file-size limit (ulimit -f, or the file system's largest file) and {RERUN}, "
+               f"or choose another out_root")
+    else:
+        return None
+    return DataPrepError("out_root", f"cannot write {path}: {err.strerror}", fix)
+
+
+@contextmanager
+def writing(path: str | os.PathLike) -> Iterator[None]:
+    """Wrap the writes (and close) of one file: write() and close() raise OSError without a file name."""
+    try:
+        yield
+    except OSError as err:
+        full = write_error(path, err)
+        if full is None:
+            raise
+        raise full from None

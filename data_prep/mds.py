@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import numpy as np
 
+from data_prep.errors import writing
+from data_prep.facts import INDEX_FILE
+
 COLUMN = {"tokens": "ndarray:int32"}
-INDEX_FILE = "index.json"
 
 
 def _shape_code(length: int) -> tuple[int, str]:
@@ -95,7 +98,8 @@ class ShardWriter:
             level = int(self.compression.split(":")[1]) if ":" in self.compression else 3
             parts, name = (zstd.compress(b"".join(parts), level),), f"{raw_name}.zstd"
             zip_info = {"basename": name, "bytes": len(parts[0]), "hashes": {}}
-        with open(self.folder / name, "wb") as fh:
+        # A partly written shard stays in this writer's temporary folder, which the caller removes on failure.
+        with writing(self.folder / name), open(self.folder / name, "wb") as fh:
             for part in parts:  # no joined copy of a 64 MB shard
                 fh.write(part)
         shard = {"samples": n, "raw_data": raw_info, "zip_data": zip_info}
@@ -111,10 +115,20 @@ class ShardWriter:
 
 
 def write_index(folder: Path, shards: list[dict]) -> None:
-    tmp = Path(folder) / f".{INDEX_FILE}.tmp-{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump({"shards": shards, "version": 2}, fh, sort_keys=True)
-    os.replace(tmp, Path(folder) / INDEX_FILE)
+    atomic_write(Path(folder) / INDEX_FILE, json.dumps({"shards": shards, "version": 2}, sort_keys=True).encode())
+
+
+def atomic_write(target: Path, data: bytes) -> None:
+    """Readers see the old file or the whole new one. The temporary file goes on failure too (a full disk),
+    and errors name the target, the file the user knows."""
+    tmp = target.parent / f".{target.name}.tmp-{socket.gethostname()}-{os.getpid()}"
+    try:
+        with writing(target), open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_index(folder: Path) -> list[dict]:

@@ -14,12 +14,17 @@ from pathlib import Path
 
 import numpy as np
 
+from data_prep.errors import DataPrepError
+from data_prep.facts import INDEX_FILE, SUMMARY_FILE
 from data_prep.mds import ShardWriter, prefixed, read_index, write_index
 from data_prep.part import BLOCK_FILE, is_complete
 from data_prep.plan import Block
 from data_prep.settings import Settings
 
 TAIL_FOLDER = "tail"
+# Temporary files of block writers and of merges: .tmp-block-N.<host>-<pid>/, .tmp-tail.<host>-<pid>/,
+# .index.json.tmp-<host>-<pid>, .data_prep_summary.json.tmp-<host>-<pid>.
+STALE = (".tmp-block-*", f".tmp-{TAIL_FOLDER}.*", f".{INDEX_FILE}.tmp-*", f".{SUMMARY_FILE}.tmp-*")
 
 
 def all_complete(split_dir: Path, blocks: list[Block]) -> bool:
@@ -31,11 +36,15 @@ def _write_tail(split_dir: Path, tokens: np.ndarray, settings: Settings) -> list
     tmp = split_dir / f".tmp-{TAIL_FOLDER}.{socket.gethostname()}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    writer = ShardWriter(tmp, settings.concat_tokens, settings.compression, settings.size_limit)
-    length = settings.concat_tokens
-    full = len(tokens) // length * length
-    writer.add(tokens[:full].reshape(-1, length))
-    shards = writer.finish()
+    try:
+        writer = ShardWriter(tmp, settings.concat_tokens, settings.compression, settings.size_limit)
+        length = settings.concat_tokens
+        full = len(tokens) // length * length
+        writer.add(tokens[:full].reshape(-1, length))
+        shards = writer.finish()
+    except BaseException:  # a full disk: leave no half-written tail behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(final, ignore_errors=True)
     try:
         os.rename(tmp, final)
@@ -44,7 +53,40 @@ def _write_tail(split_dir: Path, tokens: np.ndarray, settings: Settings) -> list
     return shards
 
 
+def clear_stale(split_dir: Path) -> None:
+    """Temporary files of killed writers. Only while merging: every block is complete then and this process
+    holds the merge lock, so nobody else is writing any of them."""
+    for pattern in STALE:
+        for path in split_dir.glob(pattern):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+
+def _nothing_read(split_dir: Path, blocks: list[Block], settings: Settings, lines: int, reasons: Counter,
+                  examples: list) -> DataPrepError:
+    """The error for a run in which no line was a document. Its blocks hold nothing, so they are removed:
+    the folder must not look like a started dataset to the corrected run (other settings are refused)."""
+    for block in blocks:
+        shutil.rmtree(split_dir / block.folder, ignore_errors=True)
+    if not lines:
+        return DataPrepError("input", "no document was read: the input files hold no lines",
+                             "point input= at the JSON lines files that hold the documents")
+    counts = ", ".join(f"{reason}: {n:,}" for reason, n in reasons.most_common())
+    path, line, reason = examples[0]
+    problem = f"no document was read: all {lines:,} lines were skipped ({counts}); the first: {path}:{line}: {reason}"
+    top = reasons.most_common(1)[0][0]
+    if top.startswith("missing ") or top.endswith(" is not a string"):  # the lines are JSON, the field is wrong
+        return DataPrepError("dataset.text_key", problem,
+                             f"set dataset.text_key=<the field holding the text> (it is "
+                             f"{settings.dataset.text_key!r} now), or choose the dataset= that matches these files")
+    return DataPrepError("input", problem, "point input= at JSON lines files, one object with a text field per line "
+                         "(.gz and .zst files are decompressed by their file name)")
+
+
 def merge(split_dir: Path, blocks: list[Block], settings: Settings) -> dict:
+    clear_stale(split_dir)
     shards: list[dict] = []
     tails: list[np.ndarray] = []
     totals = {"docs": 0, "tokens": 0, "skipped_lines": 0}
@@ -60,6 +102,8 @@ def merge(split_dir: Path, blocks: list[Block], settings: Settings) -> dict:
         reasons.update(meta["skipped_by_reason"])
         examples += meta["skipped_examples"][: max(0, 1000 - len(examples))]
         tails.append(np.asarray(meta["tail"], np.int32))
+    if totals["docs"] == 0:  # an index over no samples would look like a finished dataset
+        raise _nothing_read(split_dir, blocks, settings, totals["skipped_lines"], reasons, examples)
     tail = np.concatenate(tails) if tails else np.empty(0, np.int32)
     shards += prefixed(_write_tail(split_dir, tail, settings), TAIL_FOLDER)
     write_index(split_dir, shards)  # last, atomically: readers never see a half-merged dataset

@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 
 from data_prep.encode import ChunkResult, EncoderPool
-from data_prep.errors import DataPrepError
+from data_prep.errors import DataPrepError, writing
 from data_prep.mds import ShardWriter
 from data_prep.plan import Block
 from data_prep.reader import BlockReader, line_number_of
@@ -94,7 +94,7 @@ class BlockSink:
             "tail": self.carry.tolist(),
         }
         # block.json last: its presence in the renamed folder is what marks the block complete.
-        with open(self.tmp / BLOCK_FILE, "w") as fh:
+        with writing(self.tmp / BLOCK_FILE), open(self.tmp / BLOCK_FILE, "w") as fh:
             json.dump(meta, fh, sort_keys=True)
         os.rename(self.tmp, self.split_dir / self.block.folder)
 

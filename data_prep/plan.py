@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from data_prep.errors import DataPrepError
+from data_prep.facts import PLAN_FILE, SUMMARY_FILE  # noqa: F401 (SUMMARY_FILE: imported from here elsewhere)
 from data_prep.inputs import Source
+from data_prep.mds import atomic_write
 from data_prep.settings import Settings
 
-PLAN_FILE = "data_prep_plan.json"
-SUMMARY_FILE = "data_prep_summary.json"
 LOCK_FOLDER = ".data_prep_lock"  # out_root/<split>/.data_prep_lock/: see lock.py
 FORMAT_VERSION = 1
 
@@ -159,10 +158,3 @@ def write_plan(split_dir: Path, plan: dict) -> None:
     if target.exists() and target.read_bytes() == data:
         return
     atomic_write(target, data)
-
-
-def atomic_write(target: Path, data: bytes) -> None:
-    tmp = target.parent / f".{target.name}.tmp-{socket.gethostname()}-{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, target)

@@ -6,7 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-from data_prep.plan import SUMMARY_FILE, atomic_write
+from data_prep.facts import SUMMARY_FILE
+from data_prep.mds import atomic_write
 
 
 class Progress:
@@ -45,9 +46,11 @@ def print_skipped(examples: list[list], total: int, out=sys.stderr, shown: int =
         print(f"data_prep: ... {total - shown} more skipped lines (listed in {SUMMARY_FILE}, first 1000)", file=out)
 
 
-def summarize(split_dir: Path, totals: dict, run: dict) -> dict:
+def summarize(split_dir: Path, totals: dict, facts: dict, run: dict) -> dict:
+    """facts: what a training run checks before it starts (data_prep/facts.py reads them back)."""
     summary = {
         "dataset": str(split_dir),
+        **facts,
         **{k: totals[k] for k in ("docs", "tokens", "samples", "shards", "skipped_lines", "tokens_in_samples",
                                   "dropped_tail_tokens", "skipped_by_reason")},
         "this_run": run,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
 from data_prep.errors import DataPrepError
+from data_prep.facts import vocab_fingerprint
 from data_prep.settings import Settings
 
 INT32_LIMIT = 2**31
@@ -20,18 +22,19 @@ INT32_LIMIT = 2**31
 class LoadedTokenizer:
     tokenizer: Tokenizer
     fingerprint: str  # sha256 of the tokenizer definition: a different tokenizer means a different dataset
+    vocab_fingerprint: str | None  # facts.vocab_fingerprint: what training compares with its own tokenizer
     vocab_size: int  # largest id + 1
     bos_ids: tuple[int, ...]
     eos_ids: tuple[int, ...]
 
 
-def _from_file(path: str) -> tuple[Tokenizer, str]:
+def _from_file(path: str) -> tuple[Tokenizer, bytes]:
     with open(path, "rb") as fh:
-        digest = hashlib.sha256(fh.read()).hexdigest()
-    return Tokenizer.from_file(path), digest
+        definition = fh.read()
+    return Tokenizer.from_file(path), definition
 
 
-def _from_hub(name: str) -> tuple[Tokenizer, str]:
+def _from_hub(name: str) -> tuple[Tokenizer, bytes]:
     # transformers costs seconds to import and needs the network, so only hub names pay for it.
     try:
         from transformers import AutoTokenizer
@@ -47,10 +50,11 @@ def _from_hub(name: str) -> tuple[Tokenizer, str]:
         raise DataPrepError("tokenizer", f"{name!r} has no fast (Rust) tokenizer, which data_prep needs for speed",
                             "convert it once with transformers and pass the folder holding its tokenizer.json")
     text = hf.backend_tokenizer.to_str()
-    return Tokenizer.from_str(text), hashlib.sha256(text.encode()).hexdigest()
+    return Tokenizer.from_str(text), text.encode()
 
 
-def _load(name: str) -> tuple[Tokenizer, str]:
+def _load(name: str) -> tuple[Tokenizer, bytes]:
+    """The tokenizer and its definition (tokenizer.json's bytes)."""
     path = os.path.expanduser(name)
     if os.path.isdir(path):
         file = os.path.join(path, "tokenizer.json")
@@ -107,12 +111,17 @@ def model_vocab_size(settings: Settings) -> int | None:
 
 
 def load_tokenizer(settings: Settings) -> LoadedTokenizer:
-    tok, fingerprint = _load(settings.tokenizer)
+    tok, definition = _load(settings.tokenizer)
+    fingerprint = hashlib.sha256(definition).hexdigest()
+    try:
+        vocab = vocab_fingerprint(json.loads(definition))
+    except ValueError:
+        vocab = None
     # A tokenizer.json may carry truncation/padding meant for a model's inputs; for corpora that would cut documents.
     tok.no_truncation()
     tok.no_padding()
-    vocab = tok.get_vocab(with_added_tokens=True)
-    vocab_size = max(vocab.values()) + 1 if vocab else tok.get_vocab_size(True)
+    ids = tok.get_vocab(with_added_tokens=True)
+    vocab_size = max(ids.values()) + 1 if ids else tok.get_vocab_size(True)
     if vocab_size > INT32_LIMIT:
         raise DataPrepError("tokenizer", f"ids reach {vocab_size - 1}, which does not fit the int32 tokens column")
     model_vocab = model_vocab_size(settings)
@@ -132,4 +141,4 @@ def load_tokenizer(settings: Settings) -> LoadedTokenizer:
         if len(ids) > 1:
             print(f"data_prep: note: {key} tokenizes to {len(ids)} tokens {list(ids)}, not one special token",
                   file=sys.stderr)
-    return LoadedTokenizer(tok, fingerprint, vocab_size, bos, eos)
+    return LoadedTokenizer(tok, fingerprint, vocab, vocab_size, bos, eos)
