@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -124,8 +125,10 @@ def _run_locked(job: Job, lock: OutRootLock, mine: list[Block], started: float) 
               file=sys.stderr)
         return None
     totals = merge(split_dir, job.blocks, s)
-    facts = {"sample_tokens": s.concat_tokens, "tokenizer": s.tokenizer, "tokenizer_fingerprint": tok.vocab_fingerprint,
-             "tokenizer_vocab_size": tok.vocab_size}
+    local = os.path.expanduser(s.tokenizer)
+    facts = {"sample_tokens": s.concat_tokens,  # what a training run checks before it starts (facts.py reads them)
+             "tokenizer": os.path.abspath(local) if os.path.exists(local) else s.tokenizer,  # a folder, or a hub name
+             "tokenizer_fingerprint": tok.vocab_fingerprint, "tokenizer_vocab_size": tok.vocab_size}
     summary = summarize(split_dir, totals, facts, _this_run(s, stats, len(mine) - len(todo), started))
     print_skipped(totals["skipped_examples"], totals["skipped_lines"])
     print_summary(summary)

@@ -32,7 +32,7 @@ import struct
 import time
 from pathlib import Path
 
-from data_prep.errors import DataPrepError
+from data_prep.errors import DataPrepError, writing
 from data_prep.plan import LOCK_FOLDER, Block
 from data_prep.settings import Settings
 
@@ -87,7 +87,13 @@ class OutRootLock:
             self._forget_dead_holders()
         info = {"host": socket.gethostname(), "pid": os.getpid(), "what": self.what, "range": list(self.range),
                 "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-        (self.folder / f"{self.me}.json").write_text(json.dumps(info))
+        note = self.folder / f"{self.me}.json"
+        try:
+            with writing(note):  # a full disk shows here first
+                note.write_text(json.dumps(info))
+        except BaseException:
+            self.release()  # removes the note too
+            raise
 
     def lock_merge(self) -> None:
         """Wait for byte 0: another part of this run may be merging the same blocks right now."""

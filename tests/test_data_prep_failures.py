@@ -129,6 +129,15 @@ def test_a_file_size_limit_while_writing_blocks_stops_with_the_path_and_cleans_u
     assert temp_files(out) == [] and not list((out / "train").glob("block-*"))
 
 
+def test_the_first_file_a_run_writes_is_named_too(tmp_path):
+    # 100 bytes: the lock file stays empty, the note naming this run (about 150 bytes) is the first write to fail.
+    proc = prep_limited(100, "dataset=c4", f"input={C4_FIRST}", f"out_root={tmp_path}")
+    assert proc.returncode == 2, proc.stderr
+    assert f"data_prep: out_root: cannot write {tmp_path / 'train' / '.data_prep_lock'}/" in proc.stderr
+    assert ".json: File too large\n  fix: " in proc.stderr and "Traceback" not in proc.stderr
+    assert os.listdir(tmp_path / "train" / ".data_prep_lock") == ["lock"]
+
+
 # ------------------------------------------------------------------------------------------------------------
 # 3. A failed merge leaves no temporary file, and the next run finishes the same dataset
 
