@@ -62,3 +62,27 @@ def slurm():
 # ---------------------------------------------------------------------------------------------------
 # End of fixture `slurm`.
 # ---------------------------------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fixture `c4_mds`: real MDS data made once per session by data_prep from the shared C4 excerpts, with the
+# shared gpt-neox-20b tokenizer, in 128-token samples (model=mpt-tiny's max_seq_len): train and val splits.
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def c4_mds(tmp_path_factory):
+    import sys
+
+    from paths import C4, TOKENIZER, need_shared
+
+    need_shared()
+    out = tmp_path_factory.mktemp("c4-mds")
+    for split, name in (("train", "c4-train.00000-of-01024.first1000.json.gz"),
+                        ("val", "c4-train.sample2.1000.json.gz")):
+        proc = subprocess.run([sys.executable, "-m", "data_prep", "dataset=c4", f"input={C4 / name}",
+                               f"out_root={out}", f"split={split}", f"tokenizer={TOKENIZER}", "concat_tokens=128",
+                               "num_parts=1", "progress=false"], cwd=_REPO, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return out

@@ -91,7 +91,7 @@ def test_the_plan_shows_exactly_the_script_that_is_submitted_and_a_credential_re
     """A credential exported in the submitting shell reaches the job (the job hashes what it sees) while no file
     written by the run, no console line and no plan holds it; the submitted script equals the plan's."""
     marker = tmp_path / "seen.sha256"
-    args = ["-m", "cluster=slurm-local", "max_duration=4ba", "checkpoint=none", "eval_interval=4ba",
+    args = ["-m", "cluster=slurm-local", "data=mock", "max_duration=4ba", "checkpoint=none", "eval_interval=4ba",
             f"cluster.setup=['printenv PROBE_TOKEN | sha256sum > {marker}']"]
     env = {"PROBE_TOKEN": SECRET}
     plan = cli(tmp_path / "root", *args, "plan=json", env=env)
@@ -133,7 +133,7 @@ def test_a_second_training_on_a_save_folder_in_use_is_refused_and_the_first_is_i
         assert first.poll() is None, "the first run ended before the second was refused"
         assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-2000:]
         [lock] = tmp_path.glob("root/checkpoints/*/.lock")
-        assert f"error: save_folder: save_folder {lock.parent} is in use by another run (host " in second.stderr
+        assert f"error: save_folder: {lock.parent} is in use by another run (host " in second.stderr
         assert f"pid {first.pid}" in second.stderr and "another run_name" in second.stderr
         assert first.wait(timeout=600) == 0, (tmp_path / "first.log").read_text()[-2000:]
     finally:

@@ -12,7 +12,7 @@ from paths import PYTHON, ROOT
 from train.compose import compose
 from train.executor import sbatch_script
 
-TINY = ("cluster=slurm-local", "progress_bar=false")
+TINY = ("cluster=slurm-local", "data=mock", "progress_bar=false")
 
 
 def sweep(root: Path, *overrides: str, **kw) -> subprocess.CompletedProcess:

@@ -4,16 +4,13 @@ import json
 import os
 from pathlib import Path
 
+from data_prep.facts import hub_cache
+
 # Hub tokenizers people name most, so neither the vocabulary rule nor the resolver needs a download:
 # (ids, llm-foundry's padded vocab_size).
 KNOWN = {"EleutherAI/gpt-neox-20b": (50277, 50368), "gpt2": (50257, 50304), "openai-community/gpt2": (50257, 50304)}
 MOCK_IDS = 257  # train/mock_data.py: 256 byte ids and EOS
 DEFAULT_VOCAB = 50368
-
-
-def hub_cache() -> Path:
-    return Path(os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub"))
 
 
 def cached_snapshot(name: str) -> Path | None:

@@ -16,8 +16,9 @@ from train.checks import fit, node, safety, values
 from train.checks.core import ERROR, WARNING, ConfigError, Context, Problem, value  # noqa: F401
 
 RULES = [*safety.RULES, *values.RULES, *node.RULES, *fit.RULES]
-# What only this node can tell, or the memory estimate: warnings in a plan.
-SOFT_IN_PLAN = {r for r in node.RULES + fit.RULES if r not in node.EVERYWHERE}
+# Warnings in a plan: what only this node can tell, the memory estimate, and mock data on a cluster (a plan is
+# asked "does it fit", often before the data exists; it says what a run would refuse).
+SOFT_IN_PLAN = {r for r in node.RULES + fit.RULES if r not in node.EVERYWHERE} | {values.mock_data_only_where_asked}
 
 
 def check(cfg, ctx: Context) -> list:

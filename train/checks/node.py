@@ -135,7 +135,7 @@ def data(cfg, ctx):
     if value(cfg, "data.kind") == "mock" or value(cfg, "variables.data_remote"):
         return  # mock data is written when the run starts; remote data is streamed into data_local
     local = Path(str(value(cfg, "variables.data_local"))).expanduser()
-    for split_key in ("train_loader.dataset.split", "eval_loader.dataset.split"):
+    for num, split_key in enumerate(("train_loader.dataset.split", "eval_loader.dataset.split")):
         split = value(cfg, split_key)
         folder = local / str(split)
         if not (folder / "index.json").is_file():
@@ -143,10 +143,10 @@ def data(cfg, ctx):
             yield Problem("variables.data_local", f"{local} {where} (streaming needs an MDS folder per split)",
                           _mds_fix(local, split))
             return
-        yield from _split_data(cfg, folder)
+        yield from _split_data(cfg, folder, what_it_holds=num == 0)  # the splits were made alike: say it once
 
 
-def _split_data(cfg, folder: Path):
+def _split_data(cfg, folder: Path, what_it_holds: bool):
     try:
         from data_prep import facts
     except ImportError:  # pragma: no cover - data_prep ships beside train
@@ -158,6 +158,8 @@ def _split_data(cfg, folder: Path):
                       + " (streaming would fail to read it)",
                       "copy the data again (every shard named in index.json, whole), or make it again with "
                       "data_prep")
+        return
+    if not what_it_holds:
         return
     found = facts.dataset_facts(folder)
     sample = found.get("sample_tokens")
