@@ -384,3 +384,63 @@ def test_data_tokenized_with_another_tokenizer_is_refused(c4_mds, tmp_path):
     shutil.copytree(TOKENIZER, same)  # the same tokenizer elsewhere is the same tokenizer
     assert check(compose(["data=mds", f"tokenizer.name={same}", f"variables.data_local={c4_mds}",
                           "max_seq_len=128"]), Context()) == []
+
+
+# -------------------------------------------------------------------------------------- a look writes nothing
+
+
+def _tree(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else None
+
+
+def test_plans_cfg_help_and_refused_runs_write_nothing_anywhere(tmp_path):
+    """The storage root (/data for storage=amlfs) is not created, no runs/ or Hydra folder appears, and the
+    mount check does not pass because a look created the folder it checks."""
+    data = tmp_path / "data"  # the storage root, absent, as /data on a laptop
+    root = tmp_path / "root"
+    root.mkdir()
+    amlfs = ["model=mpt-30b", "cluster=ndv5", "storage=amlfs", f"storage.root={data}", f"storage.mounts=[{data}]"]
+    repo_before = _tree(ROOT / "runs"), _tree(ROOT / "outputs"), _tree(ROOT / "multirun")
+    looks = [
+        ([*amlfs, "plan=json"], 0), ([*amlfs, "plan=true"], 0), ([*amlfs, "data=c4", "-m", "plan=true"], 0),
+        ([*amlfs, "--cfg", "job"], 0), (["--help"], 0), ([*amlfs, "-m", "cluster.nodes=2,4", "plan=json"], 0),
+        ([*amlfs, "data=c4", "-m"], 2),          # refused: /data is not mounted here, the tokenizer is offline
+        ([*amlfs, "cluster.nodes=0"], 2), (["optimizer.lr=0"], 2), (["-m", "optimizer.lr=0,1"], 2),
+    ]
+    for args, code in looks:
+        proc = cli(root, *args, env=OFFLINE)
+        assert proc.returncode == code and "Traceback" not in proc.stderr, (args, proc.stderr[-2000:])
+        assert not data.exists(), f"{args} created the storage root"
+        assert list(root.iterdir()) == [], f"{args} wrote under PRETRAIN_ROOT"
+    assert (_tree(ROOT / "runs"), _tree(ROOT / "outputs"), _tree(ROOT / "multirun")) == repo_before
+    proc = cli(root, *amlfs, "data=c4", "-m", "plan=json", env=OFFLINE)
+    assert "warning: [sweep point #0] storage.mounts:" in proc.stderr  # still missing after every look
+
+
+def test_m_may_stand_anywhere_on_the_line(tmp_path):
+    proc = cli(tmp_path, "model=mpt-30b", "cluster=ndv5", "data=c4", "-m", "plan=json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert isinstance(json.loads(proc.stdout), list)  # a sweep's plan: one object per point
+
+
+def test_open_maps_take_new_keys_without_a_plus(tmp_path):
+    cfg = compose(["cluster=ndv5", "cluster.env.NCCL_IB_PCI_RELAXED_ORDERING=1",
+                   "cluster.sbatch_extra={reservation: big}", "cluster.sbatch_extra.mail-type=END"])
+    assert cfg.cluster.env.NCCL_IB_PCI_RELAXED_ORDERING == 1 and cfg.cluster.env.NCCL_PXN_DISABLE == "1"
+    assert dict(cfg.cluster.sbatch_extra) == {"reservation": "big", "mail-type": "END"}
+    proc = cli(tmp_path, "-m", "model=mpt-125m", "cluster=ndv5", "data=c4", "cluster.env.NCCL_IB_TIMEOUT=23",
+               "cluster.sbatch_extra.reservation=big", "plan=json")
+    script = json.loads(proc.stdout)[0]["sbatch_script"]
+    assert "#SBATCH --reservation=big" in script and 'export NCCL_IB_TIMEOUT="23"' in script
+
+
+def test_the_plan_follows_fsdp_config_state_dict_type(tmp_path):
+    from train.plan import build_plan
+
+    def plan(*args):
+        return build_plan(compose(["model=mpt-30b", "cluster=ndv5", "cluster.nodes=2", *args, "plan=json"]))
+
+    assert plan()["checkpoint_files"] == 16
+    full = plan("fsdp_config.state_dict_type=full")
+    assert full["checkpoint"] == "full" and full["checkpoint_files"] == 1 and "rank 0" in full["checkpoint_layout"]
+    assert plan("checkpoint=full", "fsdp_config.state_dict_type=sharded")["checkpoint_files"] == 16
