@@ -444,3 +444,21 @@ def test_the_plan_follows_fsdp_config_state_dict_type(tmp_path):
     full = plan("fsdp_config.state_dict_type=full")
     assert full["checkpoint"] == "full" and full["checkpoint_files"] == 1 and "rank 0" in full["checkpoint_layout"]
     assert plan("checkpoint=full", "fsdp_config.state_dict_type=sharded")["checkpoint_files"] == 16
+
+
+def test_unknown_key_names_the_close_match_and_keeps_a_nonzero_exit(tmp_path):
+    proc = cli(tmp_path, "save_intervl=100ba")
+    assert proc.returncode != 0
+    assert "did you mean save_interval? (save_interval=100ba)" in proc.stderr
+    proc = cli(tmp_path, "model=mpt-7b", "fsdp_config.sharding_stratgy=FULL_SHARD")
+    assert proc.returncode != 0 and "did you mean fsdp_config.sharding_strategy?" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_preset_lists_the_valid_names(tmp_path):
+    proc = cli(tmp_path, "model=mpt-31b")
+    assert proc.returncode != 0
+    assert "Could not find 'model/mpt-31b'" in proc.stderr
+    assert "Available options in 'model'" in proc.stderr and "mpt-30b" in proc.stderr
+    proc = cli(tmp_path, "cluster=ndv6")
+    assert proc.returncode != 0 and "ndv5" in proc.stderr
