@@ -269,7 +269,7 @@ def render(p: dict) -> str:
     else:
         add("sbatch      none: cluster=local runs on this machine")
     if p["warnings"]:
-        add("warnings    would stop a run or submission from this node:")
+        add("warnings    (legal but likely mistakes, and what would stop a run or submission from this node):")
         for w in p["warnings"]:
             out.extend("    " + line for line in w.splitlines())
     return "\n".join(out)
