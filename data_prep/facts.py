@@ -113,7 +113,8 @@ def _shards(folder: Path) -> list | None:
 def _tokens_in(data: bytes, encoding: str) -> int | None:
     """Token count of one `tokens` value as streaming encodes it."""
     if encoding == "bytes":
-        return len(data) // 8  # llm-foundry's legacy bytes samples hold int64 ids (its token_encoding_type default)
+        # llm-foundry's legacy bytes samples hold int64 ids (its token_encoding_type default).
+        return len(data) // 8 if len(data) % 8 == 0 else None
     args = encoding.split(":")
     if args[0] != "ndarray":
         return None
@@ -171,7 +172,7 @@ def dataset_facts(split_folder: str | os.PathLike) -> dict:
     """What a training run must agree with, for one MDS split folder (e.g. <data_local>/train):
 
     {"sample_tokens": int | None,          tokens per sample (llm-foundry's concat_tokens / max_seq_len)
-     "tokenizer": str | None,               the tokenizer as data_prep was given it (folder or hub name)
+     "tokenizer": str | None,               the tokenizer data_prep used (its folder, absolute, or hub name)
      "tokenizer_fingerprint": str | None,   tokenizer_fingerprint() of that tokenizer, when it was made
      "tokenizer_vocab_size": int | None,    largest token id + 1 of that tokenizer
      "samples": int | None,                 samples listed in index.json

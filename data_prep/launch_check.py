@@ -25,7 +25,7 @@ class ValidateBeforeLaunch(Callback):
 
         from data_prep.__main__ import ERROR_FILE
         from data_prep.app import missing_blocks
-        from data_prep.plan import SUMMARY_FILE
+        from data_prep.facts import SUMMARY_FILE
         from data_prep.report import print_summary
         from data_prep.settings import settings_from
 

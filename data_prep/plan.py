@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from data_prep.errors import DataPrepError
-from data_prep.facts import PLAN_FILE, SUMMARY_FILE  # noqa: F401 (SUMMARY_FILE: imported from here elsewhere)
+from data_prep.facts import PLAN_FILE
 from data_prep.inputs import Source
 from data_prep.mds import atomic_write
 from data_prep.settings import Settings

@@ -1,7 +1,6 @@
 """Runs that cannot make a dataset: nothing read, a full disk, a merge that fails. Real processes, real C4 excerpts."""
 from __future__ import annotations
 
-import errno
 import gzip
 import json
 import os
