@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test
+.PHONY: setup train test test-fast lint
 
 setup: $(STAMP)
 
@@ -23,3 +23,11 @@ test: $(STAMP)
 	bash scripts/slurm-local.sh start
 	eval "$$(bash scripts/slurm-local.sh status)" && $(PY) -m pytest -q $(PYTEST_ARGS); \
 	  rc=$$?; bash scripts/slurm-local.sh stop; exit $$rc
+
+# The fast tier for your own loop (under a minute): config, checks, plan, README lines and data_prep units; no
+# training, no Slurm, no data_prep end-to-end runs (markers in pyproject.toml).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slurm and not train and not e2e" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .

@@ -17,8 +17,17 @@ from data_prep.lock import OutRootLock
 from data_prep.mds import ShardWriter
 from data_prep.merge import all_complete, merge
 from data_prep.part import RunStats, is_complete, run_blocks
-from data_prep.plan import (PLAN_FILE, Block, assign_parts, check_out_root, make_blocks, plan_bytes, plan_document,
-                            source_weight, write_plan)
+from data_prep.plan import (
+    PLAN_FILE,
+    Block,
+    assign_parts,
+    check_out_root,
+    make_blocks,
+    plan_bytes,
+    plan_document,
+    source_weight,
+    write_plan,
+)
 from data_prep.report import Progress, print_skipped, print_summary, summarize
 from data_prep.settings import Settings, settings_from
 from data_prep.tokenizer import LoadedTokenizer, load_tokenizer

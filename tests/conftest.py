@@ -29,6 +29,12 @@ def _slurm_local(command: str, timeout: float) -> subprocess.CompletedProcess:
     )
 
 
+def pytest_collection_modifyitems(items):
+    for item in items:  # a test that needs the cluster is a Slurm test, wherever it lives
+        if "slurm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slurm)
+
+
 @pytest.fixture(scope="session")
 def slurm():
     """Path of the loopback cluster's slurm.conf, with os.environ["SLURM_CONF"] set to it."""

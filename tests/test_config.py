@@ -5,10 +5,10 @@ import itertools
 import pytest
 from omegaconf import OmegaConf
 
+from train.checks.values import FOUNDRY_KEYS
 from train.compose import CONF, compose
 from train.estimate import param_count
 from train.foundry import foundry_config
-from train.checks.values import FOUNDRY_KEYS
 
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 STORAGES = sorted(p.stem for p in (CONF / "storage").glob("*.yaml"))
@@ -22,12 +22,14 @@ def test_presets_exist():
     assert {"sharded", "full", "none"} <= set(CHECKPOINTS)
 
 
+@pytest.mark.e2e  # imports llm-foundry (~8 s)
 def test_product_keys_match_llm_foundry_train_config():
     from llmfoundry.utils.config_utils import TRAIN_CONFIG_KEYS
 
     assert FOUNDRY_KEYS == TRAIN_CONFIG_KEYS
 
 
+@pytest.mark.e2e  # imports llm-foundry
 @pytest.mark.parametrize("model", MODELS)
 def test_every_combination_passes_llm_foundry_validation(model):
     from llmfoundry.command_utils.train import validate_config

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.e2e  # the tier (pyproject.toml markers)
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 TOKENIZER = DATA / "tokenizers" / "gpt-neox-20b"
@@ -124,6 +126,7 @@ def test_llm_foundry_text_loader_reads_the_dataset(c4_dataset):
 import numpy as np
 from llmfoundry.data.text_data import build_text_dataloader
 from llmfoundry.utils.builders import build_tokenizer
+
 tok = build_tokenizer({str(TOKENIZER)!r}, {{}})
 spec = build_text_dataloader(tok, 4, dict(local={str(c4_dataset)!r}, split='train', shuffle=False,
                              max_seq_len=2048), drop_last=False, num_workers=1)

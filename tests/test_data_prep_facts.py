@@ -11,9 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_data_prep import C4_FIRST, ROOT, SUMMARY, TOKENIZER, prep
 
 from data_prep.facts import check_index, dataset_facts, first_sample_tokens, tokenizer_fingerprint, vocab_fingerprint
-from test_data_prep import C4_FIRST, ROOT, SUMMARY, TOKENIZER, prep
+
+pytestmark = pytest.mark.e2e  # the tier (pyproject.toml markers)
 
 NEOX = str(TOKENIZER)
 

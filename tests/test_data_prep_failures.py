@@ -13,10 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_data_prep import C4_FIRST, C4_SECOND, ROOT, SUMMARY, TOKENIZER, prep, tree
 
 from data_prep.errors import DataPrepError
 from data_prep.mds import ShardWriter, write_index
-from test_data_prep import C4_FIRST, C4_SECOND, ROOT, SUMMARY, TOKENIZER, prep, tree
+
+pytestmark = pytest.mark.e2e  # the tier (pyproject.toml markers)
 
 
 @pytest.fixture(autouse=True)

@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from paths import C4, ROOT, TOKENIZER, need_shared
+
+pytestmark = pytest.mark.e2e  # the tier (pyproject.toml markers)
 
 REFUSED = "is being written by another data_prep run"
 

@@ -3,11 +3,10 @@ and the submit path's promises (no torch / llm-foundry import, fast, nothing wri
 import json
 import os
 import subprocess
-import time
 
 import pytest
-
 from paths import PYTHON, ROOT
+
 from train import estimate
 from train.compose import compose
 from train.estimate import GiB, TiB
@@ -212,20 +211,6 @@ def test_submit_path_does_not_import_torch_or_llm_foundry(tmp_path, args):
     env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path)}
     out = subprocess.run([str(PYTHON), "-c", PROBE, *args], cwd=ROOT, env=env, capture_output=True, text=True)
     assert "HEAVY []" in out.stderr, out.stderr[-2000:]
-
-
-def test_plan_answers_within_1_5_s(tmp_path):
-    best = {}
-    for form in ("true", "json"):
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            proc = cli(tmp_path, "model=gpt175b", "cluster=ndv5", "cluster.nodes=64", "storage=amlfs",
-                       "checkpoint=sharded", f"plan={form}")
-            times.append(time.perf_counter() - start)
-            assert proc.returncode == 0, proc.stderr
-        best[form] = min(times)
-    assert max(best.values()) <= 1.5, best
 
 
 def test_the_plan_says_what_checkpoint_sharded_means_at_one_rank():

@@ -7,7 +7,6 @@ import shlex
 import subprocess
 
 import pytest
-
 from paths import PYTHON, ROOT
 
 README = (ROOT / "README.md").read_text()

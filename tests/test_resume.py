@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from paths import PYTHON, ROOT
+
+pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
 
 # Evaluations at 10, 20, 30, 40: every checkpoint after the first holds the report's evaluation history.
 ARGS = ("max_duration=40ba", "save_interval=10ba", "eval_interval=10ba", "progress_bar=false")

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from paths import PYTHON, ROOT
 
 SECRET = "s3cr3t-value-7f1e9a"
@@ -108,6 +107,7 @@ def test_the_plan_shows_exactly_the_script_that_is_submitted_and_a_credential_re
         assert SECRET not in out
 
 
+@pytest.mark.train
 def test_files_that_hold_job_commands_are_not_world_readable(tmp_path):
     proc = cli(tmp_path, "-m", "cluster.tasks_per_node=1", "max_duration=4ba", "checkpoint=none", "eval_interval=4ba")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -118,6 +118,7 @@ def test_files_that_hold_job_commands_are_not_world_readable(tmp_path):
     assert not loose, loose[:5]
 
 
+@pytest.mark.train
 def test_a_second_training_on_a_save_folder_in_use_is_refused_and_the_first_is_intact(tmp_path):
     args = ["max_duration=1000ba", "save_interval=500ba", "eval_interval=1000ba", "progress_bar=false"]
     env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path / "root")}
@@ -144,6 +145,7 @@ def test_a_second_training_on_a_save_folder_in_use_is_refused_and_the_first_is_i
     assert sorted(p.name.split("-")[1] for p in lock.parent.glob("ep*")) == ["ba1000", "ba500"]
 
 
+@pytest.mark.train
 def test_scratch_folders_are_private_to_the_job_and_removed(tmp_path):
     from train.task import private_dir
 

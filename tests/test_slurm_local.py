@@ -39,7 +39,7 @@ def sbatch_wait(args, script, workdir: Path, timeout=60):
         if job:
             run(["scancel", job], check=False)
         state = run(["squeue", "-h", "-j", job, "-o", "%T %r"], check=False).stdout if job else ""
-        raise AssertionError(f"job {job or '?'} ({args}) not done within {timeout} s; squeue: {state!r}")
+        raise AssertionError(f"job {job or '?'} ({args}) not done within {timeout} s; squeue: {state!r}") from None
     job = stdout.strip().split(";")[0]
     assert proc.returncode == 0, f"sbatch {args} exited {proc.returncode}: {stderr}\n{out.read_text() if out.exists() else ''}"
     return job, out.read_text()
@@ -133,11 +133,10 @@ def test_submitit_cancelled_job_raises(slurm, tmp_path):
         assert time.monotonic() < deadline, f"job {job.job_id} did not start within 30 s"
         time.sleep(0.2)
     run(["scancel", job.job_id])
-    box, elapsed = result_within(job, 60)
+    box, _ = result_within(job, 60)
     err = box.get("error")
     assert isinstance(err, UncompletedJobError), f"expected UncompletedJobError, got {box!r}"
     assert "CANCELLED" in str(err), str(err)
-    assert elapsed < 60
 
 
 def test_status_eval_readies_a_shell(slurm):

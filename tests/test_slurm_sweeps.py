@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from paths import PYTHON, ROOT
+
 from train.compose import compose
 from train.executor import sbatch_script
 

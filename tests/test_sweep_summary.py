@@ -5,7 +5,11 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 from paths import PYTHON, ROOT
+
+pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
+
 
 # passes our checks, then llm-foundry's own validate_config raises in the task, before any data is read
 BAD = "`load_in_8bit` is only supported for evaluation rather than training."

@@ -9,9 +9,9 @@ import os
 import subprocess
 
 import pytest
-
 from paths import PYTHON, ROOT, TOKENIZER, need_shared
-from train.checks import ERROR, WARNING, Context, check, check_points, resolve_all
+
+from train.checks import ERROR, WARNING, ConfigError, Context, check, check_points, resolve_all
 from train.compose import compose
 
 
@@ -144,15 +144,39 @@ def _scratch(tmp_path):
     return scratch
 
 
-@pytest.mark.parametrize("overrides,key,words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_fails_before_anything_starts(tmp_path, overrides, key, words):
+def _fill(tmp_path, overrides, words):
     scratch = _scratch(tmp_path)
-    root = tmp_path / "root"
-    root.mkdir()
     fill = {"{tmp}": str(scratch), "{tok}": str(TOKENIZER)}
     for k, v in fill.items():
         overrides = [o.replace(k, v) for o in overrides]
         words = words.replace(k, v)
+    return overrides, words
+
+
+@pytest.mark.parametrize("overrides,key,words", [c[1:] for c in CASES if "-m" not in c[1]],
+                         ids=[c[0] for c in CASES if "-m" not in c[1]])
+def test_bad_input_is_named_with_its_fix(tmp_path, monkeypatch, overrides, key, words):
+    """The fast tier: the same cases in this process (compose + check), without the command line around them."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    overrides, words = _fill(tmp_path, overrides, words)
+    mode = "plan" if any(o.startswith("plan=") for o in overrides) else "run"
+    try:
+        found = check(compose(overrides), Context(mode=mode, overrides=tuple(overrides)))
+    except ConfigError as err:  # a value missing or unresolvable, or a key Hydra does not know
+        found = err.problems
+    except Exception as err:  # Hydra's own refusal of an unknown key
+        found = [type("P", (), {"key": key, "problem": str(err), "fix": "", "level": ERROR})]
+    named = [p for p in found if p.level == ERROR and p.key.endswith(key)]
+    assert any(words in p.problem + p.fix for p in named), found
+
+
+@pytest.mark.e2e  # one process per case
+@pytest.mark.parametrize("overrides,key,words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_fails_before_anything_starts(tmp_path, overrides, key, words):
+    overrides, words = _fill(tmp_path, overrides, words)
+    root = tmp_path / "root"
+    root.mkdir()
     proc = cli(root, *overrides, env=OFFLINE)
     assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr
@@ -191,6 +215,7 @@ def test_a_missing_value_is_reported_with_the_other_problems(tmp_path):
 # ---------------------------------------------------------------------------------- right refusals only
 
 
+@pytest.mark.train
 def test_the_smoke_test_users_run_today_runs(tmp_path):
     """`max_duration=3ba eval_interval=0`: composer never evaluates with an interval of 0, and a warmup longer
     than training is legal (a warning, not a refusal)."""
@@ -462,3 +487,15 @@ def test_unknown_preset_lists_the_valid_names(tmp_path):
     assert "Available options in 'model'" in proc.stderr and "mpt-30b" in proc.stderr
     proc = cli(tmp_path, "cluster=ndv6")
     assert proc.returncode != 0 and "ndv5" in proc.stderr
+
+
+def test_each_sweep_point_is_checked_under_its_own_name(tmp_path):
+    """run_name (and so save_folder) follows each point's overrides: points are resolved as they are composed."""
+    proc = cli(tmp_path, "-m", "cluster=slurm-local", "data=mock", "optimizer.lr=1e-4,2e-4", "plan=json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    names = [p["run_name"] for p in json.loads(proc.stdout)]
+    assert len(set(names)) == 2, names
+    bad = cli(tmp_path, "-m", "storage.tier=AMLFS-1", "storage=amlfs", f"storage.root={tmp_path}/data",
+              f"storage.mounts=[{tmp_path}]", "optimizer.lr=1e-3,-1")
+    keys = [k for level, k, *_ in problems_in(bad.stderr) if level == ERROR]
+    assert keys == ["[sweep point #0] storage.tier", "[sweep point #1] optimizer.lr", "[sweep point #1] storage.tier"]

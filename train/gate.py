@@ -21,10 +21,10 @@ def _context(config: DictConfig, cfg: DictConfig, overrides, sweep: bool):
 
 class CheckBeforeWriting(Callback):
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
         from train.checks import check, report
         from train.compose import without_hydra
-
-        from hydra.core.hydra_config import HydraConfig
 
         HydraConfig.instance().set_config(config)  # as run_job does next: `${run_id:...}` reads the overrides
         cfg = without_hydra(config, OmegaConf.select(config, "hydra.run.dir"))
@@ -42,7 +42,7 @@ class CheckBeforeWriting(Callback):
         from hydra.core.global_hydra import GlobalHydra
         from hydra.core.hydra_config import HydraConfig
 
-        from train.checks import check_points, report, resolve_all
+        from train.checks import ConfigError, check, check_points, errors, report, resolve_all
         from train.compose import sweep_overrides, sweep_point
 
         HydraConfig.instance().set_config(config)
@@ -50,23 +50,24 @@ class CheckBeforeWriting(Callback):
         sweep_dir = OmegaConf.select(config, "hydra.sweep.dir")
 
         def points():
-            cfgs, ctxs = [], []
+            """Each point composed and resolved while its own Hydra context is set (`${run_id:...}` reads the
+            point's overrides). A point that does not resolve is checked as it is, so that its problems name
+            their keys (storage.tier, not the storage.write_GBps that interpolates it)."""
+            cfgs, ctxs, unresolved = [], [], {}
             for num, overrides in enumerate(sweep_overrides(config)):
                 cfg = sweep_point(loader, config, num, overrides, sweep_dir)
-                ctxs.append(_context(config, cfg, overrides, sweep=True))
+                ctx = _context(config, cfg, overrides, sweep=True)
                 try:
                     resolve_all(cfg)
-                except Exception as err:
-                    from train.checks import ConfigError
-
-                    if not isinstance(err, ConfigError):
-                        raise
-                    raise ConfigError(problems=[p.at_point(num) for p in err.problems]) from None
+                except ConfigError as err:
+                    found = check(cfg, ctx)
+                    unresolved[num] = [p.at_point(num) for p in (found if errors(found) else found + err.problems)]
                 cfgs.append(cfg)
-            return cfgs, ctxs
+                ctxs.append(ctx)
+            return cfgs, ctxs, unresolved
 
-        cfgs, ctxs = _checked(points)
-        problems = _checked(lambda: check_points(cfgs, ctxs))
+        cfgs, ctxs, unresolved = _checked(points)
+        problems = _checked(lambda: check_points(cfgs, ctxs, unresolved))
         if not report(problems):
             sys.exit(2)
         if ctxs and ctxs[0].mode == "plan":

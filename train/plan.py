@@ -9,9 +9,9 @@ import math
 from omegaconf import DictConfig, OmegaConf
 
 from train import estimate
-from train.estimate import GiB, TiB
 from train.checks.core import batches as _batches
 from train.checks.core import value
+from train.estimate import GiB, TiB
 
 # Published GPT-3 175B checkpoint from the Megatron-LM recipe, to set our figure beside.
 MEGATRON_GPT3_CHECKPOINT_BYTES = int(2.3 * TiB)
@@ -131,8 +131,8 @@ def build_plan(cfg: DictConfig, problems=(), multirun=None) -> dict:
         "checkpoint_files": world if sharded else 1,
         # what is on disk at this world size, and what a resume at another world size does with it
         "checkpoint_layout": (None if not save_folder else
-                              f"sharded: ep{{E}}-ba{{B}}/ with one .distcp per rank; resumes at any rank count "
-                              f"(at one rank it is consolidated into one file first)" if sharded else
+                              "sharded: ep{E}-ba{B}/ with one .distcp per rank; resumes at any rank count "
+                              "(at one rank it is consolidated into one file first)" if sharded else
                               "one file ep{E}-ba{B}-rank0.pt (world size 1: llm-foundry trains without FSDP, so "
                               "checkpoint=sharded writes one file here); resumed at more ranks with "
                               "checkpoint=sharded it is converted into shards first" if kind == "sharded" else

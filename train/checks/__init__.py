@@ -41,11 +41,15 @@ def check(cfg, ctx: Context) -> list:
     return unique
 
 
-def check_points(cfgs: list, ctxs: list) -> list:
-    """Every point of a sweep, and what no single point shows: two points writing one save_folder would resume
-    from, and overwrite, each other's checkpoints."""
+def check_points(cfgs: list, ctxs: list, checked: dict | None = None) -> list:
+    """Every point of a sweep (resolved), and what no single point shows: two points writing one save_folder
+    would resume from, and overwrite, each other's checkpoints. checked: {point: its problems} for points
+    already checked (the ones that do not resolve)."""
     found, folders = [], {}
     for num, (cfg, ctx) in enumerate(zip(cfgs, ctxs)):
+        if checked and num in checked:
+            found += checked[num]
+            continue
         found += [p.at_point(num) for p in check(cfg, ctx)]
         folder = cfg.get("save_folder")
         if folder and folder in folders:

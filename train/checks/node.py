@@ -2,6 +2,7 @@
 
 They fail a run or a submission that would start here; in a plan they are warnings (a plan is often made from a
 laptop, for a cluster whose mounts it does not have)."""
+import functools
 import os
 import socket
 from pathlib import Path
@@ -67,6 +68,7 @@ def _offline() -> bool:
                for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
+@functools.lru_cache(maxsize=None)  # once per command, however many sweep points ask
 def _reachable(url: str, timeout: float = 3.0) -> bool:
     parsed = urlparse(url)
     try:

@@ -1,8 +1,7 @@
 """Rules about the config's values alone: what llm-foundry, composer or Slurm would refuse, or what surely fails
 (errors), and what is legal but likely a mistake (warnings). Each rule yields every problem it finds."""
 from train import estimate
-from train.checks.core import (DURATION, TIME_UNITS, WARNING, Problem, batches, close_match, is_int, is_number,
-                               value)
+from train.checks.core import DURATION, TIME_UNITS, WARNING, Problem, batches, close_match, is_int, is_number, value
 
 # Ours; removed before llm-foundry sees the config (train/foundry.py).
 PRODUCT_KEYS = frozenset({"cluster", "storage", "data", "checkpoint", "plan"})
