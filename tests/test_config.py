@@ -53,6 +53,7 @@ def test_param_counts_match_published_sizes(model, billions):
     assert param_count(compose([f"model={model}"]).model) / 1e9 == pytest.approx(billions, rel=0.01)
 
 
+@pytest.mark.e2e  # builds the model with llm-foundry
 @pytest.mark.parametrize("model", ["mpt-tiny", "gpt-375m"])
 def test_param_count_formula_matches_the_built_model(model):
     """The light formula (used by plans) against llm-foundry's own MPT, built on the meta device."""
