@@ -1,4 +1,5 @@
-"""`python -m train [overrides] [-m]`: compose conf/, validate, then plan, train here, or launch."""
+"""`python -m train [overrides] [-m]`: compose conf/, check (train/gate.py, before Hydra writes), then plan, train
+here, or launch."""
 import os
 import sys
 
