@@ -499,3 +499,25 @@ def test_each_sweep_point_is_checked_under_its_own_name(tmp_path):
               f"storage.mounts=[{tmp_path}]", "optimizer.lr=1e-3,-1")
     keys = [k for level, k, *_ in problems_in(bad.stderr) if level == ERROR]
     assert keys == ["[sweep point #0] storage.tier", "[sweep point #1] optimizer.lr", "[sweep point #1] storage.tier"]
+
+
+@pytest.mark.e2e  # runs data_prep
+def test_the_fix_for_raw_json_given_as_mds_data_is_a_command_that_works(tmp_path):
+    import re
+    import shlex
+    import shutil
+
+    from paths import C4
+
+    need_shared()
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    shutil.copy(C4 / "c4-train.00000-of-01024.first1000.json.gz", raw)
+    proc = cli(tmp_path / "root", "data=mds", f"tokenizer.name={TOKENIZER}", f"variables.data_local={raw}")
+    [fix] = [f for level, k, _, f in problems_in(proc.stderr) if k == "variables.data_local"]
+    command = re.search(r"`(python -m data_prep [^`]+)`", fix).group(1)
+    words = shlex.split(command)
+    made = subprocess.run([str(PYTHON), *words[1:], "progress=false"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert (tmp_path / "raw-mds" / "train" / "index.json").is_file() and f"variables.data_local={tmp_path}/raw-mds" in fix

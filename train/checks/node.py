@@ -119,18 +119,19 @@ def vocabulary(cfg, ctx):
                       "of 64)")
 
 
-def _mds_fix(local: Path, split: str) -> str:
+def _mds_fix(local: Path, split: str, tokenizer: str) -> str:
     """Where the data most likely is, or how to make it: a split folder given for the root, raw files given for
     the MDS folder, or nothing there yet."""
     if (local / "index.json").is_file():
         return f"variables.data_local={local.parent} (the folder holding {local.name}/; each split is a subfolder)"
     if local.is_dir() and any(local.iterdir()):
         fresh = local.parent / f"{local.name}-mds"
-        return (f"it holds no MDS data: if these are raw JSON files, make MDS shards beside them with `python -m "
-                f"data_prep dataset=jsonl dataset.path={local} out_root={fresh} split={split}` and set "
-                f"variables.data_local={fresh}")
-    return (f"make it with `python -m data_prep out_root={local} split={split} ...`, or point variables.data_local at "
-            "an MDS folder (or set variables.data_remote to stream one)")
+        return (f"it holds no MDS data: if these are raw JSON lines, make MDS shards beside them with `python -m "
+                f"data_prep dataset=jsonl input={local} out_root={fresh} split={split} tokenizer={tokenizer}` and "
+                f"set variables.data_local={fresh}")
+    return (f"make it with `python -m data_prep input=<raw files> out_root={local} split={split} "
+            f"tokenizer={tokenizer}`, or point variables.data_local at an MDS folder (or set variables.data_remote "
+            "to stream one)")
 
 
 def data(cfg, ctx):
@@ -143,7 +144,7 @@ def data(cfg, ctx):
         if not (folder / "index.json").is_file():
             where = "does not exist" if not local.exists() else f"has no {split}/index.json"
             yield Problem("variables.data_local", f"{local} {where} (streaming needs an MDS folder per split)",
-                          _mds_fix(local, split))
+                          _mds_fix(local, split, str(value(cfg, "tokenizer.name"))))
             return
         yield from _split_data(cfg, folder, what_it_holds=num == 0)  # the splits were made alike: say it once
 
