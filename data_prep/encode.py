@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import signal
 from collections import deque
 from dataclasses import dataclass
 from itertools import chain
@@ -16,6 +15,8 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 from tokenizers import Tokenizer
+
+from common.signals import leave_to_the_task
 
 # Set in each worker by _init (fork copies the already-loaded tokenizer; nothing is pickled).
 _TOK: Tokenizer | None = None
@@ -34,10 +35,7 @@ class ChunkResult:
 
 def _init(tok: Tokenizer, text_key: str, bos: list[int], eos: list[int]) -> None:
     global _TOK, _TEXT_KEY, _BOS, _EOS
-    # Forked from a submitit job, a worker inherits its handlers that bypass SIGTERM (and requeue on USR2):
-    # the pool could then never terminate its workers, and a worker must not requeue the job.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    leave_to_the_task()  # forked from a submitit job: the pool must be able to end it, and it must not requeue
     # One process per core already: the tokenizer's own threads would only oversubscribe the CPUs.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"

@@ -6,16 +6,14 @@ import os
 from contextlib import contextmanager
 from typing import Iterator
 
+from common.errors import UserError
 
-class DataPrepError(Exception):
-    """Bad input or settings. __main__ prints it and exits non-zero."""
 
-    def __init__(self, key: str, problem: str, fix: str = ""):
-        self.key, self.problem, self.fix = key, problem, fix
-        text = f"data_prep: {key}: {problem}"
-        if fix:
-            text += f"\n  fix: {fix}"
-        super().__init__(text)
+class DataPrepError(UserError):
+    """Bad input or settings (the shared error type, its lines starting `data_prep:`). __main__ prints it and
+    exits non-zero."""
+
+    prefix = "data_prep"
 
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full file system, or the user's quota on it

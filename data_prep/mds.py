@@ -7,12 +7,11 @@ bytes against MDSWriter and the reading against StreamingDataset.
 from __future__ import annotations
 
 import json
-import os
-import socket
 from pathlib import Path
 
 import numpy as np
 
+from common import files
 from data_prep.errors import writing
 from data_prep.facts import INDEX_FILE
 
@@ -119,16 +118,9 @@ def write_index(folder: Path, shards: list[dict]) -> None:
 
 
 def atomic_write(target: Path, data: bytes) -> None:
-    """Readers see the old file or the whole new one. The temporary file goes on failure too (a full disk),
-    and errors name the target, the file the user knows."""
-    tmp = target.parent / f".{target.name}.tmp-{socket.gethostname()}-{os.getpid()}"
-    try:
-        with writing(target), open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """common.files.atomic_write, with a full disk reported as data_prep's error naming the target."""
+    with writing(target):
+        files.atomic_write(target, data)
 
 
 def read_index(folder: Path) -> list[dict]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common import files
 from data_prep.errors import DataPrepError
 from data_prep.facts import INDEX_FILE, SUMMARY_FILE
 from data_prep.mds import ShardWriter, prefixed, read_index, write_index
@@ -46,10 +47,7 @@ def _write_tail(split_dir: Path, tokens: np.ndarray, settings: Settings) -> list
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     shutil.rmtree(final, ignore_errors=True)
-    try:
-        os.rename(tmp, final)
-    except OSError:  # another part merged at the same moment and wrote the same bytes
-        shutil.rmtree(tmp, ignore_errors=True)
+    files.publish(tmp, final)  # another part may have merged the same bytes at the same moment
     return shards
 
 

@@ -6,11 +6,11 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
+from common.paths import CONF
 from data_prep.errors import DataPrepError
 from data_prep.facts import vocab_fingerprint
 from data_prep.settings import Settings
@@ -70,7 +70,6 @@ def _load(name: str) -> tuple[Tokenizer, bytes]:
     return _from_hub(name)
 
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def _preset_vocab(name: str, seen: tuple = ()) -> int | None:

@@ -45,8 +45,9 @@ def suggest_keys(args: list) -> list:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
+    from common.paths import CONF
     from train.checks import ConfigError
-    from train.compose import CONF, compose
+    from train.compose import compose
 
     groups = {p.name for p in CONF.iterdir() if p.is_dir()}
     pairs = [a.split("=", 1) for a in args if "=" in a and not a.startswith("-")]

@@ -9,8 +9,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 import train  # noqa: F401  (registers resolvers)
+from common.paths import CONF
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 # Maps users extend with their own keys (environment variables, #SBATCH flags): `key=value` adds a key there, as
 # it would in a shell script, instead of Hydra's "Key ... is not in struct" (its `+` or `++` still work).
 OPEN_MAPS = ("cluster.env", "cluster.sbatch_extra")

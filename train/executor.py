@@ -6,13 +6,13 @@ Resources come from each point's own `cluster` group, so `-m cluster.nodes=1,2` 
 import re
 import shlex
 import sys
-from pathlib import Path
 
 import submitit
 from omegaconf import DictConfig
 
+from common.paths import PROJECT
+
 # The project checkout, mounted into containers so that jobs run this code.
-PROJECT = Path(__file__).resolve().parents[1]
 
 
 def container_mounts(cfg: DictConfig) -> list[str]:

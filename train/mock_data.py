@@ -5,11 +5,12 @@ loss visibly falls within a few dozen steps. Generation is deterministic: every 
 complete copy is renamed into place, and the others are thrown away.
 """
 import json
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
+
+from common import files
 
 EOS = "<|endoftext|>"
 BYTES = 256  # token ids 0..255 are bytes; 256 is EOS
@@ -55,14 +56,11 @@ def ensure(folder: str, seq_len: int, train_samples: int, val_samples: int) -> P
     final = Path(folder)
     if (final / "val" / "index.json").is_file():
         return final
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    tmp = files.temp_name(final)
     shutil.rmtree(tmp, ignore_errors=True)
     write_tokenizer(tmp / "tokenizer")
     write_split(tmp / "train", train_samples, seq_len, seed=0)
     write_split(tmp / "val", val_samples, seq_len, seed=1)
     final.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        tmp.rename(final)
-    except OSError:  # another rank finished first; its copy is identical
-        shutil.rmtree(tmp, ignore_errors=True)
+    files.publish(tmp, final)  # another rank may have finished first; its copy is identical
     return final

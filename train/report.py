@@ -15,6 +15,8 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
+from common import files
+
 
 class RunReport(Callback):
     def __init__(self, folder: str):
@@ -54,7 +56,7 @@ class RunReport(Callback):
             "train_loss": self.train,
             "eval": self.evals,
         }
-        (self.folder / "metrics.json").write_text(json.dumps(summary, indent=1))
+        files.atomic_write(self.folder / "metrics.json", json.dumps(summary, indent=1).encode())  # read by summaries
         self._plot()
 
     def _plot(self) -> None:

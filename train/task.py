@@ -5,7 +5,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import stat
 import sys
 import tempfile
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from common.signals import leave_to_the_task_in_every_fork
 from train.distributed import export_from_submitit
 from train.foundry import foundry_config
 
@@ -24,7 +24,7 @@ def run(cfg: DictConfig) -> dict:
     os.environ.update({k: os.path.expandvars(str(v)) for k, v in cfg.cluster.env.items()})
     dist_env = export_from_submitit()
     if dist_env:
-        _leave_signals_to_the_task()
+        leave_to_the_task_in_every_fork()  # dataloader workers: only this process answers Slurm's signals
     if cfg.data.kind == "mock":
         from train.mock_data import ensure
 
@@ -113,17 +113,6 @@ def _choose_resume_point(fcfg) -> None:
         log.info("resuming from %s", found)
     if ours:
         fcfg.autoresume = False  # the choice is made; composer must not follow a stale link instead
-
-
-def _leave_signals_to_the_task() -> None:
-    """Slurm signals every process of a job step, dataloader workers included. Forked workers inherit
-    submitit's USR2 handler and would checkpoint-and-requeue the job a second time, racing the task itself:
-    only the task answers."""
-    def reset():
-        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-    os.register_at_fork(after_in_child=reset)
 
 
 def _node_local_cwd(fcfg, env: dict) -> None:

@@ -2,43 +2,17 @@
 import difflib
 import os
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
-ERROR, WARNING = "error", "warning"
+from common.errors import ERROR, WARNING, Problem, UserError  # noqa: F401  (the rules import them from here)
 
 
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a config: the key to change, what is wrong (and who would refuse it), the fix.
-    An error stops the run before anything starts; a warning is printed (and put in the plan) and the run goes on."""
-
-    key: str
-    problem: str
-    fix: str
-    level: str = ERROR
-
-    def __str__(self) -> str:
-        return f"{self.level}: {self.key}: {self.problem}\n  fix: {self.fix}"
-
-    def as_warning(self) -> "Problem":
-        return replace(self, level=WARNING)
-
-    def at_point(self, num: int) -> "Problem":
-        return replace(self, key=f"[sweep point #{num}] {self.key}")
-
-
-class ConfigError(ValueError):
-    """Problems that stop a run: raised where checking cannot go on (a value is missing, a save folder is
-    held by another run); `problems` holds every one found."""
-
-    def __init__(self, key: str = "", problem: str = "", fix: str = "", problems: list | None = None):
-        self.problems = list(problems) if problems else [Problem(key, problem, fix)]
-        first = self.problems[0]
-        self.key, self.problem, self.fix = first.key, first.problem, first.fix
-        super().__init__("\n".join(str(p) for p in self.problems))
+class ConfigError(UserError):
+    """Problems of a training config that stop a run: raised where checking cannot go on (a value is missing,
+    a save folder is held by another run)."""
 
 
 @dataclass(frozen=True)

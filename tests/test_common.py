@@ -1,0 +1,69 @@
+"""What both apps share (common/): one error type, atomic writes, publishing a finished folder, the signal reset."""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from common import files
+from common.errors import Problem, UserError
+from data_prep.errors import DataPrepError
+from train.checks import ConfigError
+
+
+def test_one_error_type_for_both_apps_each_with_its_prefix():
+    for cls, prefix in ((ConfigError, "error"), (DataPrepError, "data_prep")):
+        err = cls("out_root", "is required", "pass out_root=<folder>")
+        assert isinstance(err, UserError) and err.problems == [Problem("out_root", "is required", "pass out_root=<folder>")]
+        assert str(err) == f"{prefix}: out_root: is required\n  fix: pass out_root=<folder>"
+    both = ConfigError(problems=[Problem("a", "bad", "fix a"), Problem("b", "odd", "fix b").as_warning()])
+    assert str(both) == "error: a: bad\n  fix: fix a\nwarning: b: odd\n  fix: fix b"
+    assert str(DataPrepError("strict", "must be true or false")) == "data_prep: strict: must be true or false"
+
+
+def test_atomic_write_replaces_whole_and_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "metrics.json"
+    files.atomic_write(target, b"old")
+    files.atomic_write(target, b"new")
+    assert target.read_bytes() == b"new" and os.listdir(tmp_path) == ["metrics.json"]
+    # a write that fails half way (the file-size limit, a real EFBIG from the kernel) leaves no temporary file
+    code = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (10, 10)); from common import files; "
+            f"files.atomic_write({str(target)!r}, b'x' * 100)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode != 0 and "File too large" in proc.stderr
+    assert target.read_bytes() == b"new" and os.listdir(tmp_path) == ["metrics.json"]
+
+
+def test_publish_keeps_the_first_of_two_identical_writers(tmp_path):
+    final = tmp_path / "data"
+    for n in (1, 2):
+        tmp = tmp_path / f".data.tmp-{n}"
+        tmp.mkdir()
+        (tmp / "index.json").write_text(str(n))
+        assert files.publish(tmp, final) is (n == 1)
+        assert not tmp.exists()
+    assert (final / "index.json").read_text() == "1"
+
+
+def test_a_forked_worker_leaves_signals_to_the_task():
+    code = ("import os, signal; from common import signals\n"
+            "signal.signal(signal.SIGUSR2, lambda *a: None); signal.signal(signal.SIGTERM, lambda *a: None)\n"
+            "signals.leave_to_the_task_in_every_fork()\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    ok = signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN and "
+            "signal.getsignal(signal.SIGTERM) == signal.SIG_DFL\n"
+            "    os._exit(0 if ok else 1)\n"
+            "_, status = os.waitpid(pid, 0); print(os.WEXITSTATUS(status))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "0", out.stderr
+    assert signal.getsignal(signal.SIGTERM) != signal.SIG_IGN  # this process is untouched
+
+
+@pytest.mark.parametrize("module", ["train", "data_prep"])
+def test_both_apps_read_the_same_conf(module):
+    from common.paths import CONF, PROJECT
+
+    assert (CONF / f"{module}.yaml").is_file() and (PROJECT / module / "__main__.py").is_file()
