@@ -521,3 +521,19 @@ def test_the_fix_for_raw_json_given_as_mds_data_is_a_command_that_works(tmp_path
                           timeout=300)
     assert made.returncode == 0, made.stderr[-2000:]
     assert (tmp_path / "raw-mds" / "train" / "index.json").is_file() and f"variables.data_local={tmp_path}/raw-mds" in fix
+
+
+def test_a_hub_tokenizer_in_the_cache_passes_offline_and_sizes_the_vocabulary(tmp_path, monkeypatch, c4_mds):
+    import shutil
+
+    snapshot = tmp_path / "hub" / "models--my-org--my-tok" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    shutil.copy(TOKENIZER / "tokenizer.json", snapshot)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = compose(["data=mds", "tokenizer.name=my-org/my-tok", f"variables.data_local={c4_mds}", "max_seq_len=128"])
+    assert cfg.model.vocab_size == 50304  # its 50277 ids, padded
+    assert check(cfg, Context()) == []  # cached: no download needed; the same vocabulary the data was made with
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    [p] = [p for p in check(cfg, Context()) if p.key == "tokenizer.name"]
+    assert "HF_HUB_OFFLINE is set" in p.problem and str(tmp_path / "empty") in p.problem

@@ -2,21 +2,14 @@
 vocabulary must cover them, and `data=mds` sizes model.vocab_size from it."""
 import json
 import os
-from pathlib import Path
 
-from data_prep.facts import hub_cache
+from data_prep.facts import tokenizer_file
 
 # Hub tokenizers people name most, so neither the vocabulary rule nor the resolver needs a download:
 # (ids, llm-foundry's padded vocab_size).
 KNOWN = {"EleutherAI/gpt-neox-20b": (50277, 50368), "gpt2": (50257, 50304), "openai-community/gpt2": (50257, 50304)}
 MOCK_IDS = 257  # train/mock_data.py: 256 byte ids and EOS
 DEFAULT_VOCAB = 50368
-
-
-def cached_snapshot(name: str) -> Path | None:
-    """The newest cached snapshot folder of hub tokenizer `name` that holds its files, or None."""
-    found = sorted((hub_cache() / f"models--{name.replace('/', '--')}" / "snapshots").glob("*/tokenizer*.json"))
-    return found[-1].parent if found else None
 
 
 def looks_like_path(name: str) -> bool:
@@ -27,9 +20,8 @@ def tokenizer_ids(name: str) -> tuple[int | None, str]:
     """(ids the tokenizer produces, where that figure comes from); None when it cannot be known here."""
     if name in KNOWN:
         return KNOWN[name][0], name
-    folder = Path(name).expanduser() if looks_like_path(name) else cached_snapshot(name)
-    path = folder / "tokenizer.json" if folder else None
-    if path is None or not path.is_file():
+    path = tokenizer_file(name)  # a folder's tokenizer.json, or the hub cache's
+    if path is None:
         return None, name
     try:
         data = json.loads(path.read_text())

@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+from data_prep.facts import hub_cache, tokenizer_file
 from train import vocab
 from train.checks.core import URI, WARNING, Problem, value
 
@@ -95,9 +96,9 @@ def tokenizer(cfg, ctx):
                           "save the whole tokenizer there (tokenizer.save_pretrained(folder) writes tokenizer.json), "
                           "or point at a folder that has it")
         return
-    if vocab.cached_snapshot(name):
-        return
-    cache = vocab.hub_cache()
+    if tokenizer_file(name):
+        return  # in the hub cache
+    cache = hub_cache()
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     why = ("HF_HUB_OFFLINE is set" if _offline() else
            f"{endpoint} cannot be reached from {os.uname().nodename}" if not _reachable(endpoint) else None)
