@@ -39,3 +39,6 @@ class UserError(Exception):
         first = self.problems[0]
         self.key, self.problem, self.fix = first.key, first.problem, first.fix
         super().__init__("\n".join(p.render(self.prefix if p.level == ERROR else None) for p in self.problems))
+
+    def __reduce__(self):  # pickled into a job's result file, and rebuilt with every problem
+        return type(self), ("", "", "", self.problems)

@@ -32,8 +32,14 @@ def publish(tmp, final) -> bool:
         os.rename(tmp, final)
         return True
     except OSError:
-        if Path(tmp).is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            Path(tmp).unlink(missing_ok=True)
+        remove(tmp)
         return False
+
+
+def remove(path) -> None:
+    """A file or a folder, whichever it is, if it is there."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

@@ -56,10 +56,7 @@ def clear_stale(split_dir: Path) -> None:
     holds the merge lock, so nobody else is writing any of them."""
     for pattern in STALE:
         for path in split_dir.glob(pattern):
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+            files.remove(path)
 
 
 def _nothing_read(split_dir: Path, blocks: list[Block], settings: Settings, lines: int, reasons: Counter,

@@ -70,8 +70,6 @@ def _load(name: str) -> tuple[Tokenizer, bytes]:
     return _from_hub(name)
 
 
-
-
 def _preset_vocab(name: str, seen: tuple = ()) -> int | None:
     """model.vocab_size as a preset sets it, following the preset's own defaults (e.g. gpt-375m -> gpt175b)."""
     path = CONF / "model" / f"{name}.yaml"

@@ -22,6 +22,16 @@ def test_one_error_type_for_both_apps_each_with_its_prefix():
     assert str(DataPrepError("strict", "must be true or false")) == "data_prep: strict: must be true or false"
 
 
+def test_an_error_survives_a_job_result_file():
+    import pickle
+
+    from train.resume import FolderInUse, in_use
+
+    err = FolderInUse(problems=[in_use("/ckpt/run", "host a, pid 1")])
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is FolderInUse and back.problems == err.problems and str(back) == str(err)
+
+
 def test_atomic_write_replaces_whole_and_leaves_nothing_on_failure(tmp_path):
     target = tmp_path / "metrics.json"
     files.atomic_write(target, b"old")

@@ -24,7 +24,7 @@ def main(cfg: DictConfig):
 
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # a sweep job: its summary shows the error
-        print(f"error: save_folder: {err}", file=sys.stderr)
+        print(err, file=sys.stderr)
         sys.exit(2)
 
 

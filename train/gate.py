@@ -35,7 +35,7 @@ class CheckBeforeWriting(Callback):
         if ctx.mode == "plan":
             from train.plan import print_plan
 
-            print_plan(cfg, ctx, problems)
+            print_plan(cfg, problems)
             sys.exit(0)
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
@@ -73,7 +73,7 @@ class CheckBeforeWriting(Callback):
         if ctxs and ctxs[0].mode == "plan":
             from train.plan import print_plans
 
-            print_plans(cfgs, ctxs, problems)
+            print_plans(cfgs, problems)
             sys.exit(0)
 
 

@@ -41,7 +41,7 @@ def _submitit_folder() -> str:
         return "<sweep dir>/.submitit/%j"
 
 
-def build_plan(cfg: DictConfig, problems=(), multirun=None) -> dict:
+def build_plan(cfg: DictConfig, problems=()) -> dict:
     """Every figure of the plan, as plain JSON-able values. problems: the checks' warnings, reported with it."""
     from train.executor import sbatch_script
 
@@ -296,7 +296,7 @@ def _emit(text: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def print_plan(cfg: DictConfig, ctx=None, problems=()) -> dict:
+def print_plan(cfg: DictConfig, problems=()) -> dict:
     p = build_plan(cfg, problems)
     _emit(to_json(p) if value(cfg, "plan") == "json" else render(p))
     return p
@@ -315,8 +315,9 @@ def _summary(plans: list) -> str:
     return "\n".join("| " + r + " |" for r in rows)
 
 
-def print_plans(cfgs: list, ctxs=None, problems=()) -> list:
-    """A sweep's plans, one per point. plan=json: one JSON list, one object per point, in point order."""
+def print_plans(cfgs: list, problems=()) -> list:
+    """A sweep's plans, one per point. plan=json: one JSON list, one object per point, in point order.
+    problems: the sweep's warnings, each point's named by its key (Problem.at_point)."""
     prefix = [f"[sweep point #{i}] " for i in range(len(cfgs))]
     plans = [build_plan(cfg, [p for p in problems if p.key.startswith(prefix[i])]) for i, cfg in enumerate(cfgs)]
     if value(cfgs[0], "plan") == "json":

@@ -22,6 +22,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from train.checks.core import ConfigError, Problem
+
 log = logging.getLogger(__name__)
 
 # composer's default names: llm-foundry's save_filename `ep{epoch}-ba{batch}-rank{rank}.pt` (monolithic, rank 0
@@ -166,8 +168,15 @@ def resume_path(folder, reads_sharded: bool) -> str | None:
     return str(shard(ckpt.path, out))
 
 
-class FolderInUse(RuntimeError):
+class FolderInUse(ConfigError):
     """Another live run holds this save folder."""
+
+
+def in_use(folder, who: str) -> Problem:
+    """The problem of a save folder another run is writing, found before a run starts or when it claims it."""
+    return Problem("save_folder", f"{folder} is in use by another run ({who}): two runs writing one folder would "
+                   "overwrite each other's checkpoints", "let that run end (or cancel it) first, or give this run "
+                   "another run_name")
 
 
 _held = {}  # folder -> open lock file: the lock lives as long as this process (a crash releases it)
@@ -206,9 +215,7 @@ def claim(folder) -> None:
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()
-        raise FolderInUse(f"save_folder {folder} is in use by another run ({holder}): two runs writing one folder "
-                          f"would overwrite each other's checkpoints. Fix: let that run end (or cancel it) before "
-                          f"starting this one again, or give this run another run_name") from None
+        raise FolderInUse(problems=[in_use(folder, holder)]) from None
     except OSError as err:  # a filesystem without locks: run unguarded rather than not at all
         log.warning("cannot lock %s (%s): nothing stops a second run from writing into it", folder, err)
         f.close()

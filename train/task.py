@@ -102,11 +102,11 @@ def _choose_resume_point(fcfg) -> None:
             resume.claim(folder)
             answer = [("load", resume.resume_path(folder, reads_sharded) if ours else None)]
         except resume.FolderInUse as err:
-            answer = [("in use", str(err))]
+            answer = [("in use", err.problems)]
     dist.broadcast_object_list(answer)
     kind, found = answer[0]
     if kind == "in use":
-        raise resume.FolderInUse(found)
+        raise resume.FolderInUse(problems=found)
     if found:
         # as composer's autoresume does: the whole state of the run's own checkpoint, whatever load_* said
         fcfg.load_path, fcfg.load_weights_only, fcfg.load_ignore_keys = found, False, None

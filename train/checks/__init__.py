@@ -32,7 +32,7 @@ def check(cfg, ctx: Context) -> list:
             found.extend(err.problems)
         except (TypeError, ValueError, ZeroDivisionError, AttributeError, KeyError):
             # A rule reading a value an earlier problem already names (nodes=0, a string for a number).
-            if not any(p.level == ERROR for p in found):
+            if not errors(found):
                 raise
     unique = []
     for p in found:

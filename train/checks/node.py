@@ -198,13 +198,11 @@ def folder_free(cfg, ctx):
     folder = value(cfg, "save_folder")
     if not folder or "://" in str(folder):
         return
-    from train.resume import holder
+    from train.resume import holder, in_use
 
     who = holder(folder)
-    if who:
-        yield Problem("save_folder", f"{folder} is in use by another run ({who}): two runs writing one folder would "
-                      "overwrite each other's checkpoints", "let that run end (or cancel it) first, or give this run "
-                      "another run_name", WARNING if ctx.mode == "sweep" else "error")
+    if who:  # a sweep's job may start after that run ends
+        yield in_use(folder, who).as_warning() if ctx.mode == "sweep" else in_use(folder, who)
 
 
 RULES.append(folder_free)

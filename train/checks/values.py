@@ -1,7 +1,18 @@
 """Rules about the config's values alone: what llm-foundry, composer or Slurm would refuse, or what surely fails
 (errors), and what is legal but likely a mistake (warnings). Each rule yields every problem it finds."""
 from train import estimate
-from train.checks.core import DURATION, TIME_UNITS, WARNING, Problem, batches, close_match, is_int, is_number, value
+from train.checks.core import (
+    DURATION,
+    TIME_UNITS,
+    WARNING,
+    Problem,
+    batches,
+    close_match,
+    is_int,
+    is_number,
+    same_or_under,
+    value,
+)
 
 # Ours; removed before llm-foundry sees the config (train/foundry.py).
 PRODUCT_KEYS = frozenset({"cluster", "storage", "data", "checkpoint", "plan"})
@@ -209,8 +220,6 @@ def storage(cfg, ctx):
         bw = value(cfg, key)
         if bw is not None and (not is_number(bw) or bw <= 0):
             yield Problem(key, f"must be a positive bandwidth in GB/s, got {bw!r}", f"e.g. {key}=19.2")
-    from train.checks.core import same_or_under
-
     remote = value(cfg, "variables.data_remote")
     remote_root = value(cfg, "storage.data_remote_root")
     if remote_root and not value(cfg, "storage.data_local_root"):
