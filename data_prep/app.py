@@ -10,14 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from data_prep.encode import EncoderPool
-from data_prep.errors import DataPrepError
-from data_prep.inputs import Source, resolve_sources
-from data_prep.lock import OutRootLock
-from data_prep.mds import ShardWriter
-from data_prep.merge import all_complete, merge
-from data_prep.part import RunStats, is_complete, run_blocks
-from data_prep.plan import (
+from data_prep.blocks import (
     PLAN_FILE,
     Block,
     assign_parts,
@@ -28,7 +21,14 @@ from data_prep.plan import (
     source_weight,
     write_plan,
 )
-from data_prep.report import Progress, print_skipped, print_summary, summarize
+from data_prep.encode import EncoderPool
+from data_prep.errors import DataPrepError
+from data_prep.inputs import Source, resolve_sources
+from data_prep.lock import OutRootLock
+from data_prep.mds import ShardWriter
+from data_prep.merge import all_complete, merge
+from data_prep.part import RunStats, is_complete, run_blocks
+from data_prep.progress import Progress, print_skipped, print_summary, summarize
 from data_prep.settings import Settings, settings_from
 from data_prep.tokenizer import LoadedTokenizer, load_tokenizer
 

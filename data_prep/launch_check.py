@@ -26,7 +26,7 @@ class ValidateBeforeLaunch(Callback):
         from data_prep.__main__ import ERROR_FILE
         from data_prep.app import missing_blocks
         from data_prep.facts import SUMMARY_FILE
-        from data_prep.report import print_summary
+        from data_prep.progress import print_summary
         from data_prep.settings import settings_from
 
         failed = sorted(Path(config.hydra.sweep.dir).glob(f"*/{ERROR_FILE}"))

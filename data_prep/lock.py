@@ -32,8 +32,8 @@ import struct
 import time
 from pathlib import Path
 
+from data_prep.blocks import LOCK_FOLDER, Block
 from data_prep.errors import DataPrepError, writing
-from data_prep.plan import LOCK_FOLDER, Block
 from data_prep.settings import Settings
 
 SETTINGS = 1 << 40  # far above any block's byte

@@ -12,10 +12,10 @@ from typing import Iterator
 
 import numpy as np
 
+from data_prep.blocks import Block
 from data_prep.encode import ChunkResult, EncoderPool
 from data_prep.errors import DataPrepError, writing
 from data_prep.mds import ShardWriter
-from data_prep.plan import Block
 from data_prep.reader import BlockReader, line_number_of
 from data_prep.settings import Settings
 

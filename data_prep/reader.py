@@ -6,9 +6,9 @@ import io
 import zlib
 from typing import BinaryIO, Iterator
 
+from data_prep.blocks import Block
 from data_prep.errors import DataPrepError
 from data_prep.inputs import Source, open_local
-from data_prep.plan import Block
 
 CHUNK_BYTES = 1 << 19  # small enough that the last chunks finish together on every core, big enough to amortise a round-trip
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from data_prep.blocks import make_blocks
 from data_prep.inputs import Source
-from data_prep.plan import make_blocks
 from data_prep.reader import BlockReader
 
 C4_FIRST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "c4" / "en" / \

@@ -37,7 +37,7 @@ def run(cfg: DictConfig) -> dict:
     _choose_resume_point(fcfg)
     from llmfoundry.command_utils import train
 
-    from train.report import register
+    from train.run_report import register
 
     register()
     report = Path(fcfg.callbacks.run_report.folder)

@@ -122,7 +122,7 @@ class SweepLauncher(BaseSubmititLauncher):
             state = "COMPLETED" if ok else _final_state(p.job)
             if not ok and state not in _SLURM_ENDS and any(r.outcome for r in ranks):
                 state = "FAILED"  # a rank raised; Slurm's own state is kept where it says more (TIMEOUT, ...)
-            report = OmegaConf.select(p.cfg, "callbacks.run_report.folder")  # train/report.py writes these
+            report = OmegaConf.select(p.cfg, "callbacks.run_report.folder")  # train/run_report.py writes these
             rows.append({
                 "point": p.num,
                 "overrides": " ".join(p.overrides),
