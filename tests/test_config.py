@@ -108,3 +108,30 @@ def test_storage_presets_route_data_and_checkpoints():
     assert amlfs.variables.data_local == "/data/datasets/c4" and amlfs.variables.data_remote is None
     assert amlfs.save_folder.startswith("/data/checkpoints/")
     assert foundry_config(compose(["storage=fsx"])).save_folder.startswith("/fsx/checkpoints/")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("cluster.nodes=two", "Value 'two' of type 'str' could not be converted to Integer"),
+    ("cluster.node=2", "Key 'node' not in 'Cluster'"),
+    ("storage.write_GBps=fast", "could not be converted to Float"),
+    ("checkpoint.autoresume=maybe", "Value 'maybe' is not a valid bool"),
+    ("data.kinds=mds", "Key 'kinds' not in 'Data'"),
+])
+def test_our_groups_are_typed(override, message):
+    """A wrong type or an unknown key in our groups is refused at composition, naming the key (train/schema.py)."""
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException) as err:
+        compose([override])
+    text = str(err.value.__cause__)
+    assert message in text and f"full_key: {override.split('=')[0]}" in text
+
+
+def test_every_preset_fits_its_schema():
+    """Every preset composes against the schema, and its environment values are strings, as a shell holds them."""
+    for cluster in ("local", "ndv4", "ndv5", "p4d", "p5", "slurm-local"):
+        for storage in ("local", "amlfs", "blob", "fsx"):
+            cfg = compose([f"cluster={cluster}", f"storage={storage}", "data=mock"])
+            assert OmegaConf.get_type(cfg.cluster).__name__ == "Cluster"
+            assert all(isinstance(v, str) for v in cfg.cluster.env.values()), cluster
+            assert isinstance(cfg.storage.write_GBps, float) and isinstance(cfg.cluster.nodes, int)

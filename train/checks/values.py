@@ -181,11 +181,12 @@ def checkpoint(cfg, ctx):
 
 
 def cluster_figures(cfg, ctx):
+    # types come from the schema (train/schema.py); the ranges are ours
     mfu = value(cfg, "cluster.mfu")
-    if mfu is not None and (not is_number(mfu) or not 0 < mfu <= 1):
+    if mfu is not None and not 0 < mfu <= 1:
         yield Problem("cluster.mfu", f"must be a fraction in (0, 1], got {mfu!r}", "e.g. cluster.mfu=0.42")
     peak = value(cfg, "cluster.peak_flops")
-    if peak is not None and (not is_number(peak) or peak <= 0):
+    if peak is not None and peak <= 0:
         yield Problem("cluster.peak_flops", f"must be a positive FLOP/s figure, got {peak!r}",
                       "e.g. cluster.peak_flops=989e12 (H100 dense bf16)")
 
@@ -218,7 +219,7 @@ def storage(cfg, ctx):
             return  # storage.write_GBps follows the tier
     for key in ("storage.write_GBps", "storage.file_GBps"):
         bw = value(cfg, key)
-        if bw is not None and (not is_number(bw) or bw <= 0):
+        if bw is not None and bw <= 0:
             yield Problem(key, f"must be a positive bandwidth in GB/s, got {bw!r}", f"e.g. {key}=19.2")
     remote = value(cfg, "variables.data_remote")
     remote_root = value(cfg, "storage.data_remote_root")

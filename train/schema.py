@@ -1,0 +1,96 @@
+"""Typed schemas of our own config groups (cluster, storage, checkpoint, data), registered in Hydra's ConfigStore.
+
+conf/train.yaml puts each schema under its group's node before the group's YAML is merged on top, so a value of
+the wrong type (`cluster.nodes=two`) or a key the group does not have (`cluster.node=2`) is refused by
+Hydra/OmegaConf at composition, with the full key, before anything is checked or written; `???` fields must be
+set by a preset. Ranges and relations (a positive node count, a batch that divides) stay in train/checks/.
+llm-foundry's own keys are not described here: its TrainConfig is their schema (tests/test_config.py).
+
+Light: dataclasses and Hydra only.
+"""
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class Container:
+    image: Optional[str] = None  # pyxis/enroot: a .sqsh file or a registry URI; null: bare mode
+    mounts: List[str] = field(default_factory=list)
+
+
+@dataclass
+class Cluster:
+    name: str = MISSING
+    nodes: int = 1
+    gpus_per_node: int = 0
+    tasks_per_node: int = 1
+    cpus_per_task: int = 1
+    mem_gb: Optional[int] = None
+    exclusive: bool = False
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    timeout_min: int = 60
+    max_num_timeout: int = 0
+    signal_delay_s: int = 120
+    dist_timeout: int = 600
+    sbatch_extra: Dict[str, Any] = field(default_factory=dict)
+    srun_extra: List[str] = field(default_factory=list)
+    container: Container = field(default_factory=Container)
+    setup: List[str] = field(default_factory=list)
+    gpu: Optional[str] = None
+    gpu_memory_gb: Optional[float] = None
+    peak_flops: Optional[float] = None
+    mfu: Optional[float] = None
+    precision: str = "fp32"
+    init_device: str = "cpu"
+    attn_impl: str = "torch"
+    loss_fn: str = "torch_crossentropy"
+    dataloader_workers: int = 1
+    progress_bar: bool = False
+    console_log_interval: str = "10ba"
+    # Strings, as the environment holds them: `cluster.env.NCCL_IB_TIMEOUT=22` arrives as "22".
+    env: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Storage:
+    root: str = MISSING
+    data_root: str = MISSING
+    data_local_root: Optional[str] = None
+    data_remote_root: Optional[str] = None
+    checkpoint_root: str = MISSING
+    output_root: str = MISSING
+    mounts: List[str] = field(default_factory=list)
+    write_GBps: float = MISSING
+    file_GBps: Optional[float] = None
+    tier: Optional[str] = None  # tiered file systems (amlfs): write_GBps follows tiers[tier]
+    tiers: Optional[Dict[str, float]] = None
+
+
+@dataclass
+class Checkpoint:
+    folder: Optional[str] = None
+    state_dict_type: str = "sharded"  # full | sharded: checked with fsdp_config.state_dict_type (train/checks/)
+    autoresume: bool = False
+
+
+@dataclass
+class Data:
+    kind: str = MISSING  # mock | mds
+    train_samples: Optional[int] = None  # mock only: samples written per split
+    val_samples: Optional[int] = None
+
+
+SCHEMAS = {"cluster": Cluster, "storage": Storage, "checkpoint": Checkpoint, "data": Data}
+
+
+def register() -> None:
+    """Store each schema as `schema/<group>` (conf/train.yaml's defaults place it at the group's node)."""
+    store = ConfigStore.instance()
+    for group, node in SCHEMAS.items():
+        store.store(group="schema", name=group, node=node)
