@@ -8,7 +8,10 @@ _STARTED = time.perf_counter()
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+from common.help import register as register_help  # noqa: E402
 from data_prep.errors import DataPrepError, write_error  # noqa: E402
+
+register_help()
 
 ERROR_FILE = "data_prep_error.txt"  # a failed sweep job's message, collected by launch_check
 

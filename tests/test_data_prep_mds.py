@@ -33,3 +33,21 @@ def test_shards_and_index_are_byte_identical_to_mdswriter(tmp_path, length, comp
         assert (ours / name).read_bytes() == (theirs / name).read_bytes(), name
     ds = StreamingDataset(local=str(ours), shuffle=False, batch_size=1)
     assert np.array_equal(np.stack([ds[i]["tokens"] for i in range(ds.num_samples)]), samples)
+
+
+def test_mock_data_is_written_by_the_same_writer(tmp_path):
+    """data=mock's splits come from data_prep's writer: the same bytes MDSWriter would write for that stream."""
+    from streaming import MDSWriter
+
+    from train import mock_data
+
+    mock_data.ensure(str(tmp_path / "mock"), seq_len=64, train_samples=40, val_samples=8)
+    for split, samples, seed in (("train", 40, 0), ("val", 8, 1)):
+        with MDSWriter(columns={"tokens": "ndarray:int32"}, out=str(tmp_path / split)) as mds:
+            for row in mock_data.token_stream(samples * 64, seed).reshape(samples, 64):
+                mds.write({"tokens": row})
+        names = sorted(p.name for p in (tmp_path / split).iterdir())
+        assert sorted(p.name for p in (tmp_path / "mock" / split).iterdir()) == names
+        for name in names:
+            assert (tmp_path / "mock" / split / name).read_bytes() == (tmp_path / split / name).read_bytes()
+    assert (tmp_path / "mock" / "tokenizer" / "tokenizer.json").is_file()

@@ -86,7 +86,7 @@ def test_cfg_job_and_help_do_not_import_torch_or_llm_foundry():
              "'streaming') if m in sys.modules)))\n"
              "sys.argv = ['train'] + sys.argv[1:]\n"
              "runpy.run_module('train', run_name='__main__')\n")
-    for flags, answer in ((["--cfg", "job"], "model:\n  name: mpt_causal_lm"), (["--help"], "== Configuration groups ==")):
+    for flags, answer in ((["--cfg", "job"], "model:\n  name: mpt_causal_lm"), (["--help"], "== Config groups ==")):
         out = subprocess.run([str(PYTHON), "-c", probe, *flags], cwd=ROOT, capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         assert "HEAVY []" in out.stdout and answer in out.stdout, out.stdout[-1500:]

@@ -538,3 +538,16 @@ def test_a_hub_tokenizer_in_the_cache_passes_offline_and_sizes_the_vocabulary(tm
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
     [p] = [p for p in check(cfg, Context()) if p.key == "tokenizer.name"]
     assert "HF_HUB_OFFLINE is set" in p.problem and str(tmp_path / "empty") in p.problem
+
+
+def test_help_lists_each_apps_own_groups(tmp_path):
+    """Training's --help offers its groups and their real choices only; data_prep's offers its `dataset`."""
+    train_help = cli(tmp_path, "--help").stdout
+    groups = train_help.split("== Config groups ==")[1].split("== Config ==")[0]
+    assert "cluster: local, ndv4, ndv5, p4d, p5, slurm-local\n" in groups
+    assert "model: " in groups and "checkpoint: full, none, sharded" in groups
+    for foreign in ("dataset", "schema", "_cpu", "_slurm"):
+        assert foreign not in groups
+    prep = subprocess.run([str(PYTHON), "-m", "data_prep", "--help"], cwd=ROOT, capture_output=True, text=True)
+    groups = prep.stdout.split("== Config groups ==")[1].split("== Config ==")[0]
+    assert groups.strip() == "dataset: c4, jsonl, slimpajama"

@@ -43,12 +43,13 @@ def token_stream(n_tokens: int, seed: int) -> np.ndarray:
 
 
 def write_split(folder: Path, samples: int, seq_len: int, seed: int) -> None:
-    from streaming import MDSWriter
+    """The same shard writer data_prep uses (byte-identical to streaming's MDSWriter, without importing it)."""
+    from data_prep.mds import ShardWriter
 
-    tokens = token_stream(samples * seq_len, seed).reshape(samples, seq_len)
-    with MDSWriter(out=str(folder), columns={"tokens": "ndarray:int32"}) as writer:
-        for row in tokens:
-            writer.write({"tokens": row})
+    folder.mkdir(parents=True, exist_ok=True)
+    writer = ShardWriter(folder, seq_len, compression=None, size_limit=1 << 26)  # streaming's default size_limit
+    writer.add(token_stream(samples * seq_len, seed).reshape(samples, seq_len))
+    writer.finish()
 
 
 def ensure(folder: str, seq_len: int, train_samples: int, val_samples: int) -> Path:

@@ -31,6 +31,9 @@ def vocab_size(tokenizer_name) -> int:
 
 
 def register_resolvers() -> None:
+    from common.help import register
+
+    register()
     for name, fn in {"run_id": run_id, "subdir": subdir, "abspath": os.path.abspath, "vocab_size": vocab_size}.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
