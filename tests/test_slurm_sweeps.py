@@ -9,9 +9,6 @@ from pathlib import Path
 import pytest
 from paths import PYTHON, ROOT
 
-from train.compose import compose
-from train.executor import sbatch_script
-
 TINY = ("cluster=slurm-local", "data=mock", "progress_bar=false")
 
 
@@ -129,21 +126,6 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     got = json.loads(got.read_text())
     assert [b for b, _ in got["eval"]] == list(range(10, 61, 10))  # every evaluation, across the requeues
     assert got["final_eval"] == pytest.approx(expected["final_eval"], rel=1e-6)
-
-
-def test_ndv5_submission_script_holds_container_nccl_tasks_and_nodes(tmp_path):
-    image = tmp_path / "train.sqsh"
-    script = sbatch_script(compose(["model=mpt-30b", "cluster=ndv5", "cluster.nodes=16", "storage=amlfs",
-                                    f"cluster.container.image={image}"]), folder="/data/outputs/sweeps/x/%j")
-    assert "#SBATCH --nodes=16" in script
-    assert "#SBATCH --ntasks-per-node=8" in script and "#SBATCH --gpus-per-node=8" in script
-    assert "#SBATCH --exclusive" in script and "#SBATCH --partition=gpu" in script
-    assert f"--container-image={image}" in script
-    assert "--container-mounts=/data:/data," in script and f"{ROOT}:{ROOT}" in script
-    for line in ('export NCCL_TOPO_FILE="/etc/ndv5-topo.xml"', 'export NCCL_MIN_NCHANNELS="32"',
-                 'export UCX_NET_DEVICES="mlx5_ib0:1"', 'export CUDA_DEVICE_ORDER="PCI_BUS_ID"'):
-        assert line in script
-    assert "--signal=USR2@120" in script  # time to checkpoint and requeue before the limit
 
 
 def test_data_prep_parts_run_as_a_slurm_array_on_the_cpu_partition(slurm, tmp_path):
