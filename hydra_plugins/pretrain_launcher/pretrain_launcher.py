@@ -7,8 +7,6 @@ preemption through `checkpoint`) is reused as is. What we add: per-point resourc
 lacks), and the summary.
 """
 import csv
-import io
-import re
 import sys
 import time
 from collections import Counter
@@ -21,6 +19,17 @@ from hydra.core.utils import JobReturn, JobStatus, setup_globals
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+from hydra_plugins.pretrain_launcher.outcomes import (
+    SLURM_ENDS,
+    bucket,
+    ended,
+    existing,
+    failed_ranks,
+    final_state,
+    kill_local_tasks,
+    markdown,
+    rank_outcomes,
+)
 
 
 @dataclass
@@ -89,13 +98,13 @@ class SweepLauncher(BaseSubmititLauncher):
             # job is seen promptly without calling sacct for every job at every poll.
             force = time.time() - refreshed > 10
             refreshed = time.time() if force else refreshed
-            done = [p.job.done(force_check=force and i == 0) and _ended(p) for i, p in enumerate(points)]
+            done = [p.job.done(force_check=force and i == 0) and ended(p) for i, p in enumerate(points)]
             for p, d in zip(points, done):
-                failed_ranks = [] if d or p.cfg.cluster.name != "local" else _failed_ranks(p.job)
-                if failed_ranks:
-                    print(f"[sweep] #{p.num}: rank {failed_ranks[0]} failed: ending its other ranks", flush=True)
-                    _kill_local_tasks(p.job)
-            counts = Counter("done" if d else _bucket(p.job.state) for p, d in zip(points, done))
+                failed = [] if d or p.cfg.cluster.name != "local" else failed_ranks(p.job)
+                if failed:
+                    print(f"[sweep] #{p.num}: rank {failed[0]} failed: ending its other ranks", flush=True)
+                    kill_local_tasks(p.job)
+            counts = Counter("done" if d else bucket(p.job.state) for p, d in zip(points, done))
             line = ", ".join(f"{counts[k]} {k}" for k in ("pending", "running", "done") if counts[k])
             if line != last:
                 print(f"[sweep] jobs: {line}", flush=True)
@@ -107,7 +116,7 @@ class SweepLauncher(BaseSubmititLauncher):
     def _report(self, points: list, sweep_dir: Path) -> list:
         rows, results, failed, bad_ranks = [], [], 0, {}
         for p in points:
-            ranks = _rank_outcomes(p.job, wait_s=0 if p.cfg.cluster.name == "local" else 15)
+            ranks = rank_outcomes(p.job, wait_s=0 if p.cfg.cluster.name == "local" else 15)
             ret = ranks[0].value if ranks[0].outcome == "success" else None
             if ret is not None:
                 results.append(ret)
@@ -119,8 +128,8 @@ class SweepLauncher(BaseSubmititLauncher):
             first = min(bad, key=lambda r: (r.outcome != "error", r.mtime, r.rank)) if bad else ranks[0]
             bad.sort(key=lambda r: r.rank != first.rank)
             error = "; ".join(f"rank {r.rank}: {r.error}" for r in bad)
-            state = "COMPLETED" if ok else _final_state(p.job)
-            if not ok and state not in _SLURM_ENDS and any(r.outcome for r in ranks):
+            state = "COMPLETED" if ok else final_state(p.job)
+            if not ok and state not in SLURM_ENDS and any(r.outcome for r in ranks):
                 state = "FAILED"  # a rank raised; Slurm's own state is kept where it says more (TIMEOUT, ...)
             report = OmegaConf.select(p.cfg, "callbacks.run_report.folder")  # train/run_report.py writes these
             rows.append({
@@ -134,13 +143,13 @@ class SweepLauncher(BaseSubmititLauncher):
                 # from the point's config, so that a failed point shows it too
                 "world_size": p.cfg.cluster.nodes * p.cfg.cluster.tasks_per_node,
                 "checkpoint": p.cfg.save_folder,
-                "metrics": _existing(report, "metrics.json"),
-                "loss_curve": _existing(report, "loss_curve.png"),
+                "metrics": existing(report, "metrics.json"),
+                "loss_curve": existing(report, "loss_curve.png"),
                 "log": str(first.log),
                 "error": error[:1000],
             })
             bad_ranks[p.num] = bad
-        table = _markdown(rows)
+        table = markdown(rows)
         (sweep_dir / "summary.md").write_text(table)
         with open(sweep_dir / "summary.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -163,151 +172,3 @@ def _singleton_state():
     from hydra.core.singleton import Singleton
 
     return Singleton.get_state()
-
-
-def _ended(p: Point) -> bool:
-    """submitit calls a job done once its rank-0 result file exists. A rank that fails while Slurm tears the
-    step down for a requeue (its dataloader workers get SIGTERM) writes one too, yet the job comes back: on
-    Slurm, done also needs a state Slurm will not resume from."""
-    if p.cfg.cluster.name == "local":
-        return True
-    try:
-        return _bucket(p.job.state) != "pending" and p.job.state.upper() not in ("RUNNING", "COMPLETING")
-    except Exception:
-        return True
-
-
-def _bucket(state: str) -> str:
-    state = state.upper()
-    if state in ("PENDING", "REQUEUED", "CONFIGURING", "UNKNOWN", "QUEUED", "READY"):
-        return "pending"
-    return "running"
-
-
-@dataclass
-class RankOutcome:
-    rank: int
-    outcome: str | None  # "success" / "error" (submitit's result pickle), None: the task left no result
-    value: Any           # JobReturn, or the traceback text
-    log: Path            # the task's own stderr
-    mtime: float         # when it ended (its result), for "which rank failed first"
-    tail: list           # last lines of its log
-    ok: bool = False
-    error: str = ""
-
-
-def _kill_local_tasks(job) -> None:
-    """srun's --kill-on-bad-exit for submitit's local controller, which otherwise waits for every task until
-    its time limit. SIGKILL, as srun ends with: it also ends a stopped task. (The controller's own cancel is a
-    SIGINT, which a launcher started in the background passes on ignored.) The controller then sees its tasks
-    gone and exits."""
-    import psutil
-
-    try:
-        tasks = psutil.Process(int(job.job_id)).children(recursive=True)
-    except psutil.Error:
-        return
-    for task in tasks:
-        try:
-            task.kill()
-        except psutil.Error:
-            pass
-
-
-def _failed_ranks(job) -> list:
-    """Ranks of a running job that have already stored an error."""
-    return [k for k in range(job.num_tasks) if _load(job.task(k).paths.result_pickle)[0] == "error"]
-
-
-def _load(path: Path):
-    from submitit.core.utils import pickle_load
-
-    try:
-        return pickle_load(path) if path.exists() else (None, None)
-    except Exception:  # written at this moment
-        return (None, None)
-
-
-def _rank_outcomes(job, wait_s: float = 15.0) -> list:
-    """What each task of an ended job left: its result, or its error and the last lines of its log."""
-    tasks = [job.task(k) for k in range(job.num_tasks)]
-    deadline = time.time() + wait_s  # results on a network filesystem may show up late
-    while not all(t.paths.result_pickle.exists() for t in tasks) and time.time() < deadline:
-        time.sleep(1)
-    out = []
-    for k, t in enumerate(tasks):
-        outcome, value = _load(t.paths.result_pickle)
-        log = Path(str(t.paths.stderr))
-        r = RankOutcome(k, outcome, value, log, t.paths.result_pickle.stat().st_mtime if outcome else time.time(),
-                        _tail(log))
-        if outcome == "success" and getattr(value, "status", None) != JobStatus.FAILED:
-            r.ok = True
-        elif outcome == "success":  # a job started before tasks re-raised their exceptions
-            r.error = f"{type(value._return_value).__name__}: {value._return_value}"
-        elif outcome == "error":
-            r.error = _exception(str(value)) or "error"
-            if "UncompletedJobError" in r.error.split(":")[0]:
-                # raised by submitit in the task when it ran out of time (or was preempted) and will not be
-                # requeued: its message says why; its type, internal to submitit, says nothing
-                r.error = r.error.split(": ", 1)[-1]
-        else:
-            # a rank that died of an error without storing it (its log ends with the traceback), or was killed
-            r.error = f"no result (killed, or stopped responding; job {_final_state(job)}); " + \
-                      (_exception("\n".join(r.tail)) or "last log line: " + (r.tail[-1] if r.tail else "(empty log)"))
-        out.append(r)
-    return out
-
-
-_SLURM_ENDS = ("CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "DEADLINE", "BOOT_FAIL")
-
-
-def _exception(text: str, n: int = 4) -> str:
-    """The last exception of a traceback, as printed under its last frame (type and message, up to n lines,
-    joined to fit one table cell), without the frames; "" if `text` holds none. Log lines may carry torch's
-    `[rankN]:` prefix."""
-    lines = [re.sub(r"^\[rank\d+\]: ?", "", line).rstrip() for line in text.splitlines()]
-    frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
-    if not frames:
-        return ""
-    rest = lines[frames[-1] + 1:]
-    while rest and rest[0].startswith("    "):  # the frame's source line and its ^^^ markers
-        rest.pop(0)
-    return " / ".join([line.strip() for line in rest if line.strip()][:n])
-
-
-def _existing(folder, name: str) -> str:
-    return str(Path(folder) / name) if folder and (Path(folder) / name).is_file() else ""
-
-
-def _tail(path: Path, n: int = 8) -> list:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 16384))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return []
-    own = ("submitit ", "[submitit]")  # submitit's lines about signals and exits: not the rank's own
-    return [line.rstrip() for line in lines if line.strip() and not line.startswith(own[0]) and own[1] not in line][-n:]
-
-
-def _final_state(job) -> str:
-    try:
-        state = job.state.upper()
-    except Exception:
-        return "UNKNOWN"
-    if state.startswith("CANCELLED"):
-        return "CANCELLED"
-    return "FAILED" if state in ("COMPLETED", "FINISHED", "DONE") else state
-
-
-def _fmt(v):
-    return f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))
-
-
-def _markdown(rows: list) -> str:
-    cols = list(rows[0])  # every column of summary.csv
-    out = io.StringIO()
-    out.write("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n")
-    for r in rows:  # a | or a line break in a value (an error message) would end its cell or row
-        out.write("| " + " | ".join(" ".join(_fmt(r[c]).replace("|", "\\|").split("\n")) for c in cols) + " |\n")
-    return out.getvalue()

@@ -1,0 +1,162 @@
+"""What the launcher knows about its jobs: pending / running / ended, each rank's outcome (its result, or its
+error and the last lines of its log), the final state a summary shows, and the summary table itself.
+
+Kept apart from the launcher so that it can be tested with stand-in jobs (tests/test_launcher_outcomes.py): a
+job here is anything with submitit's Job surface (`state`, `job_id`, `num_tasks`, `task(k).paths`).
+"""
+import io
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobStatus
+
+
+def ended(p) -> bool:
+    """submitit calls a job done once its rank-0 result file exists. A rank that fails while Slurm tears the
+    step down for a requeue (its dataloader workers get SIGTERM) writes one too, yet the job comes back: on
+    Slurm, done also needs a state Slurm will not resume from."""
+    if p.cfg.cluster.name == "local":
+        return True
+    try:
+        return bucket(p.job.state) != "pending" and p.job.state.upper() not in ("RUNNING", "COMPLETING")
+    except Exception:
+        return True
+
+
+def bucket(state: str) -> str:
+    state = state.upper()
+    if state in ("PENDING", "REQUEUED", "CONFIGURING", "UNKNOWN", "QUEUED", "READY"):
+        return "pending"
+    return "running"
+
+
+@dataclass
+class RankOutcome:
+    rank: int
+    outcome: str | None  # "success" / "error" (submitit's result pickle), None: the task left no result
+    value: Any           # JobReturn, or the traceback text
+    log: Path            # the task's own stderr
+    mtime: float         # when it ended (its result), for "which rank failed first"
+    tail: list           # last lines of its log
+    ok: bool = False
+    error: str = ""
+
+
+def kill_local_tasks(job) -> None:
+    """srun's --kill-on-bad-exit for submitit's local controller, which otherwise waits for every task until
+    its time limit. SIGKILL, as srun ends with: it also ends a stopped task. (The controller's own cancel is a
+    SIGINT, which a launcher started in the background passes on ignored.) The controller then sees its tasks
+    gone and exits."""
+    import psutil
+
+    try:
+        tasks = psutil.Process(int(job.job_id)).children(recursive=True)
+    except psutil.Error:
+        return
+    for task in tasks:
+        try:
+            task.kill()
+        except psutil.Error:
+            pass
+
+
+def failed_ranks(job) -> list:
+    """Ranks of a running job that have already stored an error."""
+    return [k for k in range(job.num_tasks) if load_result(job.task(k).paths.result_pickle)[0] == "error"]
+
+
+def load_result(path: Path):
+    from submitit.core.utils import pickle_load
+
+    try:
+        return pickle_load(path) if path.exists() else (None, None)
+    except Exception:  # written at this moment
+        return (None, None)
+
+
+def rank_outcomes(job, wait_s: float = 15.0) -> list:
+    """What each task of an ended job left: its result, or its error and the last lines of its log."""
+    tasks = [job.task(k) for k in range(job.num_tasks)]
+    deadline = time.time() + wait_s  # results on a network filesystem may show up late
+    while not all(t.paths.result_pickle.exists() for t in tasks) and time.time() < deadline:
+        time.sleep(1)
+    out = []
+    for k, t in enumerate(tasks):
+        outcome, value = load_result(t.paths.result_pickle)
+        log = Path(str(t.paths.stderr))
+        r = RankOutcome(k, outcome, value, log, t.paths.result_pickle.stat().st_mtime if outcome else time.time(),
+                        log_tail(log))
+        if outcome == "success" and getattr(value, "status", None) != JobStatus.FAILED:
+            r.ok = True
+        elif outcome == "success":  # a job started before tasks re-raised their exceptions
+            r.error = f"{type(value._return_value).__name__}: {value._return_value}"
+        elif outcome == "error":
+            r.error = last_exception(str(value)) or "error"
+            if "UncompletedJobError" in r.error.split(":")[0]:
+                # raised by submitit in the task when it ran out of time (or was preempted) and will not be
+                # requeued: its message says why; its type, internal to submitit, says nothing
+                r.error = r.error.split(": ", 1)[-1]
+        else:
+            # a rank that died of an error without storing it (its log ends with the traceback), or was killed
+            r.error = f"no result (killed, or stopped responding; job {final_state(job)}); " + \
+                      (last_exception("\n".join(r.tail)) or "last log line: " + (r.tail[-1] if r.tail else "(empty log)"))
+        out.append(r)
+    return out
+
+
+SLURM_ENDS = ("CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "DEADLINE", "BOOT_FAIL")
+
+
+def last_exception(text: str, n: int = 4) -> str:
+    """The last exception of a traceback, as printed under its last frame (type and message, up to n lines,
+    joined to fit one table cell), without the frames; "" if `text` holds none. Log lines may carry torch's
+    `[rankN]:` prefix."""
+    lines = [re.sub(r"^\[rank\d+\]: ?", "", line).rstrip() for line in text.splitlines()]
+    frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
+    if not frames:
+        return ""
+    rest = lines[frames[-1] + 1:]
+    while rest and rest[0].startswith("    "):  # the frame's source line and its ^^^ markers
+        rest.pop(0)
+    return " / ".join([line.strip() for line in rest if line.strip()][:n])
+
+
+def existing(folder, name: str) -> str:
+    return str(Path(folder) / name) if folder and (Path(folder) / name).is_file() else ""
+
+
+def log_tail(path: Path, n: int = 8) -> list:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 16384))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+    own = ("submitit ", "[submitit]")  # submitit's lines about signals and exits: not the rank's own
+    return [line.rstrip() for line in lines if line.strip() and not line.startswith(own[0]) and own[1] not in line][-n:]
+
+
+def final_state(job) -> str:
+    try:
+        state = job.state.upper()
+    except Exception:
+        return "UNKNOWN"
+    if state.startswith("CANCELLED"):
+        return "CANCELLED"
+    return "FAILED" if state in ("COMPLETED", "FINISHED", "DONE") else state
+
+
+def cell(v):
+    return f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))
+
+
+def markdown(rows: list) -> str:
+    cols = list(rows[0])  # every column of summary.csv
+    out = io.StringIO()
+    out.write("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n")
+    for r in rows:  # a | or a line break in a value (an error message) would end its cell or row
+        out.write("| " + " | ".join(" ".join(cell(r[c]).replace("|", "\\|").split("\n")) for c in cols) + " |\n")
+    return out.getvalue()

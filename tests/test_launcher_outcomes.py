@@ -1,0 +1,160 @@
+"""The launcher's view of its jobs, with stand-in jobs: a Slurm state of our choosing, and real submitit result
+files and logs (written as submitit writes them) in a temporary folder. The real-Slurm tests
+(tests/test_slurm_sweeps.py, tests/test_sweep_summary.py) keep the end-to-end path; these cover every state and
+outcome, which a real cluster cannot be made to show on demand."""
+from types import SimpleNamespace
+
+import pytest
+from hydra.core.utils import JobReturn, JobStatus
+from submitit.core.utils import JobPaths, cloudpickle_dump
+
+from hydra_plugins.pretrain_launcher.outcomes import (
+    bucket,
+    ended,
+    final_state,
+    last_exception,
+    log_tail,
+    markdown,
+    rank_outcomes,
+)
+
+TRACEBACK = """Traceback (most recent call last):
+  File "/work/train/task.py", line 45, in run
+    train(fcfg).close()
+    ^^^^^^^^^^^^^^^^^^^
+ValueError: global_train_batch_size 10 is not divisible by 4
+"""
+
+
+class StandInJob:
+    """submitit's Job surface as the launcher uses it."""
+
+    def __init__(self, folder, state="RUNNING", num_tasks=2, job_id="4242"):
+        self.folder, self._state, self.num_tasks, self.job_id = folder, state, num_tasks, job_id
+
+    @property
+    def state(self):
+        if isinstance(self._state, Exception):
+            raise self._state  # sacct unreachable
+        return self._state
+
+    def task(self, k):
+        return SimpleNamespace(paths=JobPaths(self.folder, self.job_id, k))
+
+    def result(self, k, outcome, value):
+        path = self.task(k).paths.result_pickle
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cloudpickle_dump((outcome, value), path)
+
+    def log(self, k, text):
+        path = self.task(k).paths.stderr
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def point(job, cluster="slurm-local"):
+    return SimpleNamespace(job=job, cfg=SimpleNamespace(cluster=SimpleNamespace(name=cluster)))
+
+
+def success(value):
+    ret = JobReturn(status=JobStatus.COMPLETED)
+    ret._return_value = value
+    return ret
+
+
+@pytest.mark.parametrize("state, expected", [
+    ("PENDING", "pending"), ("REQUEUED", "pending"), ("CONFIGURING", "pending"), ("UNKNOWN", "pending"),
+    ("RUNNING", "running"), ("COMPLETING", "running"), ("completed", "running"), ("TIMEOUT", "running"),
+])
+def test_bucket(state, expected):
+    assert bucket(state) == expected
+
+
+@pytest.mark.parametrize("state, is_ended", [
+    ("PENDING", False), ("REQUEUED", False), ("RUNNING", False), ("COMPLETING", False),
+    ("COMPLETED", True), ("FAILED", True), ("CANCELLED by 0", True), ("TIMEOUT", True),
+    (RuntimeError("sacct: error"), True),  # no answer from Slurm: the result file decides
+])
+def test_a_slurm_job_has_ended_only_in_a_state_slurm_does_not_resume_from(tmp_path, state, is_ended):
+    assert ended(point(StandInJob(tmp_path, state))) is is_ended
+
+
+def test_a_local_job_has_ended_once_submitit_says_done(tmp_path):
+    assert ended(point(StandInJob(tmp_path, "RUNNING"), cluster="local")) is True
+
+
+@pytest.mark.parametrize("state, shown", [
+    ("CANCELLED by 1000", "CANCELLED"), ("TIMEOUT", "TIMEOUT"), ("OUT_OF_MEMORY", "OUT_OF_MEMORY"),
+    ("COMPLETED", "FAILED"),  # a point that did not complete although its job did: a rank failed
+    ("NODE_FAIL", "NODE_FAIL"), (RuntimeError("sacct: error"), "UNKNOWN"),
+])
+def test_final_state(tmp_path, state, shown):
+    assert final_state(StandInJob(tmp_path, state)) == shown
+
+
+def test_every_rank_succeeded(tmp_path):
+    job = StandInJob(tmp_path, "COMPLETED")
+    for k in range(2):
+        job.result(k, "success", success({"final_train_loss": 3.3}))
+    ranks = rank_outcomes(job, wait_s=0)
+    assert [r.ok for r in ranks] == [True, True] and ranks[0].value.return_value == {"final_train_loss": 3.3}
+
+
+def test_each_failed_rank_shows_its_own_exception_and_log_tail(tmp_path):
+    job = StandInJob(tmp_path, "FAILED")
+    job.result(0, "success", success({}))
+    job.result(1, "error", "[rank1]: " + TRACEBACK.replace("\n", "\n[rank1]: "))
+    job.log(1, "step 3 loss 5.1\nsubmitit INFO (2026) - Job completed\n" + TRACEBACK)
+    ok, bad = rank_outcomes(job, wait_s=0)
+    assert ok.ok and not bad.ok
+    assert bad.error == "ValueError: global_train_batch_size 10 is not divisible by 4"
+    assert bad.tail[0] == "step 3 loss 5.1" and not any("submitit" in line for line in bad.tail)
+
+
+def test_a_rank_that_raised_inside_hydra_is_failed(tmp_path):
+    job = StandInJob(tmp_path, "COMPLETED", num_tasks=1)
+    ret = JobReturn(status=JobStatus.FAILED)
+    ret._return_value = KeyError("tokenizer")
+    job.result(0, "success", ret)
+    [rank] = rank_outcomes(job, wait_s=0)
+    assert not rank.ok and rank.error == "KeyError: 'tokenizer'"
+
+
+def test_out_of_time_and_not_requeued_says_why_not_what_type(tmp_path):
+    job = StandInJob(tmp_path, "TIMEOUT", num_tasks=1)
+    job.result(0, "error", 'Traceback (most recent call last):\n  File "x.py", line 1, in f\n'
+                           "submitit.core.utils.UncompletedJobError: Job not requeued because: timed-out too many "
+                           "times.\n")
+    [rank] = rank_outcomes(job, wait_s=0)
+    assert rank.error == "Job not requeued because: timed-out too many times."
+
+
+def test_a_killed_rank_without_a_result_shows_the_job_state_and_its_last_traceback(tmp_path):
+    job = StandInJob(tmp_path, "CANCELLED by 0", num_tasks=1)
+    job.log(0, "loading\n" + TRACEBACK)
+    [rank] = rank_outcomes(job, wait_s=0)
+    assert not rank.ok and rank.outcome is None
+    assert rank.error == ("no result (killed, or stopped responding; job CANCELLED); "
+                          "ValueError: global_train_batch_size 10 is not divisible by 4")
+    silent = StandInJob(tmp_path / "silent", "NODE_FAIL", num_tasks=1)
+    silent.log(0, "step 7 loss 4.2\n")
+    [rank] = rank_outcomes(silent, wait_s=0)
+    assert rank.error.endswith("job NODE_FAIL); last log line: step 7 loss 4.2")
+
+
+def test_last_exception_keeps_a_multi_line_message_and_drops_frames():
+    text = TRACEBACK.replace("by 4\n", "by 4\n  hint: pick 8\n")
+    assert last_exception(text) == "ValueError: global_train_batch_size 10 is not divisible by 4 / hint: pick 8"
+    assert last_exception("no traceback here") == ""
+
+
+def test_log_tail_of_a_missing_log_is_empty(tmp_path):
+    assert log_tail(tmp_path / "none.err") == []
+
+
+def test_summary_table_keeps_every_value_in_its_cell():
+    table = markdown([{"point": 0, "state": "FAILED", "final_loss": 3.14159, "error": "a | b\nc"},
+                      {"point": 1, "state": "COMPLETED", "final_loss": None, "error": ""}])
+    lines = table.splitlines()
+    assert lines[0] == "| point | state | final_loss | error |" and lines[1] == "|---|---|---|---|"
+    assert lines[2] == "| 0 | FAILED | 3.142 | a \\| b c |" and lines[3] == "| 1 | COMPLETED |  |  |"
