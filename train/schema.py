@@ -22,6 +22,27 @@ class Container:
 
 
 @dataclass
+class BusBandwidth:
+    intra: Optional[float] = None  # GB/s, all-reduce within one node; null: reported, not judged
+    inter: Optional[float] = None  # GB/s, all-reduce over two nodes
+
+
+@dataclass
+class Preflight:  # conf/cluster/_preflight.yaml, train/preflight.py
+    enabled: bool = False
+    only: bool = False
+    node_check: Optional[str] = None
+    node_check_timeout_s: float = 300.0
+    bytes: int = 1073741824
+    iters: int = 10
+    tolerance: float = 0.75
+    expected_busbw_GBps: BusBandwidth = field(default_factory=BusBandwidth)
+    min_free_memory_fraction: float = 0.9
+    on_fail: str = "requeue"  # requeue | stop: checked in train/checks/preflight_rules.py
+    max_exclusions: int = 2
+
+
+@dataclass
 class Cluster:
     name: str = MISSING
     nodes: int = 1
@@ -55,6 +76,7 @@ class Cluster:
     console_log_interval: str = "10ba"
     # Strings, as the environment holds them: `cluster.env.NCCL_IB_TIMEOUT=22` arrives as "22".
     env: Dict[str, str] = field(default_factory=dict)
+    preflight: Preflight = field(default_factory=Preflight)
 
 
 @dataclass

@@ -25,7 +25,8 @@ def run(cfg: DictConfig) -> dict:
     dist_env = export_from_submitit()
     if dist_env:
         leave_to_the_task_in_every_fork()  # dataloader workers: only this process answers Slurm's signals
-    if cfg.data.kind == "mock":
+    only = bool(cfg.cluster.preflight.only)  # the checks alone: no data, no trainer
+    if cfg.data.kind == "mock" and not only:
         from train.mock_data import ensure
 
         ensure(cfg.variables.data_local, cfg.max_seq_len, cfg.data.train_samples, cfg.data.val_samples)
@@ -34,6 +35,17 @@ def run(cfg: DictConfig) -> dict:
     if dist_env:
         _node_local_cwd(fcfg, dist_env)
     _start_dist(fcfg)
+    if only or (cfg.cluster.preflight.enabled and dist_env):  # inside jobs only: never on a login node
+        from train import preflight
+
+        folder = OmegaConf.select(fcfg, "callbacks.run_report.folder") or os.getcwd()  # the run's outputs
+        report = preflight.run(cfg, folder)  # may requeue (exits) or raise
+        if only:
+            from train.preflight_report import table
+
+            if int(os.environ.get("RANK", 0)) == 0:
+                print(table(report), flush=True)
+            return {"preflight": report}
     _choose_resume_point(fcfg)
     from llmfoundry.command_utils import train
 

@@ -114,7 +114,11 @@ class SweepLauncher(BaseSubmititLauncher):
             time.sleep(self.params.get("poll_s", 2.0))
 
     def _report(self, points: list, sweep_dir: Path) -> list:
-        rows, results, failed, bad_ranks = [], [], 0, {}
+        from train.preflight_report import exclusions
+        from train.preflight_report import problem_lines as preflight_problems
+        from train.preflight_report import table as preflight_table
+
+        rows, results, failed, bad_ranks, tables = [], [], 0, {}, []
         for p in points:
             ranks = rank_outcomes(p.job, wait_s=0 if p.cfg.cluster.name == "local" else 15)
             ret = ranks[0].value if ranks[0].outcome == "success" else None
@@ -147,7 +151,11 @@ class SweepLauncher(BaseSubmititLauncher):
                 "loss_curve": existing(report, "loss_curve.png"),
                 "log": str(first.log),
                 "error": error[:1000],
+                # nodes the job's preflight check excluded before it requeued itself (train/preflight.py)
+                "excluded": exclusions(report),
             })
+            if metrics.get("preflight"):  # cluster.preflight.only: the per-node table, and exit 1 if one is bad
+                tables.append((f"point #{p.num} (job {p.job.job_id})", metrics["preflight"]))
             bad_ranks[p.num] = bad
         table = markdown(rows)
         (sweep_dir / "summary.md").write_text(table)
@@ -156,6 +164,11 @@ class SweepLauncher(BaseSubmititLauncher):
             writer.writeheader()
             writer.writerows(rows)
         print(f"\n{table}\nsummary: {sweep_dir / 'summary.md'} and summary.csv", flush=True)
+        for title, pre in tables:
+            print(f"\npreflight, {title}:\n{preflight_table(pre)}", flush=True)
+        failed_checks = [f"{title}: {line}" for title, pre in tables for line in preflight_problems(pre)]
+        for line in failed_checks:
+            print(f"[preflight] {line}", file=sys.stderr)
         for row in rows:
             if row["state"] != "COMPLETED":
                 print(f"[sweep] #{row['point']} {row['state']}: see {row['log']}", file=sys.stderr)
@@ -164,6 +177,8 @@ class SweepLauncher(BaseSubmititLauncher):
                     print(f"  rank {r.rank}: {r.error}\n    last lines of {r.log}:{tail}", file=sys.stderr)
         if failed:
             print(f"[sweep] {failed} of {len(points)} points did not complete", file=sys.stderr)
+            sys.exit(1)
+        if failed_checks:
             sys.exit(1)
         return results
 

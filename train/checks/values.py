@@ -52,8 +52,8 @@ def known_keys(cfg, ctx):
 def mock_data_only_where_asked(cfg, ctx):
     """Synthetic tokens only where nobody asked for real data: never silently on a real cluster, and never
     written into a folder the user named for their own data."""
-    if value(cfg, "data.kind") != "mock":
-        return
+    if value(cfg, "data.kind") != "mock" or value(cfg, "cluster.preflight.only"):
+        return  # (a preflight-only job reads no data)
     for key in ("variables.data_local", "variables.data_remote"):
         if ctx.given(key) not in (None, "null"):
             yield Problem(key, "names your data, but data=mock (the default) would write synthetic tokens there "
@@ -192,6 +192,8 @@ def cluster_figures(cfg, ctx):
 
 
 def batch(cfg, ctx):
+    if value(cfg, "cluster.preflight.only"):
+        return  # a preflight-only job builds no trainer
     gbs = value(cfg, "global_train_batch_size")
     mb = value(cfg, "device_train_microbatch_size")
     ws = ctx.world_size(cfg)
