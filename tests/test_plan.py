@@ -173,6 +173,23 @@ def test_plan_true_report(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_plan_shows_the_exported_models_size(tmp_path):
+    """The Hugging Face folder's weights: parameters x the export's bytes per weight (bf16 on a GPU preset, fp32 on
+    the CPU); checked against a real exported folder in tests/test_export.py."""
+    gpu = plan("model=mpt-7b", "cluster=ndv5", "data=c4", "export=hf")
+    assert gpu["export"] == "hf" and gpu["export_precision"] == "bfloat16"
+    assert gpu["export_bytes"] == 2 * gpu["params"]
+    assert gpu["export_folder"].endswith(f"/outputs/{gpu['run_name']}/huggingface/ba{{B}}")
+    cpu = plan("export=hf")
+    assert cpu["export_precision"] == "float32" and cpu["export_bytes"] == 4 * cpu["params"]
+    none = plan()
+    assert none["export"] == "none" and none["export_bytes"] == 4 * none["params"] and none["export_folder"] is None
+    proc = cli(tmp_path, "model=mpt-7b", "cluster=ndv5", "data=c4", "export=hf", "plan=true")
+    assert proc.returncode == 0, proc.stderr
+    assert "export      hf: 12.4 GiB of bfloat16 weights" in proc.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_sweep_plan_is_a_json_list_one_object_per_point(tmp_path):
     proc = cli(tmp_path, "-m", "model=mpt-30b", "cluster=ndv5", "cluster.nodes=16,32", "plan=json")
     assert proc.returncode == 0, proc.stderr
@@ -221,3 +238,19 @@ def test_the_plan_says_what_checkpoint_sharded_means_at_one_rank():
     two = plan("checkpoint=sharded", "cluster=slurm-local")
     assert two["checkpoint_files"] == 2 and "consolidated" in two["checkpoint_layout"]
     assert plan("checkpoint=none")["checkpoint_layout"] is None
+
+
+def test_plan_lists_the_preflight_settings_and_their_cost():
+    p = plan("model=mpt-70b", "cluster=ndv5", "cluster.nodes=16")
+    s = p["preflight"]
+    assert s["enabled"] and s["on_fail"] == "requeue" and s["expected_busbw_GBps"] == {"intra": 460.0, "inter": 375.0}
+    assert s["pair_rounds"] == 2
+    # 1 GiB x (10 + 1) at 460 GB/s within 8 GPUs, at 375 GB/s over two rounds of 16 and once over 128
+    gib, n = 2**30, 11
+    expected = n * gib * (2 * 7 / 8 / 460e9 + 2 * 2 * 15 / 16 / 375e9 + 2 * 127 / 128 / 375e9)
+    assert s["estimated_allreduce_seconds"] == pytest.approx(expected)
+    text = render(p)
+    assert "preflight   on: devices, node check (none), all-reduce of 1.0 GiB x 10" in text
+    assert "expected busbw intra 460.0 / inter 375.0 GB/s" in text and "cost: ~0.23 s" in text
+    assert plan()["preflight"]["estimated_allreduce_seconds"] is None  # cluster=local: off
+    assert "preflight   off" in render(plan())

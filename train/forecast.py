@@ -138,6 +138,7 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
                               "checkpoint=sharded it is converted into shards first" if kind == "sharded" else
                               "one file ep{E}-ba{B}-rank0.pt written by rank 0; resumes at any rank count"),
         "megatron_checkpoint_bytes": estimate.MEGATRON_BYTES_PER_PARAM * params,
+        **_export(cfg, params),
         "storage_tier": value(cfg, "storage.tier"),
         "write_GBps": write_gbps,
         "file_GBps": file_gbps,
@@ -152,10 +153,63 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
         "train_seconds": train_s,
         "train_days": train_s / 86400 if train_s else None,
         "checkpoint_overhead": (saves * write_s / train_s) if (saves and write_s and train_s) else None,
+        "preflight": _preflight(cfg, nodes, tasks),
         "sbatch_script": sbatch_script(cfg, _submitit_folder()),
         "warnings": [str(p) for p in problems],
     }
     return plan
+
+
+def _preflight(cfg, nodes: int, tasks: int) -> dict:
+    """The in-job check's settings (cluster.preflight) and the all-reduces' time at the expected figures."""
+    from train.preflight_report import estimate_seconds, pair_rounds
+
+    s = OmegaConf.to_container(value(cfg, "cluster.preflight"), resolve=True)
+    return {**s, "pair_rounds": len(pair_rounds(nodes)),
+            "estimated_allreduce_seconds": estimate_seconds(s, nodes, tasks) if s["enabled"] or s["only"] else None}
+
+
+def _render_preflight(p: dict) -> list:
+    s = p["preflight"]
+    if not (s["enabled"] or s["only"]):
+        return ["preflight   off (cluster.preflight.enabled=false)"]
+    exp = s["expected_busbw_GBps"]
+    judged = (f"expected busbw intra {exp['intra']} / inter {exp['inter']} GB/s, below {s['tolerance']:g} x "
+              f"expected fails" if exp["intra"] or exp["inter"] else "figures reported, not judged (no expected "
+              "busbw for this cluster)")
+    cost = (f"~{s['estimated_allreduce_seconds']:.2f} s of all-reduces at the expected figures"
+            if s["estimated_allreduce_seconds"] is not None else "all-reduce time unknown (no expected figures)")
+    on_fail = (f"requeue without the bad nodes (at most {s['max_exclusions']} in all)" if s["on_fail"] == "requeue"
+               else "fail with the report")
+    return [f"preflight   {'ONLY (trains nothing)' if s['only'] else 'on'}: devices, node check "
+            f"{s['node_check'] or '(none)'}, all-reduce of {_size(s['bytes'])} x {s['iters']} within each node, "
+            f"{s['pair_rounds']} round(s) of node pairs and the whole job",
+            f"            {judged}; on failure: {on_fail}",
+            f"            cost: {cost}, plus the node check and communicator set-up"]
+
+
+# Bytes per weight of a Hugging Face export, by its precision (llm-foundry's hf_checkpointer's names).
+EXPORT_BYTES_PER_PARAM = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _export(cfg, params: int) -> dict:
+    """The Hugging Face folder's weights on disk: export=hf at its precision; otherwise what `python -m
+    train.export` writes by default (float32). Tied embeddings are stored once, as counted in params."""
+    hf = value(cfg, "export.format") == "hf"
+    precision = value(cfg, "export.precision") if hf else "float32"
+    per_param = EXPORT_BYTES_PER_PARAM.get(precision)
+    return {"export": "hf" if hf else "none", "export_precision": precision,
+            "export_folder": f"{value(cfg, 'export.folder')}/huggingface/ba{{B}}" if hf else None,
+            "export_bytes": per_param * params if per_param else None}
+
+
+def _render_export(p: dict) -> str:
+    size = _size(p["export_bytes"]) if p["export_bytes"] else "?"
+    if p["export"] == "hf":
+        return (f"export      hf: {size} of {p['export_precision']} weights (+ tokenizer, MPT code) in "
+                f"{p['export_folder']} at the end of training")
+    return (f"export      none (export=hf writes a Hugging Face folder at the end); `python -m train.export` of a "
+            f"checkpoint: {size} ({p['export_precision']}), half that with --precision=bfloat16")
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -256,6 +310,7 @@ def render(p: dict) -> str:
     add(f"            Megatron-LM layout (fp16 weights beside fp32 master weights + 2 moments, 14 B/param): "
         f"{_size(meg)}" + (f", {ratio * 100:.0f}% of the ~2.3 TiB its GPT-3 175B recipe writes"
                            if 0.5 < ratio < 2 else ""))
+    add(_render_export(p))
 
     if p["step_seconds"]:
         add(f"speed       at {p['mfu'] * 100:.2f}% MFU (cluster.mfu) of {p['peak_flops'] / 1e12:.0f} TFLOP/s: "
@@ -263,6 +318,7 @@ def render(p: dict) -> str:
         add(f"            {p['step_seconds']:.2f} s per step; {_duration_words(p['train_seconds'])} to max_duration")
     else:
         add("speed       unknown here (no cluster.peak_flops / cluster.mfu for this cluster)")
+    out.extend(_render_preflight(p))
     if p["sbatch_script"]:
         add("sbatch      the script `-m` would submit:")
         out.extend("    " + line for line in p["sbatch_script"].rstrip().splitlines())
