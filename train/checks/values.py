@@ -15,7 +15,7 @@ from train.checks.core import (
 )
 
 # Ours; removed before llm-foundry sees the config (train/foundry.py).
-PRODUCT_KEYS = frozenset({"cluster", "storage", "data", "checkpoint", "plan"})
+PRODUCT_KEYS = frozenset({"cluster", "storage", "data", "checkpoint", "plan", "export"})
 # llm-foundry 0.22's TrainConfig fields (tests/test_config.py checks this list against the library).
 FOUNDRY_KEYS = frozenset("""
 model tokenizer optimizer scheduler train_loader device_train_batch_size device_eval_batch_size max_duration
@@ -246,5 +246,19 @@ def storage(cfg, ctx):
                           "(node-local NVMe)")
 
 
+EXPORT_PRECISIONS = ("float32", "bfloat16", "float16")  # llm-foundry's hf_checkpointer's
+
+
+def export(cfg, ctx):
+    """export=hf: llm-foundry's hf_checkpointer would fail only at the end of training on these."""
+    if value(cfg, "export.format") != "hf":
+        return
+    v = value(cfg, "export.precision")
+    if v not in EXPORT_PRECISIONS:
+        yield Problem("export.precision", f"{v!r} is not a precision the Hugging Face export writes",
+                      close_match(str(v), EXPORT_PRECISIONS) or f"one of {', '.join(EXPORT_PRECISIONS)}")
+    yield from _duration(cfg, "export.interval")
+
+
 RULES = [plan_form, known_keys, mock_data_only_where_asked, numbers, schedule, seq_len, device, fsdp, checkpoint,
-         storage, cluster_figures, batch]
+         storage, cluster_figures, batch, export]

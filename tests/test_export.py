@@ -1,0 +1,195 @@
+"""After training: the Hugging Face folder (export=hf, and `python -m train.export` from a full or a 2-rank sharded
+checkpoint), sampling from it offline, its cross-entropy against the trainer's own evaluation, and llm-foundry's
+in-context-learning evaluation through `python -m train.evaluate --icl-tasks`.
+
+Real runs of mpt-tiny on real C4 MDS (the `c4_mds` fixture: data_prep with the gpt-neox-20b tokenizer, 128-token
+samples). The trainer evaluates the first `eval_subset_num_batches` (4) batches of 8 samples of the val split on
+each rank, in order: `python -m train.evaluate --batches 4 x ranks` scores the same samples.
+"""
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from paths import C4, PYTHON, ROOT, TOKENIZER
+
+ARGS = ("data=mds", "max_duration=10ba", "eval_interval=10ba", "save_interval=10ba", "progress_bar=false")
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def run(root, *args, check=True, cwd=ROOT, env=None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(PYTHON), "-m", *args], cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PRETRAIN_ROOT": str(root), **OFFLINE, **(env or {})})
+    if check:
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def eval_ce(metrics: dict) -> float:
+    return metrics["final_eval"]["eval/LanguageCrossEntropy"]
+
+
+def scored(root, model, data, batches) -> dict:
+    out = run(root, "train.evaluate", str(model), f"--data={data}", f"--batches={batches}", "--json").stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def one_rank_args(data) -> tuple:
+    return (*ARGS, f"variables.data_local={data}", f"tokenizer.name={TOKENIZER}", "checkpoint=full", "export=hf",
+            "run_name=one")
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory, c4_mds):
+    """A 1-rank run with checkpoint=full and export=hf: its root and metrics."""
+    root = tmp_path_factory.mktemp("one")
+    run(root, "train", *one_rank_args(c4_mds))
+    return root, json.loads((root / "outputs" / "one" / "metrics.json").read_text())
+
+
+@pytest.mark.train
+def test_export_hf_writes_a_folder_that_loads_offline_generates_and_scores_the_trainers_eval(one_rank, c4_mds,
+                                                                                              tmp_path):
+    root, metrics = one_rank
+    folder = root / "outputs" / "one" / "huggingface" / "ba10"
+    names = {p.name for p in folder.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "modeling_mpt.py"} <= names, names
+    assert json.loads((folder / "config.json").read_text())["torch_dtype"] == "float32"  # fp32 on the CPU preset
+    plan = json.loads(run(root, "train", *one_rank_args(c4_mds), "plan=json").stdout)  # its size, foreseen
+    assert plan["export_bytes"] == pytest.approx((folder / "model.safetensors").stat().st_size, rel=1e-3)
+
+    # transformers alone, from a copy of the folder, with an empty cache and no network
+    copy = shutil.copytree(folder, tmp_path / "model")
+    script = ("import sys, torch; from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+              "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)\n"
+              "t = AutoTokenizer.from_pretrained(sys.argv[1])\n"
+              "ids = t('The weather today is', return_tensors='pt').input_ids\n"
+              "out = m.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=t.eos_token_id)\n"
+              "print(out.shape[1] - ids.shape[1])\n")
+    proc = subprocess.run([str(PYTHON), "-c", script, str(copy)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **OFFLINE, "HF_HOME": str(tmp_path / "hf-home")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == "5"
+
+    # the exported model's cross-entropy on the samples the trainer evaluated
+    got = scored(root, "one", c4_mds, batches=4)  # a run name: its newest export
+    assert got["model"] == str(folder) and got["samples"] == 32 and got["tokens"] == 32 * 127
+    assert got["cross_entropy"] == pytest.approx(eval_ce(metrics), rel=0.01)
+
+
+@pytest.mark.train
+def test_export_command_on_a_full_checkpoint_gives_the_trainers_weights(one_rank, tmp_path):
+    from safetensors.torch import load_file
+
+    root, _ = one_rank
+    out = run(root, "train.export", "one", f"--out={tmp_path / 'hf'}").stdout.strip()  # a run name
+    assert out == str(tmp_path / "hf")
+    ours, trainers = load_file(tmp_path / "hf" / "model.safetensors"), load_file(
+        root / "outputs" / "one" / "huggingface" / "ba10" / "model.safetensors")
+    assert ours.keys() == trainers.keys()
+    assert all((ours[k] == trainers[k]).all() for k in ours)
+
+    half = run(root, "train.export", str(root / "checkpoints" / "one" / "ep0-ba10-rank0.pt"),
+               f"--out={tmp_path / 'bf16'}", "--precision=bfloat16").stdout.strip()
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert (tmp_path / "bf16" / "model.safetensors").stat().st_size < 0.55 * (
+        tmp_path / "hf" / "model.safetensors").stat().st_size
+    assert half == str(tmp_path / "bf16")
+
+
+@pytest.mark.train
+def test_two_rank_sharded_checkpoint_exported_on_one_process_scores_the_trainers_eval(tmp_path, c4_mds):
+    run(tmp_path, "train", "-m", "cluster.tasks_per_node=2", *ARGS, f"variables.data_local={c4_mds}",
+        f"tokenizer.name={TOKENIZER}", "checkpoint=sharded", "run_name=two")
+    shards = tmp_path / "checkpoints" / "two" / "ep0-ba10"
+    assert sorted(p.name for p in shards.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    [metrics] = [json.loads(p.read_text()) for p in (tmp_path / "outputs" / "sweeps").rglob("metrics.json")]
+    assert metrics["world_size"] == 2
+
+    proc = run(tmp_path, "train.export", str(tmp_path / "checkpoints" / "two"))  # the save folder: its newest
+    folder = tmp_path / "outputs" / "two" / "huggingface" / "ba10"  # where export=hf would have written it
+    assert proc.stdout.strip() == str(folder)
+    got = scored(tmp_path, folder, c4_mds, batches=8)  # 4 batches on each of 2 ranks
+    assert got["samples"] == 64
+    assert got["cross_entropy"] == pytest.approx(eval_ce(metrics), rel=0.01)
+
+    samples = run(tmp_path, "train.sample", "two", "The weather today is", "In 2019, the company",
+                  "--max-new-tokens=8", "--seed=3")
+    again = run(tmp_path, "train.sample", "two", "The weather today is", "In 2019, the company",
+                "--max-new-tokens=8", "--seed=3")
+    blocks = samples.stdout.split("\n---\n")
+    assert blocks[0].startswith("The weather today is") and blocks[1].startswith("In 2019, the company")
+    assert len(blocks[0]) > len("The weather today is")
+    assert samples.stdout == again.stdout  # the same seed gives the same samples
+
+
+@pytest.mark.train
+def test_icl_evaluation_of_an_exported_model_on_a_task_file_from_real_c4(one_rank, tmp_path):
+    """A language-modeling task file from real C4 text, twice: with the text's own next word, and with the word
+    the model itself predicts greedily after each context. llm-foundry's ICL evaluation must score the second
+    file 1.0: the hook evaluates this model, on these examples."""
+    root, _ = one_rank
+    folder = root / "outputs" / "one" / "huggingface" / "ba10"
+    contexts = []
+    with gzip.open(C4 / "c4-train.sample2.1000.json.gz", "rt") as f:
+        for line in f:
+            words = json.loads(line)["text"].split()
+            if len(words) > 12:
+                contexts.append((" ".join(words[:8]), words[8]))
+            if len(contexts) == 16:
+                break
+    greedy = run(root, "train.sample", str(folder), *[c for c, _ in contexts], "--max-new-tokens=1",
+                 "--temperature=0").stdout.split("\n---\n")
+    predicted = [(c, g[len(c):]) for (c, _), g in zip(contexts, greedy) if g[len(c):].startswith(" ")]
+    assert len(predicted) >= 4, greedy
+    own = tmp_path / "own.jsonl"
+    own.write_text("".join(json.dumps({"context": c, "continuation": g.strip()}) + "\n" for c, g in predicted))
+    real = tmp_path / "c4_next_word.jsonl"
+    real.write_text("".join(json.dumps({"context": c, "continuation": w}) + "\n" for c, w in contexts))
+
+    for task, want in ((own, 1.0), (real, None)):
+        result = json.loads(run(root, "train.evaluate", str(folder), f"--icl-tasks={task}", "--json",
+                                cwd=tmp_path).stdout.strip().splitlines()[-1])
+        [(name, accuracy)] = [(k, v) for k, v in result.items() if k.endswith("InContextLearningLMAccuracy")]
+        assert name == f"{task.stem}/0-shot/InContextLearningLMAccuracy"
+        assert 0.0 <= accuracy <= 1.0 and (want is None or accuracy == want), result
+
+
+def test_errors_name_the_key_and_the_fix_and_write_nothing(tmp_path):
+    """Checked before torch is imported: no checkpoint, an incomplete one, no data, bad sampling values."""
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PRETRAIN_ROOT": str(tmp_path / "root")})
+
+    proc = cli("train.export", "no-such-run")
+    assert proc.returncode == 2 and "error: checkpoint: 'no-such-run'" in proc.stderr and "fix:" in proc.stderr
+    (tmp_path / "save" / "ep0-ba5").mkdir(parents=True)  # a sharded write that never finished: no .metadata
+    proc = cli("train.export", str(tmp_path / "save"))
+    assert proc.returncode == 2 and "no complete checkpoint" in proc.stderr and "fix:" in proc.stderr
+    proc = cli("train.evaluate", str(tmp_path), "--batch-size=0")
+    assert proc.returncode == 2 and "error: --data: no data" in proc.stderr and "error: --batch-size" in proc.stderr
+    proc = cli("train.sample", "no-such-run", "Hello", "--temperature=-1")
+    assert proc.returncode == 2 and "--temperature" in proc.stderr
+    proc = cli("train.sample", "no-such-run", "Hello")
+    assert proc.returncode == 2 and "error: model:" in proc.stderr and "python -m train.export" in proc.stderr
+    assert not (tmp_path / "root").exists() and sorted(p.name for p in tmp_path.rglob("*")) == ["ep0-ba5", "save"]
+
+
+def test_the_readme_lines_of_export_sample_and_evaluate_parse():
+    """The README's `python -m train.export|sample|evaluate` lines (test_readme.py runs the `python -m train` ones)
+    name arguments these commands take: each parses, through the command's own parser, without running."""
+    import re
+    import shlex
+
+    from train import evaluate, export, sample
+
+    readme = (ROOT / "README.md").read_text()
+    lines = re.findall(r"^(python -m train\.(?:export|sample|evaluate) .*)$", readme, flags=re.M)
+    assert {line.split()[2] for line in lines} == {"train.export", "train.sample", "train.evaluate"}, lines
+    for line in lines:
+        words = shlex.split(line, comments=True)
+        module = {"train.export": export, "train.sample": sample, "train.evaluate": evaluate}[words[2]]
+        module.parser().parse_args(words[3:])  # exits 2 on an unknown option or a missing argument

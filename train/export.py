@@ -1,0 +1,190 @@
+"""`python -m train.export CHECKPOINT [--out DIR] [--precision float32|bfloat16|float16]`: a checkpoint this tool
+wrote -> a Hugging Face model folder.
+
+CHECKPOINT is a sharded checkpoint folder (`ep{E}-ba{B}/`, from any number of ranks), a full checkpoint file
+(`ep{E}-ba{B}-rank0.pt`), a run's save folder (its newest complete checkpoint), or a run name (its save folder under
+`$PRETRAIN_ROOT/checkpoints`, or `./runs/checkpoints`). Runs on one machine, on CPU, without the cluster that
+trained it. The folder it writes is the one llm-foundry's `hf_checkpointer` callback writes (`export=hf`):
+safetensors weights, the tokenizer, and MPT's modelling code, so that
+`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` loads it offline. Prints the folder's path.
+"""
+import argparse
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from common.errors import UserError
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("float32", "bfloat16", "float16")
+HF_SUBFOLDER = "huggingface"  # llm-foundry's hf_checkpointer writes <save_folder>/huggingface/ba{batch}
+
+
+def storage_root() -> Path:
+    """The local storage preset's root (conf/storage/local.yaml): `$PRETRAIN_ROOT`, or `./runs`."""
+    return Path(os.path.abspath(os.environ.get("PRETRAIN_ROOT", "runs")))
+
+
+def locate(arg: str):
+    """The complete checkpoint `arg` names (a checkpoint, a save folder, or a run name)."""
+    from train import resume
+
+    path = Path(arg)
+    if not path.exists() and os.sep not in arg:  # a run name
+        path = storage_root() / "checkpoints" / arg
+        if not path.exists():
+            raise UserError("checkpoint", f"{arg!r} is neither a path nor a run with checkpoints under {path.parent}",
+                            "give the checkpoint or save folder's path, or set PRETRAIN_ROOT to the storage root "
+                            "the run wrote under")
+    path = path.resolve()
+    [ckpt] = [c for c in resume.find(path.parent) if c.path == path] or [None]
+    if ckpt is None:  # a save folder: its newest complete checkpoint (nothing is moved: a run may be writing)
+        ckpt = resume.newest_complete(path)
+    if ckpt is None:
+        raise UserError("checkpoint", f"{path}: no complete checkpoint there",
+                        "give an ep{E}-ba{B}/ folder with .metadata, an ep{E}-ba{B}-rank0.pt file, or a save folder "
+                        "holding one")
+    why = resume.problem(ckpt)
+    if why:
+        raise UserError("checkpoint", f"{ckpt.path}: {why}", "export an older, complete checkpoint of the run")
+    return ckpt
+
+
+def default_out(ckpt) -> Path:
+    """Where `export=hf` would have written this batch's folder: `<output_root>/<run_name>/huggingface/ba{B}` when
+    the save folder sits in a storage's `checkpoints/` (every storage preset keeps `outputs/` beside it), else
+    `<save_folder>/huggingface/ba{B}`."""
+    save_folder = ckpt.path.parent
+    if save_folder.parent.name == "checkpoints":
+        base = save_folder.parent.parent / "outputs" / save_folder.name
+    else:
+        base = save_folder
+    return base / HF_SUBFOLDER / f"ba{ckpt.batch}"
+
+
+def read_model(ckpt) -> tuple[dict, dict]:
+    """(the model's weights as the Hugging Face model names them, the run's Hugging Face metadata).
+
+    composer stores the model's Hugging Face config and the tokenizer's files inside every checkpoint
+    (`state.integrations.huggingface`), so a checkpoint alone is enough: no run config, no tokenizer download.
+    Only the model and that metadata are read: the optimizer's moments (twice the weights) stay on disk.
+    """
+    import torch
+
+    if ckpt.sharded:
+        # Loads the named keys of a torch distributed checkpoint into this one process, without a process
+        # group, whatever the number of ranks that wrote it (torch's own single-process reader).
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+        state = _load_state_dict_from_keys({"state.model", "state.integrations"}, checkpoint_id=str(ckpt.path))
+        state = state["state"]
+    else:
+        state = torch.load(ckpt.path, map_location="cpu", mmap=True, weights_only=False)["state"]
+    hf = (state.get("integrations") or {}).get("huggingface")
+    if not hf:
+        raise UserError("checkpoint", f"{ckpt.path} holds no Hugging Face model metadata (not an llm-foundry model "
+                        "checkpoint)", "export a checkpoint written by `python -m train`")
+    if ckpt.sharded:
+        _restore_empty_containers(hf)
+    # composer's HuggingFaceModel keeps the transformers model under `model.`
+    weights = {k.removeprefix("model."): v for k, v in state["model"].items()}
+    return weights, hf
+
+
+def _restore_empty_containers(hf: dict) -> None:
+    """Put back the empty containers a sharded checkpoint lost. torch's distributed checkpoint flattens nested
+    state into one entry per leaf, so an empty dict or list has no entry and is gone when read back: the stored
+    tokenizer.json then lacks fields its parser requires (a TemplateProcessing post-processor's `special_tokens`),
+    and the tokenizer does not load. These are the empty fields a tokenizer's files hold; others are optional."""
+    tokenizer = hf.get("tokenizer") or {}
+    content = (tokenizer.get("tokenizer.json") or {}).get("content")
+    if isinstance(content, dict):
+        content.setdefault("added_tokens", [])
+        post = content.get("post_processor") or {}
+        for proc in [post, *(post.get("processors") or [])]:
+            if proc.get("type") == "TemplateProcessing":
+                proc.setdefault("special_tokens", {})
+    config = (tokenizer.get("tokenizer_config.json") or {}).get("content")
+    if isinstance(config, dict):
+        config.setdefault("added_tokens_decoder", {})
+        config.setdefault("extra_special_tokens", {})
+
+
+def export(ckpt, out: Path, precision: str = "float32") -> Path:
+    """Write the Hugging Face folder of `ckpt` to `out` (built under a hidden name, then renamed into place)."""
+    import torch
+    from composer.models import HuggingFaceModel
+    from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
+    from llmfoundry.utils.huggingface_hub_utils import edit_files_for_hf_compatibility
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    weights, hf = read_model(ckpt)
+    config = dict(hf["model"]["config"]["content"])
+    if config.get("model_type") != "mpt":
+        raise UserError("checkpoint", f"{ckpt.path} holds a {config.get('model_type')!r} model; this export writes "
+                        "MPT models (what `python -m train` trains)", "export an MPT checkpoint")
+    # A folder that loads anywhere: torch attention (flash needs a GPU and flash-attn; pass
+    # attn_config={'attn_impl': 'flash'} to from_pretrained on a GPU), weights materialised on the CPU.
+    config["attn_config"] = {**config.get("attn_config", {}), "attn_impl": "torch"}
+    config["init_device"] = "cpu"
+    config.pop("_attn_implementation_autoset", None)
+    dtype = getattr(torch, precision)
+
+    # As llm-foundry's hf_checkpointer: register MPT with the auto classes so save_pretrained writes its code
+    # and an auto_map, then flatten the llmfoundry imports of that code so that it runs without llm-foundry.
+    CONFIG_MAPPING._extra_content["mpt"] = MPTConfig
+    MPTConfig.register_for_auto_class()
+    MPTForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+    with torch.device("meta"):
+        model = MPTForCausalLM(MPTConfig(**config))
+    model.load_state_dict({k: v.to(dtype) for k, v in weights.items()}, assign=True)
+    model.to(dtype)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".partial-{out.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    # composer's own reader of the tokenizer files it stored in the checkpoint
+    tokenizer = HuggingFaceModel.load_huggingface_tokenizer_from_saved_state(hf, tokenizer_save_dir=str(tmp / ".tok"))
+    shutil.rmtree(tmp / ".tok", ignore_errors=True)
+    if tokenizer is None:
+        log.warning("%s holds no tokenizer: the folder has the model only", ckpt.path)
+    else:
+        tokenizer.save_pretrained(tmp)
+    edit_files_for_hf_compatibility(str(tmp), ("llmfoundry",))
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m train.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="a checkpoint (ep{E}-ba{B}/ or ep{E}-ba{B}-rank0.pt), a save folder, or "
+                        "a run name")
+    parser.add_argument("--out", type=Path, help="the folder to write (default: <output_root>/<run_name>/"
+                        "huggingface/ba{B}, where export=hf writes it)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="float32",
+                        help="dtype of the exported weights (default float32; bfloat16 halves the size)")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
+    try:
+        ckpt = locate(args.checkpoint)
+        out = (args.out or default_out(ckpt)).resolve()
+        log.info("exporting %s (batch %d) as %s", ckpt.path, ckpt.batch, args.precision)
+        print(export(ckpt, out, args.precision))
+    except UserError as err:
+        print(err, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

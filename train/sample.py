@@ -1,0 +1,71 @@
+"""`python -m train.sample MODEL PROMPT [PROMPT ...] [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S]`:
+continuations of prompts from an exported model.
+
+MODEL is an exported Hugging Face folder, or a run name (its newest export under the storage's outputs). Works
+offline from the folder alone. Prints each prompt with its continuation; `--temperature 0` is greedy decoding.
+"""
+import argparse
+import logging
+import sys
+
+from common.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float, top_k: int,
+             seed: int) -> list[str]:
+    """One continuation per prompt (the new text only)."""
+    import torch
+
+    torch.manual_seed(seed)  # the same seed, prompts and model give the same samples
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": top_k} if temperature > 0 else \
+        {"do_sample": False}
+    out = []
+    for prompt in prompts:  # one at a time: no padding, so each continuation is what the prompt alone gives
+        ids = tokenizer(prompt, return_tensors="pt")
+        with torch.no_grad():
+            tokens = model.generate(**ids, max_new_tokens=max_new_tokens, use_cache=True,
+                                    pad_token_id=tokenizer.eos_token_id, **sampling)
+        out.append(tokenizer.decode(tokens[0, ids["input_ids"].shape[1]:], skip_special_tokens=True))
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m train.sample", description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="an exported Hugging Face folder, or a run name")
+    parser.add_argument("prompts", nargs="+", metavar="PROMPT")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy (default 0.8)")
+    parser.add_argument("--top-k", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=17)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
+    problems = [f"error: --{k.replace('_', '-')}: must be positive, got {v}" for k, v in
+                (("max_new_tokens", args.max_new_tokens), ("top_k", args.top_k)) if v <= 0]
+    if args.temperature < 0:
+        problems.append(f"error: --temperature: must be 0 (greedy) or more, got {args.temperature}")
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 2
+    try:
+        from train import hf_model
+
+        folder = hf_model.find_folder(args.model)
+        log.info("sampling from %s", folder)
+        model, tokenizer = hf_model.load(folder)
+    except UserError as err:
+        print(err, file=sys.stderr)
+        return 2
+    for prompt, text in zip(args.prompts, generate(model, tokenizer, args.prompts, args.max_new_tokens,
+                                                   args.temperature, args.top_k, args.seed)):
+        print(f"{prompt}{text}\n---")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
