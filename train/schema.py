@@ -1,4 +1,4 @@
-"""Typed schemas of our own config groups (cluster, storage, checkpoint, data), registered in Hydra's ConfigStore.
+"""Typed schemas of our own config groups (cluster, storage, checkpoint, data, export), registered in Hydra's ConfigStore.
 
 conf/train.yaml puts each schema under its group's node before the group's YAML is merged on top, so a value of
 the wrong type (`cluster.nodes=two`) or a key the group does not have (`cluster.node=2`) is refused by
@@ -108,7 +108,16 @@ class Data:
     val_samples: Optional[int] = None
 
 
-SCHEMAS = {"cluster": Cluster, "storage": Storage, "checkpoint": Checkpoint, "data": Data}
+@dataclass
+class Export:
+    format: str = "none"  # none | hf (conf/export/)
+    precision: Optional[str] = None  # float32 | bfloat16 | float16: checked in train/checks/values.py
+    interval: Optional[str] = None  # a composer duration: checked in train/checks/values.py
+    folder: Optional[str] = None
+    dtype_of: Dict[str, str] = field(default_factory=dict)  # the trainer's precision -> the export's
+
+
+SCHEMAS = {"cluster": Cluster, "storage": Storage, "checkpoint": Checkpoint, "data": Data, "export": Export}
 
 
 def register() -> None:
