@@ -186,7 +186,7 @@ def test_on_fail_stop_and_the_exclusion_limit_fail_the_job_with_the_report(slurm
     for row, why in ((stop, "not requeued: cluster.preflight.on_fail=stop"),
                      (limit, "more than cluster.preflight.max_exclusions=0")):
         assert row["state"] == "FAILED" and row["excluded"] == ""
-        assert row["error"].startswith("rank 0: train.preflight.PreflightFailed: preflight failed: ")
+        assert row["error"].startswith("rank ") and ": train.preflight.PreflightFailed: preflight failed: " in row["error"]
         assert "node check failed (exit 1): ERROR: mlx5_ib3: port down" in row["error"] and why in row["error"]
         assert _job_field(row["job_id"], "Restarts") == "0" and _job_field(row["job_id"], "ExcNodeList") == "(null)"
         folder = Path(row["log"]).parents[2] / row["point"]
