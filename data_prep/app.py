@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,8 @@ from data_prep.part import RunStats, is_complete, run_blocks
 from data_prep.progress import Progress, print_skipped, print_summary, summarize
 from data_prep.settings import Settings, settings_from
 from data_prep.tokenizer import LoadedTokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -124,14 +126,13 @@ def _run_locked(job: Job, lock: OutRootLock, mine: list[Block], started: float) 
     if not all_complete(split_dir, job.blocks):
         wall = time.perf_counter() - started
         print_skipped(stats.examples, sum(stats.skipped.values()))
-        print(f"data_prep: {label} finished ({stats.blocks_done} blocks, {stats.tokens:,} tokens, "
-              f"{stats.tokens / wall / 1e6:.2f}M tokens/s); other parts are still missing blocks, so the merge "
-              f"runs when the last part finishes (or run again without part= to merge)", file=sys.stderr)
+        log.info(f"data_prep: {label} finished ({stats.blocks_done} blocks, {stats.tokens:,} tokens, "
+                 f"{stats.tokens / wall / 1e6:.2f}M tokens/s); other parts are still missing blocks, so the merge "
+                 f"runs when the last part finishes (or run again without part= to merge)")
         return None
     lock.lock_merge()  # waits while another part of this run merges the same blocks
     if not all_complete(split_dir, job.blocks):  # that merge failed and removed its empty blocks; it says why
-        print(f"data_prep: {label} finished, but another part's merge removed the blocks (see its message)",
-              file=sys.stderr)
+        log.warning(f"data_prep: {label} finished, but another part's merge removed the blocks (see its message)")
         return None
     totals = merge(split_dir, job.blocks, s)
     local = os.path.expanduser(s.tokenizer)
@@ -142,6 +143,6 @@ def _run_locked(job: Job, lock: OutRootLock, mine: list[Block], started: float) 
     print_skipped(totals["skipped_examples"], totals["skipped_lines"])
     print_summary(summary)
     if totals["samples"] == 0:
-        print(f"data_prep: warning: the input holds fewer than concat_tokens={s.concat_tokens} tokens, "
-              f"so the dataset has no samples", file=sys.stderr)
+        log.warning(f"data_prep: warning: the input holds fewer than concat_tokens={s.concat_tokens} tokens, "
+                    f"so the dataset has no samples")
     return summary

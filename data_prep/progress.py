@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
 
 from data_prep.facts import SUMMARY_FILE
 from data_prep.mds import atomic_write
+
+log = logging.getLogger(__name__)
 
 
 class Progress:
@@ -39,11 +42,11 @@ def _human(n: float) -> str:
     return f"{n:,.0f}"
 
 
-def print_skipped(examples: list[list], total: int, out=sys.stderr, shown: int = 20) -> None:
+def print_skipped(examples: list[list], total: int, shown: int = 20) -> None:
     for path, line, reason in examples[:shown]:
-        print(f"data_prep: skipped {path}:{line}: {reason}", file=out)
+        log.warning(f"data_prep: skipped {path}:{line}: {reason}")
     if total > shown:
-        print(f"data_prep: ... {total - shown} more skipped lines (listed in {SUMMARY_FILE}, first 1000)", file=out)
+        log.warning(f"data_prep: ... {total - shown} more skipped lines (listed in {SUMMARY_FILE}, first 1000)")
 
 
 def summarize(split_dir: Path, totals: dict, facts: dict, run: dict) -> dict:

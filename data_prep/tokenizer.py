@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
-import sys
 from dataclasses import dataclass
 
 from omegaconf import OmegaConf
@@ -14,6 +14,8 @@ from common.paths import CONF
 from data_prep.errors import DataPrepError
 from data_prep.facts import vocab_fingerprint
 from data_prep.settings import Settings
+
+log = logging.getLogger(__name__)
 
 INT32_LIMIT = 2**31
 
@@ -136,6 +138,6 @@ def load_tokenizer(settings: Settings) -> LoadedTokenizer:
                             "pass eos_text='<|endoftext|>' (or the tokenizer's own end-of-text token)")
     for key, ids in (("bos_text", bos), ("eos_text", eos)):
         if len(ids) > 1:
-            print(f"data_prep: note: {key} tokenizes to {len(ids)} tokens {list(ids)}, not one special token",
-                  file=sys.stderr)
+            log.warning(f"data_prep: note: {key} tokenizes to {len(ids)} tokens {list(ids)}, not one special "
+                        "token")
     return LoadedTokenizer(tok, fingerprint, vocab, vocab_size, bos, eos)

@@ -36,8 +36,12 @@ def test_default_run_trains_evaluates_checkpoints_and_plots(tmp_path):
     assert (ckpt_dir / "ep0-ba40-rank0.pt").is_file()
     png = next((tmp_path / "outputs").rglob("loss_curve.png"))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for shown in (str(ckpt_dir), str(png)):  # it says where things are
-        assert shown in proc.stderr
+    for shown in (str(ckpt_dir), str(png)):  # it says where things are: the answer, on stdout
+        assert shown in proc.stdout
+    # messages on stderr and in the run's own log file (Hydra's job log)
+    [job_log] = (tmp_path / "outputs").rglob("__main__.log")
+    assert "INFO: Building trainer..." in proc.stderr
+    assert "[llmfoundry.command_utils.train][INFO] - Starting training..." in job_log.read_text()
 
 
 def _c4_mds(folder: Path) -> Path:

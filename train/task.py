@@ -6,7 +6,6 @@ import logging
 import os
 import shutil
 import stat
-import sys
 import tempfile
 from pathlib import Path
 
@@ -20,7 +19,6 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: DictConfig) -> dict:
-    _log_to_stderr()
     os.environ.update({k: os.path.expandvars(str(v)) for k, v in cfg.cluster.env.items()})
     dist_env = export_from_submitit()
     if dist_env:
@@ -59,30 +57,19 @@ def run(cfg: DictConfig) -> dict:
         if "No training would occur" not in str(err):
             raise
         # the same command again after the run finished: the newest checkpoint is the final one
-        print(f"\n{fcfg.run_name} already trained to max_duration={fcfg.max_duration} (checkpoint "
-              f"{fcfg.load_path}): nothing to do. To train this run longer, add run_name={fcfg.run_name} and a "
-              f"larger max_duration to the command (the run name is kept, so it resumes from this checkpoint; "
-              f"the LR schedule follows the new max_duration). To start afresh, pass another run_name.",
-              file=sys.stderr)
+        log.warning(f"{fcfg.run_name} already trained to max_duration={fcfg.max_duration} (checkpoint "
+                    f"{fcfg.load_path}): nothing to do. To train this run longer, add run_name={fcfg.run_name} and "
+                    f"a larger max_duration to the command (the run name is kept, so it resumes from this "
+                    f"checkpoint; the LR schedule follows the new max_duration). To start afresh, pass another "
+                    f"run_name.")
     metrics = _read(report / "metrics.json")
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"\nfinal train loss {metrics.get('final_train_loss')}, "
               f"eval {metrics.get('final_eval')}\n"
               f"checkpoints: {fcfg.save_folder or 'none (checkpoint=none)'}\n"
               f"loss curve:  {report / 'loss_curve.png'}\nmetrics:     {report / 'metrics.json'}",
-              file=sys.stderr)
+              flush=True)  # the run's answer: stdout
     return metrics
-
-
-def _log_to_stderr() -> None:
-    """Our own messages (logger `train`) go to stderr, the job log, whatever llm-foundry does with the root."""
-    logger = logging.getLogger("train")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
 
 
 def _start_dist(fcfg) -> None:

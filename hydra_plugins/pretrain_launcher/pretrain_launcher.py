@@ -7,6 +7,7 @@ preemption through `checkpoint`) is reused as is. What we add: per-point resourc
 lacks), and the summary.
 """
 import csv
+import logging
 import sys
 import time
 from collections import Counter
@@ -30,6 +31,10 @@ from hydra_plugins.pretrain_launcher.outcomes import (
     markdown,
     rank_outcomes,
 )
+
+# Messages (progress, failures) go through logging, to stderr; stdout holds the answer: one line per submitted
+# point and the summary.
+log = logging.getLogger("sweep")
 
 
 @dataclass
@@ -102,12 +107,12 @@ class SweepLauncher(BaseSubmititLauncher):
             for p, d in zip(points, done):
                 failed = [] if d or p.cfg.cluster.name != "local" else failed_ranks(p.job)
                 if failed:
-                    print(f"[sweep] #{p.num}: rank {failed[0]} failed: ending its other ranks", flush=True)
+                    log.warning(f"[sweep] #{p.num}: rank {failed[0]} failed: ending its other ranks")
                     kill_local_tasks(p.job)
             counts = Counter("done" if d else bucket(p.job.state) for p, d in zip(points, done))
             line = ", ".join(f"{counts[k]} {k}" for k in ("pending", "running", "done") if counts[k])
             if line != last:
-                print(f"[sweep] jobs: {line}", flush=True)
+                log.info(f"[sweep] jobs: {line}")
                 last = line
             if all(done):
                 return
@@ -171,12 +176,12 @@ class SweepLauncher(BaseSubmititLauncher):
             print(f"[preflight] {line}", file=sys.stderr)
         for row in rows:
             if row["state"] != "COMPLETED":
-                print(f"[sweep] #{row['point']} {row['state']}: see {row['log']}", file=sys.stderr)
+                log.error(f"[sweep] #{row['point']} {row['state']}: see {row['log']}")
                 for r in bad_ranks[row["point"]]:
                     tail = "".join(f"\n    | {line}" for line in r.tail)
-                    print(f"  rank {r.rank}: {r.error}\n    last lines of {r.log}:{tail}", file=sys.stderr)
+                    log.error(f"  rank {r.rank}: {r.error}\n    last lines of {r.log}:{tail}")
         if failed:
-            print(f"[sweep] {failed} of {len(points)} points did not complete", file=sys.stderr)
+            log.error(f"[sweep] {failed} of {len(points)} points did not complete")
             sys.exit(1)
         if failed_checks:
             sys.exit(1)
