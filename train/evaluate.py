@@ -54,7 +54,8 @@ def cross_entropy(model, tokenizer, data: Path, split: str, max_seq_len: int, ba
             "tokens": int(metric.total_items), "data": str(Path(data) / split), "max_seq_len": max_seq_len}
 
 
-def icl(folder: Path, task_file: Path, task_type: str, max_seq_len: int, batch_size: int, fewshot: int) -> dict:
+def icl(folder: Path, task_file: Path, task_type: str, max_seq_len: int, batch_size: int, fewshot: int,
+        delimiter: str = " ") -> dict:
     """llm-foundry's in-context-learning evaluation (`llmfoundry.command_utils.evaluate`) of the exported model on
     one task file; {metric name: value}."""
     from llmfoundry.command_utils import evaluate
@@ -69,7 +70,7 @@ def icl(folder: Path, task_file: Path, task_type: str, max_seq_len: int, batch_s
             "tokenizer": {"name": str(folder), "kwargs": {"model_max_length": max_seq_len}},
         }],
         "icl_tasks": [{"label": task_file.stem, "dataset_uri": str(task_file), "icl_task_type": task_type,
-                       "num_fewshot": [fewshot], "continuation_delimiter": " "}],
+                       "num_fewshot": [fewshot], "continuation_delimiter": delimiter}],
         "loggers": {}, "log_config": False, "python_log_level": None,
     })
     trainers, _ = evaluate(cfg)
@@ -88,6 +89,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--icl-tasks", type=Path, help="a JSON-lines task file for llm-foundry's ICL evaluation")
     parser.add_argument("--icl-type", choices=ICL_TYPES, default="language_modeling")
     parser.add_argument("--fewshot", type=int, default=0, help="in-context examples per question (ICL)")
+    parser.add_argument("--icl-delimiter", default=" ", help="put between context and continuation (ICL; default ' ')")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     return parser
 
@@ -104,7 +106,7 @@ def main(argv=None) -> int:
         folder = hf_model.find_folder(args.model)
         if args.icl_tasks:
             result = icl(folder, args.icl_tasks.resolve(), args.icl_type, args.max_seq_len or _model_seq(folder),
-                         args.batch_size, args.fewshot)
+                         args.batch_size, args.fewshot, args.icl_delimiter)
             text = "\n".join(f"{k} {v:.4f}" for k, v in result.items())
         else:
             model, tokenizer = hf_model.load(folder)
