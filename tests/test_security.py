@@ -1,7 +1,8 @@
 """Nothing leaks, nothing injects: credentials stay out of files and plans; values in the sbatch script stay data.
 
-Injection attempts go through `plan=json` (the script `-m` would submit) and then that script is run under bash
-with a stand-in `srun`: no file may appear. Credentials: refused in config with the fix; exported in the
+Injection attempts go into the script `-m` would submit (the same text `plan=json` shows, tested below), which is
+then run under bash with a stand-in `srun`: no file may appear. Refusals are checked in-process for every input
+(fast tier) and through the command line, plain and `-m`, with nothing written and no secret echoed (`e2e`). Credentials: refused in config with the fix; exported in the
 submitting shell they reach the job on the loopback Slurm, and a grep of everything written finds them nowhere.
 """
 import hashlib
@@ -36,13 +37,13 @@ def written(root: Path) -> str:
     "cluster.env.TRITON_CACHE_DIR='/tmp/x-$(touch {pwned})'",
 ])
 def test_env_values_stay_data_in_the_submitted_script(tmp_path, override):
+    from train.compose import compose
+    from train.executor import sbatch_script
+
     pwned = tmp_path / "pwned"
-    proc = cli(tmp_path / "root", "-m", "cluster=ndv5", "global_train_batch_size=64", "plan=json",
-               override.format(pwned=pwned))
-    assert proc.returncode == 0, proc.stderr
-    [plan] = json.loads(proc.stdout)
+    text = sbatch_script(compose(["cluster=ndv5", "global_train_batch_size=64", override.format(pwned=pwned)]))
     script = tmp_path / "job.sh"
-    script.write_text(plan["sbatch_script"])
+    script.write_text(text)
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "srun").write_text("#!/bin/sh\nexit 0\n")
@@ -50,10 +51,10 @@ def test_env_values_stay_data_in_the_submitted_script(tmp_path, override):
     ran = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "SLURM_JOB_ID": "42"})
     assert ran.returncode == 0, ran.stderr
-    assert not pwned.exists(), plan["sbatch_script"]
+    assert not pwned.exists(), text
 
 
-@pytest.mark.parametrize("override,key", [
+REFUSED = [
     ("cluster.account='acct\ntouch /tmp/pwned'", "cluster.account"),
     ("cluster.partition='gpu\ntouch /tmp/pwned'", "cluster.partition"),
     ("cluster.qos='high\ntouch /tmp/pwned'", "cluster.qos"),
@@ -67,7 +68,21 @@ def test_env_values_stay_data_in_the_submitted_script(tmp_path, override):
     ("+cluster.env.AWS_SECRET_ACCESS_KEY=" + SECRET, "cluster.env.AWS_SECRET_ACCESS_KEY"),
     ("+cluster.env.AZURE_STORAGE_CONNECTION_STRING=" + SECRET, "cluster.env.AZURE_STORAGE_CONNECTION_STRING"),
     ("+cluster.env.DB_PASSWORD=" + SECRET, "cluster.env.DB_PASSWORD"),
-])
+]
+
+
+@pytest.mark.parametrize("override,key", REFUSED)
+def test_refused_by_the_checks_with_the_key_and_no_secret_in_the_message(override, key):
+    from train.checks import Context, check, errors
+    from train.compose import compose
+
+    problems = errors(check(compose(["cluster=ndv5", override]), Context(mode="run", overrides=(override,))))
+    assert key in [p.key for p in problems]
+    assert not any(SECRET in str(p) for p in problems)
+
+
+@pytest.mark.e2e  # one process per input (the in-process twin above runs in the fast tier)
+@pytest.mark.parametrize("override,key", REFUSED)
 @pytest.mark.parametrize("mode", [("-m", "plan=json"), ()])
 def test_refused_before_anything_is_written_and_no_secret_is_echoed(tmp_path, override, key, mode):
     root = tmp_path / "root"

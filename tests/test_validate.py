@@ -418,6 +418,7 @@ def _tree(folder):
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else None
 
 
+@pytest.mark.e2e  # ten whole commands
 def test_plans_cfg_help_and_refused_runs_write_nothing_anywhere(tmp_path):
     """The storage root (/data for storage=amlfs) is not created, no runs/ or Hydra folder appears, and the
     mount check does not pass because a look created the folder it checks."""
