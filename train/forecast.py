@@ -1,9 +1,9 @@
-"""`plan=true` / `plan=json`: what a run would need and take, from the config alone. Starts and submits nothing.
+"""The plan's figures (`plan=true` / `plan=json`): what a run would need and take, from the config alone. Starts
+and submits nothing; train/forecast_report.py words and prints them.
 
 Light (no torch, no llm-foundry): model arithmetic from train.estimate, the sbatch script from train.executor.
 The plan describes the job `-m` would submit: cluster.nodes x cluster.tasks_per_node ranks.
 """
-import json
 import math
 
 from omegaconf import DictConfig, OmegaConf
@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from train import estimate
 from train.checks.core import batches as _batches
 from train.checks.core import value
-from train.estimate import GiB, TiB
+from train.estimate import TiB
 
 # Published GPT-3 175B checkpoint from the Megatron-LM recipe, to set our figure beside.
 MEGATRON_GPT3_CHECKPOINT_BYTES = int(2.3 * TiB)
@@ -169,25 +169,6 @@ def _preflight(cfg, nodes: int, tasks: int) -> dict:
             "estimated_allreduce_seconds": estimate_seconds(s, nodes, tasks) if s["enabled"] or s["only"] else None}
 
 
-def _render_preflight(p: dict) -> list:
-    s = p["preflight"]
-    if not (s["enabled"] or s["only"]):
-        return ["preflight   off (cluster.preflight.enabled=false)"]
-    exp = s["expected_busbw_GBps"]
-    judged = (f"expected busbw intra {exp['intra']} / inter {exp['inter']} GB/s, below {s['tolerance']:g} x "
-              f"expected fails" if exp["intra"] or exp["inter"] else "figures reported, not judged (no expected "
-              "busbw for this cluster)")
-    cost = (f"~{s['estimated_allreduce_seconds']:.2f} s of all-reduces at the expected figures"
-            if s["estimated_allreduce_seconds"] is not None else "all-reduce time unknown (no expected figures)")
-    on_fail = (f"requeue without the bad nodes (at most {s['max_exclusions']} in all)" if s["on_fail"] == "requeue"
-               else "fail with the report")
-    return [f"preflight   {'ONLY (trains nothing)' if s['only'] else 'on'}: devices, node check "
-            f"{s['node_check'] or '(none)'}, all-reduce of {_size(s['bytes'])} x {s['iters']} within each node, "
-            f"{s['pair_rounds']} round(s) of node pairs and the whole job",
-            f"            {judged}; on failure: {on_fail}",
-            f"            cost: {cost}, plus the node check and communicator set-up"]
-
-
 # Bytes per weight of a Hugging Face export, by its precision (llm-foundry's hf_checkpointer's names).
 EXPORT_BYTES_PER_PARAM = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -201,184 +182,3 @@ def _export(cfg, params: int) -> dict:
     return {"export": "hf" if hf else "none", "export_precision": precision,
             "export_folder": f"{value(cfg, 'export.folder')}/huggingface/ba{{B}}" if hf else None,
             "export_bytes": per_param * params if per_param else None}
-
-
-def _render_export(p: dict) -> str:
-    size = _size(p["export_bytes"]) if p["export_bytes"] else "?"
-    if p["export"] == "hf":
-        return (f"export      hf: {size} of {p['export_precision']} weights (+ tokenizer, MPT code) in "
-                f"{p['export_folder']} at the end of training")
-    return (f"export      none (export=hf writes a Hugging Face folder at the end); `python -m train.export` of a "
-            f"checkpoint: {size} ({p['export_precision']}), half that with --precision=bfloat16")
-
-
-# ------------------------------------------------------------------------------------------------ report
-
-
-def _size(n) -> str:
-    if n is None:
-        return "?"
-    if n >= TiB:
-        return f"{n / TiB:.2f} TiB"
-    return f"{n / GiB:.1f} GiB" if n >= GiB / 10 else f"{n / 2**20:.1f} MiB"
-
-
-def _duration_words(s) -> str:
-    if s is None:
-        return "?"
-    if s < 120:
-        return f"{s:.1f} s"
-    if s < 7200:
-        return f"{s / 60:.2f} min"
-    if s < 3 * 86400:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.1f} days"
-
-
-def _big(n) -> str:
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f}"
-
-
-def _flop(n) -> str:
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}FLOP"
-    return f"{n:.0f} FLOP"
-
-
-def render(p: dict) -> str:
-    out = [f"plan for {p['run_name']} (nothing started or submitted)", ""]
-    add = out.append
-    m = p["model"]
-    add(f"model       {_big(p['params'])} parameters (d_model {m['d_model']}, {m['n_layers']} layers, "
-        f"{m['n_heads']} heads, vocab {m['vocab_size']}, seq {m['max_seq_len']})")
-    add(f"            {_flop(p['flops_per_token'])} per token = 6N {_flop(p['flops_per_token_6n'])} "
-        f"+ attention {_flop(p['flops_per_token_attention'])}")
-    gpu = f" on {p['gpu']}" if p["gpu"] else " (CPU)"
-    add(f"cluster     {p['cluster']}: {p['nodes']} node(s) x {p['tasks_per_node']} tasks = world size "
-        f"{p['world_size']}{gpu}")
-    accum = (f" = microbatch {p['device_train_microbatch_size']} x {p['grad_accum']} gradient accumulation"
-             if p["grad_accum"] else f" (microbatch {p['device_train_microbatch_size']})")
-    add(f"batch       global {p['global_train_batch_size']} = {p['world_size']} ranks x {p['per_device_batch']} "
-        f"per device{accum}; {_big(p['tokens_per_step'])} tokens per step")
-    if p["steps"]:
-        add(f"duration    max_duration {p['max_duration']} = {p['steps']:,} steps = {_big(p['tokens'])} tokens")
-    else:
-        add(f"duration    max_duration {p['max_duration']}: steps depend on the data set's size")
-
-    ac = "on" if p["activation_checkpointing"] else "off"
-    if p["memory_per_gpu_bytes"] is not None:
-        fits = "fits" if p["fits"] else "DOES NOT FIT"
-        smallest = (f"smallest node count that fits: {p['min_nodes']}" if p["min_nodes"]
-                    else "no node count fits at this microbatch")
-        if p["min_nodes"] and p["min_nodes_batch"] not in (None, p["min_nodes"]):
-            smallest += f" ({p['min_nodes_batch']} to also divide the global batch)"
-        b = p["memory_breakdown_bytes"]
-        add(f"memory/GPU  ~{_size(p['memory_per_gpu_bytes'])} of {_size(p['gpu_memory_bytes'])} "
-            f"({_size(p['usable_memory_bytes'])} usable, {int(p['memory_headroom'] * 100)}% kept free): {fits}; "
-            f"{smallest}")
-        add(f"            {p['sharding_strategy'] or 'no FSDP'} over {p['world_size']} ranks: weights "
-            f"{_size(b['params'])} (fp32) + grads {_size(b['grads'])} (fp32) + Adam {_size(b['optimizer'])} "
-            f"(2 x fp32)")
-        add(f"            + gathered blocks {_size(b['gathered'])} + activations {_size(b['activations'])} "
-            f"(checkpointing {ac}) + CUDA/NCCL {_size(b['runtime'])}")
-    else:
-        add("memory/GPU  no GPU memory to fit (CPU cluster)")
-    add(f"            activations per microbatch: {_size(p['activation_bytes_with_checkpointing'])} with "
-        f"activation checkpointing, {_size(p['activation_bytes_without_checkpointing'])} without (this run: {ac})")
-
-    per_rank = (f", {_size(p['checkpoint_bytes_per_rank'])} per rank in {p['checkpoint_files']} files"
-                if p["checkpoint_bytes_per_rank"] else ", one file written by rank 0")
-    tier = f" ({p['storage_tier']})" if p["storage_tier"] else ""
-    ceiling = f", one file at most {p['file_GBps']} GB/s" if p["file_GBps"] else ""
-    what = p["checkpoint"] or "none (checkpoint=none: nothing is written; a checkpoint would be)"
-    add(f"checkpoint  {what}: {_size(p['checkpoint_bytes'])} (12 B/param: fp32 weights + 2 Adam moments){per_rank}")
-    add(f"            write {_duration_words(p['checkpoint_write_seconds'])} at {p['write_GBps']} GB/s{tier}"
-        f"{ceiling}")
-    if p["checkpoint_layout"]:
-        add(f"            layout: {p['checkpoint_layout']}")
-    if p["checkpoints_to_max_duration"]:
-        overhead = (f", {p['checkpoint_overhead'] * 100:.2f}% of training time"
-                    if p["checkpoint_overhead"] is not None else "")
-        add(f"            every {p['save_interval']}: {p['checkpoints_to_max_duration']:,} checkpoints to "
-            f"max_duration{overhead}")
-    meg = p["megatron_checkpoint_bytes"]
-    ratio = meg / MEGATRON_GPT3_CHECKPOINT_BYTES
-    add(f"            Megatron-LM layout (fp16 weights beside fp32 master weights + 2 moments, 14 B/param): "
-        f"{_size(meg)}" + (f", {ratio * 100:.0f}% of the ~2.3 TiB its GPT-3 175B recipe writes"
-                           if 0.5 < ratio < 2 else ""))
-    add(_render_export(p))
-
-    if p["step_seconds"]:
-        add(f"speed       at {p['mfu'] * 100:.2f}% MFU (cluster.mfu) of {p['peak_flops'] / 1e12:.0f} TFLOP/s: "
-            f"{p['tokens_per_second_per_gpu']:,.0f} tokens/s/GPU, {_big(p['tokens_per_second'])} tokens/s")
-        add(f"            {p['step_seconds']:.2f} s per step; {_duration_words(p['train_seconds'])} to max_duration")
-    else:
-        add("speed       unknown here (no cluster.peak_flops / cluster.mfu for this cluster)")
-    out.extend(_render_preflight(p))
-    if p["sbatch_script"]:
-        add("sbatch      the script `-m` would submit:")
-        out.extend("    " + line for line in p["sbatch_script"].rstrip().splitlines())
-    else:
-        add("sbatch      none: cluster=local runs on this machine")
-    if p["warnings"]:
-        add("warnings    (legal but likely mistakes, and what would stop a run or submission from this node):")
-        for w in p["warnings"]:
-            out.extend("    " + line for line in w.splitlines())
-    return "\n".join(out)
-
-
-def _json_default(o):
-    try:
-        return OmegaConf.to_container(o, resolve=True)
-    except Exception:
-        return str(o)
-
-
-def to_json(obj) -> str:
-    return json.dumps(obj, indent=2, default=_json_default)
-
-
-def _emit(text: str) -> None:
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:  # `plan=true | head`: the reader has seen enough
-        import os
-        import sys
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
-def print_plan(cfg: DictConfig, problems=()) -> dict:
-    p = build_plan(cfg, problems)
-    _emit(to_json(p) if value(cfg, "plan") == "json" else render(p))
-    return p
-
-
-def _summary(plans: list) -> str:
-    cols = ("point", "nodes", "world", "grad_accum", "mem/GPU", "fits", "min_nodes", "ckpt write", "s/step", "days")
-    rows = [" | ".join(cols), " | ".join("---" for _ in cols)]
-    for i, p in enumerate(plans):
-        mem = _size(p["memory_per_gpu_bytes"]) if p["memory_per_gpu_bytes"] is not None else "-"
-        rows.append(" | ".join(str(x) for x in (
-            i, p["nodes"], p["world_size"], p["grad_accum"], mem, p["fits"], p["min_nodes"],
-            _duration_words(p["checkpoint_write_seconds"]),
-            f"{p['step_seconds']:.2f}" if p["step_seconds"] else "-",
-            f"{p['train_days']:.1f}" if p["train_days"] else "-")))
-    return "\n".join("| " + r + " |" for r in rows)
-
-
-def print_plans(cfgs: list, problems=()) -> list:
-    """A sweep's plans, one per point. plan=json: one JSON list, one object per point, in point order.
-    problems: the sweep's warnings, each point's named by its key (Problem.at_point)."""
-    prefix = [f"[sweep point #{i}] " for i in range(len(cfgs))]
-    plans = [build_plan(cfg, [p for p in problems if p.key.startswith(prefix[i])]) for i, cfg in enumerate(cfgs)]
-    if value(cfgs[0], "plan") == "json":
-        _emit(to_json(plans))
-    else:
-        _emit("\n".join(f"=== sweep point #{i} ===\n{render(p)}\n" for i, p in enumerate(plans))
-              + f"\nsweep of {len(plans)} points:\n{_summary(plans)}")
-    return plans

@@ -33,7 +33,7 @@ class CheckBeforeWriting(Callback):
         if not report(problems):
             sys.exit(2)
         if ctx.mode == "plan":
-            from train.forecast import print_plan
+            from train.forecast_report import print_plan
 
             print_plan(cfg, problems)
             sys.exit(0)
@@ -71,7 +71,7 @@ class CheckBeforeWriting(Callback):
         if not report(problems):
             sys.exit(2)
         if ctxs and ctxs[0].mode == "plan":
-            from train.forecast import print_plans
+            from train.forecast_report import print_plans
 
             print_plans(cfgs, problems)
             sys.exit(0)
