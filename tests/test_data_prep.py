@@ -1,4 +1,5 @@
-"""python -m data_prep end to end on the real excerpts in ../shared/data: every run is a real process."""
+"""python -m data_prep end to end on the real excerpts in ../shared/data: every run is a real process. (One module
+for data_prep's whole command-line contract, with its shared reference dataset made once: hence its length.)"""
 from __future__ import annotations
 
 import gzip

@@ -3,7 +3,8 @@
 Real runs of the tiny model on CPU (one process, or 2 and 4 ranks over gloo with FSDP2 through `-m`). The
 matrix: checkpoint format {sharded, full} x ranks {1, 2}, each with evaluations before its checkpoints, each
 resumed after (a) SIGKILL right after a checkpoint and (b) the run finished. Then world-size changes, and the
-states an interrupted write leaves on disk. The uninterrupted run of each rank count is the reference.
+states an interrupted write leaves on disk. The uninterrupted run of each rank count is the reference. (One
+module for the whole matrix, so its shared reference runs are made once: hence its length.)
 """
 import csv
 import json

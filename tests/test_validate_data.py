@@ -1,0 +1,140 @@
+"""Checks of the data a run would read and the tokenizer it would use, before anything starts: vocabulary sizes
+from real tokenizer folders and the hub cache, real MDS made by data_prep (the `c4_mds` fixture), and data that
+cannot train (sample length, missing or short shards, another tokenizer, raw JSON given as MDS).
+"""
+import json
+import subprocess
+
+import pytest
+from paths import PYTHON, ROOT, TOKENIZER, need_shared
+from test_validate import cli, problems_in
+
+from train.checks import ERROR, WARNING, Context, check
+from train.compose import compose
+
+
+def test_tokenizer_size_from_a_real_tokenizer_folder():
+    need_shared()
+    found = check(compose(["data=mds", f"tokenizer.name={TOKENIZER}", "model.vocab_size=50000",
+                           "variables.data_local=/nonexistent"]), Context())
+    assert any(p.key == "model.vocab_size" and "50277 ids" in p.problem for p in found), found
+
+
+def test_data_mds_takes_its_vocabulary_from_the_tokenizer():
+    """mpt-tiny's 320 fits the mock tokenizer; data=mds sizes the vocabulary from the tokenizer it names."""
+    need_shared()
+    assert compose(["data=mds", f"tokenizer.name={TOKENIZER}", "variables.data_local=/x"]).model.vocab_size == 50304
+    assert compose(["data=c4"]).model.vocab_size == 50368  # llm-foundry's figure for gpt-neox-20b
+    assert compose([]).model.vocab_size == 320
+
+
+def test_mock_tokenizer_size_matches_mock_data():
+    from train import mock_data, vocab
+
+    assert vocab.MOCK_IDS == mock_data.BYTES + 1
+
+
+def test_good_data_folder_passes(tmp_path, c4_mds):
+    assert check(compose(["data=c4", f"tokenizer.name={TOKENIZER}", "max_seq_len=128",
+                          f"variables.data_local={c4_mds}"]), Context()) == []
+    assert check(compose(["storage=blob", f"storage.root={tmp_path}", "storage.mounts=[]", "data=c4",
+                          f"tokenizer.name={TOKENIZER}"]), Context()) == []
+
+
+# ------------------------------------------------------------------------------- data that cannot train
+
+
+def _data(c4_mds, *more):
+    return compose(["data=mds", f"tokenizer.name={TOKENIZER}", f"variables.data_local={c4_mds}", *more])
+
+
+def test_sample_length_unlike_max_seq_len_is_a_warning_with_the_fix(c4_mds, tmp_path):
+    [p] = check(_data(c4_mds, "max_seq_len=64"), Context())  # 128-token samples, half of each dropped
+    assert (p.level, p.key) == (WARNING, "max_seq_len") and "50 % of the prepared tokens" in p.problem, p
+    assert "max_seq_len=128" in p.fix
+    [p] = check(_data(c4_mds, "max_seq_len=256"), Context())
+    assert p.level == WARNING and "shorter than max_seq_len=256" in p.problem, p
+    proc = cli(tmp_path, "data=mds", f"tokenizer.name={TOKENIZER}", f"variables.data_local={c4_mds}",
+               "max_seq_len=64", "plan=json")
+    assert proc.returncode == 0 and "warning: max_seq_len:" in json.loads(proc.stdout)["warnings"][0]
+
+
+def _copy(c4_mds, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(c4_mds, copy)
+    index = json.loads((copy / "train" / "index.json").read_text())
+    shard = copy / "train" / index["shards"][0]["raw_data"]["basename"]
+    return copy, shard
+
+
+def test_an_index_naming_a_missing_or_short_shard_is_refused(c4_mds, tmp_path):
+    copy, shard = _copy(c4_mds, tmp_path)
+    shard.write_bytes(shard.read_bytes()[:100])
+    [p] = check(_data(copy), Context())
+    assert p.key == "variables.data_local" and str(shard.name) in p.problem and "copy the data again" in p.fix, p
+    shard.unlink()
+    [p] = check(_data(copy), Context())
+    assert p.key == "variables.data_local" and "missing" in p.problem, p
+    proc = cli(tmp_path / "root", "data=mds", f"tokenizer.name={TOKENIZER}", f"variables.data_local={copy}")
+    assert proc.returncode == 2 and "error: variables.data_local:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_data_tokenized_with_another_tokenizer_is_refused(c4_mds, tmp_path):
+    other = tmp_path / "other-tokenizer"
+    other.mkdir()
+    definition = json.loads((TOKENIZER / "tokenizer.json").read_text())
+    vocab = definition["model"]["vocab"]
+    a, b = list(vocab)[1000:1002]
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # two ids swapped: same size, other meaning
+    (other / "tokenizer.json").write_text(json.dumps(definition))
+    found = check(compose(["data=mds", f"tokenizer.name={other}", f"variables.data_local={c4_mds}",
+                           "max_seq_len=128"]), Context())
+    [p] = [p for p in found if p.key == "tokenizer.name"]
+    assert p.level == ERROR and f"tokenized with {TOKENIZER}, not {other}" in p.problem, p
+    assert f"tokenizer.name={TOKENIZER}" in p.fix
+    import shutil
+
+    same = tmp_path / "same-tokenizer"
+    shutil.copytree(TOKENIZER, same)  # the same tokenizer elsewhere is the same tokenizer
+    assert check(compose(["data=mds", f"tokenizer.name={same}", f"variables.data_local={c4_mds}",
+                          "max_seq_len=128"]), Context()) == []
+
+
+@pytest.mark.e2e  # runs data_prep
+def test_the_fix_for_raw_json_given_as_mds_data_is_a_command_that_works(tmp_path):
+    import re
+    import shlex
+    import shutil
+
+    from paths import C4
+
+    need_shared()
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    shutil.copy(C4 / "c4-train.00000-of-01024.first1000.json.gz", raw)
+    proc = cli(tmp_path / "root", "data=mds", f"tokenizer.name={TOKENIZER}", f"variables.data_local={raw}")
+    [fix] = [f for level, k, _, f in problems_in(proc.stderr) if k == "variables.data_local"]
+    command = re.search(r"`(python -m data_prep [^`]+)`", fix).group(1)
+    words = shlex.split(command)
+    made = subprocess.run([str(PYTHON), *words[1:], "progress=false"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert (tmp_path / "raw-mds" / "train" / "index.json").is_file() and f"variables.data_local={tmp_path}/raw-mds" in fix
+
+
+def test_a_hub_tokenizer_in_the_cache_passes_offline_and_sizes_the_vocabulary(tmp_path, monkeypatch, c4_mds):
+    import shutil
+
+    snapshot = tmp_path / "hub" / "models--my-org--my-tok" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    shutil.copy(TOKENIZER / "tokenizer.json", snapshot)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = compose(["data=mds", "tokenizer.name=my-org/my-tok", f"variables.data_local={c4_mds}", "max_seq_len=128"])
+    assert cfg.model.vocab_size == 50304  # its 50277 ids, padded
+    assert check(cfg, Context()) == []  # cached: no download needed; the same vocabulary the data was made with
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    [p] = [p for p in check(cfg, Context()) if p.key == "tokenizer.name"]
+    assert "HF_HUB_OFFLINE is set" in p.problem and str(tmp_path / "empty") in p.problem
