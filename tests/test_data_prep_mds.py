@@ -5,6 +5,8 @@ import pytest
 
 from data_prep.mds import ShardWriter
 
+pytestmark = pytest.mark.e2e  # streaming's writer and reader import torch
+
 
 @pytest.mark.parametrize("length, compression, size_limit", [
     (2048, None, 1 << 16),      # several shards

@@ -59,6 +59,7 @@ def test_the_readme_has_the_lines_people_copy():
         assert words in text, words
 
 
+@pytest.mark.e2e  # one process per line
 @pytest.mark.parametrize("line,error", LINES, ids=[line[:90] for line, _ in LINES])
 def test_every_readme_command_line_runs_as_a_look(tmp_path, line, error):
     words = shlex.split(line, comments=True)
