@@ -43,7 +43,7 @@ class CheckBeforeWriting(Callback):
         from hydra.core.hydra_config import HydraConfig
 
         from train.checks import ConfigError, check, check_points, errors, report, resolve_all
-        from train.compose import sweep_overrides, sweep_point
+        from train.compose import CHECKED_POINTS, sweep_points
 
         HydraConfig.instance().set_config(config)
         loader = GlobalHydra.instance().config_loader()
@@ -54,8 +54,7 @@ class CheckBeforeWriting(Callback):
             point's overrides). A point that does not resolve is checked as it is, so that its problems name
             their keys (storage.tier, not the storage.write_GBps that interpolates it)."""
             cfgs, ctxs, unresolved = [], [], {}
-            for num, overrides in enumerate(sweep_overrides(config)):
-                cfg = sweep_point(loader, config, num, overrides, sweep_dir)
+            for num, (overrides, cfg) in enumerate(sweep_points(loader, config, sweep_dir)):
                 ctx = _context(config, cfg, overrides, sweep=True)
                 try:
                     resolve_all(cfg)
@@ -70,6 +69,8 @@ class CheckBeforeWriting(Callback):
         problems = _checked(lambda: check_points(cfgs, ctxs, unresolved))
         if not report(problems):
             sys.exit(2)
+        # checked and resolved: the launcher submits these (each point composed once)
+        CHECKED_POINTS[str(sweep_dir)] = [(list(c.overrides), cfg) for c, cfg in zip(ctxs, cfgs)]
         if ctxs and ctxs[0].mode == "plan":
             from train.forecast_report import print_plans
 

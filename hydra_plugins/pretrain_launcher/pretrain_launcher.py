@@ -73,19 +73,27 @@ class SweepLauncher(BaseSubmititLauncher):
         # Every point was checked (and a plan printed) before Hydra wrote the sweep folder: train/gate.py.
         setup_globals()
         sweep_dir = Path(self.config.hydra.sweep.dir)
-        points = [self._point(initial_job_idx + i, list(o), sweep_dir) for i, o in enumerate(job_overrides)]
+        points = self._points([list(o) for o in job_overrides], initial_job_idx, sweep_dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         self._submit(points)
         self._wait(points)
         return self._report(points, sweep_dir)
 
-    def _point(self, num: int, overrides: list, sweep_dir: Path) -> Point:
-        """Compose and resolve one point exactly as its job will (same Hydra context), without running it."""
-        from train.compose import sweep_point
+    def _points(self, job_overrides: list, first: int, sweep_dir: Path) -> list:
+        """Each point composed and resolved exactly as its job will (same Hydra context), without running it:
+        the ones the gate composed and checked (train/gate.py), or, for a launch the gate did not see, composed
+        here."""
+        from train.compose import CHECKED_POINTS, sweep_points
 
-        cfg = sweep_point(self.hydra_context.config_loader, self.config, num, overrides, sweep_dir)
-        OmegaConf.resolve(cfg)
-        return Point(num, overrides, cfg)
+        checked = CHECKED_POINTS.get(str(sweep_dir), [])
+        if first == 0 and [o for o, _ in checked] == job_overrides:
+            return [Point(num, o, cfg) for num, (o, cfg) in enumerate(checked)]
+        points = []
+        for num, (overrides, cfg) in enumerate(sweep_points(self.hydra_context.config_loader, self.config,
+                                                            sweep_dir)):
+            OmegaConf.resolve(cfg)  # while the point's Hydra context is set
+            points.append(Point(num, overrides, cfg))
+        return [p for p in points if first <= p.num < first + len(job_overrides)]
 
     def _submit(self, points: list) -> None:
         from train.executor import make_executor
