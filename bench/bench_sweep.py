@@ -1,0 +1,84 @@
+"""How a sweep's size costs on the login node: planning (`plan=json`) and submitting 1, 32 and 128 points, beside
+Hydra composing one config in a bare process (the floor any Hydra app pays), from one run on this machine.
+
+Submitting needs the loopback Slurm (scripts/slurm-local.sh start; SLURM_CONF exported): the time is taken when
+the last point's "-> job <id>" line is printed; the jobs are then cancelled and the command stopped.
+
+    .venv/bin/python bench/bench_sweep.py [--repeats 2] [--no-submit]
+"""
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+BARE = ("from hydra import compose, initialize_config_dir\nimport train\n"
+        f"with initialize_config_dir({str(ROOT / 'conf')!r}, version_base=None):\n"
+        "    compose('train', overrides=['model=mpt-30b', 'cluster=ndv5', 'cluster.nodes=4'])\n")
+# 4 x 8 = 32 points, x 4 = 128: node counts, learning rates, seeds
+GRIDS = {1: [], 32: ["cluster.nodes=2,4,8,16", "optimizer.lr=1e-4,2e-4,3e-4,4e-4,5e-4,6e-4,7e-4,8e-4"]}
+GRIDS[128] = GRIDS[32] + ["seed=1,2,3,4"]
+
+
+def best_of(cmd, env, repeats) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        times.append(time.perf_counter() - start)
+        if proc.returncode:
+            sys.exit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    return min(times)
+
+
+def submit_seconds(points: int, env) -> float:
+    """Seconds until every point is submitted; its jobs are cancelled at once."""
+    grid = [g.replace("cluster.nodes=2,4,8,16", "max_duration=1ba,2ba,3ba,4ba") for g in GRIDS[points]]
+    cmd = [PYTHON, "-m", "train", "-m", "cluster=slurm-local", "data=mock", "checkpoint=none", *grid]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    jobs = []
+    for line in proc.stdout:
+        found = re.search(r"-> job (\d+)", line)
+        if found:
+            jobs.append(found[1])
+            if len(jobs) == points:
+                break
+    took = time.perf_counter() - start
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait()
+    subprocess.run(["scancel", *jobs], env=env, check=False)
+    if len(jobs) != points:
+        sys.exit(f"only {len(jobs)} of {points} points were submitted")
+    return took
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--no-submit", action="store_true", help="plans only (no Slurm needed)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as root:
+        env = {**os.environ, "PRETRAIN_ROOT": root, "HF_HUB_OFFLINE": "1"}
+        bare = best_of([PYTHON, "-c", BARE], env, args.repeats)
+        print(f"{'command':34s} {'best s':>8s} {'s/point':>8s} {'x bare compose':>15s}")
+        print(f"{'hydra compose, one config (bare)':34s} {bare:8.2f} {bare:8.3f} {1.0:15.2f}")
+        for points, grid in GRIDS.items():
+            cmd = [PYTHON, "-m", "train", "-m", "model=mpt-30b", "cluster=ndv5", "data=mock", *grid, "plan=json"]
+            s = best_of(cmd, env, args.repeats)
+            print(f"{f'plan=json, {points} points':34s} {s:8.2f} {s / points:8.3f} {s / bare:15.2f}")
+        if not args.no_submit:
+            for points in GRIDS:
+                s = submit_seconds(points, env)
+                print(f"{f'submit to Slurm, {points} points':34s} {s:8.2f} {s / points:8.3f} {s / bare:15.2f}")
+
+
+if __name__ == "__main__":
+    main()
