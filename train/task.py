@@ -47,9 +47,11 @@ def run(cfg: DictConfig) -> dict:
     _choose_resume_point(fcfg)
     from llmfoundry.command_utils import train
 
+    from train import tracking
     from train.run_report import register
 
     register()
+    tracking.register()  # conf/logger/: one tracking run per training run
     report = Path(fcfg.callbacks.run_report.folder)
     try:
         train(fcfg).close()

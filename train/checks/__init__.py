@@ -1,9 +1,10 @@
 """Everything checked before a run starts or a sweep is submitted. Light: no torch, no llm-foundry.
 
 Each rule is a small function `rule(cfg, ctx)` yielding Problems (key, problem, fix; an error or a warning), in
-modules by what they look at: config values (values.py), credentials and shell safety (safety.py), this node's
-files (node.py), memory fit (fit.py); sweeps add one rule across points (here). `check` runs them all and returns
-every problem at once, in a stable order, so a config is fixed in one round trip.
+modules by what they look at: config values (values.py), credentials and shell safety (safety.py), experiment
+tracking (tracking.py), this node's files (node.py), memory fit (fit.py); sweeps add one rule across points
+(here). `check` runs them all and returns every problem at once, in a stable order, so a config is fixed in one
+round trip.
 
 An error is what llm-foundry, composer, streaming or Slurm would refuse, or what surely fails, and says which;
 a warning is legal but likely a mistake: printed, put in the plan, and the run goes on. In a plan, the rules
@@ -12,10 +13,10 @@ about this node's files and the memory fit are warnings too (plans are made away
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from train.checks import fit, node, preflight_rules, safety, values
+from train.checks import fit, node, preflight_rules, safety, tracking, values
 from train.checks.core import ERROR, WARNING, ConfigError, Context, Problem, value  # noqa: F401
 
-RULES = [*safety.RULES, *values.RULES, *preflight_rules.RULES, *node.RULES, *fit.RULES]
+RULES = [*safety.RULES, *values.RULES, *tracking.RULES, *preflight_rules.RULES, *node.RULES, *fit.RULES]
 # Warnings in a plan: what only this node can tell, the memory estimate, and mock data on a cluster (a plan is
 # asked "does it fit", often before the data exists; it says what a run would refuse).
 SOFT_IN_PLAN = {r for r in node.RULES + fit.RULES if r not in node.EVERYWHERE} | {values.mock_data_only_where_asked}

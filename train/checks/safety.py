@@ -2,6 +2,9 @@
 and again for every sweep point. Every value that lands in the sbatch script stays data."""
 import re
 
+from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationResolutionError
+
 from train.checks.core import Problem, value
 
 # Environment variable names that hold credentials: never written into a script, a config copy or a plan.
@@ -19,6 +22,45 @@ def credentials(cfg, ctx):
                           "the sbatch script, the run's .hydra/ config and the plan",
                           f"remove it here and `export {name}=...` in the shell you submit from: Slurm passes that "
                           f"environment to every task (--export=ALL), and local runs inherit it")
+
+
+# Argument names of a logger that hold a secret (W&B's `api_key`, a `token`, a `password`), at any depth.
+LOGGER_CREDENTIAL = re.compile(r"(^|_)(key|token|secret|password|passwd|credentials?)$|api_?key|secret|password",
+                               re.IGNORECASE)
+# A URL with a password in it: scheme://user:password@host
+URL_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]*:[^/@\s]*@")
+
+
+def tracking_credentials(cfg, ctx):
+    """A logger's credential in the config would be written into `.hydra/`, the plan and the config the run
+    prints and logs to the tracking server itself. The values are never echoed."""
+    def walk(node, path):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                yield from walk(v, f"{path}.{k}")
+                if LOGGER_CREDENTIAL.search(str(k)) and v not in (None, ""):
+                    yield Problem(f"{path}.{k}", "looks like a credential: it would be written in plain text into "
+                                  "the run's .hydra/ config, the plan and the config logged to the tracker",
+                                  "remove it here and export it in the shell you submit from (WANDB_API_KEY, "
+                                  "MLFLOW_TRACKING_TOKEN, MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD, "
+                                  "DATABRICKS_TOKEN): jobs inherit that environment")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                yield from walk(v, f"{path}[{i}]")
+        elif isinstance(node, str) and URL_PASSWORD.match(node):
+            yield Problem(path, "holds a URL with a password in it (scheme://user:password@...): it would be "
+                          "written in plain text into the run's .hydra/ config, the plan and the run's log",
+                          "give the URL without the user and password, and export them instead (for MLflow: "
+                          "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD)")
+
+    loggers = value(cfg, "loggers")
+    if not OmegaConf.is_config(loggers):
+        return
+    try:
+        plain = OmegaConf.to_container(loggers, resolve=True)
+    except InterpolationResolutionError:  # its keys are still checked by name
+        plain = OmegaConf.to_container(loggers, resolve=False)
+    yield from walk(plain, "loggers")
 
 
 def shell_safety(cfg, ctx):
@@ -52,4 +94,4 @@ def shell_safety(cfg, ctx):
             yield Problem(f"cluster.env.{k}", f"{v!r} holds a control character", "put the value on one line")
 
 
-RULES = [credentials, shell_safety]
+RULES = [credentials, tracking_credentials, shell_safety]

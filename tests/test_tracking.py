@@ -1,0 +1,254 @@
+"""Experiment tracking (conf/logger/): one tracking run per run_name, continued by every start of the same command.
+
+Real runs of the tiny model on CPU. MLflow writes to a file store in the test's folder, named through
+MLFLOW_TRACKING_URI as users would, and is read back through MLflow's own client; W&B runs offline
+(WANDB_MODE=offline) and its run file is read back with W&B's own reader. A run killed right after a checkpoint
+and started again with the same command (what a requeue does) must continue the same tracking run. The checks of
+the logger settings run in-process in the fast tier.
+"""
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from paths import PYTHON, ROOT
+
+# 8 batches, a checkpoint at 4, no evaluation: the shortest run that can be killed after a checkpoint and resumed
+ARGS = ("max_duration=8ba", "save_interval=4ba", "eval_interval=0", "progress_bar=false")
+LOSS = "loss/train/total"
+
+
+def command(*extra: str) -> list:
+    return [str(PYTHON), "-m", "train", *ARGS, *extra]
+
+
+def environment(root: Path, **env: str) -> dict:
+    out = {**os.environ, "PRETRAIN_ROOT": str(root), **env}
+    for name in ("WORLD_SIZE", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_PROJECT", "WANDB_API_KEY"):
+        if name not in env:
+            out.pop(name, None)  # the test's own, not the machine's
+    return out
+
+
+def run(cmd: list, env: dict) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def kill_after_checkpoint(root: Path, cmd: list, env: dict, batch: int) -> None:
+    """SIGKILL the whole process group as soon as the checkpoint at `batch` is complete (composer points its
+    `latest` link at it once it is written), as a node loss or a preemption would."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not any(os.readlink(p).startswith(f"ep0-ba{batch}") for p in root.glob("checkpoints/*/latest-*")
+                  if p.is_symlink()):
+        assert proc.poll() is None and time.time() < deadline, "the run ended before its checkpoint"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_name(root: Path) -> str:
+    [folder] = (root / "checkpoints").iterdir()  # checkpoint=sharded: <checkpoints>/<run_name>
+    return folder.name
+
+
+@pytest.mark.train
+def test_mlflow_one_run_named_by_run_name_continued_after_a_kill(tmp_path):
+    root, store = tmp_path / "root", tmp_path / "mlruns"
+    env = environment(root, MLFLOW_TRACKING_URI=f"file://{store}", MLFLOW_EXPERIMENT_NAME="pretrain-tests")
+    cmd = command("logger=mlflow", "optimizer.lr=1e-3")
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"file://{store}")
+
+    def runs():
+        experiment = client.get_experiment_by_name("pretrain-tests")
+        return client.search_runs([experiment.experiment_id]) if experiment else []
+
+    kill_after_checkpoint(root, cmd, env, batch=4)
+    [first] = runs()  # the run exists from the trainer's start on
+    name = run_name(root)
+    assert first.info.run_name == name and first.data.tags["run_name"] == name
+    before = {m.step for m in client.get_metric_history(first.info.run_id, LOSS)}
+    assert before <= set(range(5)), before  # what reached the store before the kill (MLflow logs in batches)
+
+    resumed_at = int(time.time() * 1000)
+    proc = run(cmd, env)  # the same command: resumes from the batch-4 checkpoint
+    assert "resuming from" in proc.stderr
+    [again] = runs()  # still exactly one run: the same one, continued
+    assert again.info.run_id == first.info.run_id and again.info.run_name == name
+    assert again.info.status == "FINISHED"
+
+    params = again.data.params
+    overrides = params["overrides"]  # the command line's overrides, as one parameter
+    for override in ("logger=mlflow", "optimizer.lr=1e-3", *ARGS):
+        assert f"'{override}'" in overrides, overrides
+    assert params["max_duration"] == "8ba" and params["run_name"] == name
+    assert "load_path" not in params  # the resume point of a start is not a parameter of the run
+
+    history = client.get_metric_history(again.info.run_id, LOSS)
+    after = sorted(m.step for m in history if m.timestamp >= resumed_at)
+    # continued from the checkpoint, not from the start: batches 5-8 (composer logs a batch's loss at the count
+    # of batches done before it: steps 4-7)
+    assert after == [4, 5, 6, 7], after
+    assert all(m.value > 0 for m in history)
+    metrics = json.loads(next((root / "outputs").rglob("metrics.json")).read_text())
+    last = max(history, key=lambda m: (m.step, m.timestamp))
+    assert last.value == pytest.approx(metrics["final_train_loss"], rel=1e-6)
+
+
+def wandb_records(run_file: Path, killed: bool = False) -> dict:
+    """{record type: [record]} of a W&B run file, read with W&B's own reader. killed: the writer was SIGKILLed,
+    so its last record may be cut short (the reader asserts on it): the records before it are read."""
+    from wandb.proto import wandb_internal_pb2
+    from wandb.sdk.internal import datastore
+
+    if killed and run_file.stat().st_size == 0:
+        return {}  # killed before W&B's writer wrote anything
+    store = datastore.DataStore()
+    store.open_for_scan(str(run_file))
+    found = {}
+    while True:
+        try:
+            data = store.scan_data()
+        except AssertionError:
+            if not killed:
+                raise
+            break
+        if data is None:
+            break
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        found.setdefault(record.WhichOneof("record_type"), []).append(record)
+    return found
+
+
+def wandb_history(records: dict) -> dict:
+    """{step: loss} of the run's history."""
+    out = {}
+    for record in records.get("history", []):
+        items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+        if LOSS in items:
+            out[items["_step"]] = items[LOSS]
+    return out
+
+
+def wandb_config(records: dict) -> dict:
+    out = {}
+    for record in records.get("config", []):
+        for item in record.config.update:
+            out[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    out.pop("_wandb", None)
+    return out
+
+
+@pytest.mark.train
+def test_wandb_offline_run_folders_hold_the_history_and_every_start_keeps_the_run_id_and_config(tmp_path):
+    root, wandb_dir = tmp_path / "root", tmp_path / "wandb"
+    wandb_dir.mkdir()
+    env = environment(root, WANDB_MODE="offline", WANDB_DIR=str(wandb_dir), WANDB_PROJECT="pretrain-tests")
+    cmd = command("logger=wandb")
+    kill_after_checkpoint(root, cmd, env, batch=4)
+    run(cmd, env)  # resumes from the batch-4 checkpoint
+    assert "nothing to do" in run(cmd, env).stderr  # the run is finished; a start all the same
+    name = run_name(root)
+
+    # one offline folder per start, each of the run whose id is the run_name (`wandb sync` sends them to it)
+    folders = sorted((wandb_dir / "wandb").glob("offline-run-*"))
+    assert len(folders) == 3 and all(f.name.endswith(f"-{name}") for f in folders), folders
+    killed = wandb_records(folders[0] / f"run-{name}.wandb", killed=True)
+    resumed, finished = (wandb_records(f / f"run-{name}.wandb") for f in folders[1:])
+    assert resumed["run"][0].run.run_id == name and resumed["run"][0].run.project == "pretrain-tests"
+
+    history = wandb_history(resumed)  # batches 5-8, at composer's steps 4-7: continued from the checkpoint
+    assert sorted(history) == [4, 5, 6, 7] and all(v > 0 for v in history.values()), history
+    assert set(wandb_history(killed)) <= set(range(5))
+    assert not wandb_history(finished)
+
+    config = wandb_config(resumed)
+    assert "'logger=wandb'" in str(config["overrides"]) and config["max_duration"] == "8ba"
+    # The two starts resumed from different checkpoints (ep0-ba4, ep0-ba8) and log the same config: a resumed
+    # W&B run refuses a changed value. (The finished start stops before training: it logs no more than that.)
+    later = wandb_config(finished)
+    assert "load_path" not in config and later and {k: config.get(k) for k in later} == later
+
+
+# The settings checks, in-process (fast tier): the values are never echoed.
+SECRET = "s3cr3t-value-0123456789"
+
+
+@pytest.mark.parametrize("overrides,key,words", [
+    (["logger=wandb", f"+loggers.wandb.init_kwargs.settings.api_key={SECRET}"],
+     "loggers.wandb.init_kwargs.settings.api_key", "looks like a credential"),
+    (["logger=mlflow", f"loggers.mlflow.tracking_uri='https://bob:{SECRET}@mlflow.example.com'"],
+     "loggers.mlflow.tracking_uri", "a URL with a password"),
+    (["logger=mlflow", "loggers.mlflow.tracking_uri=sqlite:////tmp/mlflow.db"], "loggers.mlflow.tracking_uri",
+     "database store"),
+    (["logger=wandb", "run_name=a:b"], "run_name", "W&B refuses ids"),
+])
+def test_logger_settings_refused_with_the_key_and_no_secret(overrides, key, words):
+    from train.checks import Context, check, errors
+    from train.compose import compose
+
+    problems = errors(check(compose(overrides), Context(mode="run", overrides=tuple(overrides))))
+    assert [p.key for p in problems] == [key] and words in str(problems[0])
+    assert not any(SECRET in str(p) for p in problems)
+
+
+def test_a_tracking_uri_with_a_password_from_the_environment_is_refused_unechoed(monkeypatch):
+    from train.checks import Context, check, errors
+    from train.compose import compose
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"https://bob:{SECRET}@mlflow.example.com")
+    problems = errors(check(compose(["logger=mlflow"]), Context(mode="run", overrides=("logger=mlflow",))))
+    assert [p.key for p in problems] == ["loggers.mlflow.tracking_uri"]
+    assert not any(SECRET in str(p) for p in problems)
+
+
+def test_every_logger_composes_to_llm_foundry_keys_and_a_tracking_location():
+    from train.checks import resolve_all
+    from train.checks.values import FOUNDRY_KEYS, PRODUCT_KEYS
+    from train.compose import compose
+
+    for logger in ("none", "mlflow", "wandb"):
+        cfg = compose([f"logger={logger}"])
+        resolve_all(cfg)
+        assert set(cfg) <= FOUNDRY_KEYS | PRODUCT_KEYS
+        assert sorted(cfg.get("loggers") or {}) == ([] if logger == "none" else [logger])
+    cfg = compose(["logger=mlflow"])
+    resolve_all(cfg)
+    # no MLFLOW_TRACKING_URI: a file store beside the outputs, not the working directory (a -m task's is removed)
+    if "MLFLOW_TRACKING_URI" not in os.environ:
+        assert cfg.loggers.mlflow.tracking_uri == f"file://{cfg.storage.output_root}/mlruns"
+    assert cfg.loggers.mlflow.run_name == cfg.run_name and cfg.loggers.mlflow.resume is True
+    cfg = compose(["logger=wandb"])
+    resolve_all(cfg)
+    assert cfg.loggers.wandb.init_kwargs.id == cfg.run_name and cfg.loggers.wandb.init_kwargs.resume == "allow"
+
+
+PROBE = ("import atexit, runpy, sys\n"
+         "atexit.register(lambda: print('HEAVY', sorted(m for m in ('torch', 'llmfoundry', 'composer', 'mlflow', "
+         "'wandb') if m in sys.modules), file=sys.stderr))\n"
+         "sys.argv = ['train'] + sys.argv[1:]\n"
+         "runpy.run_module('train', run_name='__main__')\n")
+
+
+@pytest.mark.parametrize("args", [
+    ["logger=mlflow", "plan=json"],
+    ["-m", "logger=wandb", "cluster=slurm-local", "optimizer.lr=1e-4,2e-4", "plan=true"],
+    ["logger=mlflow", "--cfg", "job"],
+], ids=["mlflow-plan", "wandb-sweep-plan", "cfg"])
+def test_a_look_imports_no_tracker_and_writes_nothing(tmp_path, args):
+    root = tmp_path / "root"
+    root.mkdir()
+    env = environment(root, WANDB_MODE="offline")  # never reached: nothing may start a W&B run here
+    proc = subprocess.run([str(PYTHON), "-c", PROBE, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "HEAVY []" in proc.stderr, proc.stderr[-2000:]
+    assert list(root.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["root"]
