@@ -95,6 +95,8 @@ def test_run_name_is_stable_per_command_and_differs_between_commands():
     a = compose(["model=mpt-125m", "optimizer.lr=1e-4"]).run_name
     assert a == compose(["optimizer.lr=1e-4", "model=mpt-125m"]).run_name  # order does not matter
     assert a == compose(["model=mpt-125m", "optimizer.lr=1e-4", "plan=true"]).run_name
+    # tracking and export are not what is trained: adding them to a command resumes the same run
+    assert a == compose(["model=mpt-125m", "optimizer.lr=1e-4", "logger=mlflow", "export=hf"]).run_name
     assert a != compose(["model=mpt-125m", "optimizer.lr=2e-4"]).run_name
     assert a.startswith("mpt-125m-")
     assert compose(["run_name=mine"]).run_name == "mine"

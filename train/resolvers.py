@@ -7,7 +7,9 @@ from omegaconf import OmegaConf
 # Overrides that change where or how a run is reported or launched, not what it trains: they must not
 # change the run's name, or a resumed run would miss its own checkpoints.
 _NAME_NEUTRAL = ("hydra", "plan", "cluster.timeout_min", "cluster.partition", "cluster.account", "cluster.qos",
-                 "cluster.dist_timeout", "dist_timeout")
+                 "cluster.dist_timeout", "dist_timeout",
+                 # where a run is tracked or exported is not what it trains: adding them resumes the same run
+                 "logger", "loggers", "export")
 
 
 def run_id(model: str) -> str:
