@@ -16,6 +16,7 @@ from hydra_plugins.pretrain_launcher.outcomes import (
     log_tail,
     markdown,
     rank_outcomes,
+    split_overrides,
 )
 
 TRACEBACK = """Traceback (most recent call last):
@@ -158,3 +159,23 @@ def test_summary_table_keeps_every_value_in_its_cell():
     lines = table.splitlines()
     assert lines[0] == "| point | state | final_loss | error |" and lines[1] == "|---|---|---|---|"
     assert lines[2] == "| 0 | FAILED | 3.142 | a \\| b c |" and lines[3] == "| 1 | COMPLETED |  |  |"
+
+
+def test_the_summary_shows_what_each_point_was_swept_over_and_what_they_share_once():
+    points = [["model=mpt-125m", "cluster=ndv5", "optimizer.lr=1e-4", "cluster.nodes=8"],
+              ["model=mpt-125m", "cluster=ndv5", "optimizer.lr=1e-4", "cluster.nodes=16"],
+              ["model=mpt-125m", "cluster=ndv5", "optimizer.lr=2e-4", "cluster.nodes=8"]]
+    shared, own = split_overrides(points)
+    assert shared == ["model=mpt-125m", "cluster=ndv5"]
+    assert own == [["optimizer.lr=1e-4", "cluster.nodes=8"], ["optimizer.lr=1e-4", "cluster.nodes=16"],
+                   ["optimizer.lr=2e-4", "cluster.nodes=8"]]
+
+
+def test_an_override_only_some_points_have_is_theirs_alone():
+    shared, own = split_overrides([["data=c4", "+model.load_in_8bit=true"], ["data=c4"]])
+    assert shared == ["data=c4"] and own == [["+model.load_in_8bit=true"], []]
+
+
+def test_a_single_point_shows_all_its_overrides_and_shares_none():
+    assert split_overrides([["model=mpt-7b", "cluster=p5"]]) == ([], [["model=mpt-7b", "cluster=p5"]])
+    assert split_overrides([[]]) == ([], [[]])

@@ -258,7 +258,7 @@ def test_a_stopped_rank_ends_the_whole_job_within_the_timeout_and_the_error_name
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.time() + 300
-        while not list(tmp_path.glob("outputs/sweeps/*/.submitit/*/*_0_log.err")) or "Train time/batch" not in \
+        while not list(tmp_path.glob("outputs/sweeps/*/.submitit/*/*_0_log.err")) or "[progress] step" not in \
                 next(tmp_path.glob("outputs/sweeps/*/.submitit/*/*_0_log.err")).read_text():
             assert proc.poll() is None and time.time() < deadline, "the job never started training"
             time.sleep(0.2)

@@ -24,7 +24,8 @@ def _sweep(root: Path, *overrides: str) -> subprocess.CompletedProcess:
 def _summaries(root: Path) -> tuple:
     """(sweep folder, rows of summary.csv, rows of summary.md)"""
     [sweep_dir] = (root / "outputs" / "sweeps").iterdir()
-    header, _, *lines = (sweep_dir / "summary.md").read_text().splitlines()
+    text = (sweep_dir / "summary.md").read_text()
+    header, _, *lines = text[text.index("| point |"):].splitlines()  # the shared overrides may stand above it
     cells = lambda line: [c.strip() for c in line.strip().strip("|").split(" | ")]  # noqa: E731
     return (sweep_dir, list(csv.DictReader((sweep_dir / "summary.csv").open())),
             [dict(zip(cells(header), cells(line))) for line in lines])
@@ -44,6 +45,11 @@ def test_a_failed_point_shows_its_own_error_and_a_good_one_its_metrics_curve_and
     assert bad["metrics"] == bad["loss_curve"] == md_bad["loss_curve"] == ""  # it wrote none
 
     assert good["state"] == "COMPLETED" and good["error"] == ""
+    # what was swept in each row; what every point shares once, above the table
+    assert (good["overrides"], bad["overrides"]) == ("+model.load_in_8bit=False", "+model.load_in_8bit=True")
+    shared = ("shared by every point: progress_bar=False checkpoint=none cluster=local cluster.tasks_per_node=1 "
+              "max_duration=4ba\n")
+    assert (sweep_dir / "summary.md").read_text().startswith(shared) and shared in proc.stdout
     assert good["world_size"] == bad["world_size"] == md_good["world_size"] == md_bad["world_size"] == "1"
     metrics = json.loads(Path(good["metrics"]).read_text())
     assert metrics["final_train_loss"] == float(good["final_loss"]) and metrics["world_size"] == 1

@@ -1,7 +1,10 @@
 """Real training runs on CPU through llm-foundry: tiny model, few steps, the real code paths."""
 import json
 import os
+import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -42,6 +45,37 @@ def test_default_run_trains_evaluates_checkpoints_and_plots(tmp_path):
     [job_log] = (tmp_path / "outputs").rglob("__main__.log")
     assert "INFO: Building trainer..." in proc.stderr
     assert "[llmfoundry.command_utils.train][INFO] - Starting training..." in job_log.read_text()
+    # progress: one line per console_log_interval (10ba), no bar, none of composer's console metrics blocks
+    progress = [line for line in proc.stderr.splitlines() if "[progress] step" in line]
+    assert [line.split("[progress] ")[1].split(",")[0] for line in progress] == \
+        ["step 10/40", "step 20/40", "step 30/40", "step 40/40"], proc.stderr[-3000:]
+    assert all(re.search(r", loss \d+\.\d{4}, [\d,]+ tokens/s, ETA \d+:\d\d:\d\d$", line) for line in progress), progress
+    assert progress[-1].endswith("ETA 0:00:00") and "MFU" not in progress[0]  # no peak FLOP/s known on CPU
+    evals = [line for line in proc.stderr.splitlines() if "[progress] eval at step" in line]
+    assert [line.split("eval at ")[1].split(":")[0] for line in evals] == ["step 20/40", "step 40/40"]
+    assert "Train loss/train/total" not in proc.stderr and "ba/s" not in proc.stderr
+    assert "[train.run_report][INFO] - [progress] step 40/40" in job_log.read_text()
+    assert "[progress]" not in proc.stdout  # stdout holds only the answer
+
+
+def test_the_loss_curve_is_drawn_at_each_checkpoint_of_a_running_job(tmp_path):
+    """Killed right after its first checkpoint (a job that never reaches its end): its picture is there."""
+    cmd = [str(PYTHON), "-m", "train", "max_duration=40ba", "save_interval=4ba", "eval_interval=40ba",
+           "checkpoint=full"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PRETRAIN_ROOT": str(tmp_path)},
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    try:  # composer points its `latest` link at a checkpoint once it is written
+        while not any(p.is_symlink() for p in tmp_path.glob("checkpoints/*/latest-rank0.pt")):
+            assert proc.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    [png] = (tmp_path / "outputs").rglob("loss_curve.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list((tmp_path / "outputs").rglob("metrics.json"))  # the run did not reach its end
+    assert not list(png.parent.glob(".loss_curve.png.tmp-*"))  # written whole, under a temporary name first
 
 
 def _c4_mds(folder: Path) -> Path:

@@ -1,5 +1,12 @@
-"""A Composer callback that keeps the loss history and writes the run's report at the end of fit:
-`metrics.json` (final losses, tokens/s) and `loss_curve.png`, in the run's output folder.
+"""A Composer callback that keeps the loss history, logs the run's progress and writes its report:
+`metrics.json` (final losses, tokens/s) at the end of fit, and `loss_curve.png` at every checkpoint and at the
+end, in the run's output folder.
+
+Progress: one line per `console_log_interval` on global rank 0, through `logging` (stderr and the run's log file):
+step/max, the mean loss since the previous line, tokens/s over that stretch's batches (data loading and compute;
+evaluations and checkpoints left out), MFU where the device's peak FLOP/s is known, and the ETA from the rate measured since this process's first batch (evaluations and checkpoints
+included, since they recur). conf/train.yaml turns composer's own console logger off, so this is the one line
+per interval (composer's prints about 16 lines per interval, and its progress bar a line per redraw in a log).
 
 The history travels inside checkpoints (state_dict), so a resumed run still reports its whole curve. It is
 kept there as one JSON string: torch's distributed checkpoint flattens nested lists and dicts into one key per
@@ -7,39 +14,120 @@ leaf, and a fresh callback offering the nested shape would miss those keys at lo
 evaluation could not be resumed from a sharded checkpoint). One string is one key in every format and world size.
 Registered with llm-foundry's callback registry as `run_report`, so it is configured like any other callback.
 """
+import io
 import json
+import logging
 import time
+from datetime import timedelta
 from pathlib import Path
 
-from composer.core import Callback, State
+from composer.core import Callback, Event, State, Time, TimeUnit
 from composer.loggers import Logger
 from composer.utils import dist
 
 from common import files
 
+log = logging.getLogger(__name__)
+
 
 class RunReport(Callback):
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, interval="10ba", peak_flops: float | None = None, save_interval=None):
+        """interval: console_log_interval (batches or epochs, as composer's console logger takes it);
+        peak_flops: the device's dense FLOP/s (cluster.peak_flops), None where unknown (no MFU then);
+        save_interval: the checkpoint interval, to redraw the loss curve as each checkpoint is written."""
         self.folder = Path(folder)
         self.train = []  # [batch, loss] (loss averaged over ranks)
         self.evals = []  # [batch, {metric: value}]
-        self._t0 = self._tok0 = None
+        self._t0 = self._tok0 = self._done0 = None
         self.tokens_per_sec = None
+        self.interval = Time.from_input(interval, TimeUnit.EPOCH)
+        if self.interval.unit not in (TimeUnit.BATCH, TimeUnit.EPOCH) or self.interval.value <= 0:
+            raise ValueError(f"console_log_interval must be a positive number of batches or epochs "
+                             f"(e.g. 10ba), got {interval}")
+        self.peak_flops = float(peak_flops) if peak_flops else None
+        self.save_interval = save_interval
+        self._saves = None  # composer's own interval rule for checkpoints, when the run writes any
+        self._flops_per_token = None
+        self._line = None  # (training seconds, tokens, index in self.train) at the previous progress line
+        self._train_s = 0.0  # seconds spent in batches (loading and compute), evaluations and checkpoints left out
+        self._batch_t = None
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        from composer.callbacks import CheckpointSaver
+        from composer.utils.misc import create_interval_scheduler
+
+        # The same rule composer's CheckpointSaver follows (a separate instance: the rule keeps state), so the
+        # curve is redrawn at the batch a checkpoint is written, just before it: a job killed after a checkpoint
+        # leaves a picture at least as recent. No saver (checkpoint=none): no redraws until the end.
+        if self.save_interval and any(isinstance(cb, CheckpointSaver) for cb in state.callbacks):
+            self._saves = create_interval_scheduler(self.save_interval, include_end_of_training=False)
+        self._flops_per_token = _flops_per_token(state.model)
+
+    def before_dataloader(self, state: State, logger: Logger) -> None:
+        self._batch_t = time.perf_counter()
 
     def batch_end(self, state: State, logger: Logger) -> None:
         loss = (state.total_loss_dict or {}).get("loss/train/total")
         if loss is not None:
             self.train.append([int(state.timestamp.batch), float(loss)])
         now, tokens = time.perf_counter(), int(state.timestamp.token)
+        if self._batch_t is not None:
+            self._train_s += now - self._batch_t
         if self._t0 is None:  # the first batch carries start-up costs; measure from its end
-            self._t0, self._tok0 = now, tokens
+            self._t0, self._tok0, self._done0 = now, tokens, _done(state)
+            self._line = (self._train_s, tokens, len(self.train))
         elif now > self._t0:
             self.tokens_per_sec = (tokens - self._tok0) / (now - self._t0)
+        batch = int(state.timestamp.batch)
+        at_interval = self.interval.unit == TimeUnit.BATCH and batch % int(self.interval.value) == 0
+        if at_interval or _done(state) >= 1.0:
+            self._progress(state, now, tokens)
+
+    def epoch_end(self, state: State, logger: Logger) -> None:
+        if self.interval.unit == TimeUnit.EPOCH and int(state.timestamp.epoch) % int(self.interval.value) == 0 \
+                and _done(state) < 1.0:  # the last one was logged at its batch
+            self._progress(state, time.perf_counter(), int(state.timestamp.token))
+
+    def _progress(self, state: State, now: float, tokens: int) -> None:
+        s_line, tok_line, i_line = self._line
+        losses = [loss for _, loss in self.train[i_line:]]
+        self._line = (self._train_s, tokens, len(self.train))
+        if dist.get_global_rank() != 0:
+            return
+        parts = [_step(state)]
+        if losses:
+            parts.append(f"loss {sum(losses) / len(losses):.4f}")
+        if self._train_s > s_line:
+            rate = (tokens - tok_line) / (self._train_s - s_line)
+            parts.append(f"{rate:,.0f} tokens/s")
+            if self.peak_flops and self._flops_per_token:
+                mfu = rate * self._flops_per_token / (self.peak_flops * dist.get_world_size())
+                parts.append(f"MFU {100 * mfu:.1f}%")
+        done = _done(state)
+        if done >= 1.0:
+            parts.append("ETA 0:00:00")
+        elif now > self._t0 and done > self._done0:
+            eta = (1.0 - done) * (now - self._t0) / (done - self._done0)
+            parts.append(f"ETA {timedelta(seconds=round(eta))}")
+        log.info("[progress] " + ", ".join(parts))
+
+    def batch_checkpoint(self, state: State, logger: Logger) -> None:
+        self._checkpoint(state, Event.BATCH_CHECKPOINT)
+
+    def epoch_checkpoint(self, state: State, logger: Logger) -> None:
+        self._checkpoint(state, Event.EPOCH_CHECKPOINT)
+
+    def _checkpoint(self, state: State, event: Event) -> None:
+        if self._saves is not None and self._saves(state, event) and dist.get_global_rank() == 0:
+            self._plot()
 
     def eval_end(self, state: State, logger: Logger) -> None:
         for label, metrics in state.eval_metrics.items():
             values = {f"{label}/{name}": float(m.compute()) for name, m in metrics.items()}
             self.evals.append([int(state.timestamp.batch), values])
+            if dist.get_global_rank() == 0:  # one line per evaluation (composer's console logger is off)
+                shown = ", ".join(f"{k} {v:.4f}" for k, v in values.items())
+                log.info(f"[progress] eval at {_step(state)}: {shown}")
 
     def fit_end(self, state: State, logger: Logger) -> None:
         if dist.get_global_rank() != 0:
@@ -60,6 +148,7 @@ class RunReport(Callback):
         self._plot()
 
     def _plot(self) -> None:
+        """loss_curve.png, replaced whole: someone looking at a running job's picture never sees half of one."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -76,8 +165,11 @@ class RunReport(Callback):
         ax.legend()
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(self.folder / "loss_curve.png", dpi=100)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=100)
         plt.close(fig)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        files.atomic_write(self.folder / "loss_curve.png", png.getvalue())
 
     def state_dict(self) -> dict:
         return {"history": json.dumps({"train": self.train, "evals": self.evals})}
@@ -86,6 +178,40 @@ class RunReport(Callback):
         history = state["history"]
         history = json.loads(history.decode() if isinstance(history, bytes) else history)
         self.train, self.evals = history["train"], history["evals"]
+
+
+def _done(state: State) -> float:
+    """The fraction of max_duration trained, in whatever unit it is given (epochs counted in batches where the
+    loader's length is known, so that the ETA moves within an epoch)."""
+    total = state.max_duration
+    if total is not None and total.unit == TimeUnit.EPOCH and state.dataloader_len:
+        return int(state.timestamp.batch) / (int(total.value) * int(state.dataloader_len))
+    done = state.get_elapsed_duration()
+    return float(done.value) if done is not None else 0.0
+
+
+def _step(state: State) -> str:
+    batch, total = int(state.timestamp.batch), state.max_duration
+    if total is not None and total.unit == TimeUnit.BATCH:
+        return f"step {batch}/{int(total.value)}"
+    if total is not None:  # max_duration in epochs, tokens or samples: that count too
+        unit = total.unit.name.lower()
+        return f"step {batch}, {unit} {int(state.timestamp.get(total.unit))}/{int(total.value)}"
+    return f"step {batch}"
+
+
+def _flops_per_token(model) -> float | None:
+    """Training FLOPs per token of the model being trained, by the formula the plans use (train/estimate.py), so
+    the MFU logged here compares with the MFU a plan assumed (cluster.mfu). Read from the built model's config
+    (llm-foundry's MPT); None for a model that formula does not describe (no MFU is logged then)."""
+    from train.estimate import flops_per_token
+
+    model = getattr(model, "module", model)  # DistributedDataParallel wraps composer's model
+    config = getattr(getattr(model, "model", None), "config", None)
+    try:
+        return float(flops_per_token(config.to_dict()))
+    except (AttributeError, KeyError, TypeError):
+        return None
 
 
 def register() -> None:

@@ -149,6 +149,17 @@ def final_state(job) -> str:
     return "FAILED" if state in ("COMPLETED", "FINISHED", "DONE") else state
 
 
+def split_overrides(points: list) -> tuple:
+    """(shared, own): the overrides every point of a sweep has alike, and each point's list of the others, which
+    are what the sweep varies. The summary shows each point's own and the shared ones once. One point has only
+    its own: there is nothing to compare it with, and its row should say how it was run."""
+    points = [list(p) for p in points]
+    if len(points) < 2:
+        return [], points
+    shared = [o for o in dict.fromkeys(points[0]) if all(o in p for p in points[1:])]
+    return shared, [[o for o in p if o not in shared] for p in points]
+
+
 def cell(v):
     return f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))
 

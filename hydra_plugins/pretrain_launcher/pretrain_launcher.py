@@ -30,6 +30,7 @@ from hydra_plugins.pretrain_launcher.outcomes import (
     kill_local_tasks,
     markdown,
     rank_outcomes,
+    split_overrides,
 )
 
 # Messages (progress, failures) go through logging, to stderr; stdout holds the answer: one line per submitted
@@ -132,7 +133,8 @@ class SweepLauncher(BaseSubmititLauncher):
         from train.preflight_report import table as preflight_table
 
         rows, results, failed, bad_ranks, tables = [], [], 0, {}, []
-        for p in points:
+        shared, own = split_overrides([p.overrides for p in points])  # the column shows what was swept
+        for p, own_overrides in zip(points, own):
             ranks = rank_outcomes(p.job, wait_s=0 if p.cfg.cluster.name == "local" else 15)
             ret = ranks[0].value if ranks[0].outcome == "success" else None
             if ret is not None:
@@ -151,7 +153,7 @@ class SweepLauncher(BaseSubmititLauncher):
             report = OmegaConf.select(p.cfg, "callbacks.run_report.folder")  # train/run_report.py writes these
             rows.append({
                 "point": p.num,
-                "overrides": " ".join(p.overrides),
+                "overrides": " ".join(own_overrides),
                 "job_id": p.job.job_id,
                 "state": state,
                 "final_loss": metrics.get("final_train_loss"),
@@ -171,12 +173,13 @@ class SweepLauncher(BaseSubmititLauncher):
                 tables.append((f"point #{p.num} (job {p.job.job_id})", metrics["preflight"]))
             bad_ranks[p.num] = bad
         table = markdown(rows)
-        (sweep_dir / "summary.md").write_text(table)
+        common = f"shared by every point: {' '.join(shared)}\n\n" if shared else ""
+        (sweep_dir / "summary.md").write_text(common + table)
         with open(sweep_dir / "summary.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
-        print(f"\n{table}\nsummary: {sweep_dir / 'summary.md'} and summary.csv", flush=True)
+        print(f"\n{common}{table}\nsummary: {sweep_dir / 'summary.md'} and summary.csv", flush=True)
         for title, pre in tables:
             print(f"\npreflight, {title}:\n{preflight_table(pre)}", flush=True)
         failed_checks = [f"{title}: {line}" for title, pre in tables for line in preflight_problems(pre)]
