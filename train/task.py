@@ -1,11 +1,13 @@
 """What runs inside each task (this process for a plain run, one process per device under `-m`):
 distributed environment -> data -> llm-foundry's train()."""
 import atexit
+import contextlib
 import json
 import logging
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
@@ -54,7 +56,10 @@ def run(cfg: DictConfig) -> dict:
     tracking.register()  # conf/logger/: one tracking run per training run
     report = Path(fcfg.callbacks.run_report.folder)
     try:
-        train(fcfg).close()
+        # llm-foundry prints the whole resolved config (log_config, which also hands it to the tracking loggers
+        # as parameters): a message, so stderr; stdout holds only the run's answer, printed below
+        with contextlib.redirect_stdout(sys.stderr):
+            train(fcfg).close()
     except ValueError as err:
         if "No training would occur" not in str(err):
             raise
