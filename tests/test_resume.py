@@ -53,11 +53,14 @@ def save_folder(root: Path) -> Path:
     return folder
 
 
-def kill_after_checkpoint(root: Path, cmd: list, batch: int) -> None:
-    """Start `cmd`, SIGKILL its whole process group as soon as the checkpoint at `batch` is complete (composer
-    points its `latest` link at a checkpoint once every file of it is written)."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PRETRAIN_ROOT": str(root)}, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def kill_after_checkpoint(root: Path, cmd: list, batch: int, env: dict | None = None) -> None:
+    """Start `cmd` (with PRETRAIN_ROOT=root, or `env`, which must set it so), SIGKILL its whole process group as
+    soon as the checkpoint at `batch` is complete (composer points its `latest` link at a checkpoint once every
+    file of it is written), as a node loss or a preemption would."""
+    env = env or {**os.environ, "PRETRAIN_ROOT": str(root)}
+    assert env["PRETRAIN_ROOT"] == str(root)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not any(os.readlink(p).startswith(f"ep0-ba{batch}") for p in root.glob("checkpoints/*/latest-*")
                   if p.is_symlink()):

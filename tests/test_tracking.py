@@ -8,13 +8,13 @@ the logger settings run in-process in the fast tier.
 """
 import json
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from paths import PYTHON, ROOT
+from test_resume import kill_after_checkpoint
 
 # 8 batches, a checkpoint at 4, no evaluation: the shortest run that can be killed after a checkpoint and resumed
 ARGS = ("max_duration=8ba", "save_interval=4ba", "eval_interval=0", "progress_bar=false")
@@ -39,20 +39,6 @@ def run(cmd: list, env: dict) -> subprocess.CompletedProcess:
     return proc
 
 
-def kill_after_checkpoint(root: Path, cmd: list, env: dict, batch: int) -> None:
-    """SIGKILL the whole process group as soon as the checkpoint at `batch` is complete (composer points its
-    `latest` link at it once it is written), as a node loss or a preemption would."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not any(os.readlink(p).startswith(f"ep0-ba{batch}") for p in root.glob("checkpoints/*/latest-*")
-                  if p.is_symlink()):
-        assert proc.poll() is None and time.time() < deadline, "the run ended before its checkpoint"
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
 def run_name(root: Path) -> str:
     [folder] = (root / "checkpoints").iterdir()  # checkpoint=sharded: <checkpoints>/<run_name>
     return folder.name
@@ -71,7 +57,7 @@ def test_mlflow_one_run_named_by_run_name_continued_after_a_kill(tmp_path):
         experiment = client.get_experiment_by_name("pretrain-tests")
         return client.search_runs([experiment.experiment_id]) if experiment else []
 
-    kill_after_checkpoint(root, cmd, env, batch=4)
+    kill_after_checkpoint(root, cmd, batch=4, env=env)
     [first] = runs()  # the run exists from the trainer's start on
     name = run_name(root)
     assert first.info.run_name == name and first.data.tags["run_name"] == name
@@ -154,7 +140,7 @@ def test_wandb_offline_run_folders_hold_the_history_and_every_start_keeps_the_ru
     wandb_dir.mkdir()
     env = environment(root, WANDB_MODE="offline", WANDB_DIR=str(wandb_dir), WANDB_PROJECT="pretrain-tests")
     cmd = command("logger=wandb")
-    kill_after_checkpoint(root, cmd, env, batch=4)
+    kill_after_checkpoint(root, cmd, batch=4, env=env)
     run(cmd, env)  # resumes from the batch-4 checkpoint
     assert "nothing to do" in run(cmd, env).stderr  # the run is finished; a start all the same
     name = run_name(root)
