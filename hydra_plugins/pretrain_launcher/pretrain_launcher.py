@@ -65,6 +65,9 @@ class SweepLauncher(BaseSubmititLauncher):
         so submitit would log "Job completed successfully" and the process would exit 0: srun could not
         tell that a rank failed. Raise it again: the traceback goes to this rank's log, submitit stores it
         as the task's error, and the process exits 1."""
+        from common import host_requeue
+
+        host_requeue.install()
         ret = super().__call__(*args, **kwargs)
         if ret.status == JobStatus.FAILED and isinstance(ret._return_value, BaseException):
             raise ret._return_value
