@@ -1,10 +1,100 @@
 """Requeue from the host, not from the task: a container image without a Slurm client has no `scontrol`.
 
-Contract (filled in by the requeue work): `install()` runs at the start of every job body (every rank) and makes
-submitit's time-limit / preemption requeue leave a request for the batch script instead of calling scontrol;
-`teardown_lines(folder)` are the batch script's lines after srun that honour the request on the host.
+On a time limit or preemption (USR2, `cluster.signal_delay_s` ahead) submitit's handler in global rank 0 dumps the
+resubmission pickle (with the max_num_timeout countdown) and then calls its environment's `_requeue`, which runs
+`scontrol requeue` inside the task. `install()` (every rank, at the start of the job body) replaces that
+`_requeue` in this process by one that writes a request file, `<submitit folder of this job>/<job_id>_requeue`,
+and lets rank 0 exit (255): srun (`--kill-on-bad-exit=1`) then ends the other ranks and returns, and the batch
+script's lines after srun (`teardown_lines`) run `scontrol requeue` on the host, where the Slurm client is.
+One path for container and bare-venv jobs. Light: the standard library, submitit inside the job only.
 """
+import logging
+import os
+import shlex
+import signal
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# If rank 0 does not end this long after asking (a `finally` waiting on a collective of ranks that are still
+# training), SIGALRM's default action ends it: the host must requeue before the limit, signal_delay_s away.
+EXIT_WITHIN_S = 10
+
+
+def request_path(kind: str = "requeue") -> Path:
+    """In the job: the request file the batch script looks for. submitit's job_id is `A_a` in an array, and
+    its folder's `%j` (`%A`, `%a`) becomes this job's id, exactly as `teardown_lines` computes it in bash."""
+    from submitit import JobEnvironment
+
+    env = JobEnvironment()
+    return env.paths.folder / f"{env.job_id}_{kind}"
+
+
+def write_request(kind: str, text: str) -> Path:
+    """Write a request for the host atomically (a half-written one is never read)."""
+    path = request_path(kind)
+    tmp = path.with_name(f"{path.name}.tmp")
+    tmp.write_text(text.rstrip("\n") + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _request_requeue(self, countdown: int) -> None:
+    """Replaces SlurmJobEnvironment._requeue: the same moment, no scontrol. submitit exits with -1 next."""
+    path = write_request("requeue", str(countdown))
+    log.warning("asked the batch script to requeue job %s from the host (%d remaining timeouts): %s",
+                self.job_id, countdown, path)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(EXIT_WITHIN_S)
 
 
 def install() -> None:
-    """In the job body: submitit's requeue becomes a request to the batch script (see the module docstring)."""
+    """In the job body (every rank): submitit's requeue becomes a request to the batch script."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return
+    from submitit.slurm.slurm import SlurmJobEnvironment
+
+    SlurmJobEnvironment._requeue = _request_requeue
+    if os.environ.get("SLURM_PROCID", "0") == "0":
+        # A request left by an allocation that never reached its teardown (killed at the limit, or requeued by
+        # Slurm itself) must not requeue this one when it ends.
+        for kind in ("requeue", "exclude"):
+            request_path(kind).unlink(missing_ok=True)
+
+
+def _id_lines(folder: str) -> list[str]:
+    # This job's id as submitit writes it (A_a in an array) and its submitit folder, with %j/%A/%a filled in as
+    # JobPaths does; the folder stays data (single-quoted), the patterns are quoted so that bash reads them
+    # literally.
+    folder = shlex.quote(os.path.expanduser(folder))
+    return [
+        'host_job="${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}"',
+        'host_job="${host_job:-$SLURM_JOB_ID}"',
+        f"host_folder={folder}",
+        'host_folder="${host_folder//"%j"/$host_job}"',
+        'host_folder="${host_folder//"%A"/${SLURM_ARRAY_JOB_ID:-}}"',
+        'host_folder="${host_folder//"%a"/${SLURM_ARRAY_TASK_ID:-}}"',
+    ]
+
+
+def teardown_lines(folder: str) -> list[str]:
+    """The batch script's lines after srun: honour the task's request on the host. `folder` is the submitit
+    folder as the executor has it (with %j). The script still ends with srun's exit status (accounting shows a
+    failed job as FAILED), and ignores the SIGTERM its own requeue sends it so that these lines finish."""
+    return [
+        "host_status=$?",
+        "# the task asks for its requeue in a file (common/host_requeue.py): a container may have no scontrol",
+        "trap '' TERM",
+        *_id_lines(folder),
+        'host_request="$host_folder/${host_job}_requeue"',
+        'if [ -f "$host_request" ]; then',
+        '  read -r host_left < "$host_request"',
+        '  rm -f "$host_request"',
+        '  if scontrol requeue "$host_job"; then',
+        '    echo "requeued job $host_job (from the host; $host_left remaining timeouts)"',
+        "  else",
+        '    echo "could not requeue job $host_job from the host" >&2',
+        "  fi",
+        "fi",
+        'exit "$host_status"',
+    ]

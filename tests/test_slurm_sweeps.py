@@ -96,6 +96,21 @@ def test_scancel_of_a_running_job_is_reported_as_cancelled(slurm, tmp_path):
     assert "CANCELLED" in stderr
 
 
+SLURM_COMMANDS = {"scontrol", "sbatch", "srun", "squeue", "sacct", "scancel", "sinfo", "salloc", "sattach", "sstat",
+                  "sprio", "sshare", "sacctmgr", "strigger", "sbcast", "sdiag", "sreport", "sview"}
+
+
+def _path_without_slurm(folder: Path) -> Path:
+    """A PATH folder as in a container image without a Slurm client: /usr/local/bin and /usr/bin, less Slurm's
+    commands."""
+    folder.mkdir()
+    for bin_dir in (Path("/usr/local/bin"), Path("/usr/bin")):
+        for cmd in bin_dir.iterdir():
+            if cmd.name not in SLURM_COMMANDS and not (folder / cmd.name).exists():
+                (folder / cmd.name).symlink_to(cmd)
+    return folder
+
+
 def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_with_the_uninterrupted_loss(
         slurm, tmp_path):
     # The default policy of every Slurm preset: 2 ranks, checkpoint=sharded, evaluations between checkpoints.
@@ -111,14 +126,28 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
                                 stdout=straight_log, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PRETRAIN_ROOT": str(tmp_path / "straight")})
     assert straight.wait(timeout=900) == 0, (tmp_path / "straight.log").read_text()[-2000:]
-    proc = sweep(tmp_path / "slurm", *args, "cluster.timeout_min=1", "cluster.signal_delay_s=20")
+    # The tasks run as in an image without a Slurm client: no scontrol on their PATH. The preflight's node check
+    # (run inside the task by local rank 0, at every start) records what the task's PATH offers.
+    bare = _path_without_slurm(tmp_path / "bin")
+    seen = tmp_path / "task-path.txt"
+    probe = tmp_path / "probe.sh"
+    probe.write_text(f'#!/bin/bash\necho "scontrol=$(command -v scontrol || echo none) PATH=$PATH" >> {seen}\n')
+    probe.chmod(0o755)
+    proc = sweep(tmp_path / "slurm", *args, "cluster.timeout_min=1", "cluster.signal_delay_s=20",
+                 f'cluster.srun_extra=["--export=ALL,PATH={bare}"]', f"cluster.preflight.node_check={probe}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     [row] = summary(tmp_path / "slurm")
     assert row["state"] == "COMPLETED" and row["world_size"] == "2"
     log = Path(row["log"]).read_text() + Path(row["log"].replace("_log.err", "_log.out")).read_text()
-    assert "timed-out" in log and "Requeued job" in log, log[-2000:]  # it really hit the limit
-    assert log.count("Starting with JobEnvironment") >= 2, log[-3000:]  # and ran again
+    starts = log.count("Starting with JobEnvironment")
+    assert "timed-out" in log and starts >= 2, log[-3000:]  # it really hit the limit, and ran again
     assert log.count("resuming from") >= 1
+    # every requeue came from the batch script on the host; none from the task, which had no scontrol to run
+    requeued = f"requeued job {row['job_id']} (from the host; "
+    assert log.count(requeued) == starts - 1, log[-3000:]
+    assert log.count("asked the batch script to requeue job") == starts - 1
+    assert "Requeued job" not in log and "scontrol" not in log, log[-3000:]
+    assert seen.read_text().splitlines() == [f"scontrol=none PATH={bare}"] * starts
     [expected] = (tmp_path / "straight" / "outputs").rglob("metrics.json")
     expected = json.loads(expected.read_text())
     assert float(row["final_loss"]) == pytest.approx(expected["final_train_loss"], rel=1e-6)

@@ -10,6 +10,7 @@ import sys
 import submitit
 from omegaconf import DictConfig
 
+from common import host_requeue
 from common.paths import PROJECT
 
 # The project checkout, mounted into containers so that jobs run this code.
@@ -73,6 +74,8 @@ def make_executor(cfg: DictConfig, folder: str) -> submitit.AutoExecutor:
         slurm_qos=c.qos, slurm_constraint=c.constraint, slurm_exclusive=c.exclusive or None,
         slurm_signal_delay_s=c.signal_delay_s, slurm_additional_parameters=extra,
         slurm_setup=[*env_lines(cfg), *([] if in_container else c.setup)], slurm_srun_args=srun_args(cfg),
+        # the requeue at a time limit or preemption runs here on the host: an image may have no Slurm client
+        slurm_teardown=host_requeue.teardown_lines(folder),
     )
     return ex
 
