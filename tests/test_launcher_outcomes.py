@@ -53,10 +53,6 @@ class StandInJob:
         path.write_text(text)
 
 
-def point(job, cluster="slurm-local"):
-    return SimpleNamespace(job=job, cfg=SimpleNamespace(cluster=SimpleNamespace(name=cluster)))
-
-
 def success(value):
     ret = JobReturn(status=JobStatus.COMPLETED)
     ret._return_value = value
@@ -77,11 +73,11 @@ def test_bucket(state, expected):
     (RuntimeError("sacct: error"), True),  # no answer from Slurm: the result file decides
 ])
 def test_a_slurm_job_has_ended_only_in_a_state_slurm_does_not_resume_from(tmp_path, state, is_ended):
-    assert ended(point(StandInJob(tmp_path, state))) is is_ended
+    assert ended(StandInJob(tmp_path, state), "slurm") is is_ended
 
 
 def test_a_local_job_has_ended_once_submitit_says_done(tmp_path):
-    assert ended(point(StandInJob(tmp_path, "RUNNING"), cluster="local")) is True
+    assert ended(StandInJob(tmp_path, "RUNNING"), "local") is True
 
 
 @pytest.mark.parametrize("state, shown", [

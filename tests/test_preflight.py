@@ -86,7 +86,7 @@ def test_figures_without_expected_ones_are_reported_not_judged():
 
 
 def test_bad_preflight_settings_are_refused_together_before_anything_is_written(tmp_path):
-    proc = cli(tmp_path, "-m", "cluster=slurm-local", "data=mock", "cluster.preflight.on_fail=later",
+    proc = cli(tmp_path, "-m", "cluster=slurm-local", "cluster.wait=true", "data=mock", "cluster.preflight.on_fail=later",
                "cluster.preflight.iters=0", "cluster.preflight.tolerance=1.5",
                "cluster.preflight.expected_busbw_GBps.inter=-3")
     assert proc.returncode == 2, proc.stderr
@@ -128,7 +128,7 @@ def _job_field(job_id: str, name: str) -> str:
 
 
 def test_preflight_only_prints_the_table_of_both_nodes_with_real_bandwidths(slurm, tmp_path):
-    proc = cli(tmp_path, "-m", "cluster=slurm-local", "data=mock", "cluster.nodes=2", "cluster.preflight.only=true")
+    proc = cli(tmp_path, "-m", "cluster=slurm-local", "cluster.wait=true", "data=mock", "cluster.nodes=2", "cluster.preflight.only=true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout[proc.stdout.index("preflight, point #0"):].splitlines()
     assert lines[1].startswith("| node | devices | node check | intra busbw GB/s (expected 0.04) |")
@@ -153,7 +153,7 @@ def test_a_bad_node_is_excluded_and_the_job_completes_on_the_other_with_the_norm
                       f'if [ "$(cat {marker})" = "$SLURMD_NODENAME" ]; then\n'
                       '  echo "ERROR: GPU 3: 12 uncorrectable ECC errors"; exit 1\nfi\necho ok\n')
     script.chmod(0o755)
-    proc = cli(tmp_path / "root", "-m", "cluster=slurm-local", "data=mock", "max_duration=6ba", "checkpoint=none",
+    proc = cli(tmp_path / "root", "-m", "cluster=slurm-local", "cluster.wait=true", "data=mock", "max_duration=6ba", "checkpoint=none",
                f"cluster.preflight.node_check={script},null")
     assert proc.returncode == 0, proc.stderr[-3000:]
     checked, plain = _summary(tmp_path / "root")
@@ -178,7 +178,7 @@ def test_on_fail_stop_and_the_exclusion_limit_fail_the_job_with_the_report(slurm
     script = tmp_path / "node-check.sh"
     script.write_text('#!/bin/bash\necho "ERROR: mlx5_ib3: port down"\nexit 1\n')
     script.chmod(0o755)
-    proc = cli(tmp_path / "root", "-m", "cluster=slurm-local", "data=mock", "max_duration=6ba", "checkpoint=none",
+    proc = cli(tmp_path / "root", "-m", "cluster=slurm-local", "cluster.wait=true", "data=mock", "max_duration=6ba", "checkpoint=none",
                f"cluster.preflight.node_check={script}", "cluster.preflight.on_fail=stop,requeue",
                "cluster.preflight.max_exclusions=0")
     assert proc.returncode == 1

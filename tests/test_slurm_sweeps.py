@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pytest
 from paths import PYTHON, ROOT
+from submitit.core.utils import pickle_load
 
 TINY = ("cluster=slurm-local", "data=mock", "progress_bar=false")
+WAIT = "cluster.wait=true"  # the command waits for its jobs, as it did before submit-and-return
 
 
 def sweep(root: Path, *overrides: str, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PRETRAIN_ROOT": str(root)}
-    return subprocess.run([str(PYTHON), "-m", "train", "-m", *TINY, *overrides], cwd=ROOT, env=env,
+    return subprocess.run([str(PYTHON), "-m", "train", "-m", *TINY, WAIT, *overrides], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900, **kw)
 
 
@@ -24,23 +26,66 @@ def summary(root: Path) -> list:
     return list(csv.DictReader(path.open()))
 
 
-def test_two_point_sweep_of_two_task_jobs_writes_sharded_checkpoints(slurm, tmp_path):
-    proc = sweep(tmp_path, "max_duration=10ba", "save_interval=10ba", "optimizer.lr=1e-3,3e-3")
+def status(sweep_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(PYTHON), "-m", "train.status", str(sweep_dir)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def shown(stdout: str) -> dict:
+    """The status command's table: {point: {column: cell}}."""
+    lines = [line for line in stdout.splitlines() if line.startswith("| ")]
+    cells = lambda line: [c.strip() for c in line.strip().strip("|").split(" | ")]  # noqa: E731
+    header = cells(lines[0])
+    return {int(row[0]): dict(zip(header, row)) for row in map(cells, lines[1:])}
+
+
+def test_a_sweep_submits_and_returns_is_followed_by_status_and_summarised_by_its_own_job(slurm, tmp_path):
+    env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path)}
+    started = time.time()
+    proc = subprocess.run([str(PYTHON), "-m", "train", "-m", *TINY, "max_duration=40ba", "save_interval=20ba",
+                           "console_log_interval=2ba",
+                           "optimizer.lr=1e-3,3e-3"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    returned = time.time() - started
     assert proc.returncode == 0, proc.stderr[-3000:]
+    [sweep_dir] = (tmp_path / "outputs" / "sweeps").iterdir()
+    jobs = [line.split("-> job ")[1].split(",")[0] for line in proc.stdout.splitlines() if "-> job " in line]
+    assert len(jobs) == 2 and f"python -m train.status {sweep_dir} --watch" in proc.stdout
+    queued = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True).stdout
+    assert all(job in queued for job in jobs), (returned, queued)  # it returned while its jobs were queued or ran
+    assert not (sweep_dir / "summary.md").exists()
+
+    seen, deadline = set(), time.time() + 600  # follow it as a user would, while it trains
+    while not any(state == "RUNNING" and loss for state, loss in seen):
+        now = status(sweep_dir)
+        assert now.returncode == 0 and time.time() < deadline, (now.stderr, seen)
+        rows = shown(now.stdout).values()
+        seen |= {(row["state"], row["loss"]) for row in rows}
+        assert all(row["state"] in ("PENDING", "RUNNING", "COMPLETING") for row in rows), seen  # it went too fast
+        time.sleep(1)
+    # then nobody runs it again: the sweep's own job writes the summary once both points have ended
+    summary_job = json.loads((sweep_dir / "sweep.json").read_text())["summary_job"]
+    result = sweep_dir / ".submitit" / summary_job / f"{summary_job}_0_result.pkl"
+    while not result.exists():
+        assert time.time() < deadline, subprocess.run(["squeue"], capture_output=True, text=True).stdout
+        time.sleep(2)
+    outcome, text = pickle_load(result)
+    assert outcome == "success" and (sweep_dir / "summary.md").read_text() == text
+    # ... and the files are the summary job's: nobody ran the command after every point ended
     rows = summary(tmp_path)
     assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"]
-    assert {r["overrides"].split()[-1] for r in rows} == {"optimizer.lr=0.001", "optimizer.lr=0.003"}
+    assert {r["overrides"] for r in rows} == {"optimizer.lr=0.001", "optimizer.lr=0.003"}
     for row in rows:
-        assert float(row["final_loss"]) > 0 and float(row["tokens_per_sec"]) > 0
-        assert row["world_size"] == "2"
-        shards = sorted(p.name for p in (Path(row["checkpoint"]) / "ep0-ba10").iterdir())
+        assert float(row["final_loss"]) > 0 and float(row["tokens_per_sec"]) > 0 and row["step"] == "step 40/40"
+        assert row["world_size"] == "2" and row["requeues"] == "0"
+        shards = sorted(p.name for p in (Path(row["checkpoint"]) / "ep0-ba40").iterdir())
         assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
         job_dir = Path(row["log"]).parent  # every task's log and the submission script
         assert {f"{row['job_id']}_0_log.err", f"{row['job_id']}_1_log.err"} <= {p.name for p in job_dir.iterdir()}
         assert (job_dir / f"{row['job_id']}_submission.sh").is_file()
-    sweep_dir = Path(rows[0]["log"]).parents[2]
     assert (sweep_dir / "0" / ".hydra" / "config.yaml").is_file()  # the composed config of each point
     assert _accounted_state(rows[0]["job_id"]) == "COMPLETED"
+    final = shown(status(sweep_dir).stdout)
+    assert [final[n]["state"] for n in (0, 1)] == ["COMPLETED", "COMPLETED"] and all(final[n]["loss"] for n in (0, 1))
 
 
 def _accounted_state(job_id: str) -> str:

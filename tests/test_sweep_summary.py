@@ -61,7 +61,7 @@ def test_a_failed_point_shows_its_own_error_and_a_good_one_its_metrics_curve_and
 
 def test_a_job_out_of_time_and_not_requeued_says_why(slurm, tmp_path):
     # a 1-minute limit, warned 20 s ahead, and no requeue allowed: submitit gives up inside the task (about 1 min)
-    proc = _sweep(tmp_path, "cluster=slurm-local", "data=mock", "max_duration=100000ba", "cluster.timeout_min=1",
+    proc = _sweep(tmp_path, "cluster=slurm-local", "cluster.wait=true", "data=mock", "max_duration=100000ba", "cluster.timeout_min=1",
                   "cluster.signal_delay_s=20", "cluster.max_num_timeout=0")
     assert proc.returncode == 1, proc.stderr[-3000:]
     sweep_dir, [row], [md] = _summaries(tmp_path)

@@ -1,6 +1,10 @@
 """A Composer callback that keeps the loss history, logs the run's progress and writes its report:
-`metrics.json` (final losses, tokens/s) at the end of fit, and `loss_curve.png` at every checkpoint and at the
-end, in the run's output folder.
+`metrics.json` (final losses, tokens/s) at the end of fit, `loss_curve.png` at every checkpoint and at the
+end, and `progress.json` at every progress line, in the run's output folder.
+
+progress.json is what `python -m train.status` reads to follow a running sweep without parsing logs: the latest
+step, loss, tokens/s, MFU and ETA, when it was written, and how many times this run has started in this folder
+(a requeued or resumed run starts again: starts - 1 is its requeue count).
 
 Progress: one line per `console_log_interval` on global rank 0, through `logging` (stderr and the run's log file):
 step/max, the mean loss since the previous line, tokens/s over that stretch's batches (data loading and compute;
@@ -51,6 +55,7 @@ class RunReport(Callback):
         self._line = None  # (training seconds, tokens, index in self.train) at the previous progress line
         self._train_s = 0.0  # seconds spent in batches (loading and compute), evaluations and checkpoints left out
         self._batch_t = None
+        self._status = {}  # progress.json's content (rank 0)
 
     def fit_start(self, state: State, logger: Logger) -> None:
         from composer.callbacks import CheckpointSaver
@@ -62,6 +67,10 @@ class RunReport(Callback):
         if self.save_interval and any(isinstance(cb, CheckpointSaver) for cb in state.callbacks):
             self._saves = create_interval_scheduler(self.save_interval, include_end_of_training=False)
         self._flops_per_token = _flops_per_token(state.model)
+        if dist.get_global_rank() == 0:
+            before = _read_json(self.folder / "progress.json")
+            self._status = {"starts": int(before.get("starts", 0)) + 1, "max_duration": _duration(state.max_duration)}
+            self._write_status(step=int(state.timestamp.batch), state="training")
 
     def before_dataloader(self, state: State, logger: Logger) -> None:
         self._batch_t = time.perf_counter()
@@ -94,9 +103,10 @@ class RunReport(Callback):
         self._line = (self._train_s, tokens, len(self.train))
         if dist.get_global_rank() != 0:
             return
-        parts = [_step(state)]
+        parts, loss, rate, mfu, eta = [_step(state)], None, None, None, None
         if losses:
-            parts.append(f"loss {sum(losses) / len(losses):.4f}")
+            loss = sum(losses) / len(losses)
+            parts.append(f"loss {loss:.4f}")
         if self._train_s > s_line:
             rate = (tokens - tok_line) / (self._train_s - s_line)
             parts.append(f"{rate:,.0f} tokens/s")
@@ -105,11 +115,20 @@ class RunReport(Callback):
                 parts.append(f"MFU {100 * mfu:.1f}%")
         done = _done(state)
         if done >= 1.0:
-            parts.append("ETA 0:00:00")
+            eta = 0
         elif now > self._t0 and done > self._done0:
-            eta = (1.0 - done) * (now - self._t0) / (done - self._done0)
-            parts.append(f"ETA {timedelta(seconds=round(eta))}")
+            eta = round((1.0 - done) * (now - self._t0) / (done - self._done0))
+        if eta is not None:
+            parts.append(f"ETA {timedelta(seconds=eta)}")
         log.info("[progress] " + ", ".join(parts))
+        self._write_status(step=int(state.timestamp.batch), progress=_step(state), loss=loss, tokens_per_sec=rate,
+                           mfu=mfu, eta_s=eta)
+
+    def _write_status(self, **fields) -> None:
+        """progress.json (rank 0), replaced whole: the status command never reads half of one."""
+        self._status.update({k: v for k, v in fields.items() if v is not None}, updated=time.time())
+        self.folder.mkdir(parents=True, exist_ok=True)
+        files.atomic_write(self.folder / "progress.json", json.dumps(self._status).encode())
 
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         self._checkpoint(state, Event.BATCH_CHECKPOINT)
@@ -146,6 +165,7 @@ class RunReport(Callback):
         }
         files.atomic_write(self.folder / "metrics.json", json.dumps(summary, indent=1).encode())  # read by summaries
         self._plot()
+        self._write_status(state="trained", step=int(state.timestamp.batch), eta_s=0)
 
     def _plot(self) -> None:
         """loss_curve.png, replaced whole: someone looking at a running job's picture never sees half of one."""
@@ -178,6 +198,17 @@ class RunReport(Callback):
         history = state["history"]
         history = json.loads(history.decode() if isinstance(history, bytes) else history)
         self.train, self.evals = history["train"], history["evals"]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _duration(total) -> str | None:
+    return None if total is None else f"{int(total.value)}{total.unit.value}"  # as written in a config: 60ba
 
 
 def _done(state: State) -> float:

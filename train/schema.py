@@ -58,6 +58,11 @@ class Cluster:
     timeout_min: int = 60
     max_num_timeout: int = 0
     signal_delay_s: int = 120
+    # `-m` on Slurm submits and returns (follow with `python -m train.status`); true: wait for every job, as a
+    # local sweep always does (its tasks are this command's children)
+    wait: bool = False
+    # where the sweep's summary job runs (1 CPU, a few seconds, after every point ends); null: `partition`
+    summary_partition: Optional[str] = None
     dist_timeout: int = 600
     sbatch_extra: Dict[str, Any] = field(default_factory=dict)
     srun_extra: List[str] = field(default_factory=list)

@@ -14,14 +14,14 @@ from typing import Any
 from hydra.core.utils import JobStatus
 
 
-def ended(p) -> bool:
+def ended(job, scheduler: str) -> bool:
     """submitit calls a job done once its rank-0 result file exists. A rank that fails while Slurm tears the
     step down for a requeue (its dataloader workers get SIGTERM) writes one too, yet the job comes back: on
-    Slurm, done also needs a state Slurm will not resume from."""
-    if p.cfg.cluster.name == "local":
+    Slurm, done also needs a state Slurm will not resume from. A local job that submitit calls done has ended."""
+    if scheduler == "local":
         return True
     try:
-        return bucket(p.job.state) != "pending" and p.job.state.upper() not in ("RUNNING", "COMPLETING")
+        return bucket(job.state) != "pending" and job.state.upper() not in ("RUNNING", "COMPLETING")
     except Exception:
         return True
 

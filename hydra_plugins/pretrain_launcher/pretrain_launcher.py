@@ -6,7 +6,6 @@ preemption through `checkpoint`) is reused as is. What we add: per-point resourc
 `cluster` group (so sweeps over cluster.nodes work), srun arguments for containers (which its PyPI release
 lacks), and the summary.
 """
-import csv
 import logging
 import sys
 import time
@@ -21,17 +20,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from hydra_plugins.pretrain_launcher.outcomes import (
-    SLURM_ENDS,
     bucket,
     ended,
-    existing,
     failed_ranks,
-    final_state,
     kill_local_tasks,
-    markdown,
+    load_result,
     rank_outcomes,
     split_overrides,
 )
+from train import status
 
 # Messages (progress, failures) go through logging, to stderr; stdout holds the answer: one line per submitted
 # point and the summary.
@@ -80,8 +77,20 @@ class SweepLauncher(BaseSubmititLauncher):
         points = self._points([list(o) for o in job_overrides], initial_job_idx, sweep_dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         self._submit(points)
-        self._wait(points)
-        return self._report(points, sweep_dir)
+        shared, own = split_overrides([p.overrides for p in points])  # the summary shows what was swept
+        manifest = [self._record(p, o) for p, o in zip(points, own)]
+        # A local sweep's tasks are this command's children: it always waits. On Slurm the command returns once
+        # every point is submitted (cluster.wait=true: it waits, as tests and short sweeps may want).
+        if any(p.cfg.cluster.name == "local" or p.cfg.cluster.wait for p in points):
+            status.write_manifest(sweep_dir, manifest, shared)
+            self._wait(points)
+            return self._report(points, sweep_dir, status.load(sweep_dir))
+        summary_job = self._submit_summary(points, sweep_dir)
+        status.write_manifest(sweep_dir, manifest, shared, summary_job)
+        print(f"\nsweep: {sweep_dir}\nfollow it: python -m train.status {sweep_dir} --watch\n"
+              f"summary (written by job {summary_job} once every point has ended): {sweep_dir / 'summary.md'}",
+              flush=True)
+        return []
 
     def _points(self, job_overrides: list, first: int, sweep_dir: Path) -> list:
         """Each point composed and resolved exactly as its job will (same Hydra context), without running it:
@@ -106,7 +115,37 @@ class SweepLauncher(BaseSubmititLauncher):
             ex = make_executor(p.cfg, self.params["submitit_folder"])
             p.job = ex.submit(self, p.overrides, "hydra.sweep.dir", p.num, f"job_id_for_{p.num}",
                               _singleton_state())
-            print(f"[sweep] #{p.num} {' '.join(p.overrides) or '(defaults)'} -> job {p.job.job_id}", flush=True)
+            print(f"[sweep] #{p.num} {' '.join(p.overrides) or '(defaults)'} -> job {p.job.job_id}, "
+                  f"log {p.job.task(0).paths.stderr}", flush=True)
+
+    def _record(self, p: Point, own: list) -> dict:
+        """What train/status.py needs to follow a point without its config: its job, folders and shape."""
+        c = p.cfg.cluster
+        return {"num": p.num, "overrides": own, "job_id": p.job.job_id,
+                "scheduler": "local" if c.name == "local" else "slurm",
+                "folder": self.params["submitit_folder"], "tasks": p.job.num_tasks,
+                "world_size": c.nodes * c.tasks_per_node, "checkpoint": p.cfg.save_folder,
+                # train/run_report.py writes progress.json, metrics.json and the loss curve there
+                "report": OmegaConf.select(p.cfg, "callbacks.run_report.folder")}
+
+    def _submit_summary(self, points: list, sweep_dir: Path) -> str:
+        """A one-CPU job that writes summary.md / summary.csv once every point has ended, however it ended
+        (afterany: a requeued point holds it back until it ends for good), so the summary exists although
+        nobody waits on the login node. Same environment as the points (setup lines or container)."""
+        import submitit
+
+        from train.executor import env_lines, srun_args
+
+        cfg = points[0].cfg
+        c = cfg.cluster
+        ex = submitit.AutoExecutor(folder=self.params["submitit_folder"], cluster="slurm",
+                                   slurm_python="python3" if c.container.image else None)
+        ex.update_parameters(
+            name=f"{cfg.run_name}-summary", nodes=1, tasks_per_node=1, cpus_per_task=1, timeout_min=10,
+            slurm_partition=c.summary_partition or c.partition, slurm_account=c.account, slurm_qos=c.qos,
+            slurm_dependency="afterany:" + ":".join(str(p.job.job_id) for p in points),
+            slurm_setup=[*env_lines(cfg), *([] if c.container.image else c.setup)], slurm_srun_args=srun_args(cfg))
+        return ex.submit(status.summarise, str(sweep_dir)).job_id
 
     def _wait(self, points: list) -> None:
         last, refreshed = None, 0.0
@@ -115,7 +154,8 @@ class SweepLauncher(BaseSubmititLauncher):
             # job is seen promptly without calling sacct for every job at every poll.
             force = time.time() - refreshed > 10
             refreshed = time.time() if force else refreshed
-            done = [p.job.done(force_check=force and i == 0) and ended(p) for i, p in enumerate(points)]
+            done = [p.job.done(force_check=force and i == 0) and ended(p.job, _scheduler(p))
+                    for i, p in enumerate(points)]
             for p, d in zip(points, done):
                 failed = [] if d or p.cfg.cluster.name != "local" else failed_ranks(p.job)
                 if failed:
@@ -130,76 +170,45 @@ class SweepLauncher(BaseSubmititLauncher):
                 return
             time.sleep(self.params.get("poll_s", 2.0))
 
-    def _report(self, points: list, sweep_dir: Path) -> list:
-        from train.preflight_report import exclusions
+    def _report(self, points: list, sweep_dir: Path, manifest: dict) -> list:
+        """The summary (the same rows `python -m train.status` writes), then each failed rank's error and log
+        tail, the preflight tables of cluster.preflight.only, and exit 1 if a point did not complete."""
         from train.preflight_report import problem_lines as preflight_problems
         from train.preflight_report import table as preflight_table
 
-        rows, results, failed, bad_ranks, tables = [], [], 0, {}, []
-        shared, own = split_overrides([p.overrides for p in points])  # the column shows what was swept
-        for p, own_overrides in zip(points, own):
-            ranks = rank_outcomes(p.job, wait_s=0 if p.cfg.cluster.name == "local" else 15)
-            ret = ranks[0].value if ranks[0].outcome == "success" else None
-            if ret is not None:
-                results.append(ret)
-            bad = [r for r in ranks if not r.ok]
-            ok = not bad
-            failed += not ok
-            metrics = ret.return_value if ok and isinstance(ret.return_value, dict) else {}
-            # the rank that failed first: its log, then every failed rank's own error
-            first = min(bad, key=lambda r: (r.outcome != "error", r.mtime, r.rank)) if bad else ranks[0]
-            bad.sort(key=lambda r: r.rank != first.rank)
-            error = "; ".join(f"rank {r.rank}: {r.error}" for r in bad)
-            state = "COMPLETED" if ok else final_state(p.job)
-            if not ok and state not in SLURM_ENDS and any(r.outcome for r in ranks):
-                state = "FAILED"  # a rank raised; Slurm's own state is kept where it says more (TIMEOUT, ...)
-            report = OmegaConf.select(p.cfg, "callbacks.run_report.folder")  # train/run_report.py writes these
-            rows.append({
-                "point": p.num,
-                "overrides": " ".join(own_overrides),
-                "job_id": p.job.job_id,
-                "state": state,
-                "final_loss": metrics.get("final_train_loss"),
-                "eval_loss": (metrics.get("final_eval") or {}).get("eval/LanguageCrossEntropy"),
-                "tokens_per_sec": metrics.get("tokens_per_sec"),
-                # from the point's config, so that a failed point shows it too
-                "world_size": p.cfg.cluster.nodes * p.cfg.cluster.tasks_per_node,
-                "checkpoint": p.cfg.save_folder,
-                "metrics": existing(report, "metrics.json"),
-                "loss_curve": existing(report, "loss_curve.png"),
-                "log": str(first.log),
-                "error": error[:1000],
-                # nodes the job's preflight check excluded before it requeued itself (train/preflight.py)
-                "excluded": exclusions(report),
-            })
-            if metrics.get("preflight"):  # cluster.preflight.only: the per-node table, and exit 1 if one is bad
-                tables.append((f"point #{p.num} (job {p.job.job_id})", metrics["preflight"]))
-            bad_ranks[p.num] = bad
-        table = markdown(rows)
-        common = f"shared by every point: {' '.join(shared)}\n\n" if shared else ""
-        (sweep_dir / "summary.md").write_text(common + table)
-        with open(sweep_dir / "summary.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        print(f"\n{common}{table}\nsummary: {sweep_dir / 'summary.md'} and summary.csv", flush=True)
+        rows = status.rows(manifest, [p.job for p in points], wait_s=0 if _scheduler(points[0]) == "local" else 15)
+        text = status.write_summary(sweep_dir, manifest["shared"], rows)
+        print(f"\n{text}\nsummary: {sweep_dir / 'summary.md'} and summary.csv", flush=True)
+        results, tables = [], []
+        for p in points:
+            outcome, value = load_result(p.job.task(0).paths.result_pickle)
+            if outcome == "success":
+                results.append(value)
+                metrics = value.return_value if isinstance(value.return_value, dict) else {}
+                if metrics.get("preflight"):  # cluster.preflight.only: the per-node table, exit 1 if one is bad
+                    tables.append((f"point #{p.num} (job {p.job.job_id})", metrics["preflight"]))
         for title, pre in tables:
             print(f"\npreflight, {title}:\n{preflight_table(pre)}", flush=True)
         failed_checks = [f"{title}: {line}" for title, pre in tables for line in preflight_problems(pre)]
         for line in failed_checks:
             print(f"[preflight] {line}", file=sys.stderr)
-        for row in rows:
-            if row["state"] != "COMPLETED":
-                log.error(f"[sweep] #{row['point']} {row['state']}: see {row['log']}")
-                for r in bad_ranks[row["point"]]:
+        failed = [(p, row) for p, row in zip(points, rows) if row["state"] != "COMPLETED"]
+        for p, row in failed:
+            log.error(f"[sweep] #{row['point']} {row['state']}: see {row['log']}")
+            for r in rank_outcomes(p.job, wait_s=0):
+                if not r.ok:
                     tail = "".join(f"\n    | {line}" for line in r.tail)
                     log.error(f"  rank {r.rank}: {r.error}\n    last lines of {r.log}:{tail}")
         if failed:
-            log.error(f"[sweep] {failed} of {len(points)} points did not complete")
+            log.error(f"[sweep] {len(failed)} of {len(points)} points did not complete")
             sys.exit(1)
         if failed_checks:
             sys.exit(1)
         return results
+
+
+def _scheduler(p: Point) -> str:
+    return "local" if p.cfg.cluster.name == "local" else "slurm"
 
 
 def _singleton_state():
