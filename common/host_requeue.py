@@ -6,7 +6,8 @@ resubmission pickle (with the max_num_timeout countdown) and then calls its envi
 `_requeue` in this process by one that writes a request file, `<submitit folder of this job>/<job_id>_requeue`,
 and lets rank 0 exit (255): srun (`--kill-on-bad-exit=1`) then ends the other ranks and returns, and the batch
 script's lines after srun (`teardown_lines`) run `scontrol requeue` on the host, where the Slurm client is.
-One path for container and bare-venv jobs. Light: the standard library, submitit inside the job only.
+One path for container and bare-venv jobs. The preflight check's node exclusion goes the same way
+(train/requeue.py). Light: the standard library, submitit inside the job only.
 """
 import logging
 import os
@@ -79,15 +80,26 @@ def _id_lines(folder: str) -> list[str]:
 
 def teardown_lines(folder: str) -> list[str]:
     """The batch script's lines after srun: honour the task's request on the host. `folder` is the submitit
-    folder as the executor has it (with %j). The script still ends with srun's exit status (accounting shows a
-    failed job as FAILED), and ignores the SIGTERM its own requeue sends it so that these lines finish."""
+    folder as the executor has it (with %j). Two requests: `<job>_exclude` (the preflight check's bad nodes,
+    train/requeue.py: requeued held, ExcNodeList updated while it waits, released) and `<job>_requeue` (a time
+    limit or preemption). The script still ends with srun's exit status (accounting shows a failed job as
+    FAILED), and ignores the SIGTERM its own requeue sends it so that these lines finish (Slurm's SIGKILL
+    follows KillWait seconds later: the scontrol calls are quick)."""
     return [
         "host_status=$?",
         "# the task asks for its requeue in a file (common/host_requeue.py): a container may have no scontrol",
         "trap '' TERM",
         *_id_lines(folder),
         'host_request="$host_folder/${host_job}_requeue"',
-        'if [ -f "$host_request" ]; then',
+        'host_exclude="$host_folder/${host_job}_exclude"',
+        'if [ -f "$host_exclude" ]; then',
+        '  read -r host_nodes < "$host_exclude"',
+        '  rm -f "$host_exclude" "$host_request"',
+        '  if scontrol requeuehold "$host_job"; then',
+        '    scontrol update "JobId=$host_job" "ExcNodeList=$host_nodes"',
+        '    scontrol release "$host_job" && echo "requeued job $host_job excluding $host_nodes (from the host)"',
+        "  fi",
+        'elif [ -f "$host_request" ]; then',
         '  read -r host_left < "$host_request"',
         '  rm -f "$host_request"',
         '  if scontrol requeue "$host_job"; then',

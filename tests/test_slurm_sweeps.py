@@ -145,15 +145,20 @@ SLURM_COMMANDS = {"scontrol", "sbatch", "srun", "squeue", "sacct", "scancel", "s
                   "sprio", "sshare", "sacctmgr", "strigger", "sbcast", "sdiag", "sreport", "sview"}
 
 
-def _path_without_slurm(folder: Path) -> Path:
-    """A PATH folder as in a container image without a Slurm client: /usr/local/bin and /usr/bin, less Slurm's
-    commands."""
-    folder.mkdir()
+def _task_prolog_without_slurm(folder: Path) -> Path:
+    """An srun task prolog that gives each task a PATH as in a container image without a Slurm client: links to
+    everything in /usr/local/bin and /usr/bin but Slurm's commands. (`srun --export=ALL,PATH=...` does not replace
+    a PATH the environment already has, seen with Slurm 22.05; a task prolog's `export` does.)"""
+    bare = folder / "bin"
+    bare.mkdir(parents=True)
     for bin_dir in (Path("/usr/local/bin"), Path("/usr/bin")):
         for cmd in bin_dir.iterdir():
-            if cmd.name not in SLURM_COMMANDS and not (folder / cmd.name).exists():
-                (folder / cmd.name).symlink_to(cmd)
-    return folder
+            if cmd.name not in SLURM_COMMANDS and not (bare / cmd.name).exists():
+                (bare / cmd.name).symlink_to(cmd)
+    prolog = folder / "no-slurm-client.sh"
+    prolog.write_text(f"#!/bin/sh\necho export PATH={bare}\n")
+    prolog.chmod(0o755)
+    return prolog
 
 
 def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_with_the_uninterrupted_loss(
@@ -173,13 +178,13 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     assert straight.wait(timeout=900) == 0, (tmp_path / "straight.log").read_text()[-2000:]
     # The tasks run as in an image without a Slurm client: no scontrol on their PATH. The preflight's node check
     # (run inside the task by local rank 0, at every start) records what the task's PATH offers.
-    bare = _path_without_slurm(tmp_path / "bin")
+    prolog = _task_prolog_without_slurm(tmp_path / "image")
     seen = tmp_path / "task-path.txt"
     probe = tmp_path / "probe.sh"
     probe.write_text(f'#!/bin/bash\necho "scontrol=$(command -v scontrol || echo none) PATH=$PATH" >> {seen}\n')
     probe.chmod(0o755)
     proc = sweep(tmp_path / "slurm", *args, "cluster.timeout_min=1", "cluster.signal_delay_s=20",
-                 f'cluster.srun_extra=["--export=ALL,PATH={bare}"]', f"cluster.preflight.node_check={probe}")
+                 f'cluster.srun_extra=["--task-prolog={prolog}"]', f"cluster.preflight.node_check={probe}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     [row] = summary(tmp_path / "slurm")
     assert row["state"] == "COMPLETED" and row["world_size"] == "2"
@@ -192,7 +197,7 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     assert log.count(requeued) == starts - 1, log[-3000:]
     assert log.count("asked the batch script to requeue job") == starts - 1
     assert "Requeued job" not in log and "scontrol" not in log, log[-3000:]
-    assert seen.read_text().splitlines() == [f"scontrol=none PATH={bare}"] * starts
+    assert seen.read_text().splitlines() == [f"scontrol=none PATH={tmp_path / 'image' / 'bin'}"] * starts
     [expected] = (tmp_path / "straight" / "outputs").rglob("metrics.json")
     expected = json.loads(expected.read_text())
     assert float(row["final_loss"]) == pytest.approx(expected["final_train_loss"], rel=1e-6)

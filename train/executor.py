@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from common import host_requeue
 from common.paths import PROJECT
+from train.requeue import facts_lines
 
 # The project checkout, mounted into containers so that jobs run this code.
 
@@ -55,6 +56,12 @@ def shell_value(value) -> str:
     return '"' + "".join(out) + '"'
 
 
+def preflight_lines(cfg: DictConfig) -> list[str]:
+    # what the preflight check needs from Slurm to decide an exclusion, asked on the host (train/requeue.py)
+    p = cfg.cluster.preflight
+    return facts_lines() if p.enabled and p.on_fail == "requeue" and not p.only else []
+
+
 def make_executor(cfg: DictConfig, folder: str) -> submitit.AutoExecutor:
     c = cfg.cluster
     if c.name == "local":
@@ -73,7 +80,8 @@ def make_executor(cfg: DictConfig, folder: str) -> submitit.AutoExecutor:
         timeout_min=c.timeout_min, mem_gb=c.mem_gb, slurm_partition=c.partition, slurm_account=c.account,
         slurm_qos=c.qos, slurm_constraint=c.constraint, slurm_exclusive=c.exclusive or None,
         slurm_signal_delay_s=c.signal_delay_s, slurm_additional_parameters=extra,
-        slurm_setup=[*env_lines(cfg), *([] if in_container else c.setup)], slurm_srun_args=srun_args(cfg),
+        slurm_setup=[*env_lines(cfg), *([] if in_container else c.setup), *preflight_lines(cfg)],
+        slurm_srun_args=srun_args(cfg),
         # the requeue at a time limit or preemption runs here on the host: an image may have no Slurm client
         slurm_teardown=host_requeue.teardown_lines(folder),
     )

@@ -3,14 +3,14 @@
 Every rank checks its device; local rank 0 of each node runs the node check command once; then timed
 all-reduces within each node, between pairs of nodes and over the whole job give bus bandwidths to compare with
 the preset's expected figures. Every rank sees every result (one all_gather) and reaches the same verdict. On a
-failure global rank 0 writes the report and either requeues the job without the bad nodes (train/requeue.py) or
-the job fails with the report (on_fail=stop). Runs inside the task only: imports torch.
+failure global rank 0 writes the report and either has the job requeued without the bad nodes (train/requeue.py:
+the task asks, the batch script runs scontrol on the host after srun) or the job fails with the report
+(on_fail=stop). Runs inside the task only: imports torch.
 """
 import datetime
 import logging
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import time
@@ -155,9 +155,6 @@ def run(cfg, folder) -> dict:
     rank0 = dist.get_rank() == 0
     job_id = os.environ.get("SLURM_JOB_ID")
     requeued, why = False, "cluster.preflight.on_fail=stop"
-    # A requeue SIGTERMs every task of the job (composer's handler would exit at once): every rank ignores it
-    # until rank 0 has requeued and told the others, so that none leaves an error behind or cuts the exchange.
-    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if rank0:
         report["job_id"], report["restart"] = job_id, int(os.environ.get("SLURM_RESTART_COUNT", 0))
         if s.on_fail == "requeue" and not report["bad"]:
@@ -168,22 +165,22 @@ def run(cfg, folder) -> dict:
             from train.requeue import requeue_excluding
 
             try:
-                requeued, why = requeue_excluding(job_id, list(report["bad"]), int(s.max_exclusions))
-            except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+                requeued, why = requeue_excluding(list(report["bad"]), int(s.max_exclusions))
+            except (OSError, RuntimeError) as err:  # no facts from the batch script, or no request written
                 why = f"the requeue failed: {err}"
         if requeued:
             report["excluded"] = report["bad"]
             report["excluded_now"] = why
         path = pr.append_report(folder, report)
     answer = [(requeued, why, str(path) if rank0 else None)]
-    dist.broadcast_object_list(answer)  # the others wait until rank 0 has requeued (or given up)
+    dist.broadcast_object_list(answer)  # the others wait until rank 0 has asked for the requeue (or given up)
     requeued, why, path = answer[0]
-    if not requeued:
-        signal.signal(signal.SIGTERM, previous)
     lines = pr.problem_lines(report)
     if requeued:
-        log.warning("preflight: excluding %s and requeuing job %s (excluded now: %s); report: %s",
+        log.warning("preflight: excluding %s and requeuing job %s from the host (excluded now: %s); report: %s",
                     ", ".join(report["bad"]), job_id, ", ".join(why), path)
-        raise SystemExit(0)  # no result: the job starts again on other nodes (as submitit's own requeue)
+        # Every rank ends (exit 0, no result) so that srun returns; then the batch script requeues the job on the
+        # host, and it starts again on other nodes in the same folder.
+        raise SystemExit(0)
     raise PreflightFailed(f"preflight failed: {'; '.join(lines)}\nnot requeued: {why}\nreport: {path}\n"
                           + pr.table(report))
