@@ -1,5 +1,6 @@
 """`python -m data_prep dataset=c4 input=... out_root=... tokenizer=...` (plain: every part here, then merge)
-`python -m data_prep -m part=0,1,2,3 num_parts=4 ...` (one job per part through hydra/launcher)."""
+`python -m data_prep -m part=0,1,2,3 num_parts=4 ...` (one job per part through the sweep launcher:
+data_prep/sweep_app.py)."""
 import sys
 import time
 
@@ -13,24 +14,17 @@ from data_prep.errors import DataPrepError, write_error  # noqa: E402
 
 register_help()
 
-ERROR_FILE = "data_prep_error.txt"  # a failed sweep job's message, collected by launch_check
 
 
-def _fail(message: str, code: int) -> None:
-    print(message, file=sys.stderr)
+def _fail(err: Exception, message: str, code: int) -> None:
+    """A plain run prints the message and exits; a sweep's part raises, so that the launcher's summary and the
+    command's exit status show the part as failed, with this message as its error."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    hydra_cfg = HydraConfig.get()
-    if hydra_cfg.mode == RunMode.MULTIRUN:
-        # A job that exits leaves the launcher a traceback about a missing result; this message is the news.
-        from pathlib import Path
-
-        try:
-            Path(hydra_cfg.runtime.output_dir, ERROR_FILE).write_text(message + "\n")
-        except OSError:  # the disk that is full may be this one: the message is in the job's log already
-            pass
-        return
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        raise err
+    print(message, file=sys.stderr)
     sys.exit(code)
 
 
@@ -39,12 +33,13 @@ def main(cfg: DictConfig):
     from data_prep.app import run
 
     try:
-        run(cfg, started=_STARTED)
+        return run(cfg, started=_STARTED)  # the merged dataset's summary, from the part that merged
     except DataPrepError as err:
-        _fail(str(err), 2)
+        _fail(err, str(err), 2)
     except OSError as err:  # disk full, permissions changed mid-run: say which file, not a traceback
         full = write_error(err.filename or cfg.get("out_root"), err)  # writes not wrapped in errors.writing
-        _fail(str(full) if full else f"data_prep: {err.filename or ''}: {err.strerror or err}", 2 if full else 1)
+        _fail(full or err, str(full) if full else f"data_prep: {err.filename or ''}: {err.strerror or err}",
+              2 if full else 1)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""A sweep's points composed once per distinct set of group choices (train/compose.py: sweep_points) are the
+"""A sweep's points composed once per distinct set of group choices (common/compose.py: sweep_points) are the
 configs Hydra composes for each point from scratch: same values, same Hydra context (run_name, output folder)."""
 import pytest
 from hydra import initialize_config_dir
@@ -6,8 +6,9 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict, read_write
 
+from common.compose import sweep_overrides, sweep_points, without_hydra
 from common.paths import CONF
-from train.compose import command_line, sweep_overrides, sweep_points, without_hydra
+from train.compose import command_line
 
 LINE = ["-m", "cluster=local,slurm-local", "optimizer.lr=1e-3,2e-3", "checkpoint=full",
         "+variables.tag=a,b", "cluster.env.NCCL_DEBUG=WARN", "max_seq_len=64", "~eval_loader.dataset.shuffle_seed"]

@@ -145,7 +145,7 @@ def test_parts_dispatched_with_submitit_then_merged_equal_a_single_part(tmp_path
     # The same files named by a glob here and by their folder below.
     prep("dataset=c4", f"input={C4}/c4-train.*.json.gz", f"out_root={single}", "num_parts=1", "progress=false")
     proc = prep("dataset=c4", f"input={C4}", f"out_root={parallel}", "num_parts=2", "progress=false",
-                "hydra/launcher=submitit_local", "-m", "part=0,1")
+                "-m", "part=0,1")
     jobs = list((parallel / ".data_prep_jobs" / "train").glob("*/part-*"))
     assert len(jobs) == 2, proc.stdout  # two submitit jobs ran, one per part
     assert tree(parallel / "train") == tree(single / "train")  # byte for byte, merged index included
@@ -307,7 +307,7 @@ def test_bad_input_gives_one_clear_message_and_writes_nothing(tmp_path, case):
         expect = "model_vocab_size"
     elif case == "sweep":  # validated once before any job is launched
         args[1], expect = f"input={tmp_path / 'nope.json.gz'}", "input"
-        args += ["hydra/launcher=submitit_local", "-m", "part=0,1", "num_parts=2"]
+        args += ["-m", "part=0,1", "num_parts=2"]
     before = _snapshot(tmp_path)
     proc = prep(*args, check=False, env=env)
     assert proc.returncode != 0
@@ -332,10 +332,12 @@ def test_a_failing_sweep_job_reports_its_message_not_a_traceback(tmp_path):
     src, bad, _ = corrupt_file(tmp_path)
     first_line, first_reason = next(iter(bad.items()))
     proc = prep("dataset=jsonl", f"input={src}", f"out_root={tmp_path / 'out'}", "strict=true", "num_parts=2",
-                "block_bytes=20000", "progress=false", "hydra/launcher=submitit_local", "-m", "part=0,1",
+                "block_bytes=20000", "progress=false", "-m", "part=0,1",
                 check=False)
     assert proc.returncode == 2
-    assert f"part-0: data_prep: strict: {src}:{first_line}: {first_reason}" in proc.stderr, proc.stderr
+    # the part's own message, in the launcher's summary of the failed part
+    assert f"rank 0: data_prep.errors.DataPrepError: data_prep: strict: {src}:{first_line}: {first_reason}" \
+        in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out" / "train" / "index.json").exists()
 

@@ -76,7 +76,7 @@ def test_files_that_are_not_json_lines_fail_naming_input(tmp_path):
 
 def test_a_parts_sweep_that_reads_no_document_fails_with_the_message(tmp_path):
     proc = prep("dataset=c4", f"input={C4_FIRST.parent}", f"out_root={tmp_path / 'out'}", "dataset.text_key=body",
-                "num_parts=2", "progress=false", "hydra/launcher=submitit_local", "-m", "part=0,1", check=False)
+                "num_parts=2", "progress=false", "-m", "part=0,1", check=False)
     assert proc.returncode == 2, proc.stderr
     assert "data_prep: dataset.text_key: no document was read: all 2,000 lines were skipped" in proc.stderr
     split = tmp_path / "out" / "train"

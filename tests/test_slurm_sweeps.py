@@ -219,14 +219,20 @@ def test_data_prep_parts_run_as_a_slurm_array_on_the_cpu_partition(slurm, tmp_pa
 
     array = run("-m", "part=range(0,2)", "hydra/launcher=htc", "hydra.launcher.cpus_per_task=2",
                 f"out_root={tmp_path / 'array'}")
-    assert array.returncode == 0, array.stderr[-3000:]
+    assert array.returncode == 0, array.stderr[-3000:]  # submitted, and returned
+    [sweep_dir] = [line.split(": ", 1)[1] for line in array.stdout.splitlines() if line.startswith("sweep: ")]
     single = run(f"out_root={tmp_path / 'single'}")
     assert single.returncode == 0, single.stderr[-3000:]
+    follow = subprocess.run([str(PYTHON), "-m", "data_prep.status", sweep_dir, "--watch", "2"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert follow.returncode == 0, follow.stdout[-3000:] + follow.stderr[-3000:]
 
-    [submission] = (tmp_path / "array").rglob("*_submission.sh")
-    assert "#SBATCH --partition=htc" in submission.read_text() and "#SBATCH --array=0-1" in submission.read_text()
+    scripts = {p.read_text(): p for p in (tmp_path / "array").rglob("*_submission.sh")}
+    [submission] = [p for text, p in scripts.items() if "#SBATCH --array=0-1" in text]  # and the summary job's
+    assert "#SBATCH --partition=htc" in submission.read_text() and len(scripts) == 2
     job_id = submission.name.split("_")[0]
     assert _accounted_state(f"{job_id}_0") == _accounted_state(f"{job_id}_1") == "COMPLETED"
+    assert f"dataset {tmp_path / 'array' / 'train'}: merged, " in follow.stdout
 
     def files(root):
         return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()

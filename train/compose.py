@@ -1,14 +1,12 @@
 """Compose the training config outside a plain `python -m train` (a sweep's points, tests, benchmarks), with the
 same Hydra context a job has, so `${hydra:...}` and `${run_id:...}` resolve as they do in a run."""
-import copy
-from pathlib import Path
-
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf
 
 import train  # noqa: F401  (registers resolvers)
+from common.compose import without_hydra
 from common.paths import CONF
 
 # Maps users extend with their own keys (environment variables, #SBATCH flags): `key=value` adds a key there, as
@@ -38,67 +36,3 @@ def compose(overrides=(), config_name: str = "train") -> DictConfig:
                             return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)  # `hydra.run.dir` holds `${run_name}`, which reads the overrides
     return without_hydra(cfg, OmegaConf.select(cfg, "hydra.run.dir"))
-
-
-def without_hydra(cfg: DictConfig, output_dir, in_place: bool = False) -> DictConfig:
-    """The job's config as the task sees it: Hydra's context set (as run_job does), the `hydra` node dropped
-    (from a copy, unless `cfg` is the caller's own to change)."""
-    cfg = cfg if in_place else copy.deepcopy(cfg)
-    with read_write(cfg.hydra.runtime):
-        cfg.hydra.runtime.output_dir = str(output_dir)
-    HydraConfig.instance().set_config(cfg)
-    with read_write(cfg), open_dict(cfg):
-        del cfg["hydra"]
-    return cfg
-
-
-def sweep_overrides(config: DictConfig) -> list:
-    """A `-m` command line's points, each a list of overrides, in Hydra's order (its basic sweeper's)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
-    return [list(p) for batch in BasicSweeper.split_arguments(parsed, None) for p in batch]
-
-
-def sweep_points(loader, config: DictConfig, sweep_dir):
-    """Every point of a `-m` line as (overrides, config): composed exactly as its job will compose it (same Hydra
-    context), its hydra node dropped, unresolved; its Hydra context is set for each config as it is made, so
-    the caller resolves each point before asking for the next (train/gate.py).
-
-    Hydra composes a config in two steps (ConfigLoaderImpl._load_configuration_impl in the pinned Hydra): the
-    defaults tree from the config group choices (most of the cost: every YAML file read and merged), then the
-    value overrides applied on top. A sweep's points mostly share their group choices, so the first step runs
-    once per distinct set of them and the second, Hydra's own function, runs on a copy for each point: a
-    128-point sweep is composed in seconds. tests/test_compose.py checks the result against Hydra composing
-    each point from scratch."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    bases = {}
-    for num, overrides in enumerate(sweep_overrides(config)):
-        parsed = parser.parse_overrides(overrides)
-        # Hydra's own test for a value override, not a group choice (hydra/_internal/defaults_list.py: Overrides)
-        is_value = [isinstance(o.value(), dict) or not loader.repository.group_exists(o.key_or_group)
-                    for o in parsed]
-        values = [o for o, v in zip(parsed, is_value) if v]
-        groups = tuple(o.input_line for o, v in zip(parsed, is_value) if not v)
-        if groups not in bases:
-            bases[groups] = loader.load_sweep_config(config, list(groups))
-        cfg = copy.deepcopy(bases[groups])
-        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
-        job = cfg.hydra.job
-        with open_dict(cfg.hydra), read_write(cfg.hydra):
-            cfg.hydra.overrides.task = list(overrides)  # all of them, in the order given, as Hydra keeps them
-            job.override_dirname = get_overrides_dirname(
-                overrides=parsed, kv_sep=job.config.override_dirname.kv_sep,
-                item_sep=job.config.override_dirname.item_sep,
-                exclude_keys=job.config.override_dirname.exclude_keys)
-            job.num = num
-        yield list(overrides), without_hydra(cfg, Path(sweep_dir) / str(cfg.hydra.sweep.subdir), in_place=True)
-
-
-# The sweep points the gate composed, resolved and checked, by sweep folder: the launcher submits these instead
-# of composing every point again (train/gate.py -> hydra_plugins/pretrain_launcher).
-CHECKED_POINTS: dict = {}

@@ -23,8 +23,8 @@ class CheckBeforeWriting(Callback):
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         from hydra.core.hydra_config import HydraConfig
 
+        from common.compose import without_hydra
         from train.checks import check, report
-        from train.compose import without_hydra
 
         HydraConfig.instance().set_config(config)  # as run_job does next: `${run_id:...}` reads the overrides
         cfg = without_hydra(config, OmegaConf.select(config, "hydra.run.dir"))
@@ -42,8 +42,8 @@ class CheckBeforeWriting(Callback):
         from hydra.core.global_hydra import GlobalHydra
         from hydra.core.hydra_config import HydraConfig
 
+        from common.compose import CHECKED_POINTS, sweep_points
         from train.checks import ConfigError, check, check_points, errors, report, resolve_all
-        from train.compose import CHECKED_POINTS, sweep_points
 
         HydraConfig.instance().set_config(config)
         loader = GlobalHydra.instance().config_loader()

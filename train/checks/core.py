@@ -23,7 +23,7 @@ class Context:
     cluster.nodes x cluster.tasks_per_node ranks) or "plan" (describes the job `-m` would submit; the rules about
     this node's files and memory become warnings, since a plan is often made away from the cluster).
     overrides: the command-line overrides (of this sweep point), to tell what the user asked for from defaults.
-    choices: the config groups picked (model, data, cluster, ..., hydra/launcher)."""
+    choices: the config groups picked (model, data, cluster, ...)."""
 
     mode: str = "run"
     overrides: tuple = ()
@@ -50,7 +50,8 @@ class Context:
 
     @property
     def slurm(self) -> bool:
-        return self.choices.get("hydra/launcher") == "slurm"
+        """Whether this config runs on Slurm (under `-m`): every cluster preset but `local`."""
+        return self.group("cluster") != "local"
 
     def group(self, name: str) -> str:
         return str(self.choices.get(name, "?"))

@@ -1,0 +1,149 @@
+"""Where every point of a sweep stands, from its folder alone: what `python -m train.status` and
+`python -m data_prep.status` print, and the summary files.
+
+At submission the launcher leaves `sweep.json` in the sweep folder: the app whose hooks describe the points
+(train/sweep_app.py, data_prep/sweep_app.py) and each point's job. This asks Slurm for the jobs' states (sacct,
+one query for all, through submitit), reads what the points' jobs write (the app's columns: files, not logs) and
+(re)writes summary.md / summary.csv, replaced whole. The same rows come from the waiting launcher, from this
+command, and from the sweep's summary job (`--dependency=afterany` on every point), which writes them once the
+last point has ended whether or not anyone follows the sweep. Light: no torch, no llm-foundry.
+"""
+import argparse
+import csv
+import importlib
+import io
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from common import files
+from common.errors import UserError
+
+MANIFEST = "sweep.json"
+GOING = ("PENDING", "REQUEUED", "CONFIGURING", "RUNNING", "COMPLETING", "RESIZING", "SUSPENDED")
+
+
+def write_manifest(sweep_dir: Path, app: str, points: list, shared: list, summary_job: str | None = None) -> None:
+    """points: dicts with num, overrides (the point's own), job_id, scheduler (slurm | local), folder (submitit's,
+    with %j), tasks, and the app's own fields (its `record` hook)."""
+    body = {"app": app, "points": points, "shared": shared, "summary_job": summary_job, "submitted": time.time()}
+    files.atomic_write(sweep_dir / MANIFEST, json.dumps(body, indent=1).encode())
+
+
+def load(sweep_dir: Path) -> dict:
+    try:
+        return json.loads((sweep_dir / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise UserError("sweep", f"{sweep_dir} holds no {MANIFEST}: not a sweep folder",
+                        "pass the folder the submission printed") from None
+
+
+def jobs(manifest: dict) -> list:
+    """submitit's job objects for the points, from their ids: the surface the launcher's own jobs have."""
+    import submitit
+
+    out = []
+    for p in manifest["points"]:
+        kind = submitit.SlurmJob if p["scheduler"] == "slurm" else submitit.LocalJob
+        out.append(kind(folder=p["folder"], job_id=str(p["job_id"]), tasks=tuple(range(int(p["tasks"])))))
+    return out
+
+
+def rows(manifest: dict, point_jobs: list, wait_s: float = 0) -> list:
+    """One row per point: Slurm's state, the app's columns, and for an ended point that failed, each failed
+    rank's own error (outcomes.py), the one that failed first first."""
+    from hydra_plugins.pretrain_launcher.outcomes import SLURM_ENDS, ended, final_state, rank_outcomes
+
+    app = importlib.import_module(manifest["app"])
+    out = []
+    for p, job in zip(manifest["points"], point_jobs):
+        error = ""
+        if ended(job, p["scheduler"]):
+            ranks = rank_outcomes(job, wait_s=wait_s)
+            bad = [r for r in ranks if not r.ok]
+            state = "COMPLETED" if not bad else final_state(job)
+            if bad and state not in SLURM_ENDS and any(r.outcome for r in ranks):
+                state = "FAILED"  # a rank raised; Slurm's own state is kept where it says more (TIMEOUT, ...)
+            first = min(bad, key=lambda r: (r.outcome != "error", r.mtime, r.rank)) if bad else ranks[0]
+            bad.sort(key=lambda r: r.rank != first.rank)
+            error = "; ".join(f"rank {r.rank}: {r.error}" for r in bad)
+            log = first.log
+        else:
+            state = job.state.upper()
+            state = "PENDING" if state == "UNKNOWN" else state  # not in Slurm's accounting yet
+            log = Path(str(job.task(0).paths.stderr))
+        out.append({"point": p["num"], "overrides": " ".join(p["overrides"]), "job_id": p["job_id"], "state": state,
+                    **app.columns(p, state), "log": str(log), "error": error[:1000]})
+    return out
+
+
+def write_summary(sweep_dir: Path, manifest: dict, table_rows: list) -> str:
+    """summary.md and summary.csv, each replaced whole; returns the markdown: the app's heading, the overrides
+    every point shares (once), the table."""
+    from hydra_plugins.pretrain_launcher.outcomes import markdown
+
+    heading = importlib.import_module(manifest["app"]).heading(manifest)
+    shared = manifest["shared"]
+    text = (f"{heading}\n\n" if heading else "") + \
+           (f"shared by every point: {' '.join(shared)}\n\n" if shared else "") + markdown(table_rows)
+    files.atomic_write(sweep_dir / "summary.md", text.encode())
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(table_rows[0]))
+    writer.writeheader()
+    writer.writerows(table_rows)
+    files.atomic_write(sweep_dir / "summary.csv", out.getvalue().encode())
+    return text
+
+
+def console(manifest: dict, table_rows: list) -> str:
+    """What a terminal shows: the app's heading and its columns (SHOWN), error only where a point has one."""
+    from hydra_plugins.pretrain_launcher.outcomes import markdown
+
+    app = importlib.import_module(manifest["app"])
+    shown = [k for k in app.SHOWN if k != "error" or any(r["error"] for r in table_rows)]
+    heading = app.heading(manifest)
+    return (f"{heading}\n" if heading else "") + markdown([{k: r[k] for k in shown} for r in table_rows])
+
+
+def summarise(sweep_dir: str) -> str:
+    """The sweep's summary job: runs once every point has ended (afterany) and writes the summary files."""
+    sweep_dir = Path(sweep_dir)
+    manifest = load(sweep_dir)
+    return write_summary(sweep_dir, manifest, rows(manifest, jobs(manifest), wait_s=15))
+
+
+def main(prog: str, latest, argv=None) -> int:
+    """`prog [SWEEP_FOLDER] [--watch [SECONDS]]`; latest(): the newest sweep folder, when none is given.
+    Exits 1 once a point has ended without completing, 2 when there is no such sweep."""
+    parser = argparse.ArgumentParser(prog=prog, description="Where every point of a sweep stands; (re)writes "
+                                     "its summary.md and summary.csv.")
+    parser.add_argument("sweep", nargs="?", help="the sweep folder (default: the newest)")
+    parser.add_argument("--watch", nargs="?", type=float, const=30.0, metavar="SECONDS",
+                        help="refresh every SECONDS (30) until every point has ended")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    try:
+        sweep_dir = Path(args.sweep) if args.sweep else latest()
+        manifest = load(sweep_dir)
+    except UserError as err:
+        print(err, file=sys.stderr)
+        return 2
+    point_jobs = jobs(manifest)
+    while True:
+        table_rows = rows(manifest, point_jobs)
+        write_summary(sweep_dir, manifest, table_rows)
+        print(f"{sweep_dir} ({time.strftime('%H:%M:%S')}; every column: summary.md, summary.csv)\n"
+              f"{console(manifest, table_rows)}", flush=True)
+        if args.watch is None or not any(r["state"] in GOING for r in table_rows):
+            return int(any(r["state"] not in (*GOING, "COMPLETED") for r in table_rows))
+        time.sleep(args.watch)
+
+
+def newest(folder: Path) -> Path:
+    """The newest sweep folder under `folder` (one level down), for `latest`."""
+    found = sorted(folder.glob(f"*/{MANIFEST}"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise UserError("sweep", f"no sweep under {folder}", "pass the sweep folder the submission printed")
+    return found[-1].parent
