@@ -1,15 +1,14 @@
 """How a sweep's size costs on the login node: planning (`plan=json`) and submitting 1, 32 and 128 points, beside
 Hydra composing one config in a bare process (the floor any Hydra app pays), from one run on this machine.
 
-Submitting needs the loopback Slurm (scripts/slurm-local.sh start; SLURM_CONF exported): the time is taken when
-the last point's "-> job <id>" line is printed; the jobs are then cancelled and the command stopped.
+Submitting needs the loopback Slurm (scripts/slurm-local.sh start; SLURM_CONF exported): the time is the whole
+command, which returns once every point and the sweep's summary job are submitted; the jobs are then cancelled.
 
     .venv/bin/python bench/bench_sweep.py [--repeats 2] [--no-submit]
 """
 import argparse
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,25 +28,17 @@ GRIDS[128] = GRIDS[32] + ["seed=1,2,3,4"]
 
 
 def submit_seconds(points: int, env) -> float:
-    """Seconds until every point is submitted; its jobs are cancelled at once."""
+    """Seconds until the command returns, every point submitted (with the sweep's summary job); the jobs are
+    cancelled at once."""
     grid = [g.replace("cluster.nodes=2,4,8,16", "max_duration=1ba,2ba,3ba,4ba") for g in GRIDS[points]]
     cmd = [PYTHON, "-m", "train", "-m", "cluster=slurm-local", "data=mock", "checkpoint=none", *grid]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
-    jobs = []
-    for line in proc.stdout:
-        found = re.search(r"-> job (\d+)", line)
-        if found:
-            jobs.append(found[1])
-            if len(jobs) == points:
-                break
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     took = time.perf_counter() - start
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait()
+    jobs = re.findall(r"-> job (\d+)", proc.stdout) + re.findall(r"written by job (\d+)", proc.stdout)
     subprocess.run(["scancel", *jobs], env=env, check=False)
-    if len(jobs) != points:
-        sys.exit(f"only {len(jobs)} of {points} points were submitted")
+    if proc.returncode or len(jobs) != points + 1:
+        sys.exit(f"{len(jobs)} jobs for {points} points (exit {proc.returncode}): {proc.stderr[-2000:]}")
     return took
 
 
