@@ -175,3 +175,55 @@ def test_an_override_only_some_points_have_is_theirs_alone():
 def test_a_single_point_shows_all_its_overrides_and_shares_none():
     assert split_overrides([["model=mpt-7b", "cluster=p5"]]) == ([], [["model=mpt-7b", "cluster=p5"]])
     assert split_overrides([[]]) == ([], [[]])
+
+
+# ------------------------------------------------------------------------- a sweep's status from its folder
+
+
+def manifest(tmp_path, report=None):
+    report = report or tmp_path / "0"
+    return {"app": "train.sweep_app", "shared": ["data=mock"], "summary_job": "4243", "points": [
+        {"num": 0, "overrides": ["optimizer.lr=0.001"], "job_id": "4242", "scheduler": "slurm", "tasks": 2,
+         "folder": str(tmp_path / "%j"), "world_size": 2, "checkpoint": str(tmp_path / "ckpt"),
+         "report": str(report)}]}
+
+
+def test_a_running_point_shows_what_its_rank_0_last_wrote(tmp_path):
+    from hydra_plugins.pretrain_launcher.sweep_status import console, rows
+
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "progress.json").write_text('{"starts": 3, "progress": "step 20/40", "step": 20, "loss": 5.5,'
+                                                  ' "tokens_per_sec": 1234.5, "eta_s": 65}')
+    [row] = rows(manifest(tmp_path), [StandInJob(tmp_path / "4242", "RUNNING")])
+    assert (row["state"], row["requeues"], row["step"], row["loss"], row["eta"]) == \
+        ("RUNNING", 2, "step 20/40", 5.5, "0:01:05")
+    assert row["final_loss"] is None and row["tokens_per_sec"] == 1234.5 and row["error"] == ""
+    assert row["log"].endswith("4242_0_log.err")
+    shown = console(manifest(tmp_path), [row])
+    assert "| 0 | optimizer.lr=0.001 | 4242 | RUNNING | 2 | step 20/40 | 5.5 | 1234 |  | 0:01:05 |" in shown
+    assert "checkpoint" not in shown and "error" not in shown  # the files hold every column
+
+
+def test_a_job_not_yet_in_slurms_accounting_is_pending(tmp_path):
+    from hydra_plugins.pretrain_launcher.sweep_status import rows
+
+    [row] = rows(manifest(tmp_path), [StandInJob(tmp_path / "4242", "UNKNOWN")])
+    assert row["state"] == "PENDING" and row["step"] == "" and row["requeues"] == 0
+
+
+@pytest.mark.parametrize("outcome, state", [("success", "COMPLETED"), ("error", "FAILED")])
+def test_the_summary_job_needs_no_slurm_client(tmp_path, outcome, state):
+    """It runs after every point (afterany), maybe in a container without sacct: the result files decide."""
+    from hydra_plugins.pretrain_launcher.sweep_status import rows, write_summary
+
+    job = StandInJob(tmp_path / "4242", RuntimeError("sacct: command not found"))
+    for k in (0, 1):
+        job.result(k, outcome, success({"final_train_loss": 5.0}) if outcome == "success" else TRACEBACK)
+    [row] = rows(manifest(tmp_path), [job], all_ended=True)
+    assert row["state"] == state
+    assert row["error"] == ("" if outcome == "success" else
+                            "rank 0: ValueError: global_train_batch_size 10 is not divisible by 4; rank 1: "
+                            "ValueError: global_train_batch_size 10 is not divisible by 4")
+    text = write_summary(tmp_path, manifest(tmp_path), [row])
+    assert text.startswith("shared by every point: data=mock\n\n| point | overrides | job_id | state |")
+    assert (tmp_path / "summary.md").read_text() == text and (tmp_path / "summary.csv").is_file()

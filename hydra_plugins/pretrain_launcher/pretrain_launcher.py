@@ -118,7 +118,9 @@ class SweepLauncher(BaseSubmititLauncher):
             sweep_status.write_manifest(sweep_dir, app.__name__, records, shared)
             self._wait(points)
             return self._report(app, points, sweep_dir)
-        # Submit and return: a login node may end a long-lived process; the summary job writes the summary
+        # Submit and return: a login node may end a long-lived process; the summary job writes the summary.
+        # The manifest first: a point that fails at once may let the summary job start within a second.
+        sweep_status.write_manifest(sweep_dir, app.__name__, records, shared)
         ex = app.summary_executor(points[0].cfg, self.params, folder)
         ex.update_parameters(slurm_dependency="afterany:" + ":".join(
             dict.fromkeys(str(p.job.job_id).split("_")[0] for p in points)))  # an array's id covers its parts

@@ -51,20 +51,22 @@ def jobs(manifest: dict) -> list:
     return out
 
 
-def rows(manifest: dict, point_jobs: list, wait_s: float = 0) -> list:
+def rows(manifest: dict, point_jobs: list, wait_s: float = 0, all_ended: bool = False) -> list:
     """One row per point: Slurm's state, the app's columns, and for an ended point that failed, each failed
-    rank's own error (outcomes.py), the one that failed first first."""
+    rank's own error (outcomes.py), the one that failed first first. all_ended: known to have ended (the
+    summary job runs after every point), whatever Slurm's accounting says or whether it can be asked at all
+    (a container without a Slurm client)."""
     from hydra_plugins.pretrain_launcher.outcomes import SLURM_ENDS, ended, final_state, rank_outcomes
 
     app = importlib.import_module(manifest["app"])
     out = []
     for p, job in zip(manifest["points"], point_jobs):
         error = ""
-        if ended(job, p["scheduler"]):
+        if all_ended or ended(job, p["scheduler"]):
             ranks = rank_outcomes(job, wait_s=wait_s)
             bad = [r for r in ranks if not r.ok]
             state = "COMPLETED" if not bad else final_state(job)
-            if bad and state not in SLURM_ENDS and any(r.outcome for r in ranks):
+            if bad and state not in SLURM_ENDS and (any(r.outcome for r in ranks) or state == "UNKNOWN"):
                 state = "FAILED"  # a rank raised; Slurm's own state is kept where it says more (TIMEOUT, ...)
             first = min(bad, key=lambda r: (r.outcome != "error", r.mtime, r.rank)) if bad else ranks[0]
             bad.sort(key=lambda r: r.rank != first.rank)
@@ -111,7 +113,7 @@ def summarise(sweep_dir: str) -> str:
     """The sweep's summary job: runs once every point has ended (afterany) and writes the summary files."""
     sweep_dir = Path(sweep_dir)
     manifest = load(sweep_dir)
-    return write_summary(sweep_dir, manifest, rows(manifest, jobs(manifest), wait_s=15))
+    return write_summary(sweep_dir, manifest, rows(manifest, jobs(manifest), wait_s=15, all_ended=True))
 
 
 def main(prog: str, latest, argv=None) -> int:
