@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from paths import PYTHON, ROOT
+from test_slurm_sweeps import _task_prolog_without_slurm
 
 from train.preflight_report import busbw_GBps, estimate_seconds, judge, pair_rounds, table
 
@@ -153,8 +154,10 @@ def test_a_bad_node_is_excluded_and_the_job_completes_on_the_other_with_the_norm
                       f'if [ "$(cat {marker})" = "$SLURMD_NODENAME" ]; then\n'
                       '  echo "ERROR: GPU 3: 12 uncorrectable ECC errors"; exit 1\nfi\necho ok\n')
     script.chmod(0o755)
+    # the tasks have no Slurm client (as in a container image): the exclusion and the requeue run on the host
+    prolog = _task_prolog_without_slurm(tmp_path / "image")
     proc = cli(tmp_path / "root", "-m", "cluster=slurm-local", "cluster.wait=true", "data=mock", "max_duration=6ba", "checkpoint=none",
-               f"cluster.preflight.node_check={script},null")
+               f"cluster.preflight.node_check={script},null", f'cluster.srun_extra=["--task-prolog={prolog}"]')
     assert proc.returncode == 0, proc.stderr[-3000:]
     checked, plain = _summary(tmp_path / "root")
     bad = marker.read_text().strip()
@@ -170,8 +173,10 @@ def test_a_bad_node_is_excluded_and_the_job_completes_on_the_other_with_the_norm
     assert attempt["excluded"] == {bad: ["node check failed (exit 1): ERROR: GPU 3: 12 uncorrectable ECC errors"]}
     assert attempt["job_id"] == job and attempt["restart"] == 0
     log = Path(checked["log"]).read_text()
-    assert f"preflight: excluding {bad} and requeuing job {job}" in log
+    assert f"preflight: excluding {bad} and requeuing job {job} from the host" in log
     assert log.count("preflight: 1 node(s), 2 ranks, ") == 2 and "ok in " in log
+    out = Path(checked["log"].replace("_log.err", "_log.out")).read_text()
+    assert out.count(f"requeued job {job} excluding {bad} (from the host)") == 1, out[-2000:]
 
 
 def test_on_fail_stop_and_the_exclusion_limit_fail_the_job_with_the_report(slurm, tmp_path):
