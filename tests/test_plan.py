@@ -137,6 +137,19 @@ def test_local_cpu_plan_has_no_gpu_figures():
     assert p["fits"] is None and p["gpu_memory_bytes"] is None and p["min_nodes"] is None
     assert p["step_seconds"] is None and p["train_days"] is None and p["sbatch_script"] is None
     assert p["world_size"] == 1 and p["grad_accum"] == 2
+    assert p["sweep_waits"] is True  # a local sweep's tasks are the command's children
+
+
+@pytest.mark.parametrize("extra, waits, shown", [
+    ((), False, "-m          submits and returns; follow with `python -m train.status <sweep> --watch`; a summary "
+                "job on partition gpu writes"),
+    (("cluster.summary_partition=cpu",), False, "a summary job on partition cpu"),
+    (("cluster.wait=true",), True, "-m          waits for every job, then prints and writes the summary"),
+])
+def test_the_plan_says_whether_a_slurm_sweep_returns_or_waits(extra, waits, shown):
+    p = plan("cluster=ndv5", *extra)
+    assert p["sweep_waits"] is waits
+    assert shown in render(p)
 
 
 # ------------------------------------------------------------------------------------- the command line

@@ -155,6 +155,10 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
         "checkpoint_overhead": (saves * write_s / train_s) if (saves and write_s and train_s) else None,
         "preflight": _preflight(cfg, nodes, tasks),
         "sbatch_script": sbatch_script(cfg, _submitit_folder()),
+        # what `-m` does after submitting (hydra_plugins/pretrain_launcher/): return at once, or wait
+        "sweep_waits": bool(cfg.cluster.name == "local" or cfg.cluster.wait),
+        "summary_partition": None if cfg.cluster.name == "local" else (cfg.cluster.summary_partition
+                                                                       or cfg.cluster.partition),
         "warnings": [str(p) for p in problems],
     }
     return plan

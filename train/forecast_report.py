@@ -148,6 +148,12 @@ def render(p: dict) -> str:
         out.extend("    " + line for line in p["sbatch_script"].rstrip().splitlines())
     else:
         add("sbatch      none: cluster=local runs on this machine")
+    if p["sweep_waits"]:
+        add("-m          waits for every job, then prints and writes the summary")
+    else:
+        add("-m          submits and returns; follow with `python -m train.status <sweep> --watch`; a summary job "
+            f"on partition {p['summary_partition']} writes the summary when the last point ends "
+            "(cluster.wait=true: wait instead)")
     if p["warnings"]:
         add("warnings    (legal but likely mistakes, and what would stop a run or submission from this node):")
         for w in p["warnings"]:
