@@ -18,10 +18,11 @@ $(STAMP): pyproject.toml requirements.lock
 train: $(STAMP)
 	$(PY) -m train
 
-# Tests submit real jobs to a loopback Slurm that the project starts itself (and stops afterwards).
+# Tests submit real jobs to a loopback Slurm that the project starts itself (and stops afterwards). The 20
+# slowest tests are listed at the end: where the suite's time goes.
 test: $(STAMP)
 	bash scripts/slurm-local.sh start
-	eval "$$(bash scripts/slurm-local.sh status)" && $(PY) -m pytest -q $(PYTEST_ARGS); \
+	eval "$$(bash scripts/slurm-local.sh status)" && $(PY) -m pytest -q --durations=20 $(PYTEST_ARGS); \
 	  rc=$$?; bash scripts/slurm-local.sh stop; exit $$rc
 
 # The fast tier for your own loop (under a minute): config, checks, plan, README lines and data_prep units; no
