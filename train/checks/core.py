@@ -51,7 +51,7 @@ class Context:
     @property
     def slurm(self) -> bool:
         """Whether this config runs on Slurm (under `-m`): every cluster preset but `local`."""
-        return self.group("cluster") != "local"
+        return self.choices.get("cluster", "local") != "local"
 
     def group(self, name: str) -> str:
         return str(self.choices.get(name, "?"))
