@@ -7,7 +7,8 @@ resubmission pickle (with the max_num_timeout countdown) and then calls its envi
 and lets rank 0 exit (255): srun (`--kill-on-bad-exit=1`) then ends the other ranks and returns, and the batch
 script's lines after srun (`teardown_lines`) run `scontrol requeue` on the host, where the Slurm client is.
 One path for container and bare-venv jobs. The preflight check's node exclusion goes the same way
-(train/requeue.py). Light: the standard library, submitit inside the job only.
+(train/requeue.py). Global rank 0 runs on the allocation's first node, where the batch script runs, so the
+request is seen at once even on a network filesystem. Light: the standard library, submitit inside the job only.
 """
 import logging
 import os
