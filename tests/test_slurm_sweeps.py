@@ -120,12 +120,13 @@ def test_a_failing_point_is_reported_with_its_log_and_the_other_completes(slurm,
 
 def test_scancel_of_a_running_job_is_reported_as_cancelled(slurm, tmp_path):
     env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path)}
-    proc = subprocess.Popen([str(PYTHON), "-m", "train", "-m", *TINY, "max_duration=100000ba", "checkpoint=none"],
+    proc = subprocess.Popen([str(PYTHON), "-m", "train", "-m", *TINY, WAIT, "max_duration=100000ba",
+                             "checkpoint=none"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job_id = None
-    for line in proc.stdout:  # "[sweep] #0 ... -> job 123"
+    for line in proc.stdout:  # "[sweep] #0 ... -> job 123, log ..."
         if "-> job" in line:
-            job_id = line.split()[-1]
+            job_id = line.split("-> job ")[1].split(",")[0]
             break
     assert job_id, "the sweep never said which job it submitted"
     deadline = time.time() + 120

@@ -154,8 +154,13 @@ class SweepLauncher(BaseSubmititLauncher):
             # job is seen promptly without calling sacct for every job at every poll.
             force = time.time() - refreshed > 10
             refreshed = time.time() if force else refreshed
-            done = [p.job.done(force_check=force and i == 0) and ended(p.job, _scheduler(p))
-                    for i, p in enumerate(points)]
+            slurm = [p for p in points if _scheduler(p) == "slurm"]
+            if force and slurm:
+                # done() returns early once a result file exists, and `state` is refreshed on submitit's own
+                # schedule (up to half the job's age): ask for every job's state here, or a finished long job
+                # would keep the command waiting for minutes
+                slurm[0].job.get_info(mode="force")
+            done = [p.job.done() and ended(p.job, _scheduler(p)) for p in points]
             for p, d in zip(points, done):
                 failed = [] if d or _scheduler(p) != "local" else failed_ranks(p.job)
                 if failed:
