@@ -88,6 +88,19 @@ def test_a_sweep_submits_and_returns_is_followed_by_status_and_summarised_by_its
     assert [final[n]["state"] for n in (0, 1)] == ["COMPLETED", "COMPLETED"] and all(final[n]["loss"] for n in (0, 1))
 
 
+def test_a_summary_job_slurm_refuses_leaves_the_points_submitted_and_says_how_to_summarise(slurm, tmp_path):
+    proc = subprocess.run([str(PYTHON), "-m", "train", "-m", *TINY, "max_duration=2ba", "checkpoint=none",
+                           "cluster.summary_partition=no-such-partition"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PRETRAIN_ROOT": str(tmp_path)}, timeout=120)
+    jobs = [line.split("-> job ")[1].split(",")[0] for line in proc.stdout.splitlines() if "-> job " in line]
+    subprocess.run(["scancel", *jobs], check=False)
+    assert proc.returncode == 0 and len(jobs) == 1, proc.stderr[-3000:]
+    [sweep_dir] = (tmp_path / "outputs" / "sweeps").iterdir()
+    assert "the summary job was not submitted" in proc.stderr and "invalid partition" in proc.stderr.lower()
+    assert f"python -m train.status {sweep_dir} --watch` writes the summary" in proc.stderr
+    assert json.loads((sweep_dir / "sweep.json").read_text())["summary_job"] is None
+
+
 def _accounted_state(job_id: str) -> str:
     """The job's state in Slurm's accounting, once it has caught up with the job's end."""
     deadline = time.time() + 60

@@ -114,21 +114,25 @@ class SweepLauncher(BaseSubmititLauncher):
         records = [{"num": p.num, "overrides": o, "job_id": p.job.job_id,
                     "scheduler": app.scheduler(p.cfg, self.params), "folder": folder, "tasks": p.job.num_tasks,
                     **app.record(p.cfg)} for p, o in zip(points, own)]
+        # before waiting, or the summary job: a point that fails at once may let that job start within a second
+        sweep_status.write_manifest(sweep_dir, app.__name__, records, shared)
         if any(app.waits(p.cfg, self.params) for p in points):
-            sweep_status.write_manifest(sweep_dir, app.__name__, records, shared)
             self._wait(points)
             return self._report(app, points, sweep_dir)
-        # Submit and return: a login node may end a long-lived process; the summary job writes the summary.
-        # The manifest first: a point that fails at once may let the summary job start within a second.
-        sweep_status.write_manifest(sweep_dir, app.__name__, records, shared)
-        ex = app.summary_executor(points[0].cfg, self.params, folder)
-        ex.update_parameters(slurm_dependency="afterany:" + ":".join(
-            dict.fromkeys(str(p.job.job_id).split("_")[0] for p in points)))  # an array's id covers its parts
-        summary_job = ex.submit(sweep_status.summarise, str(sweep_dir)).job_id
+        # Submit and return: a login node may end a long-lived process; the summary job writes the summary
+        follow = f"{app.STATUS} {sweep_dir} --watch"
+        try:
+            ex = app.summary_executor(points[0].cfg, self.params, folder)
+            ex.update_parameters(slurm_dependency="afterany:" + ":".join(
+                dict.fromkeys(str(p.job.job_id).split("_")[0] for p in points)))  # an array's id covers its parts
+            summary_job = ex.submit(sweep_status.summarise, str(sweep_dir)).job_id
+        except Exception as err:  # the points are submitted and run: say so, and how to get the summary
+            log.warning(f"[sweep] the summary job was not submitted ({err}); `{follow}` writes the summary")
+            summary_job = None
         sweep_status.write_manifest(sweep_dir, app.__name__, records, shared, summary_job)
-        print(f"\nsweep: {sweep_dir}\nfollow it: {app.STATUS} {sweep_dir} --watch\n"
-              f"summary (written by job {summary_job} once every point has ended): {sweep_dir / 'summary.md'}",
-              flush=True)
+        print(f"\nsweep: {sweep_dir}\nfollow it: {follow}" + (
+            f"\nsummary (written by job {summary_job} once every point has ended): {sweep_dir / 'summary.md'}"
+            if summary_job else ""), flush=True)
         return []
 
     def _submit(self, app, points: list, folder: str) -> None:
@@ -136,6 +140,7 @@ class SweepLauncher(BaseSubmititLauncher):
         groups = {}
         for p in points:
             ex = app.executor(p.cfg, self.params, folder)
+            # the parameters submitit will write into the script (its executor's own dict: no public accessor)
             key = (ex.cluster, json.dumps(ex._executor.parameters, sort_keys=True, default=str))
             groups.setdefault(key, (ex, []))[1].append(p)
         for ex, group in groups.values():
