@@ -54,13 +54,14 @@ def test_a_sweep_submits_and_returns_is_followed_by_status_and_summarised_by_its
     assert all(job in queued for job in jobs), (returned, queued)  # it returned while its jobs were queued or ran
     assert not (sweep_dir / "summary.md").exists()
 
-    seen, deadline = set(), time.time() + 600  # follow it as a user would, while it trains
-    while not any(state == "RUNNING" and loss for state, loss in seen):
+    seen, deadline = set(), time.time() + 600  # follow it as a user would, while it trains: both points running,
+    while not ({0, 1} <= {n for n, state, _ in seen if state == "RUNNING"}  # one of them with a loss on the way
+               and any(state == "RUNNING" and loss for _, state, loss in seen)):
         now = status(sweep_dir)
         assert now.returncode == 0 and time.time() < deadline, (now.stderr, seen)
-        rows = shown(now.stdout).values()
-        seen |= {(row["state"], row["loss"]) for row in rows}
-        assert all(row["state"] in ("PENDING", "RUNNING", "COMPLETING") for row in rows), seen  # it went too fast
+        rows = shown(now.stdout)
+        seen |= {(n, row["state"], row["loss"]) for n, row in rows.items()}
+        assert all(row["state"] in ("PENDING", "RUNNING") for row in rows.values()), seen  # it went too fast
         time.sleep(1)
     # then nobody runs it again: the sweep's own job writes the summary once both points have ended
     summary_job = json.loads((sweep_dir / "sweep.json").read_text())["summary_job"]
