@@ -426,3 +426,9 @@ def test_help_lists_each_apps_own_groups(tmp_path):
     prep = subprocess.run([str(PYTHON), "-m", "data_prep", "--help"], cwd=ROOT, capture_output=True, text=True)
     groups = prep.stdout.split("== Config groups ==")[1].split("== Config ==")[0]
     assert groups.strip() == "dataset: c4, jsonl, slimpajama"
+
+
+def test_cluster_wait_false_on_this_machine_is_a_warning():
+    [p] = check(compose(["cluster.wait=false"]), Context(mode="sweep"))
+    assert (p.key, p.level) == ("cluster.wait", WARNING) and "children" in p.problem
+    assert check(compose(["cluster=slurm-local", "cluster.wait=false"]), Context(mode="sweep")) == []

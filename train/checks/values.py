@@ -190,6 +190,10 @@ def cluster_figures(cfg, ctx):
     if peak is not None and peak <= 0:
         yield Problem("cluster.peak_flops", f"must be a positive FLOP/s figure, got {peak!r}",
                       "e.g. cluster.peak_flops=989e12 (H100 dense bf16)")
+    if value(cfg, "cluster.name") == "local" and value(cfg, "cluster.wait") is False:
+        yield Problem("cluster.wait", "false has no effect with cluster=local: a local sweep's tasks are this "
+                      "command's children, so it waits for them", "drop cluster.wait=false, or run the sweep on a "
+                      "Slurm cluster preset, which submits and returns", WARNING)
 
 
 def batch(cfg, ctx):
