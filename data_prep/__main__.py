@@ -15,7 +15,6 @@ from data_prep.errors import DataPrepError, write_error  # noqa: E402
 register_help()
 
 
-
 def _fail(err: Exception, message: str, code: int) -> None:
     """A plain run prints the message and exits; a sweep's part raises, so that the launcher's summary and the
     command's exit status show the part as failed, with this message as its error."""
