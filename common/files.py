@@ -25,6 +25,16 @@ def atomic_write(target, data: bytes) -> None:
         raise
 
 
+def read_json(path) -> dict:
+    """A JSON file another process replaces whole (atomic_write) as it goes: {} while it is not there yet."""
+    import json
+
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def publish(tmp, final) -> bool:
     """Rename a finished temporary file or folder into place. When another writer published the same thing
     first (ranks or parts racing to write identical content), keep theirs and remove ours. True if ours won."""

@@ -8,13 +8,16 @@ and lets rank 0 exit (255): srun (`--kill-on-bad-exit=1`) then ends the other ra
 script's lines after srun (`teardown_lines`) run `scontrol requeue` on the host, where the Slurm client is.
 One path for container and bare-venv jobs. The preflight check's node exclusion goes the same way
 (train/requeue.py). Global rank 0 runs on the allocation's first node, where the batch script runs, so the
-request is seen at once even on a network filesystem. Light: the standard library, submitit inside the job only.
+request is seen at once even on a network filesystem. Light: the standard library and common/files.py, submitit
+inside the job only.
 """
 import logging
 import os
 import shlex
 import signal
 from pathlib import Path
+
+from common import files
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +38,7 @@ def request_path(kind: str = "requeue") -> Path:
 def write_request(kind: str, text: str) -> Path:
     """Write a request for the host atomically (a half-written one is never read)."""
     path = request_path(kind)
-    tmp = path.with_name(f"{path.name}.tmp")
-    tmp.write_text(text.rstrip("\n") + "\n")
-    os.replace(tmp, path)
+    files.atomic_write(path, (text.rstrip("\n") + "\n").encode())
     return path
 
 

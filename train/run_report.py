@@ -68,7 +68,7 @@ class RunReport(Callback):
             self._saves = create_interval_scheduler(self.save_interval, include_end_of_training=False)
         self._flops_per_token = _flops_per_token(state.model)
         if dist.get_global_rank() == 0:
-            before = _read_json(self.folder / "progress.json")
+            before = files.read_json(self.folder / "progress.json")
             self._status = {"starts": int(before.get("starts", 0)) + 1, "max_duration": _duration(state.max_duration)}
             self._write_status(step=int(state.timestamp.batch), state="training")
 
@@ -199,12 +199,6 @@ class RunReport(Callback):
         history = json.loads(history.decode() if isinstance(history, bytes) else history)
         self.train, self.evals = history["train"], history["evals"]
 
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _duration(total) -> str | None:

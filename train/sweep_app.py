@@ -74,11 +74,12 @@ def record(cfg: DictConfig) -> dict:
 def columns(point: dict, state: str) -> dict:
     """A point's columns from what its rank 0 wrote (train/run_report.py): progress.json as it trains,
     metrics.json at the end."""
-    from hydra_plugins.pretrain_launcher.outcomes import SLURM_ENDS
+    from common.files import read_json
+    from hydra_plugins.pretrain_launcher.outcomes import SLURM_ENDS, existing
     from train.preflight_report import exclusions
 
     report = Path(point["report"])
-    progress, metrics = _read(report / "progress.json"), _read(report / "metrics.json")
+    progress, metrics = read_json(report / "progress.json"), read_json(report / "metrics.json")
     done = state == "COMPLETED"
     eta = progress.get("eta_s")
     return {
@@ -92,8 +93,8 @@ def columns(point: dict, state: str) -> dict:
         "eta": "" if eta is None or done or state in SLURM_ENDS else str(timedelta(seconds=int(eta))),
         "world_size": point["world_size"],
         "checkpoint": point["checkpoint"],
-        "metrics": _existing(report / "metrics.json"),
-        "loss_curve": _existing(report / "loss_curve.png"),
+        "metrics": existing(report, "metrics.json"),
+        "loss_curve": existing(report, "loss_curve.png"),
         # nodes the job's preflight check excluded before it requeued itself (train/preflight.py)
         "excluded": exclusions(str(report)),
     }
@@ -120,15 +121,3 @@ def finish(results: list, rows: list) -> bool:
         print(f"[preflight] {line}", file=sys.stderr)
     return bool(failed)
 
-
-def _read(path: Path) -> dict:
-    import json
-
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _existing(path: Path) -> str:
-    return str(path) if path.is_file() else ""

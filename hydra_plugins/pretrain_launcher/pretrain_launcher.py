@@ -82,6 +82,7 @@ class Point:
     num: int
     overrides: list
     cfg: DictConfig  # resolved, without the hydra node
+    scheduler: str  # local | slurm (the app's hook says which)
     job: Any = None
 
 
@@ -105,14 +106,14 @@ class SweepLauncher(BaseSubmititLauncher):
         setup_globals()
         app = importlib.import_module(self.params["app"])
         sweep_dir = Path(self.config.hydra.sweep.dir)
-        points = [Point(initial_job_idx + i, o, cfg) for i, (o, cfg) in
+        points = [Point(initial_job_idx + i, o, cfg, app.scheduler(cfg, self.params)) for i, (o, cfg) in
                   enumerate(app.points(self, [list(o) for o in job_overrides], initial_job_idx, sweep_dir))]
         sweep_dir.mkdir(parents=True, exist_ok=True)
         folder = self.params["submitit_folder"]
         self._submit(app, points, folder)
         shared, own = split_overrides([p.overrides for p in points])  # the summary shows what was swept
         records = [{"num": p.num, "overrides": o, "job_id": p.job.job_id,
-                    "scheduler": app.scheduler(p.cfg, self.params), "folder": folder, "tasks": p.job.num_tasks,
+                    "scheduler": p.scheduler, "folder": folder, "tasks": p.job.num_tasks,
                     **app.record(p.cfg)} for p, o in zip(points, own)]
         # before waiting, or the summary job: a point that fails at once may let that job start within a second
         sweep_status.write_manifest(sweep_dir, app.__name__, records, shared)
@@ -159,15 +160,15 @@ class SweepLauncher(BaseSubmititLauncher):
             # job is seen promptly without calling sacct for every job at every poll.
             force = time.time() - refreshed > 10
             refreshed = time.time() if force else refreshed
-            slurm = [p for p in points if _scheduler(p) == "slurm"]
+            slurm = [p for p in points if p.scheduler == "slurm"]
             if force and slurm:
                 # done() returns early once a result file exists, and `state` is refreshed on submitit's own
                 # schedule (up to half the job's age): ask for every job's state here, or a finished long job
                 # would keep the command waiting for minutes
                 slurm[0].job.get_info(mode="force")
-            done = [p.job.done() and ended(p.job, _scheduler(p)) for p in points]
+            done = [p.job.done() and ended(p.job, p.scheduler) for p in points]
             for p, d in zip(points, done):
-                failed = [] if d or _scheduler(p) != "local" else failed_ranks(p.job)
+                failed = [] if d or p.scheduler != "local" else failed_ranks(p.job)
                 if failed:
                     log.warning(f"[sweep] #{p.num}: rank {failed[0]} failed: ending its other ranks")
                     kill_local_tasks(p.job)
@@ -185,7 +186,7 @@ class SweepLauncher(BaseSubmititLauncher):
         error and log tail; exit non-zero if a point did not complete."""
         manifest = sweep_status.load(sweep_dir)
         rows = sweep_status.rows(manifest, [p.job for p in points],
-                                 wait_s=0 if _scheduler(points[0]) == "local" else 15)
+                                 wait_s=0 if points[0].scheduler == "local" else 15)
         text = sweep_status.write_summary(sweep_dir, manifest, rows)
         print(f"\n{text}\nsummary: {sweep_dir / 'summary.md'} and summary.csv", flush=True)
         results = []
@@ -206,10 +207,6 @@ class SweepLauncher(BaseSubmititLauncher):
         if failed_checks:
             sys.exit(1)
         return [r for r in results if r is not None]
-
-
-def _scheduler(p: Point) -> str:
-    return "local" if p.job.__class__.__name__.startswith("Local") else "slurm"
 
 
 def _singleton_state():
