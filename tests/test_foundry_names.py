@@ -1,0 +1,71 @@
+"""The names and types the login node checks without llm-foundry (train/checks/foundry_names.py) are the pinned
+llm-foundry's own: its registries, its classes' keyword arguments, its TrainConfig's fields and types."""
+import dataclasses
+import inspect
+import typing
+
+import pytest
+
+from train.checks import foundry_names as ours
+
+pytestmark = pytest.mark.train  # imports llm-foundry (and torch)
+
+
+def _kwargs(obj):
+    init = inspect.unwrap(obj.__init__) if inspect.isclass(obj) else obj
+    params = inspect.signature(init).parameters.values()
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return None
+    kept = [p for p in params if p.name not in ("self", "params") and p.kind != p.VAR_POSITIONAL]
+    return tuple(p.name for p in kept), tuple(p.name for p in kept if p.default is p.empty)
+
+
+def _type(t):
+    if typing.get_origin(t) is typing.Union:
+        return "|".join(_type(a) for a in typing.get_args(t))
+    if t is type(None):
+        return "None"
+    if typing.get_origin(t) in (dict, list):
+        return typing.get_origin(t).__name__
+    return t.__name__
+
+
+def test_registries_equal_the_pinned_llm_foundry():
+    from llmfoundry import layers_registry, registry
+
+    for name, kept in (("optimizers", ours.OPTIMIZERS), ("schedulers", ours.SCHEDULERS)):
+        reg = getattr(registry, name)
+        assert {n: _kwargs(reg.get(n)) for n in reg.get_all()} == kept, name
+    for name, kept in (("dataloaders", ours.DATALOADERS), ("callbacks", ours.CALLBACKS),
+                       ("callbacks_with_config", ours.CALLBACKS_WITH_CONFIG), ("algorithms", ours.ALGORITHMS),
+                       ("loggers", ours.LOGGERS), ("models", ours.MODELS)):
+        assert tuple(sorted(getattr(registry, name).get_all())) == kept, name
+    for name, kept in (("attention_implementations", ours.ATTENTION_IMPLEMENTATIONS),
+                       ("attention_classes", ours.ATTENTION_CLASSES), ("norms", ours.NORMS), ("ffns", ours.FFNS),
+                       ("fcs", ours.FCS)):
+        assert tuple(sorted(getattr(layers_registry, name).get_all())) == kept, name
+
+
+def test_our_callbacks_are_registered_under_the_names_kept():
+    from llmfoundry.registry import callbacks
+
+    from train import run_report, tracking
+
+    run_report.register()
+    tracking.register()
+    assert set(ours.OUR_CALLBACKS) <= set(callbacks.get_all())
+
+
+def test_train_config_types_equal_the_pinned_llm_foundry():
+    from llmfoundry.utils.config_utils import TrainConfig
+
+    hints = typing.get_type_hints(TrainConfig)
+    assert {f.name: _type(hints[f.name]) for f in dataclasses.fields(TrainConfig)} == ours.TRAIN_CONFIG
+
+
+def test_build_optimizer_still_reads_the_extra_keys():
+    from llmfoundry.utils import builders
+
+    source = inspect.getsource(builders._extract_param_groups)
+    for key in ours.OPTIMIZER_EXTRA:
+        assert f"'{key}'" in source

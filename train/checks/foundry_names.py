@@ -1,0 +1,70 @@
+"""What the pinned llm-foundry (0.22.0) resolves by name, and the types of its TrainConfig keys, kept here so that
+the login node checks them without importing llm-foundry (8 s). tests/test_foundry_names.py (marked `train`: it
+imports llm-foundry) checks every entry against the library's own registries and dataclass.
+
+OPTIMIZERS / SCHEDULERS: name -> (keyword arguments the class takes, the required ones), or None where it takes
+any (**kwargs). llm-foundry itself also reads `disable_grad` and `param_groups` from an optimizer's config.
+"""
+
+OPTIMIZERS = {
+    "adalr_lion": (("lr", "betas", "weight_decay", "outlier_threshold", "timeout", "lr_penalty", "min_scale"), ()),
+    "clip_lion": (("lr", "betas", "weight_decay", "outlier_threshold"), ()),
+    "decoupled_adamw": (("lr", "betas", "eps", "weight_decay", "amsgrad"), ()),
+    "decoupled_lionw": (("lr", "betas", "weight_decay"), ()),
+    "no_op": ((), ()),
+}
+OPTIMIZER_EXTRA = ("disable_grad", "param_groups")  # read by llm-foundry's build_optimizer, not the class
+
+SCHEDULERS = {
+    "constant_with_warmup": (("t_warmup", "alpha", "t_max", "scale_warmup"), ("t_warmup",)),
+    "cosine_with_warmup": (("t_warmup", "t_max", "alpha_f", "scale_warmup"), ("t_warmup",)),
+    "inv_sqrt_with_warmup": None,
+    "linear_decay_with_warmup": (("t_warmup", "alpha_i", "alpha_f", "t_max", "scale_warmup"), ("t_warmup",)),
+}
+
+DATALOADERS = ("contrastive_pairs", "finetuning", "text")
+CALLBACKS = (
+    "early_stopper", "env_logging", "eval_output_logging", "fdiff_metrics", "generate_callback", "global_lr_scaling",
+    "hf_checkpointer", "kill_loss_spike", "layer_freezing", "load_checkpoint", "loss_perp_v_len", "lr_monitor",
+    "mbmoe_tok_per_expert", "memory_monitor", "memory_snapshot", "mono_checkpoint_saver", "nan_monitor",
+    "oom_observer", "optimizer_monitor", "run_timeout", "runtime_estimator", "scheduled_gc", "speed_monitor",
+    "system_metrics_monitor",
+)
+CALLBACKS_WITH_CONFIG = ("async_eval", "curriculum_learning", "dataset_swap")
+# Registered by this project when a run starts (train/run_report.py, train/tracking.py).
+OUR_CALLBACKS = ("run_report", "tracking")
+ALGORITHMS = ("alibi", "gated_linear_units", "gradient_clipping", "low_precision_layernorm")
+LOGGERS = ("in_memory_logger", "inmemory", "mlflow", "mosaicml", "tensorboard", "wandb")
+MODELS = ("contrastive_lm", "finetune_embedding_model", "fmapi_causal_lm", "fmapi_chat", "hf_causal_lm", "hf_t5",
+          "mpt_causal_lm", "openai_causal_lm", "openai_chat")
+ATTENTION_IMPLEMENTATIONS = ("flash", "torch")
+ATTENTION_CLASSES = ("grouped_query_attention", "multihead_attention", "multiquery_attention")
+NORMS = ("layernorm", "low_precision_layernorm", "low_precision_rmsnorm", "rmsnorm", "triton_rmsnorm")
+FFNS = ("mptglu", "mptmlp", "torch_dmoe")
+FCS = ("torch",)
+
+# TrainConfig's fields and their types ("a|b": a Union; "dict"/"list": any mapping/sequence). llm-foundry builds
+# an OmegaConf structured config from them, which refuses a value of another type (seed=abc, eval_first=maybe).
+TRAIN_CONFIG = {
+    "model": "dict", "tokenizer": "dict", "optimizer": "dict", "scheduler": "dict", "train_loader": "dict",
+    "device_train_batch_size": "int|float", "device_eval_batch_size": "int|float", "max_duration": "int|str",
+    "max_seq_len": "int", "seed": "int", "precision": "str", "code_paths": "list|None",
+    "max_split_size_mb": "int|None", "expandable_segments": "bool", "cuda_load_lazy": "bool",
+    "dist_timeout": "int|float", "fsdp_config": "dict|None", "tp_config": "dict|None",
+    "accumulate_train_batch_on_tokens": "bool", "eval_interval": "int|str", "eval_loader": "dict|None",
+    "eval_loaders": "list|None", "icl_tasks": "list|None", "icl_tasks_str": "str|None",
+    "eval_gauntlet": "dict|None", "eval_gauntlet_str": "str|None", "icl_subset_num_batches": "int|None",
+    "icl_seq_len": "int|None", "loggers": "dict|None", "progress_bar": "bool", "log_to_console": "bool",
+    "python_log_level": "str|None", "console_log_interval": "int|str", "log_config": "bool",
+    "callbacks": "dict|None", "algorithms": "dict|None", "save_folder": "str|None",
+    "save_latest_filename": "str|None", "save_overwrite": "bool", "save_weights_only": "bool",
+    "save_filename": "str|None", "save_interval": "str|int", "save_num_checkpoints_to_keep": "int",
+    "load_path": "str|None", "load_weights_only": "bool", "load_strict_model_weights": "bool",
+    "load_ignore_keys": "list|None", "save_ignore_keys": "list|None", "only_hf_checkpoint": "bool",
+    "only_composer_checkpoint": "bool", "train_subset_num_batches": "int",
+    "device_train_microbatch_size": "str|int|float", "global_train_batch_size": "int|None",
+    "spin_dataloaders": "bool", "eval_subset_num_batches": "int", "eval_first": "bool",
+    "compile_config": "dict|None", "metadata": "dict|None", "flatten_metadata": "bool", "run_name": "str|None",
+    "autoresume": "bool", "profiler": "dict|None", "variables": "dict|None", "n_gpus": "int",
+    "device_train_grad_accum": "str|int",
+}
