@@ -108,7 +108,7 @@ def numbers(cfg, ctx):
 def schedule(cfg, ctx):
     warmup = batches(value(cfg, "scheduler.t_warmup"))
     total = batches(value(cfg, "max_duration"))
-    if warmup is not None and total is not None and warmup > total:
+    if warmup is not None and total and warmup > total:  # (max_duration=0 is refused on its own)
         yield Problem("scheduler.t_warmup", f"{warmup}ba of warmup is longer than max_duration={total}ba: the "
                       "learning rate never reaches optimizer.lr (composer runs it; fine for a smoke test)",
                       f"shorten it, e.g. scheduler.t_warmup={max(1, total // 10)}ba, or train longer", WARNING)

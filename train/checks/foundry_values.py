@@ -1,0 +1,357 @@
+"""Rules about llm-foundry's own keys: their types (its TrainConfig), the names it resolves through its registries
+(optimizers, schedulers, loaders, callbacks, algorithms, loggers, attention, norms, FFNs), and the ranges that
+llm-foundry, composer, torch or streaming refuse once the run has started, or that surely fail (NaN, a negative
+learning rate). Light: the names and types are kept in foundry_names.py (tested against the pinned library), so
+nothing here imports llm-foundry or torch."""
+import logging
+import math
+import re
+
+from train.checks import foundry_names as names
+from train.checks.core import ERROR, WARNING, Problem, close_match, is_int, is_number, value
+
+# composer's reproducibility.seed_all refuses seeds outside [0, 2^32 - 1] (numpy's range)
+MAX_SEED = 2**32 - 1
+# composer keeps its timestamp (batches, samples, tokens) in int64 tensors; a duration past it cannot be counted
+MAX_COUNT = 2**63 - 1
+# composer's Time strings: a number and a unit (`0.1dur`, `3e4tok`)
+TIME = re.compile(r"^(\d+(\.\d*)?|\.\d+)(e[+-]?\d+)?(ba|ep|tok|sp|dur)$")
+_TIME_UNITS = "ba (batches), ep, tok, sp or dur (a fraction of max_duration), e.g. 100ba or 0.01dur"
+_BOOL_WORDS = {"y", "yes", "on", "true", "n", "no", "off", "false"}  # what OmegaConf's BooleanNode converts
+
+
+def _is_a(v, kind: str) -> bool:
+    """Whether OmegaConf's node of this type takes v (it converts "17" to an int, "yes" to a bool)."""
+    if kind == "None":
+        return v is None
+    if kind == "int":
+        if isinstance(v, str):
+            try:
+                int(v)
+                return True
+            except ValueError:
+                return False
+        return is_int(v)
+    if kind == "float":
+        if isinstance(v, str):
+            try:
+                float(v)
+                return True
+            except ValueError:
+                return False
+        return is_number(v)
+    if kind == "bool":
+        return isinstance(v, bool) or is_int(v) or (isinstance(v, str) and v.lower() in _BOOL_WORDS)
+    if kind == "str":
+        return isinstance(v, (str, int, float)) and not isinstance(v, bool)
+    if kind == "dict":
+        return isinstance(v, dict) or hasattr(v, "keys")
+    if kind == "list":
+        return isinstance(v, (list, tuple)) or (hasattr(v, "__len__") and hasattr(v, "index"))
+    return True
+
+
+_EXAMPLES = {"seed": "seed=17", "eval_first": "eval_first=true", "progress_bar": "progress_bar=true",
+             "max_duration": "max_duration=1000ba", "dist_timeout": "cluster.dist_timeout=600",
+             "python_log_level": "python_log_level=info"}
+
+
+def train_config_types(cfg, ctx):
+    """llm-foundry builds an OmegaConf structured TrainConfig from the config: a value of another type fails the
+    run as it starts (after importing llm-foundry and writing the run folder)."""
+    for key, spec in names.TRAIN_CONFIG.items():
+        if key not in cfg:
+            continue
+        v = value(cfg, key)
+        kinds = spec.split("|")
+        if any(_is_a(v, k) for k in kinds):
+            continue
+        if kinds == ["bool"]:
+            fix = f"{key}=true or {key}=false"
+        else:
+            fix = "e.g. " + _EXAMPLES.get(key, f"{key}=<{' or '.join(k for k in kinds if k != 'None')}>")
+        what = {"int": "a whole number", "float": "a number", "bool": "true or false", "str": "a string",
+                "dict": "a mapping", "list": "a list", "None": "null"}
+        yield Problem(key, f"{v!r} is not {' or '.join(what[k] for k in kinds)} (llm-foundry's TrainConfig; it "
+                      "refuses the value when the run starts)", fix)
+
+
+def seed(cfg, ctx):
+    v = value(cfg, "seed")
+    if is_int(v) and not 0 <= v <= MAX_SEED:
+        yield Problem("seed", f"{v} is outside [0, 2^32 - 1] (composer's seed_all refuses it)", "e.g. seed=17")
+
+
+def _finite(v) -> bool:
+    return is_number(v) and math.isfinite(v)
+
+
+def _named(cfg, key: str, options, what: str, registry: str):
+    """A name llm-foundry looks up in one of its registries."""
+    v = value(cfg, key)
+    if v is None or v in options:
+        return
+    yield Problem(key, f"{v!r} is not {what} llm-foundry knows (its `{registry}` registry would refuse it when "
+                  "the run starts)", (close_match(str(v), options) + " " if close_match(str(v), options) else "")
+                  + f"one of: {', '.join(sorted(options))}")
+
+
+def _kwargs(cfg, key: str, name, known: dict, extra=()):
+    """The keyword arguments a registered class takes: another key is a TypeError when it is built."""
+    spec = known.get(name)
+    node = value(cfg, key)
+    if spec is None or not hasattr(node, "keys"):
+        return
+    accepted, required = spec
+    for k in node.keys():
+        if k != "name" and k not in accepted and k not in extra:
+            options = (*accepted, *extra)
+            hint = close_match(str(k), options)
+            yield Problem(f"{key}.{k}", f"is not an argument of {name} (it takes {', '.join(options) or 'none'}): "
+                          "building it would fail with a TypeError", hint or f"remove it (~{key}.{k})")
+    for k in required:
+        if k not in node.keys():
+            yield Problem(f"{key}.{k}", f"{name} needs it, and it is not set", f"e.g. {key}.{k}=100ba")
+
+
+def registries(cfg, ctx):
+    yield from _named(cfg, "optimizer.name", names.OPTIMIZERS, "an optimizer", "optimizers")
+    yield from _kwargs(cfg, "optimizer", value(cfg, "optimizer.name"), names.OPTIMIZERS, names.OPTIMIZER_EXTRA)
+    yield from _named(cfg, "scheduler.name", names.SCHEDULERS, "a scheduler", "schedulers")
+    yield from _kwargs(cfg, "scheduler", value(cfg, "scheduler.name"), names.SCHEDULERS)
+    for loader in ("train_loader", "eval_loader"):
+        if hasattr(value(cfg, loader), "keys"):
+            yield from _named(cfg, f"{loader}.name", names.DATALOADERS, "a dataloader", "dataloaders")
+    groups = (("callbacks", (*names.CALLBACKS, *names.CALLBACKS_WITH_CONFIG, *names.OUR_CALLBACKS), "callback"),
+              ("algorithms", names.ALGORITHMS, "algorithm"), ("loggers", names.LOGGERS, "logger"))
+    for key, options, what in groups:
+        node = value(cfg, key)
+        for name in (node.keys() if hasattr(node, "keys") else ()):
+            if name not in options:
+                hint = close_match(str(name), options)
+                yield Problem(f"{key}.{name}", f"is not a {what} llm-foundry knows (its `{key}` registry would refuse "
+                              "it when the run starts)", (hint + " " if hint else "") + f"one of: {', '.join(sorted(options))}")
+    yield from _named(cfg, "model.name", names.MODELS, "a model", "models")
+    if value(cfg, "model.name") != "mpt_causal_lm":
+        return
+    yield from _named(cfg, "model.attn_config.attn_impl", names.ATTENTION_IMPLEMENTATIONS, "an attention "
+                      "implementation", "attention_implementations")
+    yield from _named(cfg, "model.attn_config.attn_type", names.ATTENTION_CLASSES, "an attention type",
+                      "attention_classes")
+    yield from _named(cfg, "model.norm_type", names.NORMS, "a norm", "norms")
+    yield from _named(cfg, "model.ffn_config.ffn_type", names.FFNS, "an FFN type", "ffns")
+    fc = value(cfg, "model.fc_type")
+    yield from _named(cfg, "model.fc_type.name" if hasattr(fc, "keys") else "model.fc_type", names.FCS,
+                      "a linear layer type", "fcs")
+    loss = value(cfg, "model.loss_fn")
+    if isinstance(loss, str) and loss not in ("fused_crossentropy", "torch_crossentropy"):
+        yield Problem("model.loss_fn", f"{loss!r} is not a loss MPT knows (it refuses it when the model is built)",
+                      close_match(loss, ("fused_crossentropy", "torch_crossentropy"))
+                      or "model.loss_fn=torch_crossentropy (or fused_crossentropy on a GPU with flash-attn)")
+
+
+def optimizer(cfg, ctx):
+    name = value(cfg, "optimizer.name")
+    lr = value(cfg, "optimizer.lr")
+    if is_number(lr) and not math.isfinite(lr):
+        yield Problem("optimizer.lr", f"{lr} is not a finite number: the first step turns every weight into NaN "
+                      "(surely fails)" + (" (torch refuses NaN)" if lr != lr else ""), "e.g. optimizer.lr=6.0e-4")
+    betas = value(cfg, "optimizer.betas")
+    if betas is not None:
+        listed = list(betas) if hasattr(betas, "__len__") and not isinstance(betas, str) else None
+        if listed is None or len(listed) != 2 or not all(_finite(b) and 0 <= b < 1 for b in listed):
+            yield Problem("optimizer.betas", f"{listed if listed is not None else betas!r} is not two numbers in "
+                          f"[0, 1) ({name} refuses it when it is built)", "e.g. optimizer.betas=[0.9,0.95]")
+    for key, example in (("eps", "1.0e-08"), ("weight_decay", "0.0")):
+        v = value(cfg, f"optimizer.{key}")
+        if v is None:
+            continue
+        if not _finite(v) or v < 0:
+            who = "torch's Adam refuses it" if name == "decoupled_adamw" or key == "eps" else "surely fails: a " \
+                  "negative decay grows every weight at each step"
+            yield Problem(f"optimizer.{key}", f"must be a finite number >= 0, got {v!r} ({who})",
+                          f"e.g. optimizer.{key}={example}")
+
+
+def scheduler(cfg, ctx):
+    name = value(cfg, "scheduler.name")
+    for key in ("t_warmup", "t_max"):
+        v = value(cfg, f"scheduler.{key}")
+        if v is not None and not (isinstance(v, str) and TIME.match(v)):
+            yield Problem(f"scheduler.{key}", f"{v!r} is not a composer time (a number and a unit): {name} refuses "
+                          "it when it is built", f"use {_TIME_UNITS}")
+    for key in ("alpha_f", "alpha_i", "alpha"):
+        v = value(cfg, f"scheduler.{key}")
+        if v is None:
+            continue
+        if not _finite(v) or v < 0:
+            yield Problem(f"scheduler.{key}", f"{v!r}: the learning rate is optimizer.lr x {key}, so it turns "
+                          "negative (or NaN) and training climbs the loss (surely fails)",
+                          f"a fraction of optimizer.lr, e.g. scheduler.{key}=0.1")
+        elif v > 1:
+            yield Problem(f"scheduler.{key}", f"{v} makes the learning rate rise above optimizer.lr "
+                          f"(optimizer.lr x {v})", f"a fraction of optimizer.lr, e.g. scheduler.{key}=0.1", WARNING)
+
+
+def model(cfg, ctx):
+    if value(cfg, "model.name") != "mpt_causal_lm":
+        return
+    ratio = value(cfg, "model.expansion_ratio")
+    if ratio is not None:
+        if not _finite(ratio) or ratio < 0:
+            yield Problem("model.expansion_ratio", f"must be a number >= 0, got {ratio!r} (the MLP's width is "
+                          "d_model x expansion_ratio: torch refuses a negative size)", "e.g. model.expansion_ratio=4")
+        elif ratio * (value(cfg, "model.d_model") or 0) < 1:
+            yield Problem("model.expansion_ratio", f"{ratio}: the MLP has no hidden unit (d_model x expansion_ratio "
+                          "< 1): a transformer without its MLP", "e.g. model.expansion_ratio=4", WARNING)
+    for key in ("model.attn_config.attn_pdrop", "model.resid_pdrop", "model.emb_pdrop"):
+        v = value(cfg, key)
+        if v is not None and (not _finite(v) or not 0 <= v <= 1):
+            yield Problem(key, f"must be a probability in [0, 1], got {v!r} (MPT's config refuses it)",
+                          f"e.g. {key}=0.0")
+    fraction = value(cfg, "model.embedding_fraction")
+    if fraction is not None and (not _finite(fraction) or not 0 < fraction <= 1):
+        yield Problem("model.embedding_fraction", f"must be in (0, 1], got {fraction!r} (MPT's config refuses it)",
+                      "model.embedding_fraction=1.0")
+    heads, kv = value(cfg, "model.n_heads"), value(cfg, "model.attn_config.kv_n_heads")
+    if kv is not None and value(cfg, "model.attn_config.attn_type") == "grouped_query_attention" and \
+            (not is_int(kv) or kv <= 0 or (is_int(heads) and heads % kv)):
+        yield Problem("model.attn_config.kv_n_heads", f"{kv!r} does not divide model.n_heads={heads} (grouped query "
+                      "attention refuses it)", "a divisor of model.n_heads, e.g. model.attn_config.kv_n_heads=8")
+    for key in ("model.learned_pos_emb", "model.no_bias", "model.attn_config.alibi", "model.attn_config.rope",
+                "model.attn_config.qk_ln", "model.attn_config.fused_qkv"):
+        v = value(cfg, key)
+        if v is not None and not isinstance(v, bool):
+            yield Problem(key, f"{v!r} is not true or false (MPT's config tests it as a flag: any string is on)",
+                          f"{key}=true or {key}=false")
+    tokenizer = value(cfg, "tokenizer.name")
+    if not isinstance(tokenizer, str) or not tokenizer.strip():
+        yield Problem("tokenizer.name", f"{tokenizer!r} names no tokenizer (transformers' AutoTokenizer refuses it)",
+                      "a hub name, e.g. tokenizer.name=EleutherAI/gpt-neox-20b, or a folder saved by save_pretrained")
+
+
+def _max_duration_count(cfg):
+    v = value(cfg, "max_duration")
+    m = re.match(r"^(\d+)(ba|ep|tok|sp)$", v) if isinstance(v, str) else None
+    return (int(m[1]), m[2]) if m else (None, None)
+
+
+def durations(cfg, ctx):
+    count, unit = _max_duration_count(cfg)
+    if count == 0:
+        yield Problem("max_duration", f"{value(cfg, 'max_duration')} trains nothing (llm-foundry refuses it: "
+                      "\"No training would occur\")", "e.g. max_duration=1000ba")
+    elif count is not None and count > MAX_COUNT:
+        yield Problem("max_duration", f"{count}{unit} is past what composer counts (its timestamps are 64-bit: at "
+                      f"most {MAX_COUNT:.2e}); the run's ETA overflows (surely fails)", "e.g. max_duration=143100ba")
+    for key in ("console_log_interval", "callbacks.run_report.interval"):
+        v = value(cfg, key)
+        if key == "callbacks.run_report.interval" and (v is None or ctx.given(key) is None):
+            continue
+        bad = is_number(v) and v <= 0 or isinstance(v, str) and not re.match(r"^[1-9]\d*(ba|ep)$", v)
+        if bad or v is None:
+            yield Problem(key, f"{v!r} is not a positive number of batches or epochs (the progress report refuses "
+                          "it when the run starts)", f"e.g. {key}=10ba")
+    for key in ("eval_subset_num_batches", "train_subset_num_batches"):
+        v = value(cfg, key)
+        if is_int(v) and (v == 0 or v < -1):
+            why = "evaluates no batch: every eval metric is NaN" if key.startswith("eval") else "trains no batch"
+            yield Problem(key, f"{v} {why} (surely fails); -1 means all batches", f"{key}=-1, or a positive count")
+    level = value(cfg, "python_log_level")
+    if isinstance(level, str) and not isinstance(logging.getLevelName(level.upper()), int):
+        yield Problem("python_log_level", f"{level!r} is not a logging level (llm-foundry's logging set-up refuses "
+                      "it)", close_match(level.lower(), ("debug", "info", "warning", "error", "critical"))
+                      or "python_log_level=info (or null)")
+    mb = value(cfg, "device_train_microbatch_size")
+    if mb == "auto" and not value(cfg, "cluster.gpus_per_node"):
+        yield Problem("device_train_microbatch_size", "auto needs a GPU (composer: \"Can only use adaptive "
+                      f"device_train_microbatch_size on GPU\") and cluster={value(cfg, 'cluster.name')} has none",
+                      "a number, e.g. device_train_microbatch_size=8")
+    elif isinstance(mb, str) and mb != "auto":
+        yield Problem("device_train_microbatch_size", f"{mb!r} is not a number or auto (composer refuses it)",
+                      "e.g. device_train_microbatch_size=8")
+
+
+def workers(cfg, ctx):
+    for loader in ("train_loader", "eval_loader"):
+        if not hasattr(value(cfg, loader), "keys"):
+            continue
+        n = value(cfg, f"{loader}.num_workers")
+        key = f"{loader}.num_workers" if ctx.given(f"{loader}.num_workers") is not None else \
+            "cluster.dataloader_workers"
+        if n is None:
+            continue
+        if not is_int(n) or n < 0:
+            yield Problem(key, f"must be a count of worker processes, got {n!r} (torch's DataLoader refuses it)",
+                          f"e.g. {key}=8")
+        elif n == 0 and value(cfg, f"{loader}.prefetch_factor", default=2) is not None:
+            yield Problem(key, "0 workers with llm-foundry's default prefetch_factor (2): torch's DataLoader "
+                          "refuses it (\"prefetch_factor option could only be specified in multiprocessing\")",
+                          f"{key}=1 (or more), or {loader}.prefetch_factor=null to load in the training process")
+            if key == "cluster.dataloader_workers":
+                break  # both loaders follow it: say it once
+
+
+def cluster_numbers(cfg, ctx):
+    timeout = value(cfg, "cluster.dist_timeout")
+    if is_number(timeout) and timeout <= 0:
+        yield Problem("cluster.dist_timeout", f"must be a positive number of seconds, got {timeout} (0 would be "
+                      "read as 600 without a word)", "e.g. cluster.dist_timeout=600")
+    limit = value(cfg, "cluster.timeout_min")
+    if is_int(limit) and limit <= 0:
+        yield Problem("cluster.timeout_min", f"must be a positive number of minutes, got {limit} (Slurm refuses "
+                      "the time limit)", "e.g. cluster.timeout_min=2880 (48 h)")
+    delay = value(cfg, "cluster.signal_delay_s")
+    if is_int(delay):
+        if delay < 0 or delay > 65535:
+            yield Problem("cluster.signal_delay_s", f"{delay} is outside Slurm's --signal range (0 to 65535 s): "
+                          "sbatch refuses it", "e.g. cluster.signal_delay_s=120")
+        elif ctx.slurm and is_int(limit) and limit > 0 and delay >= limit * 60:
+            yield Problem("cluster.signal_delay_s", f"{delay} s is not shorter than the time limit "
+                          f"(cluster.timeout_min={limit}, {limit * 60} s): Slurm would signal the job as it starts, "
+                          "and it would requeue itself before training a batch, again and again (surely fails)",
+                          f"cluster.signal_delay_s={min(120, limit * 30)}, or a longer cluster.timeout_min")
+    for key, low, example in (("cluster.max_num_timeout", 0, 20), ("cluster.cpus_per_task", 1, 12),
+                              ("cluster.gpus_per_node", 0, 8)):
+        v = value(cfg, key)
+        if is_int(v) and v < low:
+            yield Problem(key, f"must be at least {low}, got {v} (Slurm or submitit refuses it)", f"e.g. {key}={example}")
+    mem = value(cfg, "cluster.mem_gb")
+    if is_int(mem) and mem <= 0:
+        yield Problem("cluster.mem_gb", f"must be a positive number of GB, got {mem} (0 asks Slurm for a whole "
+                      "node's memory only with --mem=0; this tool writes it as null)", "cluster.mem_gb=null (what "
+                      "the node has) or e.g. cluster.mem_gb=1800")
+    if value(cfg, "cluster.name") == "local" and is_int(value(cfg, "cluster.nodes")) and value(cfg, "cluster.nodes") > 1:
+        nodes = value(cfg, "cluster.nodes")
+        yield Problem("cluster.nodes", f"{nodes} nodes with cluster=local: the local launcher starts "
+                      "cluster.tasks_per_node processes on this one machine, so the run would train at world size "
+                      f"{value(cfg, 'cluster.tasks_per_node')} while its plan and summary say {nodes} nodes",
+                      "cluster.nodes=1 (more processes here: cluster.tasks_per_node=N), or a Slurm cluster preset "
+                      "(cluster=ndv5 ...) for several nodes", WARNING if ctx.mode == "run" else ERROR)
+
+
+def algorithms(cfg, ctx):
+    clip = value(cfg, "algorithms.gradient_clipping")
+    if not hasattr(clip, "keys"):
+        return
+    kind = value(cfg, "algorithms.gradient_clipping.clipping_type")
+    if kind not in ("norm", "value", "adaptive"):
+        yield Problem("algorithms.gradient_clipping.clipping_type", f"{kind!r} is not norm, value or adaptive "
+                      "(composer's gradient clipping refuses it)", close_match(str(kind), ("norm", "value", "adaptive"))
+                      or "algorithms.gradient_clipping.clipping_type=norm")
+    threshold = value(cfg, "algorithms.gradient_clipping.clipping_threshold")
+    if not _finite(threshold) or threshold <= 0:
+        yield Problem("algorithms.gradient_clipping.clipping_threshold", f"must be a positive number, got "
+                      f"{threshold!r} (0 or less zeroes or flips every gradient: surely fails)",
+                      "e.g. algorithms.gradient_clipping.clipping_threshold=1.0")
+
+
+def speed_monitor(cfg, ctx):
+    v = value(cfg, "callbacks.speed_monitor.window_size")
+    if v is not None and (not is_int(v) or v <= 0):
+        yield Problem("callbacks.speed_monitor.window_size", f"must be a positive number of batches, got {v!r} "
+                      "(composer's SpeedMonitor divides by it)", "e.g. callbacks.speed_monitor.window_size=10")
+
+
+RULES = [train_config_types, seed, registries, optimizer, scheduler, model, durations, workers, cluster_numbers,
+         algorithms, speed_monitor]
