@@ -117,7 +117,7 @@ def _run_locked(job: Job, lock: OutRootLock, mine: list[Block], started: float) 
     tok = job.tokenizer
     # The pool forks first, so no thread of the progress bar is copied into the workers.
     workers = s.workers if todo else 1  # nothing left to tokenize: no processes to start
-    with EncoderPool(tok.tokenizer, s.dataset.text_key, tok.bos_ids, tok.eos_ids, workers) as pool:
+    with EncoderPool(tok.tokenizer, s.dataset.text_key, tok.bos_ids, tok.eos_ids, workers, tok.fast) as pool:
         progress = Progress(sum(job.weight(b) for b in todo) if known else None, label, s.progress)
         try:
             stats = run_blocks(split_dir, todo, s, pool, progress)
@@ -139,7 +139,8 @@ def _run_locked(job: Job, lock: OutRootLock, mine: list[Block], started: float) 
     facts = {"sample_tokens": s.concat_tokens,  # what a training run checks before it starts (facts.py reads them)
              "tokenizer": os.path.abspath(local) if os.path.exists(local) else s.tokenizer,  # a folder, or a hub name
              "tokenizer_fingerprint": tok.vocab_fingerprint, "tokenizer_vocab_size": tok.vocab_size}
-    summary = summarize(split_dir, totals, facts, _this_run(s, stats, len(mine) - len(todo), started))
+    run = {**_this_run(s, stats, len(mine) - len(todo), started), "encoder": tok.encoder}
+    summary = summarize(split_dir, totals, facts, run)
     print_skipped(totals["skipped_examples"], totals["skipped_lines"])
     print_summary(summary)
     if totals["samples"] == 0:

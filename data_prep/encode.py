@@ -17,9 +17,11 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from common.signals import leave_to_the_task
+from data_prep.fast_bpe import FastEncoder
 
 # Set in each worker by _init (fork copies the already-loaded tokenizer; nothing is pickled).
 _TOK: Tokenizer | None = None
+_FAST: FastEncoder | None = None  # the same ids as _TOK, faster; it sends what it doubts to _TOK
 _TEXT_KEY = "text"
 _BOS: list[int] = []
 _EOS: list[int] = []
@@ -33,13 +35,13 @@ class ChunkResult:
     errors: list[tuple[int, str]]  # (0-based line index within the chunk, reason)
 
 
-def _init(tok: Tokenizer, text_key: str, bos: list[int], eos: list[int]) -> None:
-    global _TOK, _TEXT_KEY, _BOS, _EOS
+def _init(tok: Tokenizer, text_key: str, bos: list[int], eos: list[int], fast: FastEncoder | None = None) -> None:
+    global _TOK, _TEXT_KEY, _BOS, _EOS, _FAST
     leave_to_the_task()  # forked from a submitit job: the pool must be able to end it, and it must not requeue
     # One process per core already: the tokenizer's own threads would only oversubscribe the CPUs.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"
-    _TOK, _TEXT_KEY, _BOS, _EOS = tok, text_key, list(bos), list(eos)
+    _TOK, _TEXT_KEY, _BOS, _EOS, _FAST = tok, text_key, list(bos), list(eos), fast
 
 
 def _check_line(line: bytes) -> tuple[str | None, str]:
@@ -84,6 +86,8 @@ def encode_chunk(chunk: bytes) -> ChunkResult:
             errors.append((i, reason))
         else:
             texts.append(text)
+    if _FAST is not None:
+        return ChunkResult(_FAST.encode_docs(texts, _BOS, _EOS), len(texts), len(lines), errors)
     encode = getattr(_TOK, "encode_batch_fast", None) or _TOK.encode_batch  # _fast skips char offsets
     encodings = encode(texts)
     count = sum(len(enc) for enc in encodings) + len(encodings) * (len(_BOS) + len(_EOS))
@@ -95,9 +99,9 @@ def encode_chunk(chunk: bytes) -> ChunkResult:
 class EncoderPool:
     """Ordered, bounded map of encode_chunk over (meta, chunk) items; chunk None passes meta through."""
 
-    def __init__(self, tok: Tokenizer, text_key: str, bos, eos, workers: int):
+    def __init__(self, tok: Tokenizer, text_key: str, bos, eos, workers: int, fast: FastEncoder | None = None):
         self.workers = workers
-        self.args = (tok, text_key, list(bos), list(eos))
+        self.args = (tok, text_key, list(bos), list(eos), fast)
         self.pool = None
 
     def __enter__(self) -> "EncoderPool":

@@ -78,6 +78,8 @@ def print_summary(summary: dict, out=sys.stdout) -> None:
                      f"= {run['tokens_per_second'] / 1e6:.2f}M tokens/s, {run['docs_per_second']:,.0f} docs/s "
                      f"({run['blocks_done']} blocks done, {run['blocks_skipped']} already complete)"),
     ]
+    if run.get("encoder"):
+        rows.append(("encoder", run["encoder"]))
     width = max(len(k) for k, _ in rows)
     print("data_prep summary", file=out)
     for key, value in rows:

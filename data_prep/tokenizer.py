@@ -11,13 +11,19 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
 from common.paths import CONF
+from data_prep import fast_bpe
 from data_prep.errors import DataPrepError
 from data_prep.facts import vocab_fingerprint
+from data_prep.fast_bpe import FastEncoder
 from data_prep.settings import Settings
 
 log = logging.getLogger(__name__)
 
 INT32_LIMIT = 2**31
+
+
+# DATA_PREP_ENCODER=tokenizers turns the fast encoder off (to compare with, or to rule it out).
+ENCODER_ENV = "DATA_PREP_ENCODER"
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,25 @@ class LoadedTokenizer:
     vocab_size: int  # largest id + 1
     bos_ids: tuple[int, ...]
     eos_ids: tuple[int, ...]
+    fast: FastEncoder | None = None  # the same ids as `tokenizer`, faster (data_prep/fast_bpe.py)
+    encoder: str = "tokenizers"  # which encoder tokenizes, and why, for the log and the summary
+
+
+def _fast_encoder(tok: Tokenizer, definition: bytes) -> tuple[FastEncoder | None, str]:
+    """The fast, exact encoder when this tokenizer is one it reproduces; otherwise HF tokenizers, and why."""
+    import tokenizers
+
+    slow = f"tokenizers {tokenizers.__version__}"
+    if os.environ.get(ENCODER_ENV, "").strip().lower() in ("tokenizers", "hf", "slow"):
+        return None, f"{slow} ({ENCODER_ENV}={os.environ[ENCODER_ENV]})"
+    try:
+        fast = fast_bpe.build(tok, definition)
+    except fast_bpe.Unsupported as err:
+        return None, f"{slow} (the fast path reproduces byte-level BPE tokenizers such as gpt-neox-20b and GPT-2 " \
+                     f"only; this one: {err})"
+    except ImportError as err:
+        return None, f"{slow} (fast path unavailable: {err})"
+    return fast, fast.describe()
 
 
 def _from_file(path: str) -> tuple[Tokenizer, bytes]:
@@ -140,4 +165,6 @@ def load_tokenizer(settings: Settings) -> LoadedTokenizer:
         if len(ids) > 1:
             log.warning(f"data_prep: note: {key} tokenizes to {len(ids)} tokens {list(ids)}, not one special "
                         "token")
-    return LoadedTokenizer(tok, fingerprint, vocab, vocab_size, bos, eos)
+    fast, encoder = _fast_encoder(tok, definition)
+    log.info(f"data_prep: encoder: {encoder}")
+    return LoadedTokenizer(tok, fingerprint, vocab, vocab_size, bos, eos, fast, encoder)
