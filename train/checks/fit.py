@@ -98,4 +98,47 @@ def this_machine(cfg, ctx):
                       "memory", "free memory, or " + fix, WARNING)
 
 
-RULES = [cluster_memory, this_machine]
+# Bytes on the host per token of a batch as llm-foundry's text loader hands it over: int64 input_ids, labels and
+# attention_mask.
+HOST_BYTES_PER_TOKEN = 3 * 8
+
+
+def host_batch(cfg, ctx):
+    """One batch is built whole in host memory by each rank's loader (the microbatches are cut from it on the
+    device), and each worker keeps prefetch_factor more in flight: a global batch far too large is killed for
+    memory after the model is built, not refused. The RAM this needs on one node, against what the node has."""
+    gbs, seq = value(cfg, "global_train_batch_size"), value(cfg, "max_seq_len")
+    if not isinstance(gbs, int) or not isinstance(seq, int) or gbs <= 0 or seq <= 0:
+        return
+    world = ctx.world_size(cfg)
+    if ctx.mode == "run":
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world) or world)
+        info = _meminfo()
+        total, available = info.get("MemTotal"), info.get("MemAvailable")
+        where = f"this machine ({os.uname().nodename})"
+    else:
+        ranks = value(cfg, "cluster.tasks_per_node")
+        mem = value(cfg, "cluster.mem_gb")
+        total = available = int(mem * estimate.GiB) if mem else None
+        where = f"a node of cluster={value(cfg, 'cluster.name')} (cluster.mem_gb={mem})"
+    if not total or not isinstance(ranks, int) or ranks <= 0:
+        return
+    workers = value(cfg, "train_loader.num_workers") or 0
+    prefetch = value(cfg, "train_loader.prefetch_factor", default=2) or 0
+    in_flight = (workers * prefetch if isinstance(workers, int) and isinstance(prefetch, int) else 0) + 2
+    per_rank = -(-gbs // max(world, 1)) * seq * HOST_BYTES_PER_TOKEN * in_flight
+    need = per_rank * ranks
+    what = (f"global_train_batch_size={gbs} is {-(-gbs // max(world, 1))} samples of {seq} tokens per rank, "
+            f"held whole on the host ({in_flight} batches in flight: the one training, the next and "
+            f"{workers} worker(s) x prefetch_factor {prefetch}): ~{_gib(need)} GiB on {where}, which has "
+            f"{_gib(total)} GiB")
+    fix = ("a smaller global_train_batch_size (the published presets use 256 to 2048), or more ranks (-m with more "
+           "cluster.nodes)")
+    if need > total:
+        yield Problem("global_train_batch_size", what + ": the loader would be killed for memory (surely fails)", fix)
+    elif available and need > available:
+        yield Problem("global_train_batch_size", what + f" ({_gib(available)} GiB available): it may run out of "
+                      "memory", fix, WARNING)
+
+
+RULES = [cluster_memory, this_machine, host_batch]

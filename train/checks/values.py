@@ -1,5 +1,7 @@
 """Rules about the config's values alone: what llm-foundry, composer or Slurm would refuse, or what surely fails
 (errors), and what is legal but likely a mistake (warnings). Each rule yields every problem it finds."""
+import os
+
 from train import estimate
 from train.checks.core import (
     DURATION,
@@ -265,5 +267,17 @@ def export(cfg, ctx):
     yield from _duration(cfg, "export.interval")
 
 
-RULES = [plan_form, known_keys, mock_data_only_where_asked, numbers, schedule, seq_len, device, fsdp, checkpoint,
+def slurm_preset_needs_m(cfg, ctx):
+    """A Slurm cluster preset without `-m` trains in this process: on a login node, with the GPU settings of the
+    preset (flash attention, the fused loss, bf16), it fails after importing torch. Inside a Slurm allocation
+    (SLURM_JOB_ID set: salloc, an interactive srun, a batch script) a plain run trains there, as asked."""
+    if ctx.mode != "run" or not ctx.slurm or os.environ.get("SLURM_JOB_ID"):
+        return
+    yield Problem("cluster", f"cluster={ctx.group('cluster')} is a Slurm cluster preset, and this plain run (no -m) "
+                  f"would train here, on {os.uname().nodename}, which is not in a Slurm allocation (no SLURM_JOB_ID)",
+                  "add -m to submit it as Slurm jobs (python -m train ... -m), plan=true to look at what it would "
+                  "need, or cluster=local to train on this machine")
+
+
+RULES = [plan_form, known_keys, slurm_preset_needs_m, mock_data_only_where_asked, numbers, schedule, seq_len, device, fsdp, checkpoint,
          storage, cluster_figures, batch, export]
