@@ -1,7 +1,43 @@
-"""The one error type users see: each problem names the key, what is wrong and the fix; never a stack trace."""
+"""The one error type users see: each problem names the key, what is wrong and the fix; never a stack trace.
+Secrets recognised by their form (a URL's password, the tokens of the usual clouds and hubs) are masked in every
+message."""
+import re
 from dataclasses import dataclass, replace
 
 ERROR, WARNING = "error", "warning"
+
+# A URL with a password in it (scheme://user:password@host), anywhere in a text.
+URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/@\s:'\"]*):([^/@\s'\"]+)@")
+# Credentials known by their form: (what it is, pattern). Kept to forms that cannot be something else.
+TOKEN_FORMS = (
+    ("a Hugging Face token", re.compile(r"\bhf_[A-Za-z0-9]{30,}")),
+    ("an AWS access key id", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
+    ("a GitHub token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{40,})")),
+    ("a Slack token", re.compile(r"\bxox[abpr]-[A-Za-z0-9-]{10,}")),
+    ("an API secret key (sk-...)", re.compile(r"\bsk-[A-Za-z0-9_-]{20,}")),
+    ("an Azure storage account key", re.compile(r"(?i)(?<=AccountKey=)[^;\s'\"]+")),
+    ("an Azure SAS signature", re.compile(r"(?i)(?<=[?&]sig=)[^&\s'\"]+")),
+    ("a private key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")),
+)
+MASK = "****"
+
+
+def secrets_in(text: str) -> list:
+    """(what, the secret) for each credential recognised by its form in text."""
+    found = [("a URL with a password in it", m.group(2)) for m in URL_PASSWORD.finditer(text)]
+    for what, pattern in TOKEN_FORMS:
+        found += [(what, m.group(0)) for m in pattern.finditer(text)]
+    return found
+
+
+def mask(text: str, secrets=()) -> str:
+    """text with every secret recognised by its form, and each of `secrets`, replaced by ****."""
+    for secret in sorted({str(s) for s in secrets if s and len(str(s)) >= 4}, key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    text = URL_PASSWORD.sub(lambda m: f"{m.group(1)}:{MASK}@", text)
+    for _, pattern in TOKEN_FORMS:
+        text = pattern.sub(lambda m: m.group(0)[:4] + MASK if len(m.group(0)) > 12 else MASK, text)
+    return text
 
 
 @dataclass(frozen=True)
@@ -16,13 +52,18 @@ class Problem:
 
     def render(self, prefix: str | None = None) -> str:
         head = f"{prefix or self.level}: {self.key}: {self.problem}"
-        return head + (f"\n  fix: {self.fix}" if self.fix else "")
+        return mask(head + (f"\n  fix: {self.fix}" if self.fix else ""))
 
     def __str__(self) -> str:
         return self.render()
 
     def as_warning(self) -> "Problem":
         return replace(self, level=WARNING)
+
+    def masked(self, secrets) -> "Problem":
+        """This problem with each of `secrets` (values known to be credentials) replaced by ****."""
+        return replace(self, key=mask(self.key, secrets), problem=mask(self.problem, secrets),
+                       fix=mask(self.fix, secrets))
 
     def at_point(self, num: int) -> "Problem":
         return replace(self, key=f"[sweep point #{num}] {self.key}")

@@ -5,30 +5,121 @@ import re
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
+from common.errors import secrets_in
 from train.checks.core import Problem, value
 
-# Environment variable names that hold credentials: never written into a script, a config copy or a plan.
-CREDENTIAL = re.compile(r"(_KEY|_TOKEN|_SECRET|PASSWORD|PASSWD|_CREDENTIALS?)$|^AZURE_STORAGE_|SECRET|PASSWORD",
+# Environment variable names that hold credentials: never written into a script, a config copy or a plan. By word
+# (AWS_ACCESS_KEY_ID, AWS_SESSION_TOKEN, AZURE_CLIENT_SECRET, AZURE_OPENAI_API_KEY, HF_TOKEN, HF_AUTH,
+# WANDB_API_KEY, MLFLOW_TRACKING_PASSWORD, DATABRICKS_TOKEN, GOOGLE_APPLICATION_CREDENTIALS, ...), not by letters:
+# TOKENIZERS_PARALLELISM and NCCL_IB_QPS_PER_CONNECTION are settings.
+CREDENTIAL = re.compile(r"(^|_)(KEYS?|TOKENS?|SECRETS?|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|AUTH|APIKEY|"
+                        r"ACCESSKEY|AUTHTOKEN|SAS|PAT)(_|$)|SECRET|PASSWORD|CONNECTION_STRING|^AZURE_STORAGE_",
                         re.IGNORECASE)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_WHERE = "the sbatch script, the run's .hydra/ config, the sweep's files and the plan"
+_EXPORT = ("Slurm passes that environment to every task (--export=ALL), and local runs inherit it")
 
 
 def credentials(cfg, ctx):
     """A credential in cluster.env would be written into the sbatch script, `.hydra/` and the plan."""
     for name in value(cfg, "cluster.env") or {}:
         if CREDENTIAL.search(str(name)):
-            yield Problem(f"cluster.env.{name}", "looks like a credential: it would be written in plain text into "
-                          "the sbatch script, the run's .hydra/ config and the plan",
-                          f"remove it here and `export {name}=...` in the shell you submit from: Slurm passes that "
-                          f"environment to every task (--export=ALL), and local runs inherit it")
+            yield Problem(f"cluster.env.{name}", f"looks like a credential: it would be written in plain text into "
+                          f"{_WHERE}", f"remove it here and `export {name}=...` in the shell you submit from: {_EXPORT}")
+
+
+# Config keys that hold a secret (a tokenizer's `token`, a `password`), outside loggers (tracking_credentials) and
+# cluster.env (credentials). `eos_token`, `pad_token` and `concat_tokens` are not secrets.
+SECRET_KEY = re.compile(r"^(token|hf_token|auth_token|use_auth_token|access_token|api_?key|secret|client_secret|"
+                        r"password|passwd|account_key|sas_token|private_key|secret_key|access_key|"
+                        r"aws_secret_access_key|aws_access_key_id|aws_session_token)$|(_password|_secret|_api_?key)$",
+                        re.IGNORECASE)
+# An assignment in a shell line: `export NAME=value`, `NAME=value cmd`, `declare -x NAME=value`, `env NAME=value`.
+ASSIGNMENT = re.compile(r"(?:^|[\s;&|(])(?:export\s+|declare\s+-x\s+|env\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
+
+
+def _plain(cfg):
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # a value that does not resolve is another rule's problem; its text is still looked at
+        return OmegaConf.to_container(cfg, resolve=False)
+
+
+def _walk(node, path=""):
+    """(dotted key, key name, value) of every leaf, dicts and lists."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _walk(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _walk(v, f"{path}[{i}]")
+    else:
+        yield path, path.rsplit(".", 1)[-1].split("[")[0], node
+
+
+def secrets_by_value(cfg, ctx):
+    """A credential recognised by its form, in any value (a URL with a password, a Hugging Face or AWS key):
+    it would be written into .hydra/, the sweep's files, submitit's pickles, the sbatch script and the plan, and
+    the values a run logs to its tracker. Named once, where the command line gave it (interpolations repeat it)."""
+    seen = {}
+    for path, _, v in _walk(_plain(cfg)):
+        if isinstance(v, str):
+            for what, secret in secrets_in(v):
+                seen.setdefault(secret, (what, []))[1].append(path)
+    for what, paths in seen.values():
+        given = [p for p in paths if ctx.given(p) is not None]
+        key = (given or paths)[0]
+        also = [p for p in paths if p != key]
+        yield Problem(key, f"holds {what}: it would be written in plain text into {_WHERE} and the config the run "
+                      "logs" + (f" (also reaches {', '.join(also[:3])})" if also else ""),
+                      "give the value without the credential (a URL without user:password) and export the "
+                      "credential in the shell you submit from (AWS_*, AZURE_*, HF_TOKEN, MLFLOW_TRACKING_USERNAME/"
+                      f"MLFLOW_TRACKING_PASSWORD, ...): {_EXPORT}")
+
+
+def secret_keys(cfg, ctx):
+    """A key whose name says it holds a secret (tokenizer.kwargs.token, ...password) with a value in it."""
+    for path, name, v in _walk(_plain(cfg)):
+        if path.startswith(("loggers.", "cluster.env.")) or not SECRET_KEY.search(name):
+            continue
+        if isinstance(v, str) and v.strip() and v.lower() not in ("true", "false", "none", "null"):
+            yield Problem(path, f"holds a credential: it would be written in plain text into {_WHERE} and the "
+                          "config the run logs to its tracker (as MLflow parameters)", "remove it here and export "
+                          f"it in the shell you submit from (for the Hugging Face hub: HF_TOKEN): {_EXPORT}")
+
+
+def setup_exports(cfg, ctx):
+    """cluster.setup lines are written into the sbatch script as they are: a credential assigned there is written
+    with them (and into .hydra/ and the plan)."""
+    for num, line in enumerate(value(cfg, "cluster.setup") or []):
+        for name, assigned in ASSIGNMENT.findall(str(line)):
+            if CREDENTIAL.search(name) and assigned and not assigned.startswith(("$", '"$', "'$")):
+                yield Problem(f"cluster.setup[{num}]", f"sets {name}, a credential, in plain text: the setup lines are "
+                              f"written into {_WHERE}", f"drop the assignment and `export {name}=...` in the shell you "
+                              f"submit from: {_EXPORT} (a setup line may still use ${name})")
+
+
+def secret_values(cfg) -> list:
+    """The values this config holds that are credentials (by key name or by form): masked in every message."""
+    found = []
+    for path, name, v in _walk(_plain(cfg)):
+        if not isinstance(v, str) or not v:
+            continue
+        found += [secret for _, secret in secrets_in(v)]
+        if path.startswith("cluster.env.") and CREDENTIAL.search(name) or SECRET_KEY.search(name) \
+                or path.startswith("loggers.") and LOGGER_CREDENTIAL.search(name):
+            found.append(v)
+        if path.startswith("cluster.setup"):
+            found += [assigned for n, assigned in ASSIGNMENT.findall(v) if CREDENTIAL.search(n)]
+    return [f for f in found if f and f.lower() not in ("true", "false")]
 
 
 # Argument names of a logger that hold a secret (W&B's `api_key`, a `token`, a `password`), at any depth.
 LOGGER_CREDENTIAL = re.compile(r"(^|_)(key|token|secret|password|passwd|credentials?)$|api_?key|secret|password",
                                re.IGNORECASE)
-# A URL with a password in it: scheme://user:password@host
-URL_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]*:[^/@\s]*@")
 
 
 def tracking_credentials(cfg, ctx):
@@ -47,11 +138,6 @@ def tracking_credentials(cfg, ctx):
         elif isinstance(node, list):
             for i, v in enumerate(node):
                 yield from walk(v, f"{path}[{i}]")
-        elif isinstance(node, str) and URL_PASSWORD.match(node):
-            yield Problem(path, "holds a URL with a password in it (scheme://user:password@...): it would be "
-                          "written in plain text into the run's .hydra/ config, the plan and the run's log",
-                          "give the URL without the user and password, and export them instead (for MLflow: "
-                          "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD)")
 
     loggers = value(cfg, "loggers")
     if not OmegaConf.is_config(loggers):
@@ -94,4 +180,4 @@ def shell_safety(cfg, ctx):
             yield Problem(f"cluster.env.{k}", f"{v!r} holds a control character", "put the value on one line")
 
 
-RULES = [credentials, tracking_credentials, shell_safety]
+RULES = [credentials, secrets_by_value, secret_keys, setup_exports, tracking_credentials, shell_safety]
