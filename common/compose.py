@@ -29,7 +29,7 @@ def sweep_overrides(config: DictConfig) -> list:
     return [list(p) for batch in BasicSweeper.split_arguments(parsed, None) for p in batch]
 
 
-def sweep_points(loader, config: DictConfig, sweep_dir):
+def sweep_points(loader, config: DictConfig, sweep_dir, points: list | None = None):
     """Every point of a `-m` line as (overrides, config): composed exactly as its job will compose it (same Hydra
     context), its hydra node dropped, unresolved; its Hydra context is set for each config as it is made, so
     the caller resolves each point before asking for the next (train/gate.py).
@@ -39,13 +39,13 @@ def sweep_points(loader, config: DictConfig, sweep_dir):
     value overrides applied on top. A sweep's points mostly share their group choices, so the first step runs
     once per distinct set of them and the second, Hydra's own function, runs on a copy for each point: a
     128-point sweep is composed in seconds. tests/test_compose.py checks the result against Hydra composing
-    each point from scratch."""
+    each point from scratch. points: the overrides of each point, when not the command line's own."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
     bases = {}
-    for num, overrides in enumerate(sweep_overrides(config)):
+    for num, overrides in enumerate(sweep_overrides(config) if points is None else points):
         parsed = parser.parse_overrides(overrides)
         # Hydra's own test for a value override, not a group choice (hydra/_internal/defaults_list.py: Overrides)
         is_value = [isinstance(o.value(), dict) or not loader.repository.group_exists(o.key_or_group)

@@ -46,6 +46,8 @@ def test_each_point_equals_hydras_own_composition(master, tmp_path):
         OmegaConf.resolve(theirs)
         assert ours[num][1] == OmegaConf.to_container(theirs), overrides
         names.add(theirs.run_name)
-    assert len(names) == 8  # each point its own run name (read from its own overrides)
+    # one run name per training (train/identity.py): only the learning rate differs in what is trained; the
+    # cluster, an environment variable and a variable nothing reads do not (the gate names such points apart)
+    assert len(names) == 2
     assert {c["cluster"]["name"] for _, c in ours} == {"local", "slurm-local"}
     assert all("shuffle_seed" not in c["eval_loader"]["dataset"] for _, c in ours)  # the deletion applied

@@ -19,7 +19,28 @@ def _context(config: DictConfig, cfg: DictConfig, overrides, sweep: bool):
     return Context(mode=mode, overrides=tuple(overrides), choices=dict(config.hydra.runtime.choices))
 
 
+def _or_stop(method):
+    """Hydra turns an exception in a callback into a warning and goes on to run or submit: a check that crashed
+    would let an unchecked config through. Stop instead, with the traceback: nothing was started or written."""
+    import functools
+
+    @functools.wraps(method)
+    def guarded(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except Exception:
+            import traceback
+
+            traceback.print_exc()
+            print("error: the checks before starting failed (above): nothing was started or written",
+                  file=sys.stderr)
+            sys.exit(2)
+
+    return guarded
+
+
 class CheckBeforeWriting(Callback):
+    @_or_stop
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         from hydra.core.hydra_config import HydraConfig
 
@@ -38,23 +59,25 @@ class CheckBeforeWriting(Callback):
             print_plan(cfg, problems)
             sys.exit(0)
 
+    @_or_stop
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         from hydra.core.global_hydra import GlobalHydra
         from hydra.core.hydra_config import HydraConfig
 
         from common.compose import CHECKED_POINTS, sweep_points
         from train.checks import ConfigError, check, check_points, errors, report, resolve_all
+        from train.identity import distinct_names
 
         HydraConfig.instance().set_config(config)
         loader = GlobalHydra.instance().config_loader()
         sweep_dir = OmegaConf.select(config, "hydra.sweep.dir")
 
-        def points():
+        def points(lists=None):
             """Each point composed and resolved while its own Hydra context is set (`${run_id:...}` reads the
             point's overrides). A point that does not resolve is checked as it is, so that its problems name
             their keys (storage.tier, not the storage.write_GBps that interpolates it)."""
             cfgs, ctxs, unresolved = [], [], {}
-            for num, (overrides, cfg) in enumerate(sweep_points(loader, config, sweep_dir)):
+            for num, (overrides, cfg) in enumerate(sweep_points(loader, config, sweep_dir, lists)):
                 ctx = _context(config, cfg, overrides, sweep=True)
                 try:
                     resolve_all(cfg)
@@ -66,6 +89,9 @@ class CheckBeforeWriting(Callback):
             return cfgs, ctxs, unresolved
 
         cfgs, ctxs, unresolved = _checked(points)
+        renamed = distinct_names([list(c.overrides) for c in ctxs], cfgs)
+        if renamed:  # points that train the same thing, run differently: a run each (train/identity.py)
+            cfgs, ctxs, unresolved = _checked(lambda: points(renamed))
         problems = _checked(lambda: check_points(cfgs, ctxs, unresolved))
         if not report(problems):
             sys.exit(2)
@@ -87,4 +113,115 @@ def _checked(fn):
         return fn()
     except ConfigError as err:
         report(err.problems)
+        sys.exit(2)
+
+
+# ---- before Hydra: what Hydra itself would refuse, said the way the checks say it --------------------------------
+
+# Hydra's flags that take the next word as their value (`--cfg job`, `-cn train`).
+_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
+                     "-cd", "--experimental-rerun"}
+_INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+
+
+def _app_shape(config_name: str = "train"):
+    """(the app's config groups -> their public presets, the top-level keys of its config), from conf/ alone."""
+    from omegaconf import OmegaConf
+
+    from common.paths import CONF
+
+    primary = OmegaConf.to_container(OmegaConf.load(CONF / f"{config_name}.yaml"), resolve=False)
+    groups = {}
+    for entry in primary.get("defaults") or []:
+        if isinstance(entry, dict):
+            for group in entry:
+                if "@" not in group and not group.startswith("override") and (CONF / group).is_dir():
+                    # files starting with `_` are building blocks of the presets, not choices
+                    groups[group] = sorted(p.stem for p in (CONF / group).glob("*.yaml") if not p.name.startswith("_"))
+    return groups, set(primary) - {"defaults"}
+
+
+def _raw_value(arg: str) -> str:
+    return arg.split("=", 1)[1] if "=" in arg else ""
+
+
+def hydra_problems(args: list, config_name: str = "train") -> list:
+    """What Hydra would refuse on this command line before composing, each as key / problem / fix: an override its
+    grammar cannot read (unquoted unicode, `$(...)`, an unclosed list), a preset that does not exist (with the
+    closest one, and only the public presets), a top-level key the config does not have (with the closest key,
+    instead of Hydra's advice to add it with `+`). Values are masked where they hold a credential."""
+    import difflib
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from train.checks import Problem
+    from train.checks.safety import CREDENTIAL, SECRET_KEY
+    from train.checks.values import FOUNDRY_KEYS
+
+    groups, top = _app_shape(config_name)
+    parser = OverridesParser.create()
+    found, skip = [], False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if arg.startswith("-"):  # -m, --cfg job, --help, ...: Hydra's own flags
+            skip = arg in _FLAGS_WITH_VALUE or (arg == "--info" and i + 1 < len(args) and args[i + 1] in _INFO_VALUES)
+            continue
+        key = arg.split("=", 1)[0].lstrip("+~")
+        try:
+            [override] = parser.parse_overrides([arg])
+        except HydraException as err:
+            name = key.rsplit(".", 1)[-1]
+            shown = f"{key}=****" if CREDENTIAL.search(name) or SECRET_KEY.search(name) else arg
+            reason = str(err).splitlines()[0].replace(arg, "").strip(" :") or "cannot be read"
+            if "=" not in arg:
+                reason = "no `=` (an override is key=value)"
+            elif reason.startswith("LexerNoViableAlt"):
+                reason = "a character its grammar does not take unquoted"
+            found.append(Problem(key or arg, f"Hydra cannot read `{shown}`: {reason} (Hydra's override grammar takes "
+                                 "letters, digits and _-./:@ unquoted; non-ASCII letters, spaces, $(...), #, = or an "
+                                 "unclosed [ need quotes)",
+                                 f"quote the value for Hydra, and the whole for the shell: '{shown.split('=', 1)[0]}="
+                                 f"\"{_raw_value(shown)}\"'" if "=" in arg else f"write it as key=value: {key}=<value>"))
+            continue
+        key = override.key_or_group
+        if not key or "/" in key or key.startswith("hydra") or override.package is not None:
+            continue
+        if key in groups and not override.is_delete():
+            try:
+                choices = list(override.sweep_string_iterator()) if override.is_sweep_override() else \
+                    [override.get_value_element_as_str()]
+            except Exception:  # glob(), range(): Hydra expands them
+                continue
+            for choice in choices:
+                if choice not in groups[key]:
+                    close = difflib.get_close_matches(choice, groups[key], n=1, cutoff=0.5)
+                    found.append(Problem(key, f"{choice!r} is not a {key} preset (conf/{key}/)",
+                                         (f"did you mean {key}={close[0]}? " if close else "")
+                                         + f"{key} presets: {', '.join(groups[key])}"))
+            continue
+        first = key.split(".")[0]
+        if first in top or first in groups or override.is_add() or override.is_force_add() or override.is_delete():
+            continue
+        options = sorted(top | set(groups))
+        close = difflib.get_close_matches(first, options, n=1, cutoff=0.6)
+        if first in FOUNDRY_KEYS:
+            fix = f"+{arg} (an llm-foundry key this config does not set yet: add it with +)"
+        elif close:
+            fix = f"did you mean {close[0]}? ({close[0]}{key[len(first):]}={_raw_value(arg)})"
+        else:
+            fix = "see the keys with `python -m train --cfg job`; `+variables.<name>=...` adds a value of your own"
+        found.append(Problem(key, "is not a key of this config", fix))
+    return found
+
+
+def before_hydra(args: list) -> None:
+    """Refuse, before Hydra reads the command line, what Hydra would refuse with its own words (exit 2, nothing
+    written). Anything else is left to Hydra and the checks."""
+    from train.checks import report
+
+    problems = hydra_problems(args)
+    if problems and not report(problems):
         sys.exit(2)

@@ -23,7 +23,9 @@ def points(launcher, job_overrides: list, first: int, sweep_dir: Path) -> list:
     from common.compose import CHECKED_POINTS, sweep_points
 
     checked = CHECKED_POINTS.get(str(sweep_dir), [])
-    if first == 0 and [o for o, _ in checked] == job_overrides:
+    # the gate may have added a point's own run_name (train/identity.py: distinct_names)
+    if first == 0 and [o[:len(j)] for (o, _), j in zip(checked, job_overrides)] == job_overrides \
+            and len(checked) == len(job_overrides):
         return checked
     out = []
     for overrides, cfg in sweep_points(launcher.hydra_context.config_loader, launcher.config, sweep_dir):

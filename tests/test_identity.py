@@ -1,0 +1,128 @@
+"""The run's identity (train/identity.py): the run name, and so the folders a run resumes from, follows what is
+trained and nothing else. The same training under another cluster setting, image, environment variable or
+spelling of a number is the same run; anything that changes the training is another."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from paths import ROOT
+
+import train  # noqa: F401  (registers the resolvers)
+from train.compose import compose
+from train.identity import identity, legacy_name, same_model_and_data
+
+BASE = ["model=mpt-125m", "cluster=ndv5", "data=c4", "optimizer.lr=3e-3"]
+
+# Each of these, added to BASE, is how or where the run goes: the same run.
+SAME = [
+    ["optimizer.lr=0.003"], ["optimizer.lr=0.0030"], ["optimizer.lr=3.0e-3"],  # one number, three spellings
+    ["optimizer.betas=[0.9,0.95]"], ["optimizer.betas=[0.9, 0.95]"], ["optimizer.betas=[0.90,0.950]"],
+    ["seed=17"], ["max_seq_len=2048"],  # the preset's own values, spelled out
+    ["cluster.env.NCCL_DEBUG=INFO"], ["cluster.container.image=/images/rebuilt.sqsh"], ["cluster.wait=true"],
+    ["cluster.preflight.enabled=false"], ["cluster.nodes=4"], ["cluster.partition=other"],
+    ["cluster.account=proj"], ["cluster.qos=high"], ["cluster.timeout_min=240"], ["cluster.max_num_timeout=50"],
+    ["+cluster.setup=[module load x]"], ["device_train_microbatch_size=4"], ["eval_interval=100ba"],
+    ["eval_subset_num_batches=2"], ["console_log_interval=5ba"], ["logger=mlflow"], ["logger=wandb"],
+    ["export=hf"], ["save_interval=200ba"], ["save_num_checkpoints_to_keep=3"], ["checkpoint=full"],
+    ["fsdp_config.activation_checkpointing=false"], ["dist_timeout=1200"], ["plan=true"],
+    ["+variables.note=unused"], ["storage.write_GBps=9"],
+]
+# Each of these changes what is trained: another run.
+OTHER = [
+    ["optimizer.lr=1e-3"], ["optimizer.betas=[0.9,0.99]"], ["seed=18"], ["max_duration=1000ba"],
+    ["global_train_batch_size=1024"], ["max_seq_len=1024"], ["precision=fp32"], ["scheduler.t_warmup=50ba"],
+    ["optimizer.weight_decay=0.1"], ["model.n_layers=6"], ["data=mds", "variables.data_local=/data/other"],
+    ["fsdp_config.mixed_precision=DEFAULT"], ["tokenizer.name=gpt2"], ["load_path=/data/pretrained.pt"],
+]
+
+
+@pytest.fixture(autouse=True)
+def _root(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRETRAIN_ROOT", str(tmp_path))
+
+
+def name(extra=()):
+    return compose([*BASE, *extra]).run_name
+
+
+def test_how_and_where_a_run_goes_is_not_what_it_is():
+    base = name()
+    assert base.startswith("mpt-125m-")
+    moved = {" ".join(e): name(e) for e in SAME}
+    assert moved == {k: base for k in moved}
+
+
+def test_what_is_trained_names_another_run():
+    base = name()
+    names = {" ".join(e): name(e) for e in OTHER}
+    assert base not in names.values()
+    assert len(set(names.values())) == len(OTHER)  # each change its own run
+
+
+def test_override_order_and_an_explicit_name():
+    assert name() == compose(list(reversed(BASE))).run_name
+    assert compose([*BASE, "run_name=mine"]).run_name == "mine"
+    assert compose([*BASE, "run_name=mine"]).save_folder.endswith("/checkpoints/mine")
+
+
+def test_identity_names_its_keys_and_leaves_out_the_how():
+    ident = identity(compose(BASE))
+    assert ident["optimizer.lr"] == 0.003 and ident["optimizer.betas"] == [0.9, 0.95]
+    assert ident["max_duration"] and ident["global_train_batch_size"] and ident["precision"] == "amp_bf16"
+    assert not [k for k in ident if k.split(".")[0] in ("cluster", "storage", "save_folder", "run_name",
+                                                       "device_train_microbatch_size", "eval_interval")]
+    assert "model.attn_config.attn_impl" not in ident and "callbacks.speed_monitor.window_size" not in ident
+
+
+def test_a_run_named_by_the_old_rule_keeps_its_name(tmp_path):
+    """Runs made before identities resume with the same command: the old name is honoured while its checkpoint
+    folder exists and the new name's does not."""
+    overrides = ["model=mpt-125m", "optimizer.lr=1e-4"]
+    new = compose(overrides).run_name
+    old = legacy_name("mpt-125m", overrides)
+    assert old != new
+    folder = tmp_path / "checkpoints" / old
+    folder.mkdir(parents=True)
+    assert compose(overrides).run_name == new  # an empty folder is no run
+    (folder / "ep0-ba20-rank0.pt").write_bytes(b"x")
+    assert compose(overrides).run_name == old
+    assert compose([*overrides, "cluster.env.X=1"]).run_name == new  # another command under the old rule
+    (tmp_path / "checkpoints" / new).mkdir()
+    assert compose(overrides).run_name == new  # once the new name has a folder, it wins
+
+
+def test_runs_of_the_same_model_and_data_are_found_with_what_differs(tmp_path):
+    from train.identity import record
+
+    a, b = compose(BASE), compose([*BASE, "optimizer.lr=1e-3"])
+    other_data = compose([*BASE, "data=mds", "variables.data_local=/data/x"])
+    os.makedirs(a.save_folder)
+    record(a.save_folder, a.run_name, "mpt-125m", identity(a))
+    found = same_model_and_data(tmp_path / "checkpoints", b.run_name, "mpt-125m", identity(b))
+    assert found == [(a.run_name, {"optimizer.lr": (0.003, 0.001)})]
+    assert same_model_and_data(tmp_path / "checkpoints", a.run_name, "mpt-125m", identity(a)) == []
+    assert same_model_and_data(tmp_path / "checkpoints", other_data.run_name, "mpt-125m", identity(other_data)) == []
+
+
+def _plan(*args, env):
+    out = subprocess.run([sys.executable, "-m", "train", *args, "plan=json"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.e2e
+def test_the_plan_names_the_run_that_m_submits_and_scaling_points_are_runs_of_their_own(tmp_path):
+    env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path)}
+    line = ["model=mpt-7b", "cluster=ndv5", "data=c4", "optimizer.lr=3e-3"]
+    plain = _plan(*line, env=env)["run_name"]
+    swept = _plan("-m", *line, env=env)  # Hydra's sweeper spells 3e-3 as 0.003: still one run
+    assert [p["run_name"] for p in swept] == [plain]
+    scaling = ["-m", "cluster=slurm-local", "data=mock", "device_train_microbatch_size=4", "cluster.nodes=1,2"]
+    names = [p["run_name"] for p in _plan(*scaling, env=env)]
+    base = _plan(*scaling[1:-1], env=env)["run_name"]
+    assert len(set(names)) == 2 and all(n.startswith(base + "-") and len(n) == len(base) + 7 for n in names)
+    assert [p["run_name"] for p in _plan(*scaling, env=env)] == names  # the same line, the same names
+    assert not any(tmp_path.iterdir())  # a look writes nothing

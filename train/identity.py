@@ -1,0 +1,216 @@
+"""What a run *is*: the settings that decide what is trained. Its name, and so its checkpoint and output folders,
+derive from them alone, so the same training under another cluster, image, environment variable, node count or
+spelling of a number is the same run, and running the same command again resumes it.
+
+The rule, in one place (README "Runs, resume, outputs" shows it as a table): every key of the resolved config
+counts, except those in HOW below: where and how it runs (our cluster, storage, checkpoint, export and logger
+groups, the microbatch, the evaluation, FSDP's sharding), how it is reported (loggers, monitoring callbacks,
+console settings) and its own name and folders. Values are compared resolved and typed, so `3e-3`, `0.003` and
+`0.0030` are one number, `[0.9,0.95]` and `[0.9, 0.95]` one list, and a preset's default spelled out on the
+command line is the default. `max_duration` counts: it shapes the learning-rate schedule of every step, so a
+longer run is another training; continue a run past its max_duration with `run_name=<its name>`.
+
+Light: no torch, no llm-foundry.
+"""
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+# Top-level keys that never decide what is trained.
+HOW_TOP = {
+    # ours: where and how it runs (cluster: nodes, tasks, env, container, time limit, partition, preflight, wait,
+    # setup lines; storage: roots and mounts; checkpoint: format and folder), what is exported, the plan
+    "cluster", "storage", "checkpoint", "export", "plan", "hydra",
+    # the run's own name and folders, and its checkpoint policy (what is kept, not what is trained)
+    "run_name", "save_folder", "save_interval", "save_num_checkpoints_to_keep", "save_overwrite", "save_filename",
+    "save_latest_filename", "save_weights_only", "save_ignore_keys", "autoresume",
+    # how it is reported and followed
+    "loggers", "progress_bar", "log_to_console", "console_log_interval", "python_log_level", "metadata",
+    "log_config",
+    # how each step is computed: the global batch fixes the maths, the microbatch only splits it
+    "device_train_microbatch_size", "device_eval_batch_size", "dist_timeout", "compile_config",
+    # what is evaluated, and how often: the reported numbers, not the trained weights
+    "eval_loader", "eval_loaders", "eval_interval", "eval_first", "eval_subset_num_batches", "icl_tasks",
+    "icl_subset_num_batches", "eval_gauntlet", "eval_gauntlet_str",
+    # values of the user's own: their effect counts where they are interpolated
+    "variables",
+}
+# Dotted keys (and everything under them) inside the keys that count, which do not.
+HOW_SUB = (
+    "model.init_device", "model.attn_config.attn_impl", "model.loss_fn",  # the same maths on another device
+    "train_loader.num_workers", "train_loader.prefetch_factor", "train_loader.pin_memory",
+    "train_loader.persistent_workers", "train_loader.timeout",
+    "train_loader.dataset.download_retry", "train_loader.dataset.download_timeout",
+    "train_loader.dataset.validate_hash", "train_loader.dataset.predownload", "train_loader.dataset.cache_limit",
+    "train_loader.dataset.keep_zip",
+    # FSDP: how the model is sharded and recomputed; its mixed precision (below) changes the numbers
+    "fsdp_config.sharding_strategy", "fsdp_config.activation_checkpointing",
+    "fsdp_config.activation_checkpointing_reentrant", "fsdp_config.activation_cpu_offload",
+    "fsdp_config.limit_all_gathers", "fsdp_config.state_dict_type", "fsdp_config.forward_prefetch",
+    "fsdp_config.backward_prefetch", "fsdp_config.cpu_offload", "fsdp_config.sync_module_states",
+    "fsdp_config.use_orig_params", "fsdp_config.verbose", "fsdp_config.load_monolith_rank0_only",
+    "fsdp_config.data_parallel_shard_degree", "fsdp_config.data_parallel_replicate_degree",
+    # monitoring and export callbacks: they watch or copy the run, they do not change it
+    *(f"callbacks.{name}" for name in (
+        "speed_monitor", "lr_monitor", "runtime_estimator", "memory_monitor", "run_report", "hf_checkpointer", "tracking",
+        "optimizer_monitor", "memory_snapshot", "oom_observer", "mono_checkpoint_saver", "scheduled_gc",
+        "generate_callback", "log_model_parameters", "system_metrics_monitor", "nan_monitor",
+        "activation_monitor", "load_checkpoint")),
+)
+
+
+def _plain(value):
+    """A JSON value that compares equal for equal settings: 1.0 and 1 are one number, containers made plain."""
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
+        return int(value)
+    return value
+
+
+def _walk(node: DictConfig, prefix: str, out: dict) -> None:
+    """Resolve only what counts: a key left out is never read (the run's folders interpolate the run's name)."""
+    for k in node.keys():
+        full = f"{prefix}.{k}" if prefix else str(k)
+        if (not prefix and k in HOW_TOP) or not _counted(full):
+            continue
+        try:
+            value = node[k]
+        except Exception:  # a missing or broken value: the checks name it; here it is just that key's text
+            value = "???"
+        if isinstance(value, DictConfig) and len(value):
+            _walk(value, full, out)
+        else:
+            out[full] = _plain(value)
+
+
+def _counted(key: str) -> bool:
+    return not any(key == h or key.startswith(h + ".") for h in HOW_SUB)
+
+
+def identity(cfg) -> dict:
+    """{dotted key: value} of every setting that decides what is trained, resolved and normalised."""
+    flat: dict = {}
+    _walk(cfg, "", flat)
+    dataset = "train_loader.dataset"
+    if flat.get(f"{dataset}.remote") not in (None, ""):
+        flat.pop(f"{dataset}.local", None)  # a node-local cache of the remote: where, not what
+    return dict(sorted(flat.items()))
+
+
+def digest(ident: dict) -> str:
+    return hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def name(model: str, cfg) -> str:
+    return f"{model}-{digest(identity(cfg))}"
+
+
+# The rule before identities: a hash of the command line's overrides less these prefixes. Kept to find the runs it
+# named, which go on under their old names (see run_id).
+_LEGACY_NEUTRAL = ("hydra", "plan", "cluster.timeout_min", "cluster.partition", "cluster.account", "cluster.qos",
+                   "cluster.dist_timeout", "dist_timeout", "logger", "loggers", "export")
+
+
+def legacy_name(model: str, overrides) -> str:
+    kept = sorted(o for o in overrides if not o.lstrip("+~").startswith(_LEGACY_NEUTRAL))
+    return f"{model}-{hashlib.sha1(chr(10).join(kept).encode()).hexdigest()[:8]}"
+
+
+def run_id(model: str, _root_) -> str:
+    """The default run_name (conf/train.yaml): `<model>-<hash of the identity>`. A run started before identities
+    existed keeps its old name: when its checkpoint folder is there and the new name's is not, the old name is
+    the one this command continues."""
+    new = name(model, _root_)
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+        root = OmegaConf.select(_root_, "storage.checkpoint_root")
+    except Exception:
+        return new
+    old = legacy_name(model, overrides)
+    if old != new and root and _has_checkpoints(Path(root) / old) and not (Path(root) / new).exists():
+        return old
+    return new
+
+
+def _has_checkpoints(folder: Path) -> bool:
+    from train.resume import find
+
+    return bool(find(folder))
+
+
+# ---- the identity a run leaves in its checkpoint folder, and the runs found beside a new one ----
+
+RECORD = "identity.json"
+
+
+def record(save_folder, run_name: str, model: str, ident: dict) -> None:
+    """<save_folder>/identity.json: what this run trains, so that a later command that trains something else
+    with the same model and data can name it."""
+    from common.files import atomic_write
+
+    atomic_write(Path(save_folder) / RECORD, json.dumps(
+        {"run_name": run_name, "model": model, "identity": ident}, indent=1).encode())
+
+
+DATA_KEYS = ("data.kind", "train_loader.dataset.remote", "train_loader.dataset.local", "tokenizer.name")
+
+
+def same_model_and_data(root, run_name: str, model: str, ident: dict) -> list:
+    """Runs under the checkpoint root `root` (other than `run_name`) of the same model preset on the same data:
+    [(name, {key: (theirs, ours)} of what differs)], most recently written first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for rec in root.glob(f"*/{RECORD}"):
+        try:
+            theirs = json.loads(rec.read_text())
+        except (OSError, ValueError):
+            continue
+        other = theirs.get("identity") or {}
+        if theirs.get("run_name") == run_name or theirs.get("model") != model:
+            continue
+        if any(other.get(k) != ident.get(k) for k in DATA_KEYS):
+            continue
+        differs = {k: (other.get(k), ident.get(k)) for k in sorted(set(other) | set(ident))
+                   if other.get(k) != ident.get(k)}
+        found.append((rec.stat().st_mtime, theirs["run_name"], differs))
+    return [(n, d) for _, n, d in sorted(found, key=lambda f: f[0], reverse=True)]
+
+
+def distinct_names(points: list, cfgs: list) -> list | None:
+    """Sweep points that train the same thing and differ only in how they run (a node-count scaling sweep:
+    `-m cluster.nodes=1,2,4`) are still a run each: each gets `run_name=<name>-<6 hex of its own overrides>`, the
+    same for the same command line. points: each point's overrides; cfgs: their configs. Returns the points'
+    overrides with those names added, or None when every point already has its own name."""
+    groups: dict = {}
+    for num, (overrides, cfg) in enumerate(zip(points, cfgs)):
+        if any(str(o).lstrip("+~").startswith("run_name=") for o in overrides):
+            continue  # named by the user: theirs wins (two points writing one folder are refused by the checks)
+        try:
+            groups.setdefault(str(cfg.run_name), []).append(num)
+        except Exception:
+            continue  # a point that does not resolve: the checks name its problem
+    shared = {num for nums in groups.values() if len(nums) > 1 for num in nums}
+    if not shared:
+        return None
+    out = []
+    for num, overrides in enumerate(points):
+        overrides = list(overrides)
+        if num in shared:
+            mark = hashlib.sha1("\n".join(sorted(map(str, overrides))).encode()).hexdigest()[:6]
+            overrides.append(f"run_name={cfgs[num].run_name}-{mark}")
+        out.append(overrides)
+    return out
