@@ -41,7 +41,7 @@ GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s
 # Bytes that never occur in UTF-8 text: a byte-level vocabulary may leave them out (gpt-neox does).
 NOT_IN_UTF8 = frozenset({0xC0, 0xC1, *range(0xF5, 0x100)})
 # Bump when the tables' meaning changes: cached tables of another version are not read.
-TABLES_VERSION = 1
+TABLES_VERSION = 2
 
 # (tokenizers, tiktoken) versions whose pre-tokenizer regexes were compared on every code point (probes "a"+c,
 # "1"+c, "!"+c: letter, number, other or space), with the code points on which they differ. Other versions are
@@ -207,32 +207,45 @@ def regex_differences() -> list[int]:
     return sorted(differ)
 
 
+# Marks of Unicode 1.1 (combining classes 1, 7, 9, 10, 103, 129, 220, 230, 240), which every NFC knows alike.
+OLD_MARKS = "\u0334\u093c\u094d\u05b0\u0e38\u0f71\u0316\u0301\u0345"
+
+
 def normalization_differences() -> list[int]:
-    """Code points on which HF's NFC and Python's differ: alone, composed from Python's NFD, after a base, and
-    beside a mark of every combining class (so that a combining class known differently shows)."""
+    """Code points on which HF's NFC and Python's differ: alone, after a base, beside marks of every combining
+    class (a class known differently shows as another order), and as the composition of their decomposition."""
     from tokenizers import normalizers
 
-    nfc = normalizers.NFC().normalize_str
+    hf_nfc = normalizers.NFC().normalize_str
+
+    def differs(text: str) -> bool:
+        return hf_nfc(text) != unicodedata.normalize("NFC", text)
+
     chars = _all_codepoints()
-    marks: dict[int, str] = {}
-    for c in chars:
-        marks.setdefault(unicodedata.combining(c), c)
-    marks.pop(0)
+    marked = [c for c in chars if unicodedata.combining(c)]
+    # One mark per combining class that both sides order alike against the old marks, to probe the others with.
+    probes = dict.fromkeys(OLD_MARKS)
+    for m in marked:
+        if unicodedata.combining(m) not in {unicodedata.combining(p) for p in probes} and not any(
+                differs("a" + m + p) or differs("a" + p + m) for p in OLD_MARKS):
+            probes[m] = None
     differ = set()
     for c in chars:
         decomposed = unicodedata.normalize("NFD", c)
-        ccc = unicodedata.combining(c)
-        if decomposed == c and not ccc:
+        if decomposed == c and not unicodedata.combining(c):
             continue
-        probes = [c, decomposed, "a" + c]
-        if ccc:
-            probes += ["a" + m + c for m in marks.values()] + ["a" + c + m for m in marks.values()]
-        if any(nfc(p) != unicodedata.normalize("NFC", p) for p in probes):
-            differ.update(map(ord, c + decomposed))
-    # A single character that HF's NFC changes and Python's does not (or otherwise): a quick full pass.
+        if differs(c) or differs("a" + c) or (unicodedata.combining(c) and any(
+                differs("a" + p + c) or differs("a" + c + p) for p in probes)):
+            differ.add(ord(c))
+        if differs(decomposed):
+            # What composes differently: c, and the characters of its decomposition newer than Unicode 3.2 (older
+            # ones compose alike everywhere, and a new composition of old characters is excluded from NFC).
+            differ.add(ord(c))
+            differ.update(ord(d) for d in decomposed if unicodedata.ucd_3_2_0.category(d) == "Cn")
+    # A character that only one side's NFC changes on its own: a quick full pass.
     joined = "\n".join(chars)
-    if nfc(joined) != unicodedata.normalize("NFC", joined):
-        differ.update(ord(c) for c in chars if nfc(c) != unicodedata.normalize("NFC", c))
+    if differs(joined):
+        differ.update(ord(c) for c in chars if differs(c))
     return sorted(differ)
 
 
