@@ -394,13 +394,32 @@ def test_unknown_key_names_the_close_match_and_keeps_a_nonzero_exit(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_unknown_preset_lists_the_valid_names(tmp_path):
+def test_unknown_preset_names_the_closest_and_lists_the_public_presets(tmp_path):
     proc = cli(tmp_path, "model=mpt-31b")
-    assert proc.returncode != 0
-    assert "Could not find 'model/mpt-31b'" in proc.stderr
-    assert "Available options in 'model'" in proc.stderr and "mpt-30b" in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "error: model: 'mpt-31b' is not a model preset" in proc.stderr
+    assert "fix: did you mean model=mpt-3" in proc.stderr and "model presets: gpt-375m, gpt-857m," in proc.stderr
     proc = cli(tmp_path, "cluster=ndv6")
-    assert proc.returncode != 0 and "ndv5" in proc.stderr
+    assert proc.returncode == 2 and "did you mean cluster=ndv5?" in proc.stderr
+    assert "_cpu" not in proc.stderr and "_slurm" not in proc.stderr and "_preflight" not in proc.stderr
+    proc = cli(tmp_path, "-m", "checkpoint=sharded,shard")  # each choice of a sweep
+    assert proc.returncode == 2 and "did you mean checkpoint=sharded?" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_hydra_parse_errors_and_unknown_top_level_keys_get_a_key_and_a_fix(tmp_path):
+    """Hydra's own refusals, before Hydra: our key / problem / fix line, exit 2, not Hydra's advice to add the
+    key with `+`."""
+    proc = cli(tmp_path, "tokenizer.name=модель")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "LexerNoViableAltException" not in proc.stderr
+    assert "error: tokenizer.name: Hydra cannot read" in proc.stderr
+    assert """fix: quote the value for Hydra, and the whole for the shell: 'tokenizer.name="модель"'""" in proc.stderr
+    proc = cli(tmp_path, "modle=mpt-125m")
+    assert proc.returncode == 2 and "+modle" not in proc.stderr
+    assert "error: modle: is not a key of this config\n  fix: did you mean model? (model=mpt-125m)" in proc.stderr
+    proc = cli(tmp_path, "save_weights_only=true")  # llm-foundry's key, not in this config: added with +
+    assert proc.returncode == 2 and "fix: +save_weights_only=true" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_each_sweep_point_is_checked_under_its_own_name(tmp_path):

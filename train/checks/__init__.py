@@ -39,7 +39,7 @@ def check(cfg, ctx: Context) -> list:
     for p in found:
         if p not in unique:
             unique.append(p)
-    return [p.masked(safety.secret_values(cfg)) for p in unique] if unique else unique  # never echo a credential
+    return [p.masked(secrets) for secrets in [safety.secret_values(cfg) if unique else []] for p in unique]  # never echo a credential
 
 
 def check_points(cfgs: list, ctxs: list, checked: dict | None = None) -> list:

@@ -60,35 +60,33 @@ def _walk(node, path=""):
         yield path, path.rsplit(".", 1)[-1].split("[")[0], node
 
 
-def secrets_by_value(cfg, ctx):
-    """A credential recognised by its form, in any value (a URL with a password, a Hugging Face or AWS key):
-    it would be written into .hydra/, the sweep's files, submitit's pickles, the sbatch script and the plan, and
-    the values a run logs to its tracker. Named once, where the command line gave it (interpolations repeat it)."""
-    seen = {}
-    for path, _, v in _walk(_plain(cfg)):
-        if isinstance(v, str):
-            for what, secret in secrets_in(v):
-                seen.setdefault(secret, (what, []))[1].append(path)
+def secrets_in_values(cfg, ctx):
+    """A credential recognised by its form, in any value (a URL with a password, a Hugging Face or AWS key): it
+    would be written into .hydra/, the sweep's files, submitit's pickles, the sbatch script and the plan, and the
+    values a run logs to its tracker. Named once, where the command line gave it (interpolations repeat it).
+    And a key whose name says it holds a secret (tokenizer.kwargs.token, ...password) with a value in it."""
+    seen, named = {}, []
+    for path, name, v in _walk(_plain(cfg)):
+        if not isinstance(v, str):
+            continue
+        for what, secret in secrets_in(v):
+            seen.setdefault(secret, (what, []))[1].append(path)
+        if not path.startswith(("loggers.", "cluster.env.")) and SECRET_KEY.search(name) and v.strip() and \
+                v.lower() not in ("true", "false", "none", "null"):
+            named.append(path)
     for what, paths in seen.values():
         given = [p for p in paths if ctx.given(p) is not None]
         key = (given or paths)[0]
         also = [p for p in paths if p != key]
-        yield Problem(key, f"holds {what}: it would be written in plain text into {_WHERE} and the config the run "
-                      "logs" + (f" (also reaches {', '.join(also[:3])})" if also else ""),
+        yield Problem(key, f"holds {what}: it would be written in plain text into {_WHERE}, and into the config the "
+                      "run logs" + (f" (it also reaches {', '.join(also[:3])})" if also else ""),
                       "give the value without the credential (a URL without user:password) and export the "
                       "credential in the shell you submit from (AWS_*, AZURE_*, HF_TOKEN, MLFLOW_TRACKING_USERNAME/"
                       f"MLFLOW_TRACKING_PASSWORD, ...): {_EXPORT}")
-
-
-def secret_keys(cfg, ctx):
-    """A key whose name says it holds a secret (tokenizer.kwargs.token, ...password) with a value in it."""
-    for path, name, v in _walk(_plain(cfg)):
-        if path.startswith(("loggers.", "cluster.env.")) or not SECRET_KEY.search(name):
-            continue
-        if isinstance(v, str) and v.strip() and v.lower() not in ("true", "false", "none", "null"):
-            yield Problem(path, f"holds a credential: it would be written in plain text into {_WHERE} and the "
-                          "config the run logs to its tracker (as MLflow parameters)", "remove it here and export "
-                          f"it in the shell you submit from (for the Hugging Face hub: HF_TOKEN): {_EXPORT}")
+    for path in named:
+        yield Problem(path, f"holds a credential: it would be written in plain text into {_WHERE}, and into the "
+                      "config the run logs to its tracker (as MLflow parameters)", "remove it here and export it in "
+                      f"the shell you submit from (for the Hugging Face hub: HF_TOKEN): {_EXPORT}")
 
 
 def setup_exports(cfg, ctx):
@@ -180,4 +178,4 @@ def shell_safety(cfg, ctx):
             yield Problem(f"cluster.env.{k}", f"{v!r} holds a control character", "put the value on one line")
 
 
-RULES = [credentials, secrets_by_value, secret_keys, setup_exports, tracking_credentials, shell_safety]
+RULES = [credentials, secrets_in_values, setup_exports, tracking_credentials, shell_safety]
