@@ -3,6 +3,9 @@
 streaming's own writer imports torch (seconds) and encodes sample by sample in Python; every sample here has
 the same length, so a whole shard is laid out with numpy at once. tests/test_data_prep_mds.py checks the
 bytes against MDSWriter and the reading against StreamingDataset.
+
+Every shard file's hash is recorded in index.json as MDSWriter(hashes=HASHES) records it (`raw_data.hashes`,
+`zip_data.hashes`), so that a training run can tell a damaged shard before it trains on it (train/shards.py).
 """
 from __future__ import annotations
 
@@ -16,6 +19,29 @@ from data_prep.errors import writing
 from data_prep.facts import INDEX_FILE
 
 COLUMN = {"tokens": "ndarray:int32"}
+# streaming's name for the hash of each shard file: xxh3_64 hashes at memory speed (xxhash, a dependency of
+# streaming). MDSWriter wants the list sorted.
+HASHES = ("xxh3_64",)
+
+
+def _hasher(algo: str):
+    """A running hash, named as streaming names it (streaming.base.hashing: hashlib's, then xxhash's)."""
+    import hashlib
+
+    if hasattr(hashlib, algo):
+        return getattr(hashlib, algo)()
+    import xxhash
+
+    return getattr(xxhash, algo)()
+
+
+def file_hashes(parts, hashes) -> dict:
+    """{algo: hex digest} of the bytes of `parts` joined, as streaming's get_hash gives for the whole file."""
+    running = {algo: _hasher(algo) for algo in hashes}
+    for part in parts:
+        for h in running.values():
+            h.update(part)
+    return {algo: h.hexdigest() for algo, h in running.items()}
 
 
 def _shape_code(length: int) -> tuple[int, str]:
@@ -29,8 +55,10 @@ def _shape_code(length: int) -> tuple[int, str]:
 class ShardWriter:
     """Writes shard.NNNNN.mds[.zstd] files and index.json into one folder."""
 
-    def __init__(self, folder: Path, concat_tokens: int, compression: str | None, size_limit: int):
+    def __init__(self, folder: Path, concat_tokens: int, compression: str | None, size_limit: int,
+                 hashes=HASHES):
         self.folder = Path(folder)
+        self.hashes = sorted(hashes)
         self.length = concat_tokens
         self.compression = compression
         self.size_limit = size_limit
@@ -40,7 +68,7 @@ class ShardWriter:
             "column_sizes": [None],
             "compression": compression,
             "format": "mds",
-            "hashes": [],
+            "hashes": self.hashes,
             "size_limit": size_limit,
             "version": 2,
         }
@@ -88,7 +116,8 @@ class ShardWriter:
         parts = (np.uint32(n).tobytes(), offsets.tobytes(), self.config_data, memoryview(rows).cast("B"))
         number = len(self.shards)
         raw_name = f"shard.{number:05d}.mds"
-        raw_info = {"basename": raw_name, "bytes": sum(len(p) for p in parts), "hashes": {}}
+        raw_info = {"basename": raw_name, "bytes": sum(len(p) for p in parts),
+                    "hashes": file_hashes(parts, self.hashes)}
         zip_info = None
         name = raw_name
         if self.compression:
@@ -96,7 +125,7 @@ class ShardWriter:
 
             level = int(self.compression.split(":")[1]) if ":" in self.compression else 3
             parts, name = (zstd.compress(b"".join(parts), level),), f"{raw_name}.zstd"
-            zip_info = {"basename": name, "bytes": len(parts[0]), "hashes": {}}
+            zip_info = {"basename": name, "bytes": len(parts[0]), "hashes": file_hashes(parts, self.hashes)}
         # A partly written shard stays in this writer's temporary folder, which the caller removes on failure.
         with writing(self.folder / name), open(self.folder / name, "wb") as fh:
             for part in parts:  # no joined copy of a 64 MB shard

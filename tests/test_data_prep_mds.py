@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from data_prep.mds import ShardWriter
+from data_prep.mds import HASHES, ShardWriter
 
 pytestmark = pytest.mark.e2e  # streaming's writer and reader import torch
 
@@ -26,7 +26,7 @@ def test_shards_and_index_are_byte_identical_to_mdswriter(tmp_path, length, comp
     writer.add(samples[5:])
     writer.finish()
     with MDSWriter(columns={"tokens": "ndarray:int32"}, out=str(theirs), compression=compression,
-                   size_limit=size_limit) as mds:
+                   size_limit=size_limit, hashes=list(HASHES)) as mds:
         for row in samples:
             mds.write({"tokens": row})
     names = sorted(p.name for p in theirs.iterdir())
@@ -45,7 +45,7 @@ def test_mock_data_is_written_by_the_same_writer(tmp_path):
 
     mock_data.ensure(str(tmp_path / "mock"), seq_len=64, train_samples=40, val_samples=8)
     for split, samples, seed in (("train", 40, 0), ("val", 8, 1)):
-        with MDSWriter(columns={"tokens": "ndarray:int32"}, out=str(tmp_path / split)) as mds:
+        with MDSWriter(columns={"tokens": "ndarray:int32"}, out=str(tmp_path / split), hashes=list(HASHES)) as mds:
             for row in mock_data.token_stream(samples * 64, seed).reshape(samples, 64):
                 mds.write({"tokens": row})
         names = sorted(p.name for p in (tmp_path / split).iterdir())
