@@ -347,20 +347,24 @@ class _AddedTokens:
         return cls(_literals(list(tokens)), tuple(sorted({c[:2] for c in tokens})), tokens)
 
     def may_occur(self, text: str) -> bool:
-        return self.pattern is not None and any(p in text for p in self.prefixes)
+        for prefix in self.prefixes:  # a loop, not any(): this runs for every document
+            if prefix in text:
+                return True
+        return False
 
 
 class FastEncoder:
     """Documents -> HF's ids through tiktoken; a document the guards doubt is encoded by the HF tokenizer."""
 
-    def __init__(self, hf_tokenizer, definition: dict, nfc_unsafe: list | None = None):
+    def __init__(self, hf_tokenizer, definition: dict, nfc_unsafe: list | None = None, key: str | None = None):
+        """key: names the BPE tables in the cache (default: a hash of the model's vocabulary and merges)."""
         import tiktoken
 
         check_supported(definition, hf_tokenizer)
         self.hf = hf_tokenizer
         self.nfc = definition.get("normalizer") is not None
-        sha = hashlib.sha256(json.dumps(definition["model"], sort_keys=True).encode()).hexdigest()[:16]
-        tables = _cached(f"bpe-v{TABLES_VERSION}-{sha}.json", lambda: _tables_json(definition))
+        key = key or hashlib.sha256(json.dumps(definition["model"], sort_keys=True).encode()).hexdigest()
+        tables = _cached(f"bpe-v{TABLES_VERSION}-{key[:16]}.json", lambda: _tables_json(definition))
         ranks = {bytes.fromhex(k): v for k, v in tables["ranks"].items()}
         rank_to_id = np.array(tables["rank_to_id"], np.int64)
         suspicious = np.zeros(len(rank_to_id), bool)
@@ -468,9 +472,11 @@ def _tables_json(definition: dict) -> dict:
 
 def build(hf_tokenizer, definition: bytes | dict) -> FastEncoder:
     """The fast encoder for this tokenizer (tokenizer.json's content), or Unsupported."""
+    key = None
     if isinstance(definition, bytes):
+        key = hashlib.sha256(definition).hexdigest()  # cheaper than hashing the parsed model again
         try:
             definition = json.loads(definition)
         except ValueError as err:
             raise Unsupported(f"tokenizer.json is not JSON ({err})") from None
-    return FastEncoder(hf_tokenizer, definition)
+    return FastEncoder(hf_tokenizer, definition, key=key)
