@@ -81,6 +81,11 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
     every = _batches(value(cfg, "save_interval"))
     saves = (steps // every) if (save_folder and every and steps) else (0 if not save_folder else None)
 
+    from train.checks.checkpoints import checkpoints_kept, free_bytes
+
+    kept, kept_bytes = checkpoints_kept(cfg)
+    storage_root, free = free_bytes(cfg)
+
     # time
     peak, mfu = value(cfg, "cluster.peak_flops"), value(cfg, "cluster.mfu")
     step_s = train_s = tps_gpu = None
@@ -145,6 +150,12 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
         "checkpoint_write_seconds": write_s,
         "save_interval": value(cfg, "save_interval"),
         "checkpoints_to_max_duration": saves,
+        # what stays on disk (train/checks/checkpoints.py refuses a run whose kept checkpoints cannot fit)
+        "save_num_checkpoints_to_keep": value(cfg, "save_num_checkpoints_to_keep"),
+        "checkpoints_kept": kept,
+        "checkpoints_kept_bytes": kept_bytes,
+        "storage_root": storage_root,
+        "storage_free_bytes": free,
         "peak_flops": peak,
         "mfu": mfu,
         "tokens_per_second_per_gpu": tps_gpu,

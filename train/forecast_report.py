@@ -129,6 +129,12 @@ def render(p: dict) -> str:
                     if p["checkpoint_overhead"] is not None else "")
         add(f"            every {p['save_interval']}: {p['checkpoints_to_max_duration']:,} checkpoints to "
             f"max_duration{overhead}")
+    if p["checkpoints_kept"]:
+        keep = p["save_num_checkpoints_to_keep"]
+        free = (f"{_size(p['storage_free_bytes'])} free on {p['storage_root']} now" if p["storage_free_bytes"]
+                is not None else f"{p['storage_root']} is not on this node: free space not known here")
+        add(f"            kept: {p['checkpoints_kept']:,} (save_num_checkpoints_to_keep={keep}) = "
+            f"{_size(p['checkpoints_kept_bytes'])} at max_duration; {free}")
     meg = p["megatron_checkpoint_bytes"]
     ratio = meg / MEGATRON_GPT3_CHECKPOINT_BYTES
     add(f"            Megatron-LM layout (fp16 weights beside fp32 master weights + 2 moments, 14 B/param): "

@@ -1,0 +1,94 @@
+"""A run that resumes must keep something, write it before its time limit, fit its kept checkpoints on the storage,
+and be told about the run it may have meant to continue (train/checks/checkpoints.py)."""
+import os
+import subprocess
+
+import pytest
+
+import train  # noqa: F401
+from train.checks import Context, check, errors
+from train.compose import compose
+from train.forecast import build_plan
+from train.identity import identity, record
+
+
+@pytest.fixture(autouse=True)
+def _root(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRETRAIN_ROOT", str(tmp_path / "root"))
+
+
+def found(overrides, mode="run"):
+    choices = {o.split("=")[0]: o.split("=")[1] for o in overrides if o.split("=")[0] in ("model", "cluster")}
+    ctx = Context(mode=mode, overrides=tuple(overrides), choices={"model": "mpt-tiny", **choices})
+    return check(compose(overrides), ctx)
+
+
+def keyed(problems, key):
+    return [p for p in problems if p.key == key]
+
+
+@pytest.mark.parametrize("override, key", [
+    ("save_interval=0ba", "save_interval"), ("save_interval=0ep", "save_interval"), ("save_interval=0", "save_interval"),
+    ("save_num_checkpoints_to_keep=0", "save_num_checkpoints_to_keep")])
+@pytest.mark.parametrize("ckpt", ["checkpoint=sharded", "checkpoint=full"])
+def test_settings_that_keep_nothing_are_refused(override, key, ckpt):
+    bad = [p for p in keyed(errors(found([ckpt, override])), key) if "writes no checkpoint" in p.problem
+           or "deletes every checkpoint" in p.problem]
+    assert len(bad) == 1 and bad[0].fix
+
+
+def test_without_checkpoints_an_interval_of_zero_is_nobodys_business():
+    assert not keyed(found(["checkpoint=none", "save_interval=0ba"]), "save_interval")
+    assert not keyed(found([]), "save_num_checkpoints_to_keep")  # the default run fits
+
+
+def test_retention_is_bounded_by_default_and_the_plan_shows_what_is_kept():
+    cfg = compose(["model=mpt-30b", "cluster=ndv5", "storage=amlfs", "data=c4"])
+    assert cfg.save_num_checkpoints_to_keep == 10
+    plan = build_plan(cfg)
+    assert plan["checkpoints_to_max_duration"] == 143 and plan["checkpoints_kept"] == 10
+    assert plan["checkpoints_kept_bytes"] == 10 * plan["checkpoint_bytes"]
+    assert plan["storage_root"] == "/data" and plan["storage_free_bytes"] is None  # not mounted on this node
+    every = build_plan(compose(["model=mpt-30b", "cluster=ndv5", "storage=amlfs", "data=c4",
+                                "save_num_checkpoints_to_keep=-1"]))
+    assert every["checkpoints_kept"] == 144 and every["checkpoints_kept_bytes"] > 50e12  # ~51 TB
+
+
+def test_a_save_interval_longer_than_the_time_limit_is_warned():
+    line = ["model=mpt-30b", "cluster=ndv5", "storage=amlfs", "data=c4", "cluster.nodes=16"]
+    assert not keyed(found(line, "plan"), "save_interval")
+    warned = keyed(found([*line, "save_interval=20000ba", "cluster.timeout_min=240"], "plan"), "save_interval")
+    assert len(warned) == 1 and warned[0].level == "warning" and "save_interval=" in warned[0].fix
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_kept_checkpoints_that_cannot_fit_are_refused_and_a_plan_warns(tiny_fs, monkeypatch):
+    monkeypatch.setenv("PRETRAIN_ROOT", str(tiny_fs))
+    line = ["save_num_checkpoints_to_keep=-1", "max_duration=400ba"]  # 20 checkpoints of ~5 MiB on 4 MiB
+    bad = keyed(errors(found(line)), "save_num_checkpoints_to_keep")
+    assert len(bad) == 1 and str(tiny_fs) in bad[0].problem and "storage" in bad[0].fix
+    assert keyed(found(line, "plan"), "save_num_checkpoints_to_keep")[0].level == "warning"
+
+
+def test_a_new_run_beside_one_of_the_same_model_and_data_names_it(tmp_path):
+    first = compose([])
+    os.makedirs(first.save_folder)
+    record(first.save_folder, first.run_name, "mpt-tiny", identity(first))
+    (tmp_path / "root" / "checkpoints" / first.run_name / "ep0-ba20-rank0.pt").write_bytes(b"x")
+    warned = keyed(found(["optimizer.lr=1e-3"]), "run_name")
+    assert len(warned) == 1 and warned[0].level == "warning"
+    assert first.run_name in warned[0].problem and "optimizer.lr" in warned[0].problem
+    assert "batch 20" in warned[0].problem and f"run_name={first.run_name}" in warned[0].fix
+    assert not keyed(found([]), "run_name")  # the same run resumes: nothing to say
+    assert not keyed(found(["optimizer.lr=1e-3", f"run_name={first.run_name}"]), "run_name")
+    assert not keyed(found(["optimizer.lr=1e-3", "max_seq_len=64"]), "run_name")  # other data: mock-seq64

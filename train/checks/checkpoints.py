@@ -1,0 +1,161 @@
+"""Rules about the run's checkpoints: that some are kept, that they land before a time limit, that the ones kept fit
+on the storage, and which earlier run this command could be continuing.
+
+A run that resumes "from its newest checkpoint" promises nothing if it keeps none, if its job is requeued at its
+time limit before the first one is written (it would start again from batch 0 at every requeue), or if the file
+system fills halfway through a month. Light: no torch.
+"""
+import math
+import re
+import shutil
+from pathlib import Path
+
+from train.checks.core import ERROR, WARNING, Problem, batches, is_int, value
+
+def _saves_checkpoints(cfg) -> bool:
+    return bool(value(cfg, "save_folder"))
+
+
+def keeps_something(cfg, ctx):
+    """checkpoint=sharded|full promises a run that can resume: settings that keep nothing are refused."""
+    if not _saves_checkpoints(cfg):
+        return
+    every = value(cfg, "save_interval")
+    if not isinstance(every, bool) and re.fullmatch(r"0+(\.0*)?(ba|ep|tok|sp|dur)?", str(every).strip()):
+        yield Problem("save_interval", f"{every!r} writes no checkpoint (composer's interval never fires), while "
+                      f"checkpoint={ctx.group('checkpoint')} promises a run that resumes",
+                      "a positive interval, e.g. save_interval=1000ba; or checkpoint=none for a run that keeps "
+                      "nothing")
+    keep = value(cfg, "save_num_checkpoints_to_keep")
+    if keep == 0 and is_int(keep):
+        yield Problem("save_num_checkpoints_to_keep", "0 deletes every checkpoint as soon as it is written "
+                      "(composer's rotation keeps none), so nothing can be resumed",
+                      "keep some: save_num_checkpoints_to_keep=10 (the default), or -1 for all")
+
+
+def _step_seconds(cfg, world: int) -> float | None:
+    """Seconds per step at the plan's throughput (cluster.peak_flops x cluster.mfu), or None where unknown."""
+    from train import estimate
+
+    peak, mfu = value(cfg, "cluster.peak_flops"), value(cfg, "cluster.mfu")
+    if not peak or not mfu:
+        return None
+    from omegaconf import OmegaConf
+
+    model = OmegaConf.to_container(value(cfg, "model"), resolve=True)
+    tokens = value(cfg, "global_train_batch_size") * value(cfg, "max_seq_len")
+    return tokens * estimate.flops_per_token(model) / (peak * mfu * world)
+
+
+def lands_before_the_time_limit(cfg, ctx):
+    """On Slurm a job is requeued at its time limit and resumes from its newest checkpoint: one that has written
+    none by then starts again from batch 0, every time."""
+    if not (ctx.slurm and _saves_checkpoints(cfg)):
+        return
+    every, limit = batches(value(cfg, "save_interval")), value(cfg, "cluster.timeout_min")
+    try:
+        step_s = _step_seconds(cfg, ctx.world_size(cfg))
+    except (TypeError, ValueError, KeyError, ZeroDivisionError):
+        return
+    if not (every and limit and step_s):
+        return
+    first = every * step_s
+    if first > limit * 60:
+        fits = max(1, int(limit * 60 * 0.8 / step_s))
+        yield Problem("save_interval", f"{every}ba is about {first / 3600:.1f} h at the plan's "
+                      f"{step_s:.1f} s/step, longer than cluster.timeout_min={limit} ({limit / 60:.1f} h): each "
+                      "allocation would end before its first checkpoint, and every requeue would start again from "
+                      "the same point", f"save_interval={fits}ba (about 80% of the time limit), or a longer "
+                      "cluster.timeout_min", WARNING)
+
+
+def checkpoints_kept(cfg) -> tuple[int | None, int | None]:
+    """(how many checkpoints stay on disk at max_duration, their bytes), or None where it cannot be told."""
+    from omegaconf import OmegaConf
+
+    from train import estimate
+
+    if not _saves_checkpoints(cfg):
+        return 0, 0
+    every, total = batches(value(cfg, "save_interval")), batches(value(cfg, "max_duration"))
+    keep = value(cfg, "save_num_checkpoints_to_keep")
+    if not every or not total or not is_int(keep):
+        return None, None
+    written = math.ceil(total / every)  # the last one at max_duration too (composer saves at the end of training)
+    kept = written if keep < 0 else min(keep, written)
+    params = estimate.param_count(OmegaConf.to_container(value(cfg, "model"), resolve=True))
+    return kept, kept * estimate.checkpoint_bytes(params)
+
+
+def free_bytes(cfg) -> tuple[str | None, int | None]:
+    """(the storage root, its free bytes) where it is on this node; (root, None) where it is not."""
+    root = value(cfg, "storage.root")
+    where = Path(str(root))
+    if not value(cfg, "storage.mounts"):  # a local root is made on the first run: its parent's file system
+        while not where.exists() and where.parent != where:
+            where = where.parent
+    try:
+        return str(root), shutil.disk_usage(where).free
+    except (OSError, TypeError):
+        return (str(root) if root else None), None
+
+
+def _bytes_in(folder) -> int:
+    folder = Path(folder)
+    if not folder.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def fits_on_the_storage(cfg, ctx):
+    """The checkpoints kept to max_duration must fit in what is free (plus what this run's own folder already
+    holds: it prunes its oldest as it goes). A full file system stops a run at a checkpoint, days in."""
+    folder = value(cfg, "save_folder")
+    if not folder or "://" in str(folder):
+        return
+    try:
+        kept, need = checkpoints_kept(cfg)
+    except (TypeError, ValueError, KeyError):
+        return
+    root, free = free_bytes(cfg)
+    if not need or free is None:
+        return
+    have = free + _bytes_in(folder)
+    if need > have:
+        from train.forecast_report import _size
+
+        keep = value(cfg, "save_num_checkpoints_to_keep")
+        fewer = int(have // (need // kept)) if kept else 0
+        fix = (f"keep fewer (save_num_checkpoints_to_keep={fewer}, now {keep}), a longer save_interval, or "
+               if fewer else "not one checkpoint fits: ") + "a storage with room (storage.root=...)"
+        yield Problem("save_num_checkpoints_to_keep",
+                      f"{kept} checkpoints kept to max_duration need {_size(need)}, and {root} has {_size(have)} "
+                      f"free for them: the run would stop when the file system fills", fix,
+                      WARNING if ctx.mode == "plan" else ERROR)
+
+
+def earlier_runs(cfg, ctx):
+    """A command whose run is new, beside a run of the same model on the same data: say which, what differs, and
+    how to continue it (a changed setting would otherwise start a new run from step 0 beside weeks of work)."""
+    folder, root = value(cfg, "save_folder"), value(cfg, "storage.checkpoint_root")
+    model = ctx.choices.get("model")
+    if not folder or not root or not model or "://" in str(folder) or ctx.given("run_name"):
+        return
+    from train.identity import identity, same_model_and_data
+    from train.resume import find
+
+    if find(folder):
+        return  # this run resumes
+    name = str(value(cfg, "run_name"))
+    for other, differs in same_model_and_data(root, name, model, identity(cfg))[:3]:
+        newest = find(Path(root) / other)
+        where = f"checkpoints up to batch {newest[-1].batch}" if newest else "no checkpoint yet"
+        shown = "; ".join(f"{k}: {theirs!r} there, {ours!r} here" for k, (theirs, ours) in list(differs.items())[:4])
+        more = f" (and {len(differs) - 4} more)" if len(differs) > 4 else ""
+        yield Problem("run_name", f"{name} is a new run (from step 0), but {other} trains {model} on the same "
+                      f"data ({where}) and differs in {shown}{more}",
+                      f"to continue {other} under this command's settings instead, add run_name={other}; to "
+                      "start afresh, nothing to do", WARNING)
+
+
+RULES = [keeps_something, lands_before_the_time_limit, fits_on_the_storage, earlier_runs]
