@@ -12,6 +12,7 @@ from pathlib import Path
 
 from train.checks.core import ERROR, WARNING, Problem, batches, is_int, value
 
+
 def _saves_checkpoints(cfg) -> bool:
     return bool(value(cfg, "save_folder"))
 
