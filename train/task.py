@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from common.signals import leave_to_the_task_in_every_fork
+from train import shards
 from train.distributed import export_from_submitit
 from train.foundry import foundry_config
 
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 def run(cfg: DictConfig) -> dict:
     os.environ.update({k: os.path.expandvars(str(v)) for k, v in cfg.cluster.env.items()})
     dist_env = export_from_submitit()
+    shards.check_mounts(cfg)  # on every node, before anything is written there
     if dist_env:
         leave_to_the_task_in_every_fork()  # dataloader workers: only this process answers Slurm's signals
     only = bool(cfg.cluster.preflight.only)  # the checks alone: no data, no trainer
@@ -35,6 +37,8 @@ def run(cfg: DictConfig) -> dict:
     if dist_env:
         _node_local_cwd(fcfg, dist_env)
     _start_dist(fcfg)
+    if not only:
+        shards.verify_shards(fcfg)  # train and val shards against index.json's hashes, spread over the ranks
     if only or (cfg.cluster.preflight.enabled and dist_env):  # inside jobs only: never on a login node
         from train import preflight
 

@@ -1,0 +1,149 @@
+"""What each task checks as it starts, before it writes or trains: the storage is mounted on this node, and the
+shards it will read (train and val) are the bytes data_prep wrote.
+
+Mounts: a mount point with nothing mounted on it is an empty folder on the node's root disk; data read from it is
+missing and checkpoints written to it are lost with the node. The login node checked the same before submitting
+(train/checks/node.py); a compute node whose mount failed is only seen here. Every rank looks (a stat each).
+
+Shards: data_prep records every shard file's hash in index.json (`raw_data.hashes`, `zip_data.hashes`, as
+streaming's MDSWriter does). A flipped byte in a sample trains silently; a damaged val shard fails at the first
+evaluation, after eval_interval of training, on every retry. So the shards of each split are hashed here, spread
+over every rank of the job (each rank hashes every world-size-th shard), and the job stops naming the damaged
+ones. Folders without hashes (streaming's writer without `hashes=`, llm-foundry's converter) are left as they are;
+remote data (variables.data_remote) is streamed and checked by streaming as it downloads it.
+"""
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from common.errors import UserError
+from data_prep.mds import file_hashes
+
+log = logging.getLogger(__name__)
+
+
+class NotMounted(UserError):
+    """A storage mount point with no file system on it, on this node."""
+
+
+class DamagedShard(UserError):
+    """A shard file whose bytes are not the ones its index.json records."""
+
+
+def unmounted(paths) -> list:
+    """The mount points among `paths` (`src` or `src:dst`) that are not mounted on this node."""
+    found = []
+    for entry in paths or []:
+        path = str(entry).split(":")[0]
+        if path and not os.path.ismount(path):
+            found.append(path)
+    return found
+
+
+def check_mounts(cfg) -> None:
+    """Refuse to start on a node where a storage mount point has nothing mounted on it."""
+    node = os.uname().nodename
+    missing = unmounted(cfg.storage.mounts)
+    if missing:
+        raise NotMounted(problems=[
+            _problem("storage.mounts", f"{path} is not a mount point on {node} (nothing is mounted there: reads "
+                     "would find nothing and writes would land on the node's own disk)",
+                     "mount the file system on every node (or exclude this node: --exclude in "
+                     "cluster.sbatch_extra), or use a storage preset this cluster has")
+            for path in missing])
+
+
+def _problem(key, problem, fix):
+    from common.errors import Problem
+
+    return Problem(key, problem, fix)
+
+
+def _split_folders(fcfg) -> list:
+    """(key, folder) of each local split the loaders will read, where no remote is streamed into it."""
+    found = []
+    for loader in ("train_loader", "eval_loader"):
+        dataset = (fcfg.get(loader) or {}).get("dataset") or {}
+        if dataset.get("remote") or not dataset.get("local"):
+            continue
+        folder = Path(str(dataset["local"])) / str(dataset.get("split") or "")
+        if (folder / "index.json").is_file() and folder not in [f for _, f in found]:
+            found.append((f"{loader}.dataset", folder))
+    return found
+
+
+def shard_files(folder: Path) -> list:
+    """(file, {algo: digest}) of every shard file of a split whose index.json records a hash: the compressed file
+    where it is there, else the raw one."""
+    with open(folder / "index.json") as fh:
+        index = json.load(fh)
+    files = []
+    for shard in index.get("shards") or []:
+        for kind in ("zip_data", "raw_data"):
+            info = shard.get(kind)
+            if info and info.get("hashes") and (folder / info["basename"]).is_file():
+                files.append((folder / info["basename"], info["hashes"]))
+                break
+    return files
+
+
+def damaged(file: Path, hashes: dict) -> str | None:
+    """Why this shard file is not the one recorded, or None."""
+    known = {a: h for a, h in hashes.items() if a in _supported()}
+    if not known:
+        return None
+    algo = sorted(known)[0]
+    try:
+        with open(file, "rb") as fh:
+            got = file_hashes(iter(lambda: fh.read(1 << 24), b""), [algo])[algo]
+    except OSError as err:
+        return f"cannot be read ({err.strerror})"
+    return None if got == known[algo] else f"its {algo} is {got}, index.json records {known[algo]}"
+
+
+def _supported() -> set:
+    import hashlib
+
+    import xxhash
+
+    return {a for a in hashlib.algorithms_available if hasattr(hashlib, a)} | set(xxhash.algorithms_available)
+
+
+def verify(fcfg, rank: int = 0, world: int = 1) -> list:
+    """This rank's share of the check: (key, file, why) of each damaged shard among every world-th file."""
+    found = []
+    for key, folder in _split_folders(fcfg):
+        for num, (file, hashes) in enumerate(shard_files(folder)):
+            if num % world == rank:
+                why = damaged(file, hashes)
+                if why:
+                    found.append((key, str(file), why))
+    return found
+
+
+def verify_shards(fcfg) -> None:
+    """Every shard the run will read, hashed once across the job's ranks; the job stops (every rank, with the same
+    error) naming each damaged shard, before the trainer is built."""
+    start = time.perf_counter()
+    world, rank = 1, 0
+    try:
+        from composer.utils import dist
+
+        if dist.is_initialized():
+            world, rank = dist.get_world_size(), dist.get_global_rank()
+    except ImportError:  # pragma: no cover - composer ships with llm-foundry
+        dist = None
+    mine = verify(fcfg, rank, world)
+    if world > 1:
+        gathered = dist.all_gather_object(mine)
+        mine = [d for part in gathered for d in part]
+    if mine:
+        raise DamagedShard(problems=[
+            _problem(key, f"shard {file} is damaged: {why} (streaming would read wrong tokens, or fail mid-run)",
+                     "copy the data again (or make it again with data_prep), or point variables.data_local at an "
+                     "intact copy")
+            for key, file, why in sorted(mine)])
+    if _split_folders(fcfg):
+        log.info("shards checked against index.json in %.1f s", time.perf_counter() - start)
