@@ -429,7 +429,7 @@ def test_each_sweep_point_is_checked_under_its_own_name(tmp_path):
     names = [p["run_name"] for p in json.loads(proc.stdout)]
     assert len(set(names)) == 2, names
     bad = cli(tmp_path, "-m", "storage.tier=AMLFS-1", "storage=amlfs", f"storage.root={tmp_path}/data",
-              f"storage.mounts=[{tmp_path}]", "optimizer.lr=1e-3,-1")
+              "storage.mounts=[/]", "optimizer.lr=1e-3,-1")
     keys = [k for level, k, *_ in problems_in(bad.stderr) if level == ERROR]
     assert keys == ["[sweep point #0] storage.tier", "[sweep point #1] optimizer.lr", "[sweep point #1] storage.tier"]
 

@@ -14,11 +14,12 @@ from train.compose import command_line
 def main(cfg: DictConfig):
     # Checked (and planned) already, before Hydra wrote anything: train/gate.py.
     from train.resume import FolderInUse
+    from train.shards import DamagedShard, NotMounted
     from train.task import run  # the heavy imports (torch, llm-foundry) start here
 
     try:
         return run(cfg)
-    except FolderInUse as err:
+    except (FolderInUse, DamagedShard, NotMounted) as err:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 

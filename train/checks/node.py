@@ -25,6 +25,13 @@ def mounts(cfg, ctx):
             yield Problem(key, f"{path} does not exist on this node ({os.uname().nodename})",
                           f"mount it (e.g. the {ctx.group('storage')} file system) on every node, or run with a "
                           "storage preset this node has (storage=local)")
+        elif key == "storage.mounts" and not os.path.ismount(path):
+            # an empty folder where the file system should be (its client failed): writes land on this node's disk
+            yield Problem(key, f"{path} is not a mount point on this node ({os.uname().nodename}): nothing is mounted "
+                          "there, so data would be missing and checkpoints would land on this node's own disk",
+                          f"mount the {ctx.group('storage')} file system at {path} (and on every node: each job "
+                          "checks again as it starts), or list the file system's own mount point in storage.mounts, "
+                          "or use storage=local")
 
 
 def container(cfg, ctx):
