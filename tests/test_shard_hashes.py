@@ -1,0 +1,106 @@
+"""Shards carry hashes: data_prep records each shard file's xxh3_64 in index.json (as streaming's MDSWriter does),
+and a training run hashes the train and val shards it will read before it builds the trainer, naming a damaged
+one. A real byte flip in a real shard."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from paths import ROOT
+
+from data_prep.mds import HASHES, ShardWriter
+from train import mock_data
+from train.shards import DamagedShard, shard_files, verify, verify_shards
+
+
+def _write(folder, samples=40, length=64, compression=None, size_limit=1 << 12):
+    folder.mkdir(parents=True)
+    writer = ShardWriter(folder, length, compression, size_limit)
+    writer.add(np.random.default_rng(0).integers(0, 255, (samples, length), dtype=np.int32))
+    writer.finish()
+    return folder
+
+
+def _fcfg(local, remote=None):
+    return {loader: {"dataset": {"local": str(local), "remote": remote, "split": split}}
+            for loader, split in (("train_loader", "train"), ("eval_loader", "val"))}
+
+
+def _flip(file, offset=-5):
+    data = bytearray(file.read_bytes())
+    data[offset] ^= 0x01  # one bit of one token
+    file.write_bytes(bytes(data))
+
+
+def test_every_shard_records_its_hash_in_the_index(tmp_path):
+    for compression in (None, "zstd"):
+        folder = _write(tmp_path / str(compression), compression=compression)
+        index = json.loads((folder / "index.json").read_text())
+        assert len(index["shards"]) > 1
+        for shard in index["shards"]:
+            assert shard["hashes"] == list(HASHES)
+            for kind in ("raw_data",) + (("zip_data",) if compression else ()):
+                assert set(shard[kind]["hashes"]) == set(HASHES) and len(shard[kind]["hashes"]["xxh3_64"]) == 16
+        assert len(shard_files(folder)) == len(index["shards"])
+
+
+def test_a_flipped_byte_in_a_val_shard_is_named(tmp_path):
+    data = tmp_path / "mds"
+    _write(data / "train")
+    _write(data / "val", samples=10)
+    assert verify(_fcfg(data)) == []
+    victim = sorted((data / "val").glob("shard.*.mds"))[-1]
+    _flip(victim)
+    [(key, file, why)] = verify(_fcfg(data))
+    assert (key, file) == ("eval_loader.dataset", str(victim)) and "xxh3_64" in why
+    with pytest.raises(DamagedShard) as caught:
+        verify_shards(_fcfg(data))
+    assert str(victim) in str(caught.value) and "eval_loader.dataset" in str(caught.value)
+    # remote data is streaming's to check as it downloads; a folder without hashes is left as it is
+    assert verify(_fcfg(data, remote="s3://bucket/c4")) == []
+
+
+def test_the_work_is_spread_over_the_ranks(tmp_path):
+    data = tmp_path / "mds"
+    _write(data / "train", samples=60)
+    _write(data / "val", samples=10)
+    files = sorted((data / "train").glob("shard.*.mds"))
+    for f in files:
+        _flip(f)
+    found = [verify(_fcfg(data), rank, 3) for rank in range(3)]
+    assert sorted(f for part in found for _, f, _ in part) == sorted(map(str, files))
+    assert all(found)  # every rank had its share
+
+
+def test_a_compressed_shard_is_checked_as_its_compressed_file(tmp_path):
+    data = tmp_path / "mds"
+    _write(data / "train", compression="zstd")
+    _write(data / "val", compression="zstd")
+    victim = sorted((data / "train").glob("shard.*.mds.zstd"))[0]
+    _flip(victim, offset=len(victim.read_bytes()) // 2)
+    assert [f for _, f, _ in verify(_fcfg(data))] == [str(victim)]
+
+
+@pytest.mark.e2e  # streaming imports torch
+def test_streaming_itself_accepts_the_hashes(tmp_path):
+    from streaming import StreamingDataset
+
+    data = _write(tmp_path / "mds", samples=20)
+    ds = StreamingDataset(local=str(data), shuffle=False, batch_size=1, validate_hash="xxh3_64")
+    assert ds.num_samples == 20 and len(ds[19]["tokens"]) == 64
+
+
+@pytest.mark.train  # imports torch and composer (the check runs before llm-foundry is imported)
+def test_a_run_stops_before_training_naming_the_damaged_val_shard(tmp_path):
+    root = tmp_path / "root"
+    mock = mock_data.ensure(str(root / "datasets" / "mock-seq128"), 128, 1024, 64)  # what data=mock reads
+    [victim] = (mock / "val").glob("shard.*.mds")
+    _flip(victim)
+    proc = subprocess.run([sys.executable, "-m", "train", "max_duration=4ba", "checkpoint=none"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PRETRAIN_ROOT": str(root)})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"error: eval_loader.dataset: shard {victim} is damaged: its xxh3_64 is" in proc.stderr
+    assert "Traceback" not in proc.stderr and "[progress]" not in proc.stderr
+    assert not list(root.glob("outputs/*/metrics.json"))
