@@ -1,4 +1,4 @@
-"""data_prep vs llm-foundry's convert_dataset_json vs the raw tokenizer ceiling, on identical input.
+"""data_prep vs llm-foundry's convert_dataset_json vs the raw tokenizer ceilings, on identical input.
 
     .venv/bin/python bench/bench_data_prep.py [--docs 15000] [--repeats 3]
 
@@ -7,10 +7,13 @@ file in a temporary folder (removed afterwards). Settings for both converters: c
 eos_text '<|endoftext|>', no bos, no compression, the GPT-NeoX-20B tokenizer folder.
 
 Both converters run as whole processes, timed from outside (a user waits for the whole process, imports
-included). Runs are interleaved so a busy machine slows all three alike; the best run of each is reported,
-the median beside it. The ceiling is `Tokenizer.encode_batch` over the same documents on every core, timed
-inside the call. Finally the two outputs are compared sample by sample: the speed-up only counts if the
-samples are identical.
+included); data_prep twice: with its fast encoder (data_prep/fast_bpe.py, tiktoken) and with HF tokenizers
+(DATA_PREP_ENCODER=tokenizers, what it did before the fast encoder). Runs are interleaved so a busy machine
+slows all of them alike; the best run of each is reported, the median beside it. Two ceilings, each over the
+same documents on every core, timed inside the call: `Tokenizer.encode_batch` (the old one) and the fast
+encoder's `encode_docs` in one forked process per core (the new one). Finally the outputs are compared sample
+by sample: the speed-up only counts if the samples are identical to llm-foundry's and to data_prep's with HF
+tokenizers.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ DATA = REPO.parent / "shared" / "data"
 C4 = DATA / "c4" / "en"
 TOKENIZER = DATA / "tokenizers" / "gpt-neox-20b"
 PY = sys.executable
+ENCODER_ENV = "DATA_PREP_ENCODER"  # data_prep/tokenizer.py: "tokenizers" turns the fast encoder off
 
 CEILING = """
 import json, gzip, sys, time
@@ -42,6 +46,29 @@ start, cpu = time.perf_counter(), time.process_time()
 encodings = tok.encode_batch(docs)
 seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
 print(json.dumps({"seconds": seconds, "cpu": cpu, "tokens": sum(len(e.ids) for e in encodings)}))
+"""
+
+# The fast encoder's ceiling: documents already in memory, one forked process per core, ids counted, not kept.
+FAST_CEILING = """
+import json, gzip, multiprocessing, os, sys, time
+from tokenizers import Tokenizer
+from data_prep import fast_bpe
+docs = [json.loads(line)["text"] for line in gzip.open(sys.argv[1])]
+path = sys.argv[2] + "/tokenizer.json"
+enc = fast_bpe.build(Tokenizer.from_file(path), open(path, "rb").read())
+workers = len(os.sched_getaffinity(0))
+step = -(-len(docs) // (4 * workers))
+slices = [docs[i:i + step] for i in range(0, len(docs), step)]
+def work(texts):
+    cpu, before = time.process_time(), enc.hf_docs
+    tokens = len(enc.encode_docs(texts))
+    return tokens, enc.hf_docs - before, time.process_time() - cpu
+start = time.perf_counter()
+with multiprocessing.get_context("fork").Pool(workers) as pool:
+    results = pool.map(work, slices, chunksize=1)
+seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "cpu": sum(r[2] for r in results), "tokens": sum(r[0] for r in results),
+                  "hf_docs": sum(r[1] for r in results), "docs": len(docs)}))
 """
 
 FOUNDRY = """
@@ -99,10 +126,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-data-prep-") as tmp:
         tmp = Path(tmp)
         src = build_input(tmp, args.docs)
+        encoders: dict[str, str] = {}
         env = dict(os.environ, HF_DATASETS_CACHE=str(tmp / "hf-datasets"), HF_HUB_OFFLINE="1",
                    TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-        ceiling, foundry, ours, foundry_in_call, ours_in_run = [], [], [], [], []
-        ceiling_cpu, foundry_cpu, ours_cpu = [], [], []
+        ceiling, fast_ceiling, foundry, ours, old, foundry_in_call, ours_in_run, old_in_run = ([] for _ in range(8))
+        ceiling_cpu, fast_ceiling_cpu, foundry_cpu, ours_cpu, old_cpu = [], [], [], [], []
         tokens = None
         for r in range(args.repeats):
             _, out = timed([PY, "-c", CEILING, str(src), str(TOKENIZER)], env)
@@ -110,48 +138,68 @@ def main() -> None:
             ceiling.append(result["tokens"] / result["seconds"])
             ceiling_cpu.append(result["cpu"])
 
+            _, out = timed([PY, "-c", FAST_CEILING, str(src), str(TOKENIZER)], env)
+            result = json.loads(out.strip().splitlines()[-1])
+            fast_ceiling.append(result["tokens"] / result["seconds"])  # documents only, like encode_batch: no EOS
+            fast_ceiling_cpu.append(result["cpu"])
+            hf_docs = f"{result['hf_docs']:,} of {result['docs']:,} documents went through tokenizers (guards)"
+
             foundry_out = tmp / f"foundry-{r}"
             seconds, out = timed([PY, "-c", FOUNDRY, str(src), str(foundry_out), str(TOKENIZER)], env, foundry_cpu)
             foundry.append(seconds)
             foundry_in_call.append(float(out.split("IN_CALL_SECONDS")[-1]))
 
-            ours_out = tmp / f"ours-{r}"
-            seconds, _ = timed([PY, "-m", "data_prep", "dataset=jsonl", f"input={src}", f"out_root={ours_out}",
-                                f"tokenizer={TOKENIZER}", "concat_tokens=2048", "eos_text='<|endoftext|>'",
-                                "bos_text=''", "compression=null", "split=train", "progress=false"], env, ours_cpu)
-            ours.append(seconds)
-            summary = json.loads((ours_out / "train" / "data_prep_summary.json").read_text())
-            tokens = summary["tokens"]
-            ours_in_run.append(summary["this_run"]["wall_seconds"])
-            print(f"run {r + 1}/{args.repeats}: ceiling {ceiling[-1] / 1e6:.3f}M tokens/s, llm-foundry {foundry[-1]:.1f} s, "
-                  f"data_prep {ours[-1]:.1f} s", file=sys.stderr)
+            for encoder, runs, in_run, cpu in (("tokenizers", old, old_in_run, old_cpu),
+                                               ("fast", ours, ours_in_run, ours_cpu)):
+                out_root = tmp / f"{encoder}-{r}"
+                seconds, _ = timed([PY, "-m", "data_prep", "dataset=jsonl", f"input={src}", f"out_root={out_root}",
+                                    f"tokenizer={TOKENIZER}", "concat_tokens=2048", "eos_text='<|endoftext|>'",
+                                    "bos_text=''", "compression=null", "split=train", "progress=false"],
+                                   {**env, ENCODER_ENV: encoder}, cpu)
+                runs.append(seconds)
+                summary = json.loads((out_root / "train" / "data_prep_summary.json").read_text())
+                tokens = summary["tokens"]
+                in_run.append(summary["this_run"]["wall_seconds"])
+                encoders[encoder] = summary["this_run"]["encoder"]
+            print(f"run {r + 1}/{args.repeats}: ceilings {ceiling[-1] / 1e6:.3f} / {fast_ceiling[-1] / 1e6:.3f}M "
+                  f"tokens/s, llm-foundry {foundry[-1]:.1f} s, data_prep {old[-1]:.1f} s with tokenizers, "
+                  f"{ours[-1]:.1f} s fast", file=sys.stderr)
 
         import numpy as np
 
-        same = np.array_equal(read_samples(foundry_out), read_samples(ours_out / "train"))
+        ours_samples = read_samples(tmp / f"fast-{args.repeats - 1}" / "train")
+        same_foundry = np.array_equal(read_samples(foundry_out), ours_samples)
+        same_old = np.array_equal(read_samples(tmp / f"tokenizers-{args.repeats - 1}" / "train"), ours_samples)
 
     # Best of the interleaved runs: on a shared machine the fastest run is the one least disturbed by others.
-    best_ceiling, best_foundry, best_ours = max(ceiling), min(foundry), min(ours)
+    med = statistics.median
     print(f"input: {args.docs:,} C4 documents (the two files in ../shared/data/c4/en, repeated), gzip JSON lines; "
           f"{tokens:,} tokens with EOS; concat_tokens 2048, no compression; {os.cpu_count()} CPUs; "
           f"best (and median) of {args.repeats} interleaved runs")
-    print(f"{'':50}{'seconds':>16}{'M tokens/s':>16}")
-    print(f"{'tokenizers encode_batch, in the call':50}{'':>16}"
-          f"{best_ceiling / 1e6:>9.3f} ({statistics.median(ceiling) / 1e6:.3f})")
+    print(f"{'':58}{'seconds':>16}{'M tokens/s':>16}")
+    for name, rates in (("tokenizers encode_batch, in the call (old ceiling)", ceiling),
+                        ("fast encoder (tiktoken), in the call (new ceiling)", fast_ceiling)):
+        print(f"{name:58}{'':>16}{max(rates) / 1e6:>9.3f} ({med(rates) / 1e6:.3f})")
     for name, runs, in_call in (("llm-foundry convert_dataset_json", foundry, foundry_in_call),
-                                ("data_prep", ours, ours_in_run)):
-        print(f"{name + ', whole process':50}{min(runs):>9.2f} ({statistics.median(runs):.2f})"
-              f"{tokens / min(runs) / 1e6:>9.3f} ({tokens / statistics.median(runs) / 1e6:.3f})"
+                                ("data_prep with tokenizers (before)", old, old_in_run),
+                                ("data_prep with the fast encoder", ours, ours_in_run)):
+        print(f"{name + ', whole process':58}{min(runs):>9.2f} ({med(runs):.2f})"
+              f"{tokens / min(runs) / 1e6:>9.3f} ({tokens / med(runs) / 1e6:.3f})"
               f"   inside: {min(in_call):.2f} s")
-    print(f"data_prep / llm-foundry, whole processes: {best_foundry / best_ours:.2f}x "
-          f"(median {statistics.median(foundry) / statistics.median(ours):.2f}x)")
-    print(f"data_prep whole process / encode_batch ceiling: {tokens / best_ours / best_ceiling:.0%}; "
-          f"inside the run: {tokens / min(ours_in_run) / best_ceiling:.0%}")
-    print(f"CPU seconds (least of the runs): encode_batch {min(ceiling_cpu):.1f} in the call, "
-          f"llm-foundry {min(foundry_cpu):.1f}, data_prep {min(ours_cpu):.1f} (whole processes)")
-    print(f"identical samples: {same}")
-    if not same:
-        sys.exit("the two converters wrote different samples")
+    print(f"data_prep / llm-foundry, whole processes: {min(foundry) / min(ours):.2f}x (median "
+          f"{med(foundry) / med(ours):.2f}x); with tokenizers: {min(foundry) / min(old):.2f}x "
+          f"(median {med(foundry) / med(old):.2f}x)")
+    print(f"data_prep whole process / fast encoder ceiling: {tokens / min(ours) / max(fast_ceiling):.0%}; inside the "
+          f"run: {tokens / min(ours_in_run) / max(fast_ceiling):.0%} (with tokenizers / encode_batch ceiling: "
+          f"{tokens / min(old) / max(ceiling):.0%}, inside {tokens / min(old_in_run) / max(ceiling):.0%})")
+    print(f"CPU seconds (least of the runs): encode_batch {min(ceiling_cpu):.1f} and fast encoder "
+          f"{min(fast_ceiling_cpu):.1f} in the call; llm-foundry {min(foundry_cpu):.1f}, data_prep with tokenizers "
+          f"{min(old_cpu):.1f}, with the fast encoder {min(ours_cpu):.1f} (whole processes)")
+    print(f"fast encoder: {hf_docs}; data_prep's summary says encoder: {encoders['fast']!r}")
+    print(f"identical samples: {same_foundry and same_old} (data_prep vs llm-foundry: {same_foundry}; vs data_prep "
+          f"with tokenizers: {same_old})")
+    if not (same_foundry and same_old):
+        sys.exit("the converters wrote different samples")
 
 
 if __name__ == "__main__":

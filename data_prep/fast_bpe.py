@@ -304,28 +304,26 @@ def _nfc_unsafe() -> list[tuple[int, int]]:
 
 
 class _Characters:
-    """Does a text hold one of these code points? Python's regex tests a class of BMP ranges by a bitmap but
-    walks a list of astral ranges char by char, so astral characters (rare: emoji, historic scripts) are found
-    with one range and looked up in a table."""
-
-    ASTRAL = re.compile("[\\U00010000-\\U0010ffff]")
+    """Does a text hold one of these code points? Python's regex tests a class of BMP ranges with a bitmap but
+    walks a list of astral ranges one by one, so the class holds the BMP ranges and all astral characters as one
+    range, and an astral match (rare: emoji, historic scripts) is looked up in a table."""
 
     def __init__(self, ranges):
-        bmp = [(a, min(b, 0xFFFF)) for a, b in ranges if a <= 0xFFFF]
-        self.bmp = re.compile("[" + "".join(f"\\u{a:04x}-\\u{b:04x}" for a, b in bmp) + "]") if bmp else None
+        bmp = "".join(f"\\u{a:04x}-\\u{min(b, 0xFFFF):04x}" for a, b in ranges if a <= 0xFFFF)
+        self.pattern = re.compile(f"[{bmp}\\U00010000-\\U0010ffff]")
         self.astral = bytearray(0x110000 - 0x10000)
         for a, b in ranges:
             if b >= 0x10000:
                 a = max(a, 0x10000) - 0x10000
                 self.astral[a:b - 0x10000 + 1] = b"\x01" * (b - 0x10000 + 1 - a)
-        self.any_astral = any(self.astral)
 
     def search(self, text: str) -> bool:
-        if self.bmp is not None and self.bmp.search(text):
-            return True
-        if self.any_astral:
-            table = self.astral
-            return any(table[ord(m.group()) - 0x10000] for m in self.ASTRAL.finditer(text))
+        pos = 0
+        while (m := self.pattern.search(text, pos)) is not None:
+            c = ord(m.group())
+            if c < 0x10000 or self.astral[c - 0x10000]:
+                return True
+            pos = m.end()
         return False
 
 
