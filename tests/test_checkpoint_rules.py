@@ -9,7 +9,7 @@ import train  # noqa: F401
 from train.checks import Context, check, errors
 from train.compose import compose
 from train.forecast import build_plan
-from train.identity import identity, record
+from train.identity import identity, write_record
 
 
 @pytest.fixture(autouse=True)
@@ -83,7 +83,7 @@ def test_kept_checkpoints_that_cannot_fit_are_refused_and_a_plan_warns(tiny_fs, 
 def test_a_new_run_beside_one_of_the_same_model_and_data_names_it(tmp_path):
     first = compose([])
     os.makedirs(first.save_folder)
-    record(first.save_folder, first.run_name, "mpt-tiny", identity(first))
+    write_record(first.save_folder, first.run_name, "mpt-tiny", identity(first))
     (tmp_path / "root" / "checkpoints" / first.run_name / "ep0-ba20-rank0.pt").write_bytes(b"x")
     warned = keyed(found(["optimizer.lr=1e-3"]), "run_name")
     assert len(warned) == 1 and warned[0].level == "warning"

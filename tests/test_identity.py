@@ -94,12 +94,12 @@ def test_a_run_named_by_the_old_rule_keeps_its_name(tmp_path):
 
 
 def test_runs_of_the_same_model_and_data_are_found_with_what_differs(tmp_path):
-    from train.identity import record
+    from train.identity import write_record
 
     a, b = compose(BASE), compose([*BASE, "optimizer.lr=1e-3"])
     other_data = compose([*BASE, "data=mds", "variables.data_local=/data/x"])
     os.makedirs(a.save_folder)
-    record(a.save_folder, a.run_name, "mpt-125m", identity(a))
+    write_record(a.save_folder, a.run_name, "mpt-125m", identity(a))
     found = same_model_and_data(tmp_path / "checkpoints", b.run_name, "mpt-125m", identity(b))
     assert found == [(a.run_name, {"optimizer.lr": (0.003, 0.001)})]
     assert same_model_and_data(tmp_path / "checkpoints", a.run_name, "mpt-125m", identity(a)) == []

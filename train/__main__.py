@@ -13,20 +13,22 @@ from train.compose import command_line
 @hydra.main(config_path="../conf", config_name="train", version_base=None)
 def main(cfg: DictConfig):
     # Checked (and planned) already, before Hydra wrote anything: train/gate.py.
+    from common.errors import UserError
     from train.resume import FolderInUse
     from train.shards import DamagedShard, NotMounted
     from train.task import run  # the heavy imports (torch, llm-foundry) start here
 
     try:
         return run(cfg)
-    except (FolderInUse, DamagedShard, NotMounted) as err:
+    except UserError as err:  # key / problem / fix, no traceback: refused at the start, or stopped in training
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # a sweep job: its summary shows the error
         print(err, file=sys.stderr)
-        sys.exit(2)
+        # 2: refused before training (as the checks refuse); 1: a run that stopped (a non-finite loss, a full disk)
+        sys.exit(2 if isinstance(err, (FolderInUse, DamagedShard, NotMounted)) else 1)
 
 
 def _dotted_keys(node, prefix="") -> set:

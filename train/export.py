@@ -42,7 +42,7 @@ def locate(arg: str):
     path = path.resolve()
     [ckpt] = [c for c in resume.find(path.parent) if c.path == path] or [None]
     if ckpt is None:  # a save folder: its newest complete checkpoint (nothing is moved: a run may be writing)
-        ckpt = resume.newest_complete(path)
+        ckpt = resume.newest_complete(path, verify=True)
     if ckpt is None:
         raise UserError("checkpoint", f"{path}: no complete checkpoint there",
                         "give an ep{E}-ba{B}/ folder with .metadata, an ep{E}-ba{B}-rank0.pt file, or a save folder "

@@ -155,13 +155,20 @@ def _has_checkpoints(folder: Path) -> bool:
 RECORD = "identity.json"
 
 
-def record(save_folder, run_name: str, model: str, ident: dict) -> None:
+def read_record(folder) -> dict:
+    from common.files import read_json
+
+    return read_json(Path(folder) / RECORD)
+
+
+def write_record(folder, run_name: str, model: str | None, ident: dict, **extra) -> None:
     """<save_folder>/identity.json: what this run trains, so that a later command that trains something else
-    with the same model and data can name it."""
+    with the same model and data can name it; `extra`: what the run keeps about its folder (train/integrity.py:
+    the batch from which its checkpoints have manifests)."""
     from common.files import atomic_write
 
-    atomic_write(Path(save_folder) / RECORD, json.dumps(
-        {"run_name": run_name, "model": model, "identity": ident}, indent=1).encode())
+    atomic_write(Path(folder) / RECORD, json.dumps(
+        {"run_name": run_name, "model": model, **extra, "identity": ident}, indent=1).encode())
 
 
 DATA_KEYS = ("data.kind", "train_loader.dataset.remote", "train_loader.dataset.local", "tokenizer.name")

@@ -103,8 +103,12 @@ def set_aside(ckpt: Checkpoint, why: str) -> Path:
     while dest.exists():
         dest = dest.with_name(dest.name + "_")
     os.replace(ckpt.path, dest)
-    log.warning("checkpoint %s cannot be resumed from: %s. Moved to %s; resuming from the previous one.",
-                ckpt.path, why, dest)
+    from train.integrity import manifest_path
+
+    if manifest_path(ckpt.path).is_file():  # its manifest goes with it
+        os.replace(manifest_path(ckpt.path), manifest_path(dest))
+    log.warning("checkpoint %s cannot be resumed from: %s. Moved to %s (kept, not deleted); looking at the "
+                "previous one.", ckpt.path, why, dest)
     return dest
 
 
@@ -129,12 +133,14 @@ def shard(src: Path, out: Path) -> Path:
     return out
 
 
-def newest_complete(folder, reads_sharded: bool | None = None, tidy: bool = False) -> Checkpoint | None:
+def newest_complete(folder, reads_sharded: bool | None = None, tidy: bool = False,
+                    verify: bool = False) -> Checkpoint | None:
     """The newest complete checkpoint. At equal batch, the format this run reads (`reads_sharded`) comes first.
 
     `tidy` (only for the run that owns the folder, about to write into it): newer incomplete checkpoints are set
     aside and a cut-off conversion is removed. A reader beside a live run must not: the newest folder may be
-    one the run is writing right now.
+    one the run is writing right now. `verify` (a reader in one process: export, consolidate): a checkpoint with
+    a manifest must match it (train/integrity.py); one that does not is skipped with a warning naming the file.
     """
     folder = Path(folder)
     if tidy and folder.is_dir():
@@ -143,6 +149,12 @@ def newest_complete(folder, reads_sharded: bool | None = None, tidy: bool = Fals
     order = sorted(find(folder), key=lambda c: (c.batch, c.sharded == reads_sharded))
     for ckpt in reversed(order):
         why = problem(ckpt)
+        if why is None and verify:
+            from train import integrity
+
+            manifest = integrity.read_manifest(ckpt.path)
+            if manifest is not None:
+                why = integrity.share_differs(ckpt.path, manifest, world=1, rank=0)
         if why is None:
             return ckpt
         if tidy:
@@ -152,20 +164,23 @@ def newest_complete(folder, reads_sharded: bool | None = None, tidy: bool = Fals
     return None
 
 
-def resume_path(folder, reads_sharded: bool) -> str | None:
-    """The path this run loads to continue, in the format it reads; None when there is nothing to resume."""
-    ckpt = newest_complete(folder, reads_sharded, tidy=True)
-    if ckpt is None:
-        return None
+def in_format(ckpt: Checkpoint, reads_sharded: bool) -> str:
+    """The path this run loads to continue from `ckpt`, in the format it reads: converted beside it (with a
+    manifest of its own, train/integrity.py) when it is in the other one."""
     if ckpt.sharded == reads_sharded:
         return str(ckpt.path)
+    from train import integrity
+
     if ckpt.sharded:
         out = ckpt.path.parent / f"{ckpt.stem}-rank0.pt"
         log.warning("resuming %s at one rank (no FSDP): consolidating its shards into %s first", ckpt.path, out)
-        return str(consolidate(ckpt.path, out))
-    out = ckpt.path.parent / ckpt.stem
-    log.warning("resuming %s with sharded checkpoints: converting it into %s first", ckpt.path, out)
-    return str(shard(ckpt.path, out))
+        consolidate(ckpt.path, out)
+    else:
+        out = ckpt.path.parent / ckpt.stem
+        log.warning("resuming %s with sharded checkpoints: converting it into %s first", ckpt.path, out)
+        shard(ckpt.path, out)
+    integrity.write_manifest(out, integrity.hash_files(out, integrity.files_of(out)))
+    return str(out)
 
 
 class FolderInUse(ConfigError):

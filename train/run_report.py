@@ -30,8 +30,33 @@ from composer.loggers import Logger
 from composer.utils import dist
 
 from common import files
+from train import integrity
 
 log = logging.getLogger(__name__)
+
+
+class Manifests(Callback):
+    """Placed after composer's CheckpointSaver (RunReport.fit_start appends it): once a checkpoint is complete on
+    every rank, its manifest (train/integrity.py). No state of its own in checkpoints."""
+
+    def __init__(self, saver, saves):
+        self.saver, self.saves, self._seen = saver, saves, len(saver.saved_checkpoints)
+
+    def batch_checkpoint(self, state: State, logger: Logger) -> None:
+        self._after_save(state, Event.BATCH_CHECKPOINT)
+
+    def epoch_checkpoint(self, state: State, logger: Logger) -> None:
+        self._after_save(state, Event.EPOCH_CHECKPOINT)
+
+    def _after_save(self, state: State, event: Event) -> None:
+        if not self.saves(state, event):
+            return
+        ckpt = None
+        if dist.get_global_rank() == 0 and len(self.saver.saved_checkpoints) > self._seen:
+            saved = Path(self.saver.saved_checkpoints[-1])
+            ckpt = saved.parent if saved.name.startswith("__") else saved  # a sharded folder, or the one file
+        self._seen = len(self.saver.saved_checkpoints)
+        integrity.manifest_collectively(ckpt, dist.get_world_size(), dist.get_global_rank())
 
 
 class RunReport(Callback):
@@ -56,6 +81,7 @@ class RunReport(Callback):
         self._train_s = 0.0  # seconds spent in batches (loading and compute), evaluations and checkpoints left out
         self._batch_t = None
         self._status = {}  # progress.json's content (rank 0)
+        self._fit_ended = False
 
     def fit_start(self, state: State, logger: Logger) -> None:
         from composer.callbacks import CheckpointSaver
@@ -64,8 +90,11 @@ class RunReport(Callback):
         # The same rule composer's CheckpointSaver follows (a separate instance: the rule keeps state), so the
         # curve is redrawn at the batch a checkpoint is written, just before it: a job killed after a checkpoint
         # leaves a picture at least as recent. No saver (checkpoint=none): no redraws until the end.
-        if self.save_interval and any(isinstance(cb, CheckpointSaver) for cb in state.callbacks):
-            self._saves = create_interval_scheduler(self.save_interval, include_end_of_training=False)
+        savers = [cb for cb in state.callbacks if isinstance(cb, CheckpointSaver)]
+        if self.save_interval and savers:
+            self._saves = create_interval_scheduler(self.save_interval)  # as the saver: the last batch too
+            # after composer's saver (appended last by the trainer): each checkpoint's manifest, once it is complete
+            state.callbacks.append(Manifests(savers[0], create_interval_scheduler(self.save_interval)))
         self._flops_per_token = _flops_per_token(state.model)
         if dist.get_global_rank() == 0:
             before = files.read_json(self.folder / "progress.json")
@@ -79,6 +108,7 @@ class RunReport(Callback):
         loss = (state.total_loss_dict or {}).get("loss/train/total")
         if loss is not None:
             self.train.append([int(state.timestamp.batch), float(loss)])
+            integrity.check_loss(float(loss), _step(state))  # the same all-reduced loss on every rank: all stop
         now, tokens = time.perf_counter(), int(state.timestamp.token)
         if self._batch_t is not None:
             self._train_s += now - self._batch_t
@@ -127,8 +157,7 @@ class RunReport(Callback):
     def _write_status(self, **fields) -> None:
         """progress.json (rank 0), replaced whole: the status command never reads half of one."""
         self._status.update({k: v for k, v in fields.items() if v is not None}, updated=time.time())
-        self.folder.mkdir(parents=True, exist_ok=True)
-        files.atomic_write(self.folder / "progress.json", json.dumps(self._status).encode())
+        files.cosmetic_write(self.folder / "progress.json", json.dumps(self._status).encode())
 
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         self._checkpoint(state, Event.BATCH_CHECKPOINT)
@@ -137,7 +166,12 @@ class RunReport(Callback):
         self._checkpoint(state, Event.EPOCH_CHECKPOINT)
 
     def _checkpoint(self, state: State, event: Event) -> None:
-        if self._saves is not None and self._saves(state, event) and dist.get_global_rank() == 0:
+        """Just before composer's saver writes a checkpoint: weights that are not finite stop the run instead (the
+        newest checkpoint stays the last finite one); the loss curve is redrawn."""
+        if self._saves is None or not self._saves(state, event):
+            return
+        integrity.check_weights(state, _step(state))
+        if dist.get_global_rank() == 0:
             self._plot()
 
     def eval_end(self, state: State, logger: Logger) -> None:
@@ -147,10 +181,22 @@ class RunReport(Callback):
             if dist.get_global_rank() == 0:  # one line per evaluation (composer's console logger is off)
                 shown = ", ".join(f"{k} {v:.4f}" for k, v in values.items())
                 log.info(f"[progress] eval at {_step(state)}: {shown}")
+        if self._fit_ended and dist.get_global_rank() == 0:
+            # composer runs the final evaluation after FIT_END: the report's numbers must be the last ones
+            self._write_metrics(state)
+            self._plot()
 
     def fit_end(self, state: State, logger: Logger) -> None:
+        self._fit_ended = True
         if dist.get_global_rank() != 0:
             return
+        self._write_metrics(state)
+        self._plot()
+        self._write_status(state="trained", step=int(state.timestamp.batch), eta_s=0)
+
+    def _write_metrics(self, state: State) -> None:
+        """metrics.json (read by summaries and the printed result): written at FIT_END, and again after each
+        evaluation composer runs after it."""
         self.folder.mkdir(parents=True, exist_ok=True)
         summary = {
             "run_name": state.run_name,
@@ -164,8 +210,6 @@ class RunReport(Callback):
             "eval": self.evals,
         }
         files.atomic_write(self.folder / "metrics.json", json.dumps(summary, indent=1).encode())  # read by summaries
-        self._plot()
-        self._write_status(state="trained", step=int(state.timestamp.batch), eta_s=0)
 
     def _plot(self) -> None:
         """loss_curve.png, replaced whole: someone looking at a running job's picture never sees half of one."""
@@ -188,8 +232,7 @@ class RunReport(Callback):
         png = io.BytesIO()
         fig.savefig(png, format="png", dpi=100)
         plt.close(fig)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        files.atomic_write(self.folder / "loss_curve.png", png.getvalue())
+        files.cosmetic_write(self.folder / "loss_curve.png", png.getvalue())
 
     def state_dict(self) -> dict:
         return {"history": json.dumps({"train": self.train, "evals": self.evals})}

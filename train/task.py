@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from common.errors import UserError
 from common.signals import leave_to_the_task_in_every_fork
 from train import shards
 from train.distributed import export_from_submitit
@@ -50,7 +51,7 @@ def run(cfg: DictConfig) -> dict:
             if int(os.environ.get("RANK", 0)) == 0:
                 print(table(report), flush=True)
             return {"preflight": report}
-    _choose_resume_point(fcfg)
+    _choose_resume_point(cfg, fcfg)
     from llmfoundry.command_utils import train
 
     from train import tracking
@@ -64,7 +65,13 @@ def run(cfg: DictConfig) -> dict:
         # as parameters): a message, so stderr; stdout holds only the run's answer, printed below
         with contextlib.redirect_stdout(sys.stderr):
             train(fcfg).close()
-    except ValueError as err:
+    except Exception as err:
+        from common.files import is_disk_full
+
+        if is_disk_full(err) and not isinstance(err, UserError):  # a checkpoint's write, inside composer
+            raise _checkpoint_disk_full(fcfg) from None
+        if not isinstance(err, ValueError) or "No training would occur" not in str(err):
+            raise
         if "No training would occur" not in str(err):
             raise
         # the same command again after the run finished: the newest checkpoint is the final one
@@ -91,38 +98,106 @@ def _start_dist(fcfg) -> None:
     dist.initialize_dist(get_device(None), timeout=float(fcfg.get("dist_timeout") or 600.0))
 
 
-def _choose_resume_point(fcfg) -> None:
-    """Claim the save folder for this run (one writer at a time), then resume from the newest complete
-    checkpoint in it, found by content (train/resume.py), instead of composer's `latest` link. Rank 0 does both;
-    the others wait for its answer and fail with it. Applies to the local save folders and default file names
-    this tool writes; anything else (a remote save_folder, a custom save_filename) is left to composer."""
+def _choose_resume_point(cfg, fcfg) -> None:
+    """Claim the save folder for this run (one writer at a time), then resume from the newest checkpoint in it
+    that is complete (train/resume.py) and matches its manifest (train/integrity.py), instead of composer's
+    `latest` link. Rank 0 claims and moves files; verifying is shared by all ranks, each hashing the files it
+    would own. A checkpoint that does not verify is set aside and the one before it tried; when checkpoints
+    failed and none verified, the run stops naming them: it never trains from scratch over them. Applies to
+    the local save folders and default file names this tool writes; anything else (a remote save_folder, a
+    custom save_filename) is left to composer."""
     folder = fcfg.get("save_folder")
     if not folder or "://" in str(folder):
         return
     from composer.utils import dist
 
-    from train import resume
+    from train import identity, integrity, resume
 
+    rank, world = dist.get_global_rank(), dist.get_world_size()
     ours = fcfg.get("autoresume") and not fcfg.get("save_filename") and not fcfg.get("save_latest_filename")
     fsdp = fcfg.get("fsdp_config") or {}
-    reads_sharded = dist.get_world_size() > 1 and fsdp.get("state_dict_type") == "sharded"  # no FSDP at 1 rank
+    reads_sharded = world > 1 and fsdp.get("state_dict_type") == "sharded"  # no FSDP at 1 rank
     answer = [None]
-    if dist.get_global_rank() == 0:
+    if rank == 0:
         try:
             resume.claim(folder)
-            answer = [("load", resume.resume_path(folder, reads_sharded) if ours else None)]
+            answer = [("claimed", None)]
         except resume.FolderInUse as err:
             answer = [("in use", err.problems)]
     dist.broadcast_object_list(answer)
-    kind, found = answer[0]
-    if kind == "in use":
-        raise resume.FolderInUse(problems=found)
-    if found:
+    if answer[0][0] == "in use":
+        raise resume.FolderInUse(problems=answer[0][1])
+    record = identity.read_record(folder) if rank == 0 else {}
+    since = record.get("manifests_from_batch")  # checkpoints after it must have a manifest
+    chosen, rejected = None, []
+    while ours:
+        box = [None]
+        if rank == 0:
+            ckpt = resume.newest_complete(folder, reads_sharded, tidy=True)
+            manifest = integrity.read_manifest(ckpt.path) if ckpt else None
+            if ckpt is not None and manifest is None and since is not None and ckpt.batch > since:
+                resume.set_aside(ckpt, "it has no manifest: its write was cut off before it was complete")
+                box = [("again",)]
+            else:
+                box = [("none",) if ckpt is None else ("legacy", ckpt) if manifest is None else
+                       ("verify", ckpt, manifest)]
+        dist.broadcast_object_list(box)
+        kind = box[0][0]
+        if kind in ("none", "legacy"):
+            chosen = box[0][1] if kind == "legacy" else None
+            break
+        if kind == "verify":
+            ckpt, manifest = box[0][1], box[0][2]
+            whys = [w for w in dist.all_gather_object(integrity.share_differs(ckpt.path, manifest, world, rank)) if w]
+            if not whys:
+                chosen = ckpt
+                break
+            rejected.append((ckpt.path, whys[0]))
+            if rank == 0:
+                resume.set_aside(ckpt, whys[0])
+    if rejected and chosen is None:
+        raise integrity.RunStopped("save_folder", f"no checkpoint in {folder} matches its manifest: " + "; ".join(
+            f"{p.name}: {why}" for p, why in rejected) + f" (set aside in {Path(folder) / resume.SET_ASIDE}, "
+            "not deleted); the run did not start from batch 0 over them",
+            "restore the checkpoint files from a copy (then move them back), or start afresh under another "
+            "run_name")
+    found = [None]
+    if rank == 0:
+        found = [resume.in_format(chosen, reads_sharded) if chosen else None]
+        first = chosen.batch if chosen else 0
+        identity.write_record(folder, fcfg.run_name, _model_choice(), identity.identity(cfg),
+                              manifests_from_batch=since if since is not None else first)
+    dist.broadcast_object_list(found)
+    if found[0]:
         # as composer's autoresume does: the whole state of the run's own checkpoint, whatever load_* said
-        fcfg.load_path, fcfg.load_weights_only, fcfg.load_ignore_keys = found, False, None
-        log.info("resuming from %s", found)
+        fcfg.load_path, fcfg.load_weights_only, fcfg.load_ignore_keys = found[0], False, None
+        log.info("resuming from %s", found[0])
     if ours:
         fcfg.autoresume = False  # the choice is made; composer must not follow a stale link instead
+
+
+def _model_choice() -> str | None:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.choices.get("model")
+    except Exception:
+        return None
+
+
+def _checkpoint_disk_full(fcfg):
+    """A checkpoint that did not fit: the folder, about what it needs (the newest complete one's size), what is
+    free, and that resuming after making room is exact."""
+    from common.files import DiskFull
+    from train import integrity, resume
+
+    folder = Path(fcfg.save_folder)
+    done = [c for c in resume.find(folder) if resume.problem(c) is None]
+    need = sum((c.path / n).stat().st_size for c in done[-1:] for n in integrity.files_of(c.path)) if done else None
+    return DiskFull.at(folder, need, what="a checkpoint (about as large as the newest one)",
+                       fix="free space there (or raise the quota), or set save_num_checkpoints_to_keep lower; then "
+                       "run the same command again: it resumes exactly from the newest complete checkpoint (the "
+                       "cut-off one is set aside)")
 
 
 def _node_local_cwd(fcfg, env: dict) -> None:

@@ -90,12 +90,15 @@ def write_summary(sweep_dir: Path, manifest: dict, table_rows: list) -> str:
     shared = manifest["shared"]
     text = (f"{heading}\n\n" if heading else "") + \
            (f"shared by every point: {' '.join(shared)}\n\n" if shared else "") + markdown(table_rows)
-    files.atomic_write(sweep_dir / "summary.md", text.encode())
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=list(table_rows[0]))
     writer.writeheader()
     writer.writerows(table_rows)
-    files.atomic_write(sweep_dir / "summary.csv", out.getvalue().encode())
+    for name, data in (("summary.md", text), ("summary.csv", out.getvalue())):
+        try:
+            files.atomic_write(sweep_dir / name, data.encode())
+        except files.DiskFull as err:  # write what can be written; the table and each rank's error still show
+            logging.getLogger("sweep").error(f"[sweep] {err} (`python -m train.status {sweep_dir}` writes it again)")
     return text
 
 

@@ -70,8 +70,9 @@ def lands_before_the_time_limit(cfg, ctx):
                       "cluster.timeout_min", WARNING)
 
 
-def checkpoints_kept(cfg) -> tuple[int | None, int | None]:
-    """(how many checkpoints stay on disk at max_duration, their bytes), or None where it cannot be told."""
+def checkpoints_kept(cfg, peak: bool = False) -> tuple[int | None, int | None]:
+    """(how many checkpoints stay on disk at max_duration, their bytes), or None where it cannot be told. peak:
+    at the worst moment instead: composer writes a new checkpoint before it deletes the oldest one kept."""
     from omegaconf import OmegaConf
 
     from train import estimate
@@ -83,7 +84,7 @@ def checkpoints_kept(cfg) -> tuple[int | None, int | None]:
     if not every or not total or not is_int(keep):
         return None, None
     written = math.ceil(total / every)  # the last one at max_duration too (composer saves at the end of training)
-    kept = written if keep < 0 else min(keep, written)
+    kept = written if keep < 0 else min(keep + (1 if peak else 0), written)
     params = estimate.param_count(OmegaConf.to_container(value(cfg, "model"), resolve=True))
     return kept, kept * estimate.checkpoint_bytes(params)
 
@@ -115,7 +116,7 @@ def fits_on_the_storage(cfg, ctx):
     if not folder or "://" in str(folder):
         return
     try:
-        kept, need = checkpoints_kept(cfg)
+        kept, need = checkpoints_kept(cfg, peak=True)
     except (TypeError, ValueError, KeyError):
         return
     root, free = free_bytes(cfg)
@@ -126,11 +127,12 @@ def fits_on_the_storage(cfg, ctx):
         from train.forecast_report import _size
 
         keep = value(cfg, "save_num_checkpoints_to_keep")
-        fewer = int(have // (need // kept)) if kept else 0
+        fewer = int(have // (need // kept)) - 1 if kept else 0
         fix = (f"keep fewer (save_num_checkpoints_to_keep={fewer}, now {keep}), a longer save_interval, or "
                if fewer else "not one checkpoint fits: ") + "a storage with room (storage.root=...)"
         yield Problem("save_num_checkpoints_to_keep",
-                      f"{kept} checkpoints kept to max_duration need {_size(need)}, and {root} has {_size(have)} "
+                      f"{kept} checkpoints on disk at once (save_num_checkpoints_to_keep={keep}, and the next "
+                      f"one written before the oldest is deleted) need {_size(need)}, and {root} has {_size(have)} "
                       f"free for them: the run would stop when the file system fills", fix,
                       WARNING if ctx.mode == "plan" else ERROR)
 
