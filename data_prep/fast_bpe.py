@@ -22,6 +22,7 @@ lstrip/rstrip/single_word) is not reproduced: `build` raises `Unsupported` and d
 """
 from __future__ import annotations
 
+import array
 import hashlib
 import json
 import logging
@@ -459,7 +460,8 @@ class FastEncoder:
             if d:
                 flat += d
             flat += eos
-        return np.array(flat, np.int64), starts
+        # array.array converts a list of ints about twice as fast as np.array (which checks every item's type)
+        return np.frombuffer(array.array("i", flat), np.int32), starts
 
 
 def _tables_json(definition: dict) -> dict:
@@ -468,13 +470,12 @@ def _tables_json(definition: dict) -> dict:
             "suspicious": np.flatnonzero(suspicious).tolist()}
 
 
-def build(hf_tokenizer, definition: bytes | dict) -> FastEncoder:
-    """The fast encoder for this tokenizer (tokenizer.json's content), or Unsupported."""
-    key = None
-    if isinstance(definition, bytes):
-        key = hashlib.sha256(definition).hexdigest()  # cheaper than hashing the parsed model again
+def build(hf_tokenizer, definition: bytes, parsed: dict | None = None) -> FastEncoder:
+    """The fast encoder for this tokenizer (tokenizer.json's content, and that parsed if at hand), or Unsupported."""
+    if parsed is None:
         try:
-            definition = json.loads(definition)
+            parsed = json.loads(definition)
         except ValueError as err:
             raise Unsupported(f"tokenizer.json is not JSON ({err})") from None
-    return FastEncoder(hf_tokenizer, definition, key=key)
+    # The file's hash names the cached tables: cheaper than hashing the parsed model again.
+    return FastEncoder(hf_tokenizer, parsed, key=hashlib.sha256(definition).hexdigest())

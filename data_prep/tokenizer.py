@@ -38,7 +38,7 @@ class LoadedTokenizer:
     encoder: str = "tokenizers"  # which encoder tokenizes, and why, for the log and the summary
 
 
-def _fast_encoder(tok: Tokenizer, definition: bytes) -> tuple[FastEncoder | None, str]:
+def _fast_encoder(tok: Tokenizer, definition: bytes, parsed: dict | None = None) -> tuple[FastEncoder | None, str]:
     """The fast, exact encoder when this tokenizer is one it reproduces; otherwise HF tokenizers, and why."""
     import tokenizers
 
@@ -46,7 +46,7 @@ def _fast_encoder(tok: Tokenizer, definition: bytes) -> tuple[FastEncoder | None
     if os.environ.get(ENCODER_ENV, "").strip().lower() in ("tokenizers", "hf", "slow"):
         return None, f"{slow} ({ENCODER_ENV}={os.environ[ENCODER_ENV]})"
     try:
-        fast = fast_bpe.build(tok, definition)
+        fast = fast_bpe.build(tok, definition, parsed)
     except fast_bpe.Unsupported as err:
         return None, f"{slow} (the fast path reproduces byte-level BPE tokenizers such as gpt-neox-20b and GPT-2 " \
                      f"only; this one: {err})"
@@ -138,9 +138,10 @@ def load_tokenizer(settings: Settings) -> LoadedTokenizer:
     tok, definition = _load(settings.tokenizer)
     fingerprint = hashlib.sha256(definition).hexdigest()
     try:
-        vocab = vocab_fingerprint(json.loads(definition))
+        parsed = json.loads(definition)
+        vocab = vocab_fingerprint(parsed)
     except ValueError:
-        vocab = None
+        parsed = vocab = None
     # A tokenizer.json may carry truncation/padding meant for a model's inputs; for corpora that would cut documents.
     tok.no_truncation()
     tok.no_padding()
@@ -165,6 +166,6 @@ def load_tokenizer(settings: Settings) -> LoadedTokenizer:
         if len(ids) > 1:
             log.warning(f"data_prep: note: {key} tokenizes to {len(ids)} tokens {list(ids)}, not one special "
                         "token")
-    fast, encoder = _fast_encoder(tok, definition)
+    fast, encoder = _fast_encoder(tok, definition, parsed if isinstance(parsed, dict) else None)
     log.info(f"data_prep: encoder: {encoder}")
     return LoadedTokenizer(tok, fingerprint, vocab, vocab_size, bos, eos, fast, encoder)

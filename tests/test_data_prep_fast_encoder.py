@@ -275,3 +275,57 @@ def test_pinned_versions_regex_and_nfc_tables_are_what_the_module_assumes():
     differences = fast_bpe.normalization_differences()
     assert differences and all(unsafe.search(chr(c)) for c in differences)
     assert not unsafe.search("plain ascii, caf\u00e9, \u4e2d\u6587, \u2014 \u201cquoted\u201d \U0001F600")
+
+
+# -- e2e: python -m data_prep with and without the fast encoder ------------------------------------------------------
+
+def data_prep(out_root, tokenizer, inputs, env=None):
+    import os
+    import subprocess
+    import sys
+
+    from paths import ROOT
+
+    cmd = [sys.executable, "-m", "data_prep", "dataset=jsonl", f"input=[{','.join(map(str, inputs))}]",
+           f"out_root={out_root}", f"tokenizer={tokenizer}", "concat_tokens=512", "progress=false", "num_parts=2"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc, json.loads((out_root / "train" / "data_prep_summary.json").read_text())
+
+
+def dataset_files(split):
+    return {str(p.relative_to(split)): p.read_bytes() for p in sorted(split.rglob("*"))
+            if p.is_file() and p.name != "data_prep_summary.json"}
+
+
+@pytest.mark.e2e
+def test_data_prep_writes_the_same_bytes_with_either_encoder_and_says_which(tmp_path, neox):
+    inputs = [*sorted(C4.glob("c4-train.*.json.gz")), SLIMPAJAMA]
+    fast_proc, fast = data_prep(tmp_path / "fast", TOKENIZER, inputs)
+    slow_proc, slow = data_prep(tmp_path / "slow", TOKENIZER, inputs, {"DATA_PREP_ENCODER": "tokenizers"})
+    assert fast["this_run"]["encoder"].startswith("tiktoken ")
+    assert slow["this_run"]["encoder"].startswith("tokenizers ") and "DATA_PREP_ENCODER" in slow["this_run"]["encoder"]
+    assert "encoder" in fast_proc.stdout and "tiktoken" in fast_proc.stdout
+    assert fast["docs"] == slow["docs"] == 2362 - fast["skipped_lines"] and fast["tokens"] == slow["tokens"] > 2_000_000
+    files = dataset_files(tmp_path / "fast" / "train")
+    assert any(name.endswith(".mds") for name in files)
+    assert files == dataset_files(tmp_path / "slow" / "train")
+
+
+@pytest.mark.e2e
+def test_a_tokenizer_outside_the_fast_path_still_works_and_the_summary_says_so(tmp_path, neox):
+    folder = tmp_path / "prefix-space-neox"
+    folder.mkdir()
+    for path in TOKENIZER.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    definition = copy.deepcopy(neox)
+    definition["pre_tokenizer"]["add_prefix_space"] = True  # a GPT-2 family member this encoder does not reproduce
+    (folder / "tokenizer.json").write_text(json.dumps(definition))
+    first = sorted(C4.glob("c4-train.*.json.gz"))[0]
+    proc, summary = data_prep(tmp_path / "out", folder, [first])
+    assert summary["this_run"]["encoder"].startswith("tokenizers ")
+    assert "add_prefix_space" in summary["this_run"]["encoder"] or "prefix space" in summary["this_run"]["encoder"]
+    assert "encoder" in proc.stdout and "prefix space" in proc.stdout
+    hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert summary["tokens"] == sum(len(e.ids) + 1 for e in hf.encode_batch([json.loads(line)["text"]
+                                                                           for line in gzip.open(first)]))
