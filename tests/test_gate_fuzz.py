@@ -1,0 +1,269 @@
+"""The fuzz table: bad command lines as a hurried user types them, each through the real command line, each with
+its expected outcome: refused (exit 2, `error: <key>:` and a fix) or warned (`warning: <key>:`, the look goes on).
+None may write anything: PRETRAIN_ROOT and the working directory are empty temporary folders and stay empty, and no
+secret of the table appears in what the command printed. The counts are printed at the end.
+
+Warned inputs are legal, so they go through `plan=true` (a run would train): the plan prints the same warnings.
+"""
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from paths import TOKENIZER
+
+SECRET = "s3cr3t-fuzz-4d9c2b"
+HF_TOKEN = "hf_" + "Q" * 34
+# (overrides, outcome, key). {tmp}: an existing folder; {empty}: an existing empty folder (not a mount point).
+CASES = [
+    # llm-foundry's TrainConfig types
+    (["seed=abc"], "refused", "seed"),
+    (["seed=1.5"], "refused", "seed"),
+    (["seed=-1"], "refused", "seed"),
+    (["seed=4294967296"], "refused", "seed"),
+    (["seed=true"], "refused", "seed"),
+    (["eval_first=maybe"], "refused", "eval_first"),
+    (["progress_bar=maybe"], "refused", "progress_bar"),
+    (["log_to_console=perhaps"], "refused", "log_to_console"),
+    (["save_overwrite=2x"], "refused", "save_overwrite"),
+    (["autoresume=maybe"], "refused", "autoresume"),
+    (["dist_timeout=soon"], "refused", "dist_timeout"),
+    (["max_seq_len=abc"], "refused", "max_seq_len"),
+    (["max_seq_len=0"], "refused", "max_seq_len"),
+    (["python_log_level=loud"], "refused", "python_log_level"),
+    (["python_log_level=verbose"], "refused", "python_log_level"),
+    (["save_num_checkpoints_to_keep=-5"], "refused", "save_num_checkpoints_to_keep"),
+    (["save_num_checkpoints_to_keep=few"], "refused", "save_num_checkpoints_to_keep"),
+    # the optimizer
+    (["optimizer.lr=nan"], "refused", "optimizer.lr"),
+    (["optimizer.lr=inf"], "refused", "optimizer.lr"),
+    (["optimizer.lr=-inf"], "refused", "optimizer.lr"),
+    (["optimizer.lr=-1"], "refused", "optimizer.lr"),
+    (["optimizer.lr=0"], "refused", "optimizer.lr"),
+    (["optimizer.lr=fast"], "refused", "optimizer.lr"),
+    (["optimizer.weight_decay=-1"], "refused", "optimizer.weight_decay"),
+    (["optimizer.weight_decay=nan"], "refused", "optimizer.weight_decay"),
+    (["optimizer.eps=-1"], "refused", "optimizer.eps"),
+    (["optimizer.eps=inf"], "refused", "optimizer.eps"),
+    (["optimizer.betas=[0.9]"], "refused", "optimizer.betas"),
+    (["optimizer.betas=[0.9,1.0]"], "refused", "optimizer.betas"),
+    (["optimizer.betas=[-0.1,0.95]"], "refused", "optimizer.betas"),
+    (["optimizer.betas=[0.9,0.95,0.99]"], "refused", "optimizer.betas"),
+    (["optimizer.betas=0.9"], "refused", "optimizer.betas"),
+    (["optimizer.name=sgdd"], "refused", "optimizer.name"),
+    (["optimizer.name=adamw"], "refused", "optimizer.name"),
+    (["optimizer.name=decoupled_lionw"], "refused", "optimizer.eps"),  # Lion takes no eps
+    (["+optimizer.lrr=1e-3"], "refused", "optimizer.lrr"),
+    (["+optimizer.momentum=0.9"], "refused", "optimizer.momentum"),
+    # the scheduler
+    (["scheduler.name=nonexistent_sched"], "refused", "scheduler.name"),
+    (["scheduler.name=cosine"], "refused", "scheduler.name"),
+    (["scheduler.alpha_f=-1"], "refused", "scheduler.alpha_f"),
+    (["scheduler.alpha_f=nan"], "refused", "scheduler.alpha_f"),
+    (["scheduler.t_warmup=100"], "refused", "scheduler.t_warmup"),
+    (["scheduler.t_warmup=soon"], "refused", "scheduler.t_warmup"),
+    (["+scheduler.t_max=forever"], "refused", "scheduler.t_max"),
+    (["+scheduler.t_warm=10ba"], "refused", "scheduler.t_warm"),
+    (["~scheduler.t_warmup"], "refused", "scheduler.t_warmup"),
+    (["scheduler.alpha_f=2", "plan=true"], "warned", "scheduler.alpha_f"),
+    (["max_duration=2ba", "plan=true"], "warned", "scheduler.t_warmup"),
+    # the model
+    (["model.attn_config.attn_impl=foo"], "refused", "model.attn_config.attn_impl"),
+    (["model.attn_config.attn_impl=triton"], "refused", "model.attn_config.attn_impl"),
+    (["model.attn_config.attn_impl=flash"], "refused", "model.attn_config.attn_impl"),  # no GPU here
+    (["+model.attn_config.attn_type=flash_attention"], "refused", "model.attn_config.attn_type"),
+    (["+model.attn_config.attn_pdrop=2"], "refused", "model.attn_config.attn_pdrop"),
+    (["model.expansion_ratio=-1"], "refused", "model.expansion_ratio"),
+    (["model.expansion_ratio=0", "plan=true"], "warned", "model.expansion_ratio"),
+    (["model.d_model=0"], "refused", "model.d_model"),
+    (["model.d_model=-128"], "refused", "model.d_model"),
+    (["model.n_heads=0"], "refused", "model.n_heads"),
+    (["model.n_heads=3"], "refused", "model.n_heads"),
+    (["model.n_layers=0"], "refused", "model.n_layers"),
+    (["model.vocab_size=0"], "refused", "model.vocab_size"),
+    (["model.vocab_size=200"], "refused", "model.vocab_size"),
+    (["model.max_seq_len=0"], "refused", "model.max_seq_len"),
+    (["model.max_seq_len=64"], "refused", "max_seq_len"),
+    (["+model.norm_type=batchnorm"], "refused", "model.norm_type"),
+    (["+model.ffn_config.ffn_type=mlp"], "refused", "model.ffn_config.ffn_type"),
+    (["model.loss_fn=mse"], "refused", "model.loss_fn"),
+    (["model.loss_fn=fused_crossentropy"], "refused", "model.loss_fn"),  # no GPU here
+    (["model.name=gpt2"], "refused", "model.name"),
+    (["+model.resid_pdrop=1.5"], "refused", "model.resid_pdrop"),
+    (["+model.emb_pdrop=-0.1"], "refused", "model.emb_pdrop"),
+    (["+model.embedding_fraction=0"], "refused", "model.embedding_fraction"),
+    (["+model.learned_pos_emb=maybe"], "refused", "model.learned_pos_emb"),
+    (["tokenizer.name=''"], "refused", "tokenizer.name"),
+    # precision, FSDP, checkpoints
+    (["precision=bf16"], "refused", "precision"),
+    (["precision=amp_bf16"], "refused", "precision"),
+    (["fsdp_config.sharding_strategy=FULL_SHARDED"], "refused", "fsdp_config.sharding_strategy"),
+    (["fsdp_config.state_dict_type=local"], "refused", "fsdp_config.state_dict_type"),
+    (["fsdp_config=null"], "refused", "checkpoint"),
+    (["autoresume=true", "checkpoint=none"], "refused", "autoresume"),
+    (["load_path=/etc/hostname"], "refused", "load_path"),
+    (["load_path=/etc"], "refused", "load_path"),
+    (["load_path={tmp}/no-such-checkpoint"], "refused", "load_path"),
+    # durations and intervals
+    (["max_duration=0ba"], "refused", "max_duration"),
+    (["max_duration=99999999999999999999ba"], "refused", "max_duration"),
+    (["max_duration=10xx"], "refused", "max_duration"),
+    (["max_duration=forever"], "refused", "max_duration"),
+    (["max_duration=1.5"], "refused", "max_duration"),
+    (["eval_interval=often"], "refused", "eval_interval"),
+    (["save_interval=1000"], "refused", "save_interval"),
+    (["console_log_interval=0ba"], "refused", "console_log_interval"),
+    (["console_log_interval=10tok"], "refused", "console_log_interval"),
+    (["console_log_interval=-5"], "refused", "console_log_interval"),
+    (["eval_subset_num_batches=0"], "refused", "eval_subset_num_batches"),
+    (["eval_subset_num_batches=-2"], "refused", "eval_subset_num_batches"),
+    (["train_subset_num_batches=0"], "refused", "train_subset_num_batches"),
+    # batches
+    (["device_train_microbatch_size=0"], "refused", "device_train_microbatch_size"),
+    (["device_train_microbatch_size=auto"], "refused", "device_train_microbatch_size"),  # CPU
+    (["device_train_microbatch_size=big"], "refused", "device_train_microbatch_size"),
+    (["device_eval_batch_size=0"], "refused", "device_eval_batch_size"),
+    (["global_train_batch_size=0"], "refused", "global_train_batch_size"),
+    (["global_train_batch_size=12"], "refused", "global_train_batch_size"),
+    (["global_train_batch_size=1000000000"], "refused", "global_train_batch_size"),
+    # workers, timeouts, the cluster
+    (["cluster.dataloader_workers=0"], "refused", "cluster.dataloader_workers"),
+    (["cluster.dataloader_workers=-1"], "refused", "cluster.dataloader_workers"),
+    (["train_loader.num_workers=0"], "refused", "train_loader.num_workers"),
+    (["eval_loader.num_workers=-2"], "refused", "eval_loader.num_workers"),
+    (["cluster.dist_timeout=0"], "refused", "cluster.dist_timeout"),
+    (["cluster.dist_timeout=-5"], "refused", "cluster.dist_timeout"),
+    (["cluster.timeout_min=0"], "refused", "cluster.timeout_min"),
+    (["cluster.signal_delay_s=70000"], "refused", "cluster.signal_delay_s"),
+    (["-m", "cluster=slurm-local", "data=mock", "cluster.timeout_min=60", "cluster.signal_delay_s=7200"], "refused",
+     "cluster.signal_delay_s"),
+    (["cluster.nodes=0"], "refused", "cluster.nodes"),
+    (["-m", "cluster.nodes=2"], "refused", "cluster.nodes"),  # cluster=local: one machine
+    (["-m", "cluster=slurm-local", "data=mock", "cluster.tasks_per_node=0"], "refused", "cluster.tasks_per_node"),
+    (["cluster.max_num_timeout=-1"], "refused", "cluster.max_num_timeout"),
+    (["cluster.cpus_per_task=0"], "refused", "cluster.cpus_per_task"),
+    (["-m", "cluster=slurm-local", "data=mock", "cluster.mem_gb=0"], "refused", "cluster.mem_gb"),
+    (["cluster.mfu=41.85", "plan=true"], "refused", "cluster.mfu"),
+    (["storage.write_GBps=0"], "refused", "storage.write_GBps"),
+    (["-m", "cluster.wait=false", "plan=true"], "warned", "cluster.wait"),
+    (["cluster.preflight.on_fail=retry", "cluster.preflight.enabled=true"], "refused", "cluster.preflight.on_fail"),
+    # names llm-foundry resolves through its registries
+    (["train_loader.name=txt"], "refused", "train_loader.name"),
+    (["eval_loader.name=json"], "refused", "eval_loader.name"),
+    (["+callbacks.speedmonitor={}"], "refused", "callbacks.speedmonitor"),
+    (["+callbacks.early_stoper={}"], "refused", "callbacks.early_stoper"),
+    (["+algorithms.gradient_clip={}"], "refused", "algorithms.gradient_clip"),
+    (["+loggers.tensorbord={}"], "refused", "loggers.tensorbord"),
+    (["algorithms.gradient_clipping.clipping_type=l2"], "refused", "algorithms.gradient_clipping.clipping_type"),
+    (["algorithms.gradient_clipping.clipping_threshold=0"], "refused",
+     "algorithms.gradient_clipping.clipping_threshold"),
+    (["callbacks.speed_monitor.window_size=0"], "refused", "callbacks.speed_monitor.window_size"),
+    # Hydra's own refusals, and keys and presets that do not exist
+    (["modle=mpt-125m"], "refused", "modle"),
+    (["model=mpt-125"], "refused", "model"),
+    (["checkpoint=shard"], "refused", "checkpoint"),
+    (["cluster=ndv6"], "refused", "cluster"),
+    (["-m", "model=mpt-125m,mpt-350"], "refused", "model"),
+    (["tokenizer.name=модель"], "refused", "tokenizer.name"),
+    (["run_name=café"], "refused", "run_name"),
+    (["cluster.env.X=$(touch {tmp}/pwned)"], "refused", "cluster.env.X"),
+    (["optimizer.betas=[0.9,0.95"], "refused", "optimizer.betas"),
+    (["seed"], "refused", "seed"),
+    (["save_weights_only=true"], "refused", "save_weights_only"),
+    (["+save_intervl=100ba"], "refused", "save_intervl"),
+    (["plan=yes"], "refused", "plan"),
+    (["run_name=../escape"], "refused", "run_name"),
+    (["run_name=a/b"], "refused", "run_name"),
+    # a Slurm preset without -m, outside an allocation
+    (["model=mpt-125m", "cluster=ndv5", "data=mock", "max_duration=2ba"], "refused", "cluster"),
+    (["cluster=slurm-local", "data=mock"], "refused", "cluster"),
+    # credentials, by name and by value: refused, never echoed
+    (["-m", f"cluster.env.MLFLOW_TRACKING_URI=http://user:{SECRET}@host/"], "refused",
+     "cluster.env.MLFLOW_TRACKING_URI"),
+    ([f"cluster.env.AWS_ACCESS_KEY_ID={SECRET}"], "refused", "cluster.env.AWS_ACCESS_KEY_ID"),
+    ([f"cluster.env.AWS_SECRET_ACCESS_KEY={SECRET}"], "refused", "cluster.env.AWS_SECRET_ACCESS_KEY"),
+    ([f"cluster.env.AWS_SESSION_TOKEN={SECRET}"], "refused", "cluster.env.AWS_SESSION_TOKEN"),
+    ([f"cluster.env.HF_AUTH={SECRET}"], "refused", "cluster.env.HF_AUTH"),
+    ([f"cluster.env.HUGGING_FACE_HUB_TOKEN={SECRET}"], "refused", "cluster.env.HUGGING_FACE_HUB_TOKEN"),
+    ([f"cluster.env.WANDB_API_KEY={SECRET}"], "refused", "cluster.env.WANDB_API_KEY"),
+    ([f"cluster.env.MLFLOW_TRACKING_PASSWORD={SECRET}"], "refused", "cluster.env.MLFLOW_TRACKING_PASSWORD"),
+    ([f"cluster.env.AZURE_OPENAI_API_KEY={SECRET}"], "refused", "cluster.env.AZURE_OPENAI_API_KEY"),
+    ([f"cluster.env.AZURE_CLIENT_SECRET={SECRET}"], "refused", "cluster.env.AZURE_CLIENT_SECRET"),
+    ([f"cluster.env.DATABRICKS_TOKEN={SECRET}"], "refused", "cluster.env.DATABRICKS_TOKEN"),
+    ([f"cluster.env.X={HF_TOKEN}"], "refused", "cluster.env.X"),
+    ([f"+tokenizer.kwargs.token={SECRET}"], "refused", "tokenizer.kwargs.token"),
+    ([f"cluster.setup=['export HF_TOKEN={SECRET}']"], "refused", "cluster.setup[0]"),
+    ([f"cluster.setup=['pip install --index-url https://u:{SECRET}@pypi.example.com/simple x']"], "refused",
+     "cluster.setup[0]"),
+    ([f"variables.data_remote=https://u:{SECRET}@host/c4"], "refused", "variables.data_remote"),
+    (["-m", f"variables.data_remote=https://u:{SECRET}@host/c4", "plan=json"], "refused", "variables.data_remote"),
+    (["logger=mlflow", f"loggers.mlflow.tracking_uri='https://bob:{SECRET}@mlflow.example.com'"], "refused",
+     "loggers.mlflow.tracking_uri"),
+    (["logger=wandb", f"+loggers.wandb.init_kwargs.settings.api_key={SECRET}"], "refused",
+     "loggers.wandb.init_kwargs.settings.api_key"),
+    ([f"cluster.env.WANDB_API_KEY={SECRET}#x"], "refused", "cluster.env.WANDB_API_KEY"),  # Hydra cannot parse it
+    # storage and data on this node
+    (["storage=amlfs", "storage.root={empty}", "storage.mounts=[{empty}]"], "refused", "storage.mounts"),
+    (["storage=amlfs", "storage.root={tmp}/data", "storage.mounts=[/nonexistent]"], "refused", "storage.mounts"),
+    (["storage=amlfs", "storage.root={tmp}/data", "storage.mounts=[/]", "storage.tier=AMLFS-100"], "refused",
+     "storage.tier"),
+    (["storage=blob", "storage.root={tmp}/blob", "storage.mounts=[/]", "storage.data_local_root=null"], "refused",
+     "storage.data_local_root"),
+    (["variables.data_local={tmp}/my-c4"], "refused", "variables.data_local"),
+    (["data=mds", f"tokenizer.name={TOKENIZER}"], "refused", "variables.data_local"),
+    (["data=mds", f"tokenizer.name={TOKENIZER}", "variables.data_local={tmp}/nope"], "refused",
+     "variables.data_local"),
+    (["cluster.container.image={tmp}/nope.sqsh", "-m", "cluster=ndv5", "data=mock", "global_train_batch_size=64"],
+     "refused", "cluster.container.image"),
+]
+
+
+def _run(case, tmp_path, num):
+    overrides, outcome, key = case
+    work = tmp_path / f"{num:03d}"
+    root, cwd, scratch, empty = work / "root", work / "cwd", work / "scratch", work / "empty"
+    for folder in (root, cwd, scratch, empty):
+        folder.mkdir(parents=True)
+    args = [o.replace("{tmp}", str(scratch)).replace("{empty}", str(empty)) for o in overrides]
+    env = {**os.environ, "PRETRAIN_ROOT": str(root), "HF_HUB_OFFLINE": "1"}
+    for name in ("WORLD_SIZE", "SLURM_JOB_ID", "MLFLOW_TRACKING_URI"):
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, "-m", "train", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=180)
+    lines = proc.stderr.splitlines()
+    level = "error" if outcome == "refused" else "warning"
+    named = [i for i, line in enumerate(lines) if line.startswith(f"{level}: ")
+             and line[len(level) + 2:].split(": ")[0].split("] ")[-1] == key]
+    wrong = []
+    if proc.returncode != (2 if outcome == "refused" else 0):
+        wrong.append(f"exit {proc.returncode}")
+    if not named:
+        wrong.append(f"no `{level}: {key}:` line")
+    elif not all(i + 1 < len(lines) and lines[i + 1].startswith("  fix: ") for i in named):
+        wrong.append("no fix line")
+    if "Traceback" in proc.stderr:
+        wrong.append("a traceback")
+    if SECRET in proc.stdout + proc.stderr or HF_TOKEN in proc.stdout + proc.stderr:
+        wrong.append("the secret was echoed")
+    written = [str(p.relative_to(work)) for f in (root, cwd, empty) for p in f.rglob("*")]
+    written += [str(p.relative_to(work)) for p in scratch.rglob("*")]
+    if written:
+        wrong.append(f"wrote {written[:3]}")
+    return outcome, wrong, proc.stderr[-1500:]
+
+
+@pytest.mark.e2e  # one whole command per input
+def test_every_bad_input_is_refused_or_warned_by_key_and_nothing_is_written(tmp_path):
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda n: _run(CASES[n], tmp_path, n), range(len(CASES))))
+    failed = [f"{CASES[n][0]}: {', '.join(wrong)}\n{stderr}" for n, (_, wrong, stderr) in enumerate(results) if wrong]
+    refused = sum(1 for outcome, _, _ in results if outcome == "refused")
+    print(f"\nfuzz table: {len(CASES)} bad inputs, {refused} refused, {len(CASES) - refused} warned, "
+          f"{len(CASES) - len(failed)} as expected, nothing written")
+    assert not failed, f"{len(failed)} of {len(CASES)}:\n" + "\n\n".join(failed[:10])
+
+
+def test_the_fuzz_table_has_at_least_120_distinct_inputs():
+    assert len({tuple(c[0]) for c in CASES}) == len(CASES) >= 120
+    assert {outcome for _, outcome, _ in CASES} == {"refused", "warned"}
