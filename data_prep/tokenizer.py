@@ -134,6 +134,16 @@ def model_vocab_size(settings: Settings) -> int | None:
     return size
 
 
+def _largest_id(parsed) -> int | None:
+    """From tokenizer.json as parsed: cheaper than asking the tokenizer for its whole vocabulary."""
+    vocab = (parsed.get("model") or {}).get("vocab") if isinstance(parsed, dict) else None
+    if not isinstance(vocab, dict) or not vocab:
+        return None
+    added = [a.get("id") for a in parsed.get("added_tokens") or [] if isinstance(a, dict)]
+    ids = [*vocab.values(), *added]
+    return max(ids) if all(isinstance(i, int) for i in ids) else None
+
+
 def load_tokenizer(settings: Settings) -> LoadedTokenizer:
     tok, definition = _load(settings.tokenizer)
     fingerprint = hashlib.sha256(definition).hexdigest()
@@ -145,8 +155,11 @@ def load_tokenizer(settings: Settings) -> LoadedTokenizer:
     # A tokenizer.json may carry truncation/padding meant for a model's inputs; for corpora that would cut documents.
     tok.no_truncation()
     tok.no_padding()
-    ids = tok.get_vocab(with_added_tokens=True)
-    vocab_size = max(ids.values()) + 1 if ids else tok.get_vocab_size(True)
+    vocab_size = _largest_id(parsed)
+    if vocab_size is None:
+        ids = tok.get_vocab(with_added_tokens=True)
+        vocab_size = max(ids.values()) if ids else tok.get_vocab_size(True) - 1
+    vocab_size += 1
     if vocab_size > INT32_LIMIT:
         raise DataPrepError("tokenizer", f"ids reach {vocab_size - 1}, which does not fit the int32 tokens column")
     model_vocab = model_vocab_size(settings)
