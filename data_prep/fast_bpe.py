@@ -313,27 +313,16 @@ def _nfc_unsafe() -> list[tuple[int, int]]:
 
 
 class _Characters:
-    """Does a text hold one of these code points? Python's regex tests a class of BMP ranges with a bitmap but
-    walks a list of astral ranges one by one, so the class holds the BMP ranges and all astral characters as one
-    range, and an astral match (rare: emoji, historic scripts) is looked up in a table."""
+    """Does a text hold one of these code points? A table over all code points, indexed with the text as UTF-32:
+    about twice as fast as Python's regex with a class of these ranges."""
 
     def __init__(self, ranges):
-        bmp = "".join(f"\\u{a:04x}-\\u{min(b, 0xFFFF):04x}" for a, b in ranges if a <= 0xFFFF)
-        self.pattern = re.compile(f"[{bmp}\\U00010000-\\U0010ffff]")
-        self.astral = bytearray(0x110000 - 0x10000)
+        self.table = np.zeros(0x110000, bool)
         for a, b in ranges:
-            if b >= 0x10000:
-                a = max(a, 0x10000) - 0x10000
-                self.astral[a:b - 0x10000 + 1] = b"\x01" * (b - 0x10000 + 1 - a)
+            self.table[a:b + 1] = True
 
     def search(self, text: str) -> bool:
-        pos = 0
-        while (m := self.pattern.search(text, pos)) is not None:
-            c = ord(m.group())
-            if c < 0x10000 or self.astral[c - 0x10000]:
-                return True
-            pos = m.end()
-        return False
+        return bool(self.table[np.frombuffer(text.encode("utf-32-le"), np.uint32)].any())
 
 
 def _literals(contents: list[str]) -> re.Pattern | None:
@@ -461,16 +450,16 @@ class FastEncoder:
 
     @staticmethod
     def _join(docs, bos, eos) -> tuple[np.ndarray, np.ndarray]:
-        flat: list[int] = []
+        # array.array takes lists of ints faster than np.array (which checks every item's type)
+        flat = array.array("i")
         starts = np.empty(len(docs), np.int64)
         for k, d in enumerate(docs):
             starts[k] = len(flat)
-            flat += bos
+            flat.fromlist(bos)
             if d:
-                flat += d
-            flat += eos
-        # array.array converts a list of ints about twice as fast as np.array (which checks every item's type)
-        return np.frombuffer(array.array("i", flat), np.int32), starts
+                flat.fromlist(d)
+            flat.fromlist(eos)
+        return np.frombuffer(flat, np.int32), starts
 
 
 def _tables_arrays(definition: dict) -> dict[str, np.ndarray]:
