@@ -28,6 +28,7 @@ SAME = [
     ["export=hf"], ["save_interval=200ba"], ["save_num_checkpoints_to_keep=3"], ["checkpoint=full"],
     ["fsdp_config.activation_checkpointing=false"], ["dist_timeout=1200"], ["plan=true"],
     ["+variables.note=unused"], ["storage.write_GBps=9"],
+    ["storage=amlfs"], ["storage=blob"], ["storage=fsx"],  # the same data, mounted elsewhere (or cached on the node)
 ]
 # Each of these changes what is trained: another run.
 OTHER = [
@@ -59,6 +60,12 @@ def test_what_is_trained_names_another_run():
     names = {" ".join(e): name(e) for e in OTHER}
     assert base not in names.values()
     assert len(set(names.values())) == len(OTHER)  # each change its own run
+
+
+def test_a_storage_root_moved_is_the_same_run(monkeypatch, tmp_path):
+    here = name()
+    monkeypatch.setenv("PRETRAIN_ROOT", str(tmp_path / "elsewhere"))
+    assert name() == here
 
 
 def test_override_order_and_an_explicit_name():

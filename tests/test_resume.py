@@ -300,6 +300,92 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+# ------------------------------------------------------------------ integrity: what was written is what loads
+
+
+def _flip_middle(path: Path, size: int = 4096) -> None:
+    """Invert `size` bytes in the middle of a file, as a bad disk block or a bit-rotting copy would."""
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        block = f.read(size)
+        f.seek(path.stat().st_size // 2)
+        f.write(bytes(b ^ 0xFF for b in block))
+
+
+def _largest_file(ckpt: Path) -> Path:
+    return ckpt if ckpt.is_file() else max((p for p in ckpt.iterdir() if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+def _checkpoint(folder: Path, batch: int) -> Path:
+    [ckpt] = [p for p in folder.iterdir() if p.name in (f"ep0-ba{batch}", f"ep0-ba{batch}-rank0.pt")]
+    return ckpt
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("fmt", ["sharded", "full"])
+def test_a_flipped_block_in_the_newest_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_before(
+        fmt, ranks, tmp_path, tmp_path_factory):
+    """Every checkpoint has a manifest; 4 KiB inverted in the middle of the newest one's largest file (a
+    `.distcp` shard, or the `.pt`): the rerun names that file, sets the checkpoint aside (kept), resumes from the
+    one before (after 3 evaluations) and ends at exactly the uninterrupted run's loss and evaluation."""
+    folder, cmd = _finished_copy(ranks, fmt, tmp_path, tmp_path_factory)
+    for batch in (10, 20, 30, 40):
+        assert (folder / f"{_checkpoint(folder, batch).name}.manifest.json").is_file()
+    damaged = _largest_file(_checkpoint(folder, 40))
+    _flip_middle(damaged)
+    root = folder.parents[1]
+
+    proc = run(root, cmd)
+    said = proc.stderr + task_log(root)
+    assert f"{damaged} does not match its manifest" in said
+    assert f"resuming from {_checkpoint(folder, 30)}" in said
+    aside = list((folder / "set-aside").iterdir())
+    assert len(aside) == 2 and any(p.name.endswith(".manifest.json") for p in aside)  # with its manifest, kept
+    assert_same_run(newest_metrics(root), straight(ranks, tmp_path_factory))
+
+
+def test_when_no_checkpoint_verifies_the_run_stops_naming_them_and_trains_nothing(tmp_path, tmp_path_factory):
+    folder, cmd = _finished_copy(1, "full", tmp_path, tmp_path_factory)
+    for batch in (10, 20, 30, 40):
+        _flip_middle(_checkpoint(folder, batch))
+    root = folder.parents[1]
+
+    proc = run(root, cmd, check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()
+    assert any(line.startswith("error: save_folder: no checkpoint in") for line in last)
+    assert all(f"ep0-ba{b}-rank0.pt: " in proc.stderr for b in (10, 20, 30, 40))
+    assert "Traceback" not in proc.stderr
+    assert len([p for p in (folder / "set-aside").iterdir() if ".manifest" not in p.name]) == 4
+    assert not resume_candidates(folder)  # nothing trained from scratch over them
+
+
+def resume_candidates(folder: Path) -> list:
+    from train import resume
+
+    return resume.find(folder)
+
+
+def test_a_checkpoint_without_its_manifest_was_cut_off_and_one_from_before_manifests_still_resumes(
+        tmp_path, tmp_path_factory):
+    """A kill between a checkpoint's last file and its manifest: that checkpoint is not trusted (set aside),
+    the run resumes from the one before. A folder written before manifests existed (no manifest, no record)
+    resumes as it always did."""
+    folder, cmd = _finished_copy(1, "full", tmp_path, tmp_path_factory)
+    (folder / "ep0-ba40-rank0.pt.manifest.json").unlink()
+    root = folder.parents[1]
+    proc = run(root, cmd)
+    assert "ep0-ba40-rank0.pt cannot be resumed from: it has no manifest" in proc.stderr
+    assert "resuming from " + str(folder / "ep0-ba30-rank0.pt") in proc.stderr
+    assert_same_run(newest_metrics(root), straight(1, tmp_path_factory))
+
+    older, _ = _finished_copy(1, "full", tmp_path / "older", tmp_path_factory)
+    for made in [*older.glob("*.manifest.json"), older / "identity.json"]:
+        made.unlink()
+    again = run(older.parents[1], cmd)
+    assert "nothing to do" in again.stderr and "set-aside" not in again.stderr
+
+
 # ------------------------------------------------------------------ the choice itself, on files made here
 
 

@@ -15,6 +15,7 @@ Light: no torch, no llm-foundry.
 import hashlib
 import json
 import logging
+import threading
 from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -97,13 +98,40 @@ def _counted(key: str) -> bool:
     return not any(key == h or key.startswith(h + ".") for h in HOW_SUB)
 
 
+# Where the storage is mounted is where, not what: a path under one of these roots is named by the root's key.
+_ROOTS = ("storage.data_local_root", "storage.data_remote_root", "storage.data_root", "storage.checkpoint_root",
+          "storage.output_root", "storage.root")
+
+
+def _relative_to_roots(cfg, flat: dict) -> None:
+    roots = []
+    for key in _ROOTS:
+        try:
+            root = OmegaConf.select(cfg, key)
+        except Exception:
+            continue
+        if isinstance(root, str) and root.strip("/"):
+            roots.append((root.rstrip("/"), "<data>" if key.startswith("storage.data_") else f"<{key}>"))
+    roots.sort(key=lambda r: len(r[0]), reverse=True)
+    for k, v in flat.items():
+        if isinstance(v, str):
+            for root, label in roots:
+                if v == root or v.startswith(root + "/"):
+                    flat[k] = label + v[len(root):]
+                    break
+
+
 def identity(cfg) -> dict:
-    """{dotted key: value} of every setting that decides what is trained, resolved and normalised."""
+    """{dotted key: value} of every setting that decides what is trained, resolved and normalised; paths under
+    the storage's roots relative to them (the same data on another mount is the same data)."""
     flat: dict = {}
     _walk(cfg, "", flat)
+    # What is read, wherever it is read from: the remote when there is one (the local folder is then a node-local
+    # cache of it), else the local folder.
     dataset = "train_loader.dataset"
-    if flat.get(f"{dataset}.remote") not in (None, ""):
-        flat.pop(f"{dataset}.local", None)  # a node-local cache of the remote: where, not what
+    remote, local = flat.pop(f"{dataset}.remote", None), flat.pop(f"{dataset}.local", None)
+    flat[f"{dataset}.source"] = remote if remote not in (None, "") else local
+    _relative_to_roots(cfg, flat)
     return dict(sorted(flat.items()))
 
 
@@ -126,11 +154,20 @@ def legacy_name(model: str, overrides) -> str:
     return f"{model}-{hashlib.sha1(chr(10).join(kept).encode()).hexdigest()[:8]}"
 
 
+_naming = threading.local()
+
+
 def run_id(model: str, _root_) -> str:
     """The default run_name (conf/train.yaml): `<model>-<hash of the identity>`. A run started before identities
     existed keeps its old name: when its checkpoint folder is there and the new name's is not, the old name is
     the one this command continues."""
-    new = name(model, _root_)
+    if getattr(_naming, "busy", False):
+        return "<run_name>"  # a value that holds the name (a node-local cache folder) while the name is computed
+    _naming.busy = True
+    try:
+        new = name(model, _root_)
+    finally:
+        _naming.busy = False
     try:
         from hydra.core.hydra_config import HydraConfig
 
@@ -167,11 +204,12 @@ def write_record(folder, run_name: str, model: str | None, ident: dict, **extra)
     the batch from which its checkpoints have manifests)."""
     from common.files import atomic_write
 
-    atomic_write(Path(folder) / RECORD, json.dumps(
-        {"run_name": run_name, "model": model, **extra, "identity": ident}, indent=1).encode())
+    body = {"run_name": run_name, "model": model, **extra, "identity": ident}
+    if read_record(folder) != json.loads(json.dumps(body)):  # a finished run started again changes no file
+        atomic_write(Path(folder) / RECORD, json.dumps(body, indent=1).encode())
 
 
-DATA_KEYS = ("data.kind", "train_loader.dataset.remote", "train_loader.dataset.local", "tokenizer.name")
+DATA_KEYS = ("data.kind", "train_loader.dataset.source", "tokenizer.name")
 
 
 def same_model_and_data(root, run_name: str, model: str, ident: dict) -> list:

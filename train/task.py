@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: DictConfig) -> dict:
+    # A log file on a full file system must not print a traceback per message (logging's default): the
+    # writes that matter say so themselves (common/files.py: DiskFull).
+    logging.raiseExceptions = False
     os.environ.update({k: os.path.expandvars(str(v)) for k, v in cfg.cluster.env.items()})
     dist_env = export_from_submitit()
     shards.check_mounts(cfg)  # on every node, before anything is written there
