@@ -352,8 +352,9 @@ class _AddedTokens:
 class FastEncoder:
     """Documents -> HF's ids through tiktoken; a document the guards doubt is encoded by the HF tokenizer."""
 
-    def __init__(self, hf_tokenizer, definition: dict, nfc_unsafe: list | None = None, key: str | None = None):
-        """key: names the BPE tables in the cache (default: a hash of the model's vocabulary and merges)."""
+    def __init__(self, hf_tokenizer, definition: dict, unsafe: list | None = None, key: str | None = None):
+        """unsafe: code point ranges for the character guard (default: as found for the installed libraries);
+        key: names the BPE tables in the cache (default: a hash of the model's vocabulary and merges)."""
         import tiktoken
 
         check_supported(definition, hf_tokenizer)
@@ -379,7 +380,7 @@ class FastEncoder:
         added = definition.get("added_tokens") or []
         self.raw_added = _AddedTokens.of({a["content"]: a["id"] for a in added if not a.get("normalized")})
         self.norm_added = _AddedTokens.of({norm(a["content"]): a["id"] for a in added if a.get("normalized")})
-        unsafe = unsafe_characters(self.nfc) if nfc_unsafe is None else nfc_unsafe
+        unsafe = unsafe_characters(self.nfc) if unsafe is None else unsafe
         self.unsafe = _Characters(unsafe) if unsafe else None
         self.hf_docs = 0  # documents this process sent to HF (guards), for the run's figures
 

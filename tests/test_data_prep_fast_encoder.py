@@ -93,7 +93,7 @@ def whitespace_tokenizer(normalizer=None) -> dict:
 
 @pytest.mark.parametrize("normalizer", [None, {"type": "NFC"}])
 def test_added_tokens_are_split_as_hf_splits_them(normalizer):
-    fast, hf = encoder(whitespace_tokenizer(normalizer), nfc_unsafe=[])
+    fast, hf = encoder(whitespace_tokenizer(normalizer), unsafe=[])
     texts = ["a" + " " * n + "a" for n in range(1, 16)] + [
         "x<|endoftext|>y", "<|endoftext|><|pad|>", "a <|endoftext|>  a", "<|endoftext", "<|pad|>>|", "\t  \n   a",
         "aaaa   <|pad|>   aaaaa", "      ", "e\u0301 <|endoftext|>\u0338", ">\u0338", "A\u030a a\u0301\u0327"]
@@ -104,14 +104,14 @@ def test_added_tokens_are_split_as_hf_splits_them(normalizer):
 
 def test_normalised_and_raw_added_tokens_see_the_text_as_hf_does():
     # NFC would join ">" and U+0338 into one character; after a special token HF normalises the rest alone.
-    fast, hf = encoder(whitespace_tokenizer({"type": "NFC"}), nfc_unsafe=[])
+    fast, hf = encoder(whitespace_tokenizer({"type": "NFC"}), unsafe=[])
     text = "<|endoftext|>\u0338 and >\u0338"
     assert fast.encode_docs([text]).tolist() == hf.encode(text).ids
     assert unicodedata.normalize("NFC", text) != text
 
 
 def test_unsafe_characters_send_the_document_to_hf():
-    fast, hf = encoder(whitespace_tokenizer({"type": "NFC"}), nfc_unsafe=[(0x378, 0x379), (0x1F600, 0x1F600)])
+    fast, hf = encoder(whitespace_tokenizer({"type": "NFC"}), unsafe=[(0x378, 0x379), (0x1F600, 0x1F600)])
     texts = ["plain", "with \u0378 inside", "an emoji \U0001F600", "another emoji \U0001F601"]
     assert np.array_equal(fast.encode_docs(texts), hf_ids(hf, texts))
     assert fast.hf_docs == 2
