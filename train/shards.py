@@ -15,6 +15,7 @@ remote data (variables.data_remote) is streamed and checked by streaming as it d
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -128,13 +129,9 @@ def verify_shards(fcfg) -> None:
     error) naming each damaged shard, before the trainer is built."""
     start = time.perf_counter()
     world, rank = 1, 0
-    try:
-        from composer.utils import dist
-
-        if dist.is_initialized():
-            world, rank = dist.get_world_size(), dist.get_global_rank()
-    except ImportError:  # pragma: no cover - composer ships with llm-foundry
-        dist = None
+    dist = sys.modules.get("composer.utils.dist")  # the task joined the process group through it; not imported here
+    if dist is not None and dist.is_initialized():
+        world, rank = dist.get_world_size(), dist.get_global_rank()
     mine = verify(fcfg, rank, world)
     if world > 1:
         gathered = dist.all_gather_object(mine)
