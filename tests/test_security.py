@@ -181,3 +181,20 @@ def test_scratch_folders_are_private_to_the_job_and_removed(tmp_path):
     (scratch / "link").symlink_to(made)
     with pytest.raises(RuntimeError, match="not a private folder"):
         private_dir(scratch / "link")
+
+
+@pytest.mark.train
+def test_credentials_exported_in_the_shell_are_in_no_file_a_run_or_a_local_sweep_writes(tmp_path):
+    """Credentials reach runs only from the environment: with the usual ones exported, a plain run and a local
+    sweep (submitit's pickles, multirun.yaml, the summary) train, and a grep of everything they wrote finds none."""
+    env = {"HF_TOKEN": SECRET + "-hf", "WANDB_API_KEY": SECRET + "-wandb", "AWS_SECRET_ACCESS_KEY": SECRET + "-aws",
+           "MLFLOW_TRACKING_PASSWORD": SECRET + "-mlflow"}
+    args = ["max_duration=2ba", "eval_interval=2ba", "checkpoint=none", "progress_bar=false"]
+    plain = cli(tmp_path / "root", *args, env=env)
+    sweep = cli(tmp_path / "root", "-m", "cluster.tasks_per_node=1", "optimizer.lr=1e-3,2e-3", *args, env=env)
+    for proc in (plain, sweep):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert SECRET not in proc.stdout + proc.stderr
+    files = [p for p in (tmp_path / "root").rglob("*") if p.is_file()]
+    assert any(p.name == "multirun.yaml" for p in files) and any(p.suffix == ".pkl" for p in files)
+    assert SECRET not in written(tmp_path / "root")
