@@ -203,6 +203,9 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
                                          + f"{key} presets: {', '.join(groups[key])}"))
             continue
         first = key.split(".")[0]
+        if first in _schemas() and "." in key and not override.is_delete():
+            found += _schema_problems(override, key)
+            continue
         if first in top or first in groups or override.is_add() or override.is_force_add() or override.is_delete():
             continue
         options = sorted(top | set(groups))
@@ -214,6 +217,68 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
         else:
             fix = "see the keys with `python -m train --cfg job`; `+variables.<name>=...` adds a value of your own"
         found.append(Problem(key, "is not a key of this config", fix))
+    return found
+
+
+def _schemas() -> dict:
+    from train.schema import SCHEMAS
+
+    return SCHEMAS
+
+
+def _dotted(node, prefix="") -> list:
+    from omegaconf import OmegaConf
+
+    keys = []
+    for k in node.keys():
+        child = OmegaConf.select(node, str(k), throw_on_missing=False)
+        keys.append(f"{prefix}{k}")
+        if OmegaConf.is_dict(child) and str(k) not in ("env", "sbatch_extra", "tiers", "dtype_of"):
+            keys += _dotted(child, f"{prefix}{k}.")
+    return keys
+
+
+def _schema_problems(override, key: str) -> list:
+    """Our typed groups (train/schema.py) refuse a value of the wrong type or a key they lack at composition, in
+    OmegaConf's words and with exit 1; the same verdict here, as key / problem / fix."""
+    import difflib
+
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    from train.checks import Problem
+
+    group, _, sub = key.partition(".")
+    node = OmegaConf.structured(_schemas()[group])
+    try:
+        values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+    except Exception:  # glob(), range(): Hydra expands them
+        return []
+    found = []
+    for v in values:
+        if isinstance(v, str) and "${" in v:
+            continue  # an interpolation: resolved (and checked) later
+        try:
+            OmegaConf.update(node, sub, v, merge=True)
+        except (ConfigAttributeError, ConfigKeyError):
+            if override.is_add() or override.is_force_add():
+                return found  # `+cluster.x=`: Hydra refuses it too, in its own words
+            options = [f"{group}.{k}" for k in _dotted(node)]
+            close = difflib.get_close_matches(key, options, n=1, cutoff=0.6)
+            found.append(Problem(key, f"is not a key of {group} (train/schema.py)",
+                                 f"did you mean {close[0]}? ({close[0]}={v})" if close else
+                                 f"see the keys with `python -m train --cfg job --package {group}`"))
+            return found
+        except ValidationError as err:
+            default = OmegaConf.select(OmegaConf.structured(_schemas()[group]), sub, throw_on_missing=False)
+            kind = str(err).splitlines()[0].rsplit(" ", 1)[-1].rstrip(")")
+            kind = {"Integer": "a whole number", "Float": "a number", "String": "a string"}.get(kind, kind)
+            found.append(Problem(key, f"{v!r} is not {'true or false' if isinstance(default, bool) else kind}"
+                                 f" (the {group} schema, train/schema.py, refuses it at composition)",
+                                 f"e.g. {key}={str(default).lower() if isinstance(default, bool) else default}"
+                                 if default not in (None, "???") else f"{key}=<{kind}>"))
+        except Exception:
+            continue
     return found
 
 
