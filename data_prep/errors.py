@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 import os
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 from common.errors import UserError
@@ -29,14 +30,22 @@ def write_error(path: str | os.PathLike, err: OSError) -> DataPrepError | None:
                f"or choose another out_root")
     else:
         return None
-    return DataPrepError("out_root", f"cannot write {path}: {err.strerror}", fix)
+    from common.files import free_bytes
+
+    free = free_bytes(Path(path).parent)
+    room = f" ({free:,} bytes free there)" if free is not None and err.errno in NO_SPACE else ""
+    return DataPrepError("out_root", f"cannot write {path}: {err.strerror}{room}", fix)
 
 
 @contextmanager
 def writing(path: str | os.PathLike) -> Iterator[None]:
     """Wrap the writes (and close) of one file: write() and close() raise OSError without a file name."""
+    from common.files import DiskFull
+
     try:
         yield
+    except DiskFull:  # common.files.atomic_write's own word for it: said here in data_prep's terms
+        raise write_error(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))) from None
     except OSError as err:
         full = write_error(path, err)
         if full is None:

@@ -108,7 +108,7 @@ def test_a_full_disk_while_writing_a_shard_names_the_file(tmp_path):
         writer.finish()
     text = str(caught.value)
     assert text.startswith(f"data_prep: out_root: cannot write {tmp_path / 'shard.00000.mds'}: No space left on device")
-    assert "\n  fix: free space" in text and "another out_root" in text
+    assert " bytes free there)\n  fix: free space" in text and "another out_root" in text
 
 
 def test_a_full_disk_while_writing_index_json_names_it_and_removes_the_temporary_file(tmp_path):

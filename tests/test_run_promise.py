@@ -1,0 +1,164 @@
+"""Exit 0 means the result is right; otherwise the run stops loudly, naming what and where. Real runs of the tiny
+model on CPU (one process, or 2 ranks over gloo through `-m`), real small file systems (tmpfs, mounted here as
+root) filled while a run trains:
+
+- the reported evaluation is the last one (composer evaluates once more after FIT_END);
+- a non-finite loss stops the run at that step, before its checkpoint (1 rank, and a 2-rank sweep: FAILED);
+- a full checkpoint file system is one error naming the folder, the bytes needed and free, and the fix; after
+  making room the same command resumes exactly (1 and 2 ranks);
+- a full outputs file system never stops training: the loss curve and progress files warn; metrics.json, which
+  the result is read from, is one clear error.
+"""
+import csv
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from paths import PYTHON, ROOT
+
+pytestmark = pytest.mark.train
+
+
+def run(root: Path, *args, check=True, timeout=600) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(PYTHON), "-m", "train", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PRETRAIN_ROOT": str(root)}, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def metrics(root: Path) -> dict:
+    return json.loads(max((root / "outputs").rglob("metrics.json"), key=lambda p: p.stat().st_mtime).read_text())
+
+
+def test_the_reported_evaluation_is_the_last_one(tmp_path):
+    """max_duration=5ba, eval_interval=3ba: evaluations at 3 and at the end (5); the result is the one at 5."""
+    proc = run(tmp_path, "max_duration=5ba", "eval_interval=3ba", "save_interval=5ba")
+    got = metrics(tmp_path)
+    assert [b for b, _ in got["eval"]] == [3, 5]
+    assert got["final_eval"] == got["eval"][-1][1] != got["eval"][0][1]
+    logged = [line for line in proc.stderr.splitlines() if "[progress] eval at step 5/5" in line]
+    assert len(logged) == 1 and f"{got['final_eval']['eval/LanguageCrossEntropy']:.4f}" in logged[0]
+    assert f"'eval/LanguageCrossEntropy': {got['final_eval']['eval/LanguageCrossEntropy']}" in proc.stdout
+
+
+def _newest(folder: Path) -> Path:
+    from train import resume
+
+    return resume.find(folder)[-1].path
+
+
+def test_a_non_finite_loss_stops_the_run_before_its_checkpoint(tmp_path):
+    import torch
+
+    proc = run(tmp_path, "optimizer.lr=1e6", "max_duration=30ba", "save_interval=2ba", check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+    assert "stopped" in line and ("loss is nan at step" in line or "weights are not finite at step" in line)
+    step = int(line.split("step ")[1].split("/")[0])
+    assert "Traceback" not in proc.stderr and "final train loss" not in proc.stdout
+    [folder] = (tmp_path / "checkpoints").iterdir()
+    newest = _newest(folder)
+    assert int(newest.name.split("-ba")[1].split("-")[0]) < step  # the step's checkpoint was not written
+    weights = torch.load(newest, map_location="cpu", weights_only=False)["state"]["model"]
+    assert all(torch.isfinite(w).all() for w in weights.values())  # the newest is the last finite one
+
+
+def test_a_non_finite_loss_fails_a_two_rank_sweep_point(tmp_path):
+    proc = run(tmp_path, "-m", "cluster.tasks_per_node=2", "optimizer.lr=1e6", "max_duration=30ba",
+               "save_interval=2ba", check=False)
+    assert proc.returncode == 1
+    [row] = csv.DictReader(next(tmp_path.glob("outputs/sweeps/*/summary.csv")).open())
+    assert row["state"] == "FAILED" and "RunStopped" in row["error"] and "stopped" in row["error"]
+
+
+# ------------------------------------------------------------------------------------------ full file systems
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mounted = []
+
+    def mount(name: str, size: str) -> Path:
+        mnt = tmp_path / name
+        mnt.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _fill_when(path_glob: str, base: Path, mnt: Path, proc: subprocess.Popen, leave: int = 0) -> Path:
+    """Once a file matching `path_glob` under `base` exists, fill `mnt` up to `leave` bytes free, as another job
+    writing to the same file system would."""
+    deadline = time.time() + 300
+    while not list(base.glob(path_glob)):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    filler = mnt / "filler"
+    free = shutil.disk_usage(mnt).free
+    with open(filler, "wb") as f:
+        f.write(b"\0" * max(0, free - leave))
+    return filler
+
+
+ARGS = ("max_duration=60ba", "save_interval=20ba", "eval_interval=20ba", "save_num_checkpoints_to_keep=2")
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_full_checkpoint_file_system_is_one_clear_error_and_resuming_after_making_room_is_exact(
+        ranks, tmp_path, tmpfs):
+    launch = ("-m", "cluster.tasks_per_node=2") if ranks > 1 else ()
+    want = (run(tmp_path / "straight", *launch, *ARGS), metrics(tmp_path / "straight"))[1]
+
+    mnt = tmpfs("ckpt", "24m")  # three checkpoints of ~5.3 MiB at once (2 kept + the next): they fit
+    root = tmp_path / "root"
+    cmd = [str(PYTHON), "-m", "train", *launch, *ARGS, f"storage.checkpoint_root={mnt}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PRETRAIN_ROOT": str(root)}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    filler = _fill_when("*/ep0-ba20*.manifest.json", mnt, mnt, proc, leave=1 << 20)  # then another job fills it
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 1, err[-3000:]
+    [folder] = [p for p in mnt.iterdir() if p.is_dir()]
+    if ranks == 1:
+        [line] = [x for x in err.splitlines() if x.startswith("error: ")]
+        assert "Traceback" not in err
+    else:
+        [row] = csv.DictReader(next(root.glob("outputs/sweeps/*/summary.csv")).open())
+        assert row["state"] == "FAILED"
+        line = row["error"]
+    assert f"{folder}: no space left on its file system writing a checkpoint" in line, line
+    assert "bytes free" in line and "needs " in line
+
+    filler.unlink()  # room made: the same command resumes from the newest complete checkpoint
+    again = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PRETRAIN_ROOT": str(root)}, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    got = metrics(root)
+    assert got["batches"] == 60 and [b for b, _ in got["eval"]] == [20, 40, 60]
+    assert got["final_train_loss"] == pytest.approx(want["final_train_loss"], rel=1e-6)
+    assert got["final_eval"] == pytest.approx(want["final_eval"], rel=1e-6)
+
+
+def test_a_full_outputs_file_system_never_stops_training_and_names_the_metrics_file(tmp_path, tmpfs):
+    mnt = tmpfs("outputs", "2m")
+    root = tmp_path / "root"
+    cmd = [str(PYTHON), "-m", "train", "max_duration=40ba", f"storage.output_root={mnt}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PRETRAIN_ROOT": str(root)}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _fill_when("*/progress.json", mnt, mnt, proc)  # full from the first progress line on
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 1, err[-3000:]
+    assert "could not write" in err and "training goes on without it" in err  # the curve and progress: warnings
+    [folder] = (root / "checkpoints").iterdir()
+    assert _newest(folder).name.startswith("ep0-ba40")  # trained to the end, every checkpoint written
+    [line] = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert "metrics.json: no space left on its file system" in line and "Traceback" not in err
