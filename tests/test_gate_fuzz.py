@@ -171,6 +171,11 @@ CASES = [
     (["optimizer.betas=[0.9,0.95"], "refused", "optimizer.betas"),
     (["seed"], "refused", "seed"),
     (["save_weights_only=true"], "refused", "save_weights_only"),
+    (["cluster.nodes=two"], "refused", "cluster.nodes"),  # our typed groups (train/schema.py)
+    (["cluster.node=2"], "refused", "cluster.node"),
+    (["cluster.wait=maybe"], "refused", "cluster.wait"),
+    (["storage.write_GBps=fast"], "refused", "storage.write_GBps"),
+    (["-m", "cluster.tasks_per_node=1,x"], "refused", "cluster.tasks_per_node"),
     (["+save_intervl=100ba"], "refused", "save_intervl"),
     (["plan=yes"], "refused", "plan"),
     (["run_name=../escape"], "refused", "run_name"),
