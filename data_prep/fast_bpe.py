@@ -367,7 +367,8 @@ class FastEncoder:
         rank_to_id = tables["rank_to_id"]
         suspicious = np.zeros(len(rank_to_id), bool)
         suspicious[tables["suspicious"]] = True
-        vocab_size = max([*definition["model"]["vocab"].values(), *(a["id"] for a in definition["added_tokens"])]) + 1
+        added = definition.get("added_tokens") or []
+        vocab_size = max([*definition["model"]["vocab"].values(), *(a["id"] for a in added)]) + 1
         # An HF id x travels as rank `base + x` (added tokens, BOS/EOS, documents HF encoded), so that one
         # lookup turns a whole chunk into ids.
         self.base = len(rank_to_id)
@@ -377,7 +378,6 @@ class FastEncoder:
         self.enc = tiktoken.Encoding("data_prep-bpe", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={})
         self.encode_ordinary = self.enc.encode_ordinary
         norm = (lambda s: unicodedata.normalize("NFC", s)) if self.nfc else (lambda s: s)
-        added = definition.get("added_tokens") or []
         self.raw_added = _AddedTokens.of({a["content"]: a["id"] for a in added if not a.get("normalized")})
         self.norm_added = _AddedTokens.of({norm(a["content"]): a["id"] for a in added if a.get("normalized")})
         unsafe = unsafe_characters(self.nfc) if unsafe is None else unsafe

@@ -52,6 +52,9 @@ def _fast_encoder(tok: Tokenizer, definition: bytes, parsed: dict | None = None)
                      f"only; this one: {err})"
     except ImportError as err:
         return None, f"{slow} (fast path unavailable: {err})"
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        # A tokenizer.json laid out in a way the fast encoder did not expect: tokenizers reads it as it always did.
+        return None, f"{slow} (the fast encoder could not read this tokenizer.json: {type(err).__name__}: {err})"
     return fast, fast.describe()
 
 
@@ -155,11 +158,11 @@ def load_tokenizer(settings: Settings) -> LoadedTokenizer:
     # A tokenizer.json may carry truncation/padding meant for a model's inputs; for corpora that would cut documents.
     tok.no_truncation()
     tok.no_padding()
-    vocab_size = _largest_id(parsed)
-    if vocab_size is None:
+    largest = _largest_id(parsed)
+    if largest is None:
         ids = tok.get_vocab(with_added_tokens=True)
-        vocab_size = max(ids.values()) if ids else tok.get_vocab_size(True) - 1
-    vocab_size += 1
+        largest = max(ids.values()) if ids else tok.get_vocab_size(True) - 1
+    vocab_size = largest + 1
     if vocab_size > INT32_LIMIT:
         raise DataPrepError("tokenizer", f"ids reach {vocab_size - 1}, which does not fit the int32 tokens column")
     model_vocab = model_vocab_size(settings)

@@ -147,6 +147,10 @@ def test_load_falls_back_to_tokenizers_and_says_why(monkeypatch):
     monkeypatch.delenv(ENCODER_ENV)
     fast, encoder_note = _fast_encoder(hf, json.dumps(whitespace_tokenizer()).encode())
     assert fast is not None and encoder_note.startswith("tiktoken")
+    odd = whitespace_tokenizer()
+    del odd["model"]["merges"]  # a layout the fast encoder does not expect: tokenizers, not a crash
+    fast, encoder_note = _fast_encoder(hf, json.dumps(odd).encode())
+    assert fast is None and "could not read" in encoder_note and "KeyError" in encoder_note
 
 
 # -- e2e: gpt-neox-20b (and a GPT-2-style variant) against HF on real and adversarial text ----------------------------
