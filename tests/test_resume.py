@@ -131,6 +131,18 @@ def test_killed_after_a_checkpoint_then_finished_the_same_command_resumes_then_d
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file() and p.name != ".lock"} == before
 
 
+def test_the_same_training_under_another_spelling_and_environment_resumes_the_same_run(tmp_path, tmp_path_factory):
+    """Identity: killed after batch 20 (2-rank sharded, after evaluations); the next command re-spells the
+    learning rate (3e-3 as 0.0030), adds an environment variable and another progress interval: the same run,
+    resumed from its checkpoint, ending at the uninterrupted loss."""
+    kill_after_checkpoint(tmp_path, command(2, "sharded"), batch=20)
+    proc = run(tmp_path, command(2, "sharded", "optimizer.lr=0.0030", "cluster.env.NCCL_DEBUG=INFO",
+                                 "console_log_interval=5ba"))
+    assert "resuming from" in proc.stderr + task_log(tmp_path)
+    assert len(list((tmp_path / "checkpoints").iterdir())) == 1  # no second run beside it
+    assert_same_run(newest_metrics(tmp_path), straight(2, tmp_path_factory))
+
+
 def test_world_size_changes_two_to_four_to_two_and_two_to_one_continue_the_loss(tmp_path, tmp_path_factory):
     """The same run continued at another rank count from its sharded checkpoint. Compared: the loss of the first
     batch after each resume with the uninterrupted 2-rank run's loss at that batch (the global batch holds the same

@@ -259,25 +259,32 @@ def test_container_file_mounts_are_accepted(tmp_path):
     assert not [p for p in check(cfg, Context(mode="sweep")) if "mounts" in p.key]
 
 
+def _but_room(problems: list) -> list:
+    """Less the storage budget: this machine's disk (storage=local) holds no ten mpt-30b checkpoints, which is
+    right to refuse (tests/test_checkpoint_rules.py); these tests are about the rest."""
+    return [p for p in problems if p.key != "save_num_checkpoints_to_keep"]
+
+
 def test_default_presets_pass_where_people_run_them():
     """'Does not fit' must not fire for the settings people use: published node counts, and less."""
     sweep = Context(mode="sweep")
     for model, nodes in (("mpt-30b", 2), ("mpt-30b", 16), ("mpt-70b", 4), ("mpt-70b", 16), ("gpt175b", 8),
                          ("gpt175b", 64), ("mpt-7b", 1), ("mpt-13b", 1), ("mpt-1b", 1), ("mpt-125m", 1)):
-        assert check(compose([f"model={model}", "cluster=ndv5", f"cluster.nodes={nodes}"]), sweep) == []
+        assert _but_room(check(compose([f"model={model}", "cluster=ndv5", f"cluster.nodes={nodes}"]), sweep)) == []
     for cluster in ("ndv4", "p5"):
-        assert check(compose(["model=mpt-30b", f"cluster={cluster}", "cluster.nodes=16"]), sweep) == []
+        assert _but_room(check(compose(["model=mpt-30b", f"cluster={cluster}", "cluster.nodes=16"]), sweep)) == []
     assert check(compose([]), Context()) == []  # the default CPU run
     assert check(compose(["cluster=slurm-local"]), sweep) == []
 
 
 def test_model_does_not_fit_message_carries_the_plan_numbers():
     sweep = Context(mode="sweep")
-    [p] = check(compose(["model=mpt-30b", "cluster=ndv5", "cluster.nodes=1"]), sweep)
+    [p] = _but_room(check(compose(["model=mpt-30b", "cluster=ndv5", "cluster.nodes=1"]), sweep))
     assert p.key == "cluster.nodes" and "cluster.nodes=2" in p.fix
     for part in ("params", "grads", "optimizer", "activations", "GiB per GPU", "of 80.0 GiB"):
         assert part in p.problem, p
-    [p] = check(compose(["model=mpt-30b", "cluster=ndv5", "fsdp_config.activation_checkpointing=false"]), sweep)
+    [p] = _but_room(check(compose(["model=mpt-30b", "cluster=ndv5", "fsdp_config.activation_checkpointing=false"]),
+                          sweep))
     assert p.key == "device_train_microbatch_size" and "activation_checkpointing=true" in p.fix
 
 

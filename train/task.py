@@ -68,14 +68,14 @@ def run(cfg: DictConfig) -> dict:
         # as parameters): a message, so stderr; stdout holds only the run's answer, printed below
         with contextlib.redirect_stdout(sys.stderr):
             train(fcfg).close()
-    except Exception as err:
+    except BaseException as err:  # torch's CheckpointException (a sharded write failed on a rank) is no Exception
         from common.files import is_disk_full
 
-        if is_disk_full(err) and not isinstance(err, UserError):  # a checkpoint's write, inside composer
-            raise _checkpoint_disk_full(fcfg) from None
-        if not isinstance(err, ValueError) or "No training would occur" not in str(err):
+        if isinstance(err, (KeyboardInterrupt, SystemExit, UserError)):
             raise
-        if "No training would occur" not in str(err):
+        if is_disk_full(err) or _checkpoint_would_not_fit(fcfg):
+            raise _checkpoint_disk_full(fcfg) from None  # a checkpoint's write, inside composer
+        if not isinstance(err, ValueError) or "No training would occur" not in str(err):
             raise
         # the same command again after the run finished: the newest checkpoint is the final one
         log.warning(f"{fcfg.run_name} already trained to max_duration={fcfg.max_duration} (checkpoint "
@@ -188,16 +188,37 @@ def _model_choice() -> str | None:
         return None
 
 
+def _checkpoint_size(fcfg) -> int | None:
+    """Bytes of the newest complete checkpoint in the save folder, or None."""
+    from train import integrity, resume
+
+    folder = fcfg.get("save_folder")
+    if not folder or "://" in str(folder):
+        return None
+    done = [c for c in resume.find(folder) if resume.problem(c) is None]
+    if not done:
+        return None
+    path = done[-1].path
+    return sum((path / n if path.is_dir() else path).stat().st_size for n in integrity.files_of(path))
+
+
+def _checkpoint_would_not_fit(fcfg) -> bool:
+    """Whether the save folder's file system has less room than a checkpoint takes: torch's writer reports a full
+    disk as `RuntimeError: [enforce fail at inline_container.cc] unexpected pos`, without the OSError."""
+    from common.files import free_bytes
+
+    size, folder = _checkpoint_size(fcfg), fcfg.get("save_folder")
+    free = free_bytes(folder) if size else None
+    return free is not None and free < size
+
+
 def _checkpoint_disk_full(fcfg):
     """A checkpoint that did not fit: the folder, about what it needs (the newest complete one's size), what is
     free, and that resuming after making room is exact."""
     from common.files import DiskFull
-    from train import integrity, resume
 
-    folder = Path(fcfg.save_folder)
-    done = [c for c in resume.find(folder) if resume.problem(c) is None]
-    need = sum((c.path / n).stat().st_size for c in done[-1:] for n in integrity.files_of(c.path)) if done else None
-    return DiskFull.at(folder, need, what="a checkpoint (about as large as the newest one)",
+    return DiskFull.at(Path(fcfg.save_folder), _checkpoint_size(fcfg),
+                       what="a checkpoint (about as large as the newest one)",
                        fix="free space there (or raise the quota), or set save_num_checkpoints_to_keep lower; then "
                        "run the same command again: it resumes exactly from the newest complete checkpoint (the "
                        "cut-off one is set aside)")
