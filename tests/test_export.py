@@ -182,3 +182,23 @@ def test_the_readme_lines_of_export_sample_and_evaluate_parse():
         words = shlex.split(line, comments=True)
         module = {"train.export": export, "train.sample": sample, "train.evaluate": evaluate}[words[2]]
         module.parser().parse_args(words[3:])  # exits 2 on an unknown option or a missing argument
+
+
+@pytest.mark.train
+def test_the_default_run_exports_samples_and_generates_with_plain_transformers(tmp_path):
+    """`python -m train`, then `train.export <run>`, then `train.sample <run> ...` on the default run (mock data,
+    its byte-level tokenizer), and the exported folder generating with `model.generate(**tokenizer(text))`."""
+    run(tmp_path, "train", "max_duration=10ba", "save_interval=10ba")
+    [name] = [p.name for p in (tmp_path / "checkpoints").iterdir()]
+    folder = run(tmp_path, "train.export", name).stdout.strip().splitlines()[-1]
+    sample = run(tmp_path, "train.sample", name, "The weather today is", "--max-new-tokens=8")
+    assert sample.stdout.strip()
+    code = ("import sys\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            "t = AutoTokenizer.from_pretrained(sys.argv[1])\n"
+            "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)\n"
+            "out = m.generate(**t('The weather today is', return_tensors='pt'), max_new_tokens=5, do_sample=False,"
+            " pad_token_id=t.eos_token_id)\nprint(out.shape[1])\n")
+    gen = subprocess.run([str(PYTHON), "-c", code, folder], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, **OFFLINE})
+    assert gen.returncode == 0, gen.stderr[-3000:]
+    assert int(gen.stdout.strip().splitlines()[-1]) == len(b"The weather today is") + 5

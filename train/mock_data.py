@@ -28,7 +28,10 @@ def write_tokenizer(folder: Path) -> None:
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "bos_token": EOS, "unk_token": EOS,
-        "pad_token": EOS, "model_max_length": 1 << 30}))
+        "pad_token": EOS, "model_max_length": 1 << 30,
+        # what a causal LM takes: without it the tokenizer also returns token_type_ids, which MPT's generate()
+        # refuses (`model_kwargs are not used by the model`), so `generate(**tokenizer(text))` would fail
+        "model_input_names": ["input_ids", "attention_mask"]}))
 
 
 def token_stream(n_tokens: int, seed: int) -> np.ndarray:

@@ -24,6 +24,7 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, temperat
     out = []
     for prompt in prompts:  # one at a time: no padding, so each continuation is what the prompt alone gives
         ids = tokenizer(prompt, return_tensors="pt")
+        ids.pop("token_type_ids", None)  # a tokenizer made for other models (BERT-like) offers them; MPT refuses them
         with torch.no_grad():
             tokens = model.generate(**ids, max_new_tokens=max_new_tokens, use_cache=True,
                                     pad_token_id=tokenizer.eos_token_id, **sampling)
