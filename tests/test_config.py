@@ -137,3 +137,16 @@ def test_every_preset_fits_its_schema():
         assert OmegaConf.get_type(cfg.cluster).__name__ == "Cluster"
         assert all(isinstance(v, str) for v in cfg.cluster.env.values()), cluster
         assert isinstance(cfg.storage.write_GBps, float) and isinstance(cfg.cluster.nodes, int)
+
+
+def test_cluster_environments_are_complete_as_their_sources_set_them():
+    """p5/p4d: the EFA set of AWS's MPT sbatch; ndv5/ndv4: srun without CPU binding, as Azure's recipes run it
+    (their NCCL_IGNORE_CPU_AFFINITY / topology files expect ranks free to use any core)."""
+    efa = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1", "FI_EFA_USE_HUGE_PAGE": "0",
+           "FI_EFA_ENABLE_SHM_TRANSFER": "1", "FI_LOG_LEVEL": "1", "NCCL_ASYNC_ERROR_HANDLING": "1"}
+    for name in ("p5", "p4d"):
+        env = compose([f"cluster={name}"]).cluster.env
+        assert {k: env.get(k) for k in efa} == efa, name
+        assert "--cpu-bind=none" not in compose([f"cluster={name}"]).cluster.srun_extra
+    for name in ("ndv5", "ndv4"):
+        assert "--cpu-bind=none" in compose([f"cluster={name}"]).cluster.srun_extra
