@@ -1,0 +1,55 @@
+"""The open maps (train/checks/open_maps.py): a typo in `cluster.sbatch_extra` is refused before anything is made
+(sbatch itself would refuse it, after the sweep folder), and a `cluster.env` name one typo away from the preset's
+is warned."""
+import os
+import re
+import subprocess
+
+import pytest
+
+import train  # noqa: F401
+from train.checks import Context, check
+from train.checks.open_maps import SBATCH_HELP, SBATCH_OPTIONS
+from train.compose import compose
+
+
+def problems(*overrides):
+    return check(compose(list(overrides)), Context(mode="plan", overrides=overrides, choices={"cluster": "ndv5"}))
+
+
+def test_a_misspelt_sbatch_option_is_refused_with_the_right_one():
+    [p] = [p for p in problems("cluster=ndv5", "cluster.sbatch_extra.resrvation=big") if "sbatch_extra" in p.key]
+    assert p.level == "error" and p.key == "cluster.sbatch_extra.resrvation"
+    assert "cluster.sbatch_extra.reservation" in p.fix
+    assert not [p for p in problems("cluster=ndv5", "cluster.sbatch_extra.reservation=big",
+                                    "cluster.sbatch_extra.mail-type=END") if "sbatch_extra" in p.key]
+
+
+def test_an_unknown_option_far_from_any_is_a_warning():
+    [p] = [p for p in problems("cluster=ndv5", "cluster.sbatch_extra.frobnicate=1") if "sbatch_extra" in p.key]
+    assert p.level == "warning"
+
+
+def test_an_env_name_one_typo_from_the_presets_is_warned():
+    [p] = [p for p in problems("cluster=ndv5", "cluster.env.NCCL_IB_TIMOUT=22") if p.key.startswith("cluster.env")]
+    assert p.level == "warning" and "NCCL_IB_TIMEOUT" in p.problem and "cluster.env.NCCL_IB_TIMEOUT=22" in p.fix
+    assert not [p for p in problems("cluster=ndv5", "cluster.env.NCCL_IB_TIMEOUT=23", "cluster.env.MY_FLAG=1")
+                if p.key.startswith("cluster.env")]
+
+
+def test_the_option_list_is_what_sbatch_says_and_sbatch_refuses_a_typo(slurm):
+    out = subprocess.run(["sbatch", "--help"], capture_output=True, text=True, timeout=60).stdout
+    listed = set(re.findall(r"^\s+(?:-\w, )?--([a-zA-Z0-9-]+)", out, flags=re.M))
+    assert listed == SBATCH_HELP
+    typo = subprocess.run(["sbatch", "--test-only", "--resrvation=big", "--wrap=true"], capture_output=True,
+                          text=True, timeout=60, env=os.environ)
+    assert typo.returncode != 0 and "unrecognized option" in typo.stderr
+    for name in sorted(SBATCH_OPTIONS - SBATCH_HELP):  # the manual's: sbatch parses them (no "unrecognized")
+        proc = subprocess.run(["sbatch", "--test-only", f"--{name}", "--wrap=true"], capture_output=True, text=True,
+                              timeout=60)
+        assert "unrecognized option" not in proc.stderr, name
+
+
+@pytest.mark.parametrize("name", ["reservation", "mail-type", "exclusive"])
+def test_real_options_pass(name):
+    assert name in SBATCH_OPTIONS

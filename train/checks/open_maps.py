@@ -1,0 +1,55 @@
+"""Rules about the two open maps, `cluster.sbatch_extra` and `cluster.env`: any key goes in, so a typo goes in too,
+and reaches Slurm (sbatch refuses an unknown option only once the sweep folder is made) or sets a variable that
+nothing reads beside the preset's own. Light: the option list is kept here, no Slurm client needed.
+"""
+import difflib
+
+from train.checks.core import WARNING, Problem, value
+
+# sbatch's long options: those `sbatch --help` lists (Slurm 22.05, the loopback cluster's; tests/test_open_maps.py
+# compares), and those its manual documents beside them.
+SBATCH_HELP = frozenset("""
+account array bb bbf begin chdir cluster-constraint clusters comment constraint container contiguous core-spec
+cores-per-socket cpu-freq cpus-per-gpu cpus-per-task deadline delay-boot dependency distribution error exclude
+exclusive export export-file get-user-env gid gpu-bind gpu-freq gpus gpus-per-node gpus-per-socket gpus-per-task
+gres gres-flags help hold ignore-pbs input job-name licenses mail-type mail-user mcs-label mem mem-per-cpu
+mem-per-gpu mincpus nice no-kill no-requeue nodefile nodelist nodes ntasks ntasks-per-core ntasks-per-node
+ntasks-per-socket output overcommit oversubscribe parsable partition power priority profile propagate qos quiet
+reboot requeue reservation signal sockets-per-node spread-job switches thread-spec threads-per-core time time-min
+tmp uid usage use-min-nodes verbose version wait wckey wrap
+""".split())
+SBATCH_MANUAL = frozenset("""
+acctg-freq batch extra-node-info hint kill-on-invalid-dep mem-bind network ntasks-per-gpu
+open-mode prefer test-only wait-all-nodes
+""".split())
+SBATCH_OPTIONS = SBATCH_HELP | SBATCH_MANUAL
+
+
+def sbatch_extra(cfg, ctx):
+    for key in (value(cfg, "cluster.sbatch_extra") or {}):
+        name = str(key).lstrip("-")
+        if name in SBATCH_OPTIONS:
+            continue
+        close = difflib.get_close_matches(name, sorted(SBATCH_OPTIONS), n=1, cutoff=0.75)
+        if close:  # a typo of a real option: sbatch refuses it ("unrecognized option"), after the sweep folder
+            yield Problem(f"cluster.sbatch_extra.{key}", f"is not an sbatch option (sbatch would refuse it: "
+                          f"unrecognized option '--{name}')", f"did you mean cluster.sbatch_extra.{close[0]}?")
+        else:  # perhaps an option of a newer Slurm than the one this list was made from
+            yield Problem(f"cluster.sbatch_extra.{key}", "is not an option of sbatch 22.05 (sbatch --help and its "
+                          "manual): an older sbatch refuses it", "check `sbatch --help` on the cluster", WARNING)
+
+
+def env_near_misses(cfg, ctx):
+    """A variable the command line adds next to a preset variable of almost the same name."""
+    env = value(cfg, "cluster.env") or {}
+    given = {str(o).split("=", 1)[0].lstrip("+~").removeprefix("cluster.env.") for o in ctx.overrides
+             if str(o).lstrip("+~").startswith("cluster.env.")}
+    preset = [k for k in env if k not in given]
+    for name in sorted(given & set(env)):
+        close = difflib.get_close_matches(name, preset, n=1, cutoff=0.85)
+        if close:
+            yield Problem(f"cluster.env.{name}", f"is set beside the preset's {close[0]}, a name one typo away: "
+                          f"nothing reads {name}", f"did you mean cluster.env.{close[0]}={env[name]}?", WARNING)
+
+
+RULES = [sbatch_extra, env_near_misses]
