@@ -118,7 +118,11 @@ def check_weights(state, step: str) -> None:
     import torch
     from composer.utils import dist
 
-    bad = any(not torch.isfinite(p.detach()).all() for p in state.model.parameters() if p.numel())
+    def local(p):  # FSDP2's parameters are DTensors: this rank's shard, without a collective per parameter
+        p = p.detach()
+        return p.to_local() if hasattr(p, "to_local") else p
+
+    bad = any(not torch.isfinite(t).all() for t in map(local, state.model.parameters()) if t.numel())
     flag = state.device.tensor_to_device(torch.tensor([1 if bad else 0], dtype=torch.int32))
     dist.all_reduce(flag, reduce_operation="MAX")
     if int(flag.item()):
