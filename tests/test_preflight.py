@@ -143,6 +143,8 @@ def test_preflight_only_prints_the_table_of_both_nodes_with_real_bandwidths(slur
     assert row["state"] == "COMPLETED" and row["final_loss"] == "" and row["excluded"] == ""
     log = Path(row["log"]).read_text()
     assert "preflight: 2 node(s), 4 ranks, ok in " in log and "Starting training" not in log
+    [kept] = json.loads((Path(row["log"]).parents[2] / row["point"] / "preflight.json").read_text())
+    assert kept["ok"] and sorted(r["node"] for r in kept["rows"]) == _nodes()  # the table, kept as a baseline
 
 
 def test_a_bad_node_is_excluded_and_the_job_completes_on_the_other_with_the_normal_loss(slurm, tmp_path):
@@ -169,9 +171,13 @@ def test_a_bad_node_is_excluded_and_the_job_completes_on_the_other_with_the_norm
     assert _job_field(job, "ExcNodeList") == bad and _job_field(job, "Restarts") == "1"
     used = subprocess.run(["sacct", "-n", "-X", "-o", "NodeList", "-j", job], capture_output=True, text=True)
     assert used.stdout.split()[0] == [n for n in _nodes() if n != bad][0]
-    [attempt] = json.loads((Path(checked["metrics"]).parent / "preflight.json").read_text())
+    # every start leaves its report: the failed one that excluded the node, then the healthy one after the requeue
+    attempt, healthy = json.loads((Path(checked["metrics"]).parent / "preflight.json").read_text())
     assert attempt["excluded"] == {bad: ["node check failed (exit 1): ERROR: GPU 3: 12 uncorrectable ECC errors"]}
     assert attempt["job_id"] == job and attempt["restart"] == 0
+    assert healthy["ok"] and healthy["job_id"] == job and healthy["restart"] == 1 and not healthy.get("excluded")
+    [baseline] = json.loads((Path(plain["metrics"]).parent / "preflight.json").read_text())
+    assert baseline["ok"] and baseline["rows"]  # a healthy first start is recorded too
     log = Path(checked["log"]).read_text()
     assert f"preflight: excluding {bad} and requeuing job {job} from the host" in log
     assert log.count("preflight: 1 node(s), 2 ranks, ") == 2 and "ok in " in log

@@ -150,13 +150,16 @@ def run(cfg, folder) -> dict:
         log.info("preflight: %s: devices %s, node check %s, intra %s GB/s, inter %s GB/s: %s", row["node"],
                  row["devices"], row["node_check"], pr._cell(row["intra_GBps"]), pr._cell(row["inter_GBps"]),
                  row["verdict"])
-    if report["ok"] or s.only:
-        return report
     rank0 = dist.get_rank() == 0
     job_id = os.environ.get("SLURM_JOB_ID")
-    requeued, why = False, "cluster.preflight.on_fail=stop"
     if rank0:
         report["job_id"], report["restart"] = job_id, int(os.environ.get("SLURM_RESTART_COUNT", 0))
+    if report["ok"] or s.only:
+        if rank0:  # a healthy start too: the baseline a bad day is compared with
+            log.info("preflight: report %s", pr.append_report(folder, report))
+        return report
+    requeued, why = False, "cluster.preflight.on_fail=stop"
+    if rank0:
         if s.on_fail == "requeue" and not report["bad"]:
             why = "the failure is not attributed to any node, so excluding nodes would not help"
         elif s.on_fail == "requeue" and not job_id:
