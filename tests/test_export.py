@@ -174,25 +174,32 @@ def test_the_readme_lines_of_export_sample_and_evaluate_parse():
     import shlex
 
     from train import evaluate, export, sample
+    from train.storage_args import roots, take
 
     readme = (ROOT / "README.md").read_text()
     lines = re.findall(r"^(python -m train\.(?:export|sample|evaluate) .*)$", readme, flags=re.M)
     assert {line.split()[2] for line in lines} == {"train.export", "train.sample", "train.evaluate"}, lines
     for line in lines:
-        words = shlex.split(line, comments=True)
+        words, storage = take(shlex.split(line, comments=True))  # storage overrides: train/storage_args.py
         module = {"train.export": export, "train.sample": sample, "train.evaluate": evaluate}[words[2]]
         module.parser().parse_args(words[3:])  # exits 2 on an unknown option or a missing argument
+        assert all(roots(storage))  # they name a storage
 
 
 @pytest.mark.train
 def test_the_default_run_exports_samples_and_generates_with_plain_transformers(tmp_path):
     """`python -m train`, then `train.export <run>`, then `train.sample <run> ...` on the default run (mock data,
-    its byte-level tokenizer), and the exported folder generating with `model.generate(**tokenizer(text))`."""
-    run(tmp_path, "train", "max_duration=10ba", "save_interval=10ba")
-    [name] = [p.name for p in (tmp_path / "checkpoints").iterdir()]
-    folder = run(tmp_path, "train.export", name).stdout.strip().splitlines()[-1]
-    sample = run(tmp_path, "train.sample", name, "The weather today is", "--max-new-tokens=8")
-    assert sample.stdout.strip()
+    its byte-level tokenizer), the run found on the storage the training command named (its storage override
+    after the run name), and the exported folder generating with `model.generate(**tokenizer(text))`."""
+    elsewhere, storage = tmp_path / "elsewhere", f"storage.root={tmp_path / 'lustre'}"  # not $PRETRAIN_ROOT
+    run(elsewhere, "train", "max_duration=10ba", "save_interval=10ba", storage)
+    [name] = [p.name for p in (tmp_path / "lustre" / "checkpoints").iterdir()]
+    missed = run(elsewhere, "train.export", name, check=False)
+    assert missed.returncode == 2 and str(elsewhere / "checkpoints") in missed.stderr
+    folder = run(elsewhere, "train.export", name, storage).stdout.strip().splitlines()[-1]
+    assert folder.startswith(str(tmp_path / "lustre" / "outputs" / name))
+    sample = run(elsewhere, "train.sample", name, "The weather today is", "--max-new-tokens=8", storage)
+    assert sample.stdout.startswith("The weather today is")
     code = ("import sys\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
             "t = AutoTokenizer.from_pretrained(sys.argv[1])\n"
             "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)\n"
@@ -202,3 +209,14 @@ def test_the_default_run_exports_samples_and_generates_with_plain_transformers(t
                          env={**os.environ, **OFFLINE})
     assert gen.returncode == 0, gen.stderr[-3000:]
     assert int(gen.stdout.strip().splitlines()[-1]) == len(b"The weather today is") + 5
+
+
+def test_status_and_export_look_on_the_storage_the_training_command_named(tmp_path):
+    """`python -m train.status storage=amlfs storage.root=...` / `train.export NAME storage=...`: the storage presets
+    composed as the training composed them, not the local root."""
+    for args, where in ((["train.status", "storage=amlfs", f"storage.root={tmp_path}"], tmp_path / "outputs" / "sweeps"),
+                        (["train.export", "a-run", "storage=amlfs", f"storage.root={tmp_path}"],
+                         tmp_path / "checkpoints")):
+        proc = subprocess.run([str(PYTHON), "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PRETRAIN_ROOT": str(tmp_path / "local")})
+        assert proc.returncode == 2 and str(where) in proc.stderr, proc.stderr

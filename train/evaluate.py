@@ -95,6 +95,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from train.storage_args import roots, take
+
+    argv, storage = take(sys.argv[1:] if argv is None else list(argv))
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     try:
@@ -103,7 +106,7 @@ def main(argv=None) -> int:
             raise UserError(problems=problems)
         from train import hf_model
 
-        folder = hf_model.find_folder(args.model)
+        folder = hf_model.find_folder(args.model, roots(storage)[1])
         if args.icl_tasks:
             result = icl(folder, args.icl_tasks.resolve(), args.icl_type, args.max_seq_len or _model_seq(folder),
                          args.batch_size, args.fewshot, args.icl_delimiter)

@@ -23,22 +23,19 @@ PRECISIONS = ("float32", "bfloat16", "float16")
 HF_SUBFOLDER = "huggingface"  # llm-foundry's hf_checkpointer writes <save_folder>/huggingface/ba{batch}
 
 
-def storage_root() -> Path:
-    """The local storage preset's root (conf/storage/local.yaml): `$PRETRAIN_ROOT`, or `./runs`."""
-    return Path(os.path.abspath(os.environ.get("PRETRAIN_ROOT", "runs")))
-
-
-def locate(arg: str):
-    """The complete checkpoint `arg` names (a checkpoint, a save folder, or a run name)."""
+def locate(arg: str, checkpoint_root: Path | None = None):
+    """The complete checkpoint `arg` names (a checkpoint, a save folder, or a run name under `checkpoint_root`:
+    train/storage_args.py, the local storage's by default)."""
     from train import resume
+    from train.storage_args import roots
 
     path = Path(arg)
     if not path.exists() and os.sep not in arg:  # a run name
-        path = storage_root() / "checkpoints" / arg
+        path = (checkpoint_root or roots([])[0]) / arg
         if not path.exists():
             raise UserError("checkpoint", f"{arg!r} is neither a path nor a run with checkpoints under {path.parent}",
-                            "give the checkpoint or save folder's path, or set PRETRAIN_ROOT to the storage root "
-                            "the run wrote under")
+                            "give the checkpoint or save folder's path, or the training command's storage "
+                            "overrides after the run name (storage=amlfs storage.root=...)")
     path = path.resolve()
     [ckpt] = [c for c in resume.find(path.parent) if c.path == path] or [None]
     if ckpt is None:  # a save folder: its newest complete checkpoint (nothing is moved: a run may be writing)
@@ -173,10 +170,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from train.storage_args import roots, take
+
+    argv, storage = take(sys.argv[1:] if argv is None else list(argv))
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     try:
-        ckpt = locate(args.checkpoint)
+        ckpt = locate(args.checkpoint, roots(storage)[0])
         out = (args.out or default_out(ckpt)).resolve()
         log.info("exporting %s (batch %d) as %s", ckpt.path, ckpt.batch, args.precision)
         print(export(ckpt, out, args.precision))

@@ -4,17 +4,20 @@ import re
 from pathlib import Path
 
 from common.errors import UserError
-from train.export import HF_SUBFOLDER, storage_root
+from train.export import HF_SUBFOLDER
 
 _BATCH = re.compile(r"^ba(\d+)$")
 
 
-def find_folder(arg: str) -> Path:
+def find_folder(arg: str, output_root: Path | None = None) -> Path:
     """The model folder `arg` names: a folder holding config.json, a run's `huggingface/` folder or output folder
-    (its newest `ba{B}`), or a run name (under `$PRETRAIN_ROOT/outputs`, or `./runs/outputs`)."""
+    (its newest `ba{B}`), or a run name under `output_root` (train/storage_args.py: the local storage's,
+    `$PRETRAIN_ROOT/outputs` or `./runs/outputs`, by default)."""
+    from train.storage_args import roots
+
     path = Path(arg)
     if not path.exists() and os.sep not in arg:
-        path = storage_root() / "outputs" / arg
+        path = (output_root or roots([])[1]) / arg
     if (path / "config.json").is_file():
         return path.resolve()
     for base in (path / HF_SUBFOLDER, path):

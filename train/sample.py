@@ -44,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from train.storage_args import roots, take
+
+    argv, storage = take(sys.argv[1:] if argv is None else list(argv))
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     problems = [f"error: --{k.replace('_', '-')}: must be positive, got {v}" for k, v in
@@ -56,7 +59,7 @@ def main(argv=None) -> int:
     try:
         from train import hf_model
 
-        folder = hf_model.find_folder(args.model)
+        folder = hf_model.find_folder(args.model, roots(storage)[1])
         log.info("sampling from %s", folder)
         model, tokenizer = hf_model.load(folder)
     except UserError as err:

@@ -1,17 +1,13 @@
 """`python -m train.status [SWEEP_FOLDER] [--watch [SECONDS]]`: where every point of a training sweep stands,
 from anywhere (hydra_plugins/pretrain_launcher/sweep_status.py): Slurm state, requeues, step, loss, tokens/s, MFU,
 ETA and log per point; (re)writes the sweep's summary.md and summary.csv. Without a folder: the newest sweep
-under the local storage preset's output root (`$PRETRAIN_ROOT/outputs`, or `./runs/outputs`)."""
-import os
+under the storage's output root: the local preset's (`$PRETRAIN_ROOT/outputs`, or `./runs/outputs`), or the one
+the training command's storage overrides name (`python -m train.status storage=amlfs storage.root=/lustre/x`)."""
 import sys
-from pathlib import Path
 
 from hydra_plugins.pretrain_launcher.sweep_status import main, newest
-
-
-def _latest() -> Path:
-    return newest(Path(os.path.abspath(os.environ.get("PRETRAIN_ROOT", "runs"))) / "outputs" / "sweeps")
-
+from train.storage_args import roots, take
 
 if __name__ == "__main__":
-    sys.exit(main("python -m train.status", _latest))
+    argv, storage = take(sys.argv[1:])
+    sys.exit(main("python -m train.status", lambda: newest(roots(storage)[1] / "sweeps"), argv))
