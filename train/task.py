@@ -166,15 +166,21 @@ def _choose_resume_point(cfg, fcfg) -> None:
             "run_name")
     found = [None]
     if rank == 0:
-        found = [resume.in_format(chosen, reads_sharded) if chosen else None]
-        first = chosen.batch if chosen else 0
-        identity.write_record(folder, fcfg.run_name, _model_choice(), identity.identity(cfg),
-                              manifests_from_batch=since if since is not None else first)
+        try:  # a conversion or the record may fail (a full disk): every rank must hear it, not wait for rank 0
+            path = resume.in_format(chosen, reads_sharded) if chosen else None
+            identity.write_record(folder, fcfg.run_name, _model_choice(), identity.identity(cfg),
+                                  manifests_from_batch=since if since is not None else chosen.batch if chosen else 0)
+            found = [("load", path)]
+        except Exception as err:
+            found = [("failed", err)]
     dist.broadcast_object_list(found)
-    if found[0]:
+    kind, path = found[0]
+    if kind == "failed":
+        raise path  # rank 0's error, on every rank
+    if path:
         # as composer's autoresume does: the whole state of the run's own checkpoint, whatever load_* said
-        fcfg.load_path, fcfg.load_weights_only, fcfg.load_ignore_keys = found[0], False, None
-        log.info("resuming from %s", found[0])
+        fcfg.load_path, fcfg.load_weights_only, fcfg.load_ignore_keys = path, False, None
+        log.info("resuming from %s", path)
     if ours:
         fcfg.autoresume = False  # the choice is made; composer must not follow a stale link instead
 
