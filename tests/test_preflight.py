@@ -147,6 +147,22 @@ def test_preflight_only_prints_the_table_of_both_nodes_with_real_bandwidths(slur
     assert kept["ok"] and sorted(r["node"] for r in kept["rows"]) == _nodes()  # the table, kept as a baseline
 
 
+def test_preflight_only_submitted_and_returned_says_where_its_table_will_be_and_status_shows_the_verdict(
+        slurm, tmp_path):
+    proc = cli(tmp_path, "-m", "cluster=slurm-local", "data=mock", "cluster.preflight.only=true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [note] = [line for line in proc.stdout.splitlines() if line.startswith("[sweep] #0 preflight table: ")]
+    report = Path(note.split("preflight table: ")[1].split()[0])
+    sweep = Path(proc.stdout.split("\nsweep: ")[1].splitlines()[0])
+    status = subprocess.run([str(PYTHON), "-m", "train.status", str(sweep), "--watch", "2"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert status.returncode == 0, status.stderr[-2000:]
+    last = status.stdout.split(f"{sweep} (")[-1]
+    assert "ok, 1 node(s), whole job " in last and str(report) in last
+    [kept] = json.loads(report.read_text())
+    assert kept["ok"]
+
+
 def test_a_bad_node_is_excluded_and_the_job_completes_on_the_other_with_the_normal_loss(slurm, tmp_path):
     # The node check fails on whichever node it first runs on (as NHC would on a node with ECC errors). Point 0
     # runs it; point 1, the same training without it, gives the normal loss (and holds the other node a while).

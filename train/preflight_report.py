@@ -129,6 +129,23 @@ def append_report(folder, attempt: dict) -> Path:
     return path
 
 
+def latest(folder) -> str:
+    """The newest start's verdict from <folder>/preflight.json, for the status: `ok, 2 node(s), whole job 3.1 GB/s`
+    or `FAILED: <what>`, and the file; "" when the job has not checked yet."""
+    path = Path(folder) / "preflight.json" if folder else None
+    try:
+        attempts = json.loads(path.read_text()) if path and path.is_file() else []
+    except ValueError:
+        return ""
+    if not attempts:
+        return ""
+    last, job = attempts[-1], attempts[-1].get("job") or {}
+    busbw = f", whole job {job['GBps']:.3g} GB/s" if "GBps" in job else ""
+    verdict = (f"ok, {len(last.get('rows', []))} node(s){busbw}" if last.get("ok") else
+               "FAILED: " + "; ".join(problem_lines(last)))
+    return f"{verdict} ({path})"
+
+
 def exclusions(folder) -> str:
     """The nodes the point's job excluded and why, for the sweep summary: `vm (node check failed ...)`."""
     path = Path(folder) / "preflight.json" if folder else None

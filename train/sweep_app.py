@@ -13,8 +13,8 @@ STATUS = "python -m train.status"  # how a user follows a sweep of this app
 FAILED_EXIT = 1  # a point that did not complete
 LOG_TAIL = True  # a failed rank's last log lines beside its error: a training failure may need them
 # what a terminal shows (python -m train.status); the summary files hold every column
-SHOWN = ("point", "overrides", "job_id", "state", "requeues", "step", "loss", "tokens_per_sec", "mfu", "eta", "log",
-         "error")
+SHOWN = ("point", "overrides", "job_id", "state", "requeues", "step", "loss", "tokens_per_sec", "mfu", "eta",
+         "preflight", "log", "error")
 
 
 def points(launcher, job_overrides: list, first: int, sweep_dir: Path) -> list:
@@ -68,9 +68,13 @@ def summary_executor(cfg: DictConfig, params, folder: str):
 def record(cfg: DictConfig) -> dict:
     """What the status needs of a point besides its job: its shape and folders."""
     c = cfg.cluster
+    report = OmegaConf.select(cfg, "callbacks.run_report.folder")
     return {"world_size": c.nodes * c.tasks_per_node, "checkpoint": cfg.save_folder,
             # train/run_report.py writes progress.json, metrics.json and the loss curve there
-            "report": OmegaConf.select(cfg, "callbacks.run_report.folder")}
+            "report": report,
+            # said once the point is submitted: where what the job is for will be
+            **({"note": f"preflight table: {report}/preflight.json (and in its log; `python -m train.status` "
+                        "shows the verdict)"} if c.preflight.only else {})}
 
 
 def columns(point: dict, state: str) -> dict:
@@ -78,7 +82,7 @@ def columns(point: dict, state: str) -> dict:
     metrics.json at the end."""
     from common.files import read_json
     from hydra_plugins.pretrain_launcher.outcomes import SLURM_ENDS, existing
-    from train.preflight_report import exclusions
+    from train.preflight_report import exclusions, latest
 
     report = Path(point["report"])
     progress, metrics = read_json(report / "progress.json"), read_json(report / "metrics.json")
@@ -99,6 +103,7 @@ def columns(point: dict, state: str) -> dict:
         "loss_curve": existing(report, "loss_curve.png"),
         # nodes the job's preflight check excluded before it requeued itself (train/preflight.py)
         "excluded": exclusions(str(report)),
+        "preflight": latest(str(report)),  # the newest start's verdict and its report file
     }
 
 

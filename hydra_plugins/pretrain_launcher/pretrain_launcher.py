@@ -131,6 +131,9 @@ class SweepLauncher(BaseSubmititLauncher):
             log.warning(f"[sweep] the summary job was not submitted ({err}); `{follow}` writes the summary")
             summary_job = None
         sweep_status.write_manifest(sweep_dir, app.__name__, records, shared, summary_job)
+        for r in records:  # what the app says of a submitted point (train: where a preflight table will be)
+            if r.get("note"):
+                print(f"[sweep] #{r['num']} {r['note']}", flush=True)
         print(f"\nsweep: {sweep_dir}\nfollow it: {follow}" + (
             f"\nsummary (written by job {summary_job} once every point has ended): {sweep_dir / 'summary.md'}"
             if summary_job else ""), flush=True)

@@ -107,7 +107,7 @@ def console(manifest: dict, table_rows: list) -> str:
     from hydra_plugins.pretrain_launcher.outcomes import markdown
 
     app = importlib.import_module(manifest["app"])
-    shown = [k for k in app.SHOWN if k != "error" or any(r["error"] for r in table_rows)]
+    shown = [k for k in app.SHOWN if k not in ("error", "preflight") or any(r.get(k) for r in table_rows)]
     heading = app.heading(manifest)
     return (f"{heading}\n" if heading else "") + markdown([{k: r[k] for k in shown} for r in table_rows])
 
