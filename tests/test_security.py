@@ -158,7 +158,9 @@ def test_a_second_training_on_a_save_folder_in_use_is_refused_and_the_first_is_i
     [metrics] = (tmp_path / "root" / "outputs").rglob("metrics.json")
     m = json.loads(metrics.read_text())
     assert m["batches"] == 1000 and [b for b, _ in m["train_loss"]] == list(range(1, 1001))
-    assert sorted(p.name.split("-")[1] for p in lock.parent.glob("ep*")) == ["ba1000", "ba500"]
+    assert sorted(p.name.split("-")[1] for p in lock.parent.glob("ep*") if not p.name.endswith(".manifest.json")) \
+        == ["ba1000", "ba500"]  # (each with its manifest: train/integrity.py)
+    assert len(list(lock.parent.glob("ep*.manifest.json"))) == 2
 
 
 @pytest.mark.train
