@@ -123,12 +123,13 @@ def test_two_nodes_by_two_tasks_trains_with_world_size_four(slurm, tmp_path):
 
 
 def test_a_failing_point_is_reported_with_its_log_and_the_other_completes(slurm, tmp_path):
-    # num_workers=0 passes our checks but fails inside llm-foundry (its default prefetch_factor needs workers)
-    proc = sweep(tmp_path, "max_duration=4ba", "checkpoint=none", "train_loader.num_workers=1,0")
+    # a learning rate of 1e6 passes every check (it is a number llm-foundry takes) and fails in training: the loss
+    # is not finite within a few steps, and the run stops there (train/integrity.py)
+    proc = sweep(tmp_path, "max_duration=8ba", "checkpoint=none", "optimizer.lr=3e-3,1e6")
     assert proc.returncode == 1
     ok, bad = summary(tmp_path)
     assert ok["state"] == "COMPLETED" and float(ok["final_loss"]) > 0
-    assert bad["state"] == "FAILED" and "prefetch_factor" in bad["error"]
+    assert bad["state"] == "FAILED" and "RunStopped" in bad["error"] and "the training loss is nan" in bad["error"]
     assert Path(bad["log"]).is_file() and bad["log"] in proc.stderr
 
 
