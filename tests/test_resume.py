@@ -207,8 +207,9 @@ def test_no_link_and_a_truncated_newest_shard_resume_from_the_previous_checkpoin
     log = task_log(root)
     assert "ep0-ba40 cannot be resumed from: shard __1_0.distcp is truncated" in log
     assert "resuming from " + str(folder / "ep0-ba30") in log
-    [aside] = (folder / "set-aside").iterdir()  # kept, not deleted
+    aside, manifest = sorted((folder / "set-aside").iterdir())  # kept, not deleted, with its manifest
     assert aside.name.startswith("ep0-ba40.") and (aside / "__1_0.distcp").stat().st_size == half
+    assert manifest.name == f"{aside.name}.manifest.json"
     assert _files(folder, "ep0-ba40") == older  # nothing older was overwritten
     assert_same_run(newest_metrics(root), straight(2, tmp_path_factory))
 
