@@ -379,24 +379,25 @@ def resume_candidates(folder: Path) -> list:
     return resume.find(folder)
 
 
-def test_a_checkpoint_without_its_manifest_was_cut_off_and_one_from_before_manifests_still_resumes(
-        tmp_path, tmp_path_factory):
-    """A kill between a checkpoint's last file and its manifest: that checkpoint is not trusted (set aside),
-    the run resumes from the one before. A folder written before manifests existed (no manifest, no record)
-    resumes as it always did."""
+def test_a_checkpoint_without_its_manifest_resumes_on_its_structure_and_gets_one(tmp_path, tmp_path_factory):
+    """A kill between a checkpoint's last file and its manifest (composer's `latest` link already on it), and a
+    folder written before manifests existed: the checkpoint is complete by its structure, so the run resumes from
+    it (here: the final one, nothing to do) instead of losing it, and writes its manifest."""
     folder, cmd = _finished_copy(1, "full", tmp_path, tmp_path_factory)
-    (folder / "ep0-ba40-rank0.pt.manifest.json").unlink()
+    manifest = folder / "ep0-ba40-rank0.pt.manifest.json"
+    written = manifest.read_text()
+    manifest.unlink()
     root = folder.parents[1]
     proc = run(root, cmd)
-    assert "ep0-ba40-rank0.pt cannot be resumed from: it has no manifest" in proc.stderr
-    assert "resuming from " + str(folder / "ep0-ba30-rank0.pt") in proc.stderr
-    assert_same_run(newest_metrics(root), straight(1, tmp_path_factory))
+    assert f"{folder / 'ep0-ba40-rank0.pt'} has no manifest: its files are complete by their structure" in proc.stderr
+    assert "nothing to do" in proc.stderr and not (folder / "set-aside").exists()
+    assert json.loads(manifest.read_text())["files"] == json.loads(written)["files"]  # the same hashes again
 
     older, _ = _finished_copy(1, "full", tmp_path / "older", tmp_path_factory)
     for made in [*older.glob("*.manifest.json"), older / "identity.json"]:
         made.unlink()
     again = run(older.parents[1], cmd)
-    assert "nothing to do" in again.stderr and "set-aside" not in again.stderr
+    assert "nothing to do" in again.stderr and not (older / "set-aside").exists()
 
 
 # ------------------------------------------------------------------ the choice itself, on files made here

@@ -6,9 +6,10 @@ size and xxh3-64 hash, written last and atomically. Each rank hashes the files i
 On resume the same split verifies the newest checkpoint against its manifest before the trainer loads it
 (train/task.py): a flipped block, a truncated or replaced file is named and the checkpoint set aside.
 
-Which checkpoints must have one: the run's record (train/identity.py, `identity.json`) holds the batch of the
-first start that wrote manifests; a newer checkpoint without a manifest was cut off before it was complete. Older
-ones (written before manifests existed) resume as they always did, on the structural checks of train/resume.py.
+A checkpoint without a manifest (written before manifests existed, or the run ended between its last file and
+its manifest, after composer's `latest` link pointed at it) is resumed from on the structural checks of
+train/resume.py, as before, and hashed then: losing a complete checkpoint to a kill at the wrong moment would
+cost more than it protects.
 
 Stops: a non-finite training loss (all ranks see the same all-reduced loss, so all stop together, before the
 step's checkpoint), and non-finite weights at a checkpoint, checked just before it is written, so the newest

@@ -130,24 +130,18 @@ def _choose_resume_point(cfg, fcfg) -> None:
     dist.broadcast_object_list(answer)
     if answer[0][0] == "in use":
         raise resume.FolderInUse(problems=answer[0][1])
-    record = identity.read_record(folder) if rank == 0 else {}
-    since = record.get("manifests_from_batch")  # checkpoints after it must have a manifest
     chosen, rejected = None, []
     while ours:
         box = [None]
         if rank == 0:
             ckpt = resume.newest_complete(folder, reads_sharded, tidy=True)
             manifest = integrity.read_manifest(ckpt.path) if ckpt else None
-            if ckpt is not None and manifest is None and since is not None and ckpt.batch > since:
-                resume.set_aside(ckpt, "it has no manifest: its write was cut off before it was complete")
-                box = [("again",)]
-            else:
-                box = [("none",) if ckpt is None else ("legacy", ckpt) if manifest is None else
-                       ("verify", ckpt, manifest)]
+            box = [("none",) if ckpt is None else ("unhashed", ckpt) if manifest is None else
+                   ("verify", ckpt, manifest)]
         dist.broadcast_object_list(box)
         kind = box[0][0]
-        if kind in ("none", "legacy"):
-            chosen = box[0][1] if kind == "legacy" else None
+        if kind in ("none", "unhashed"):
+            chosen = box[0][1] if kind == "unhashed" else None
             break
         if kind == "verify":
             ckpt, manifest = box[0][1], box[0][2]
@@ -167,9 +161,16 @@ def _choose_resume_point(cfg, fcfg) -> None:
     found = [None]
     if rank == 0:
         try:  # a conversion or the record may fail (a full disk): every rank must hear it, not wait for rank 0
+            if chosen and integrity.read_manifest(chosen.path) is None:
+                # written before manifests existed, or the run ended between its last file and its manifest
+                # (composer's `latest` link already pointed at it): complete by its structure (train/resume.py),
+                # so it is resumed from rather than lost, and hashed now for every later start
+                log.warning("%s has no manifest: its files are complete by their structure; resuming from it and "
+                            "writing its manifest now", chosen.path)
+                integrity.write_manifest(chosen.path, integrity.hash_files(chosen.path,
+                                                                           integrity.files_of(chosen.path)))
             path = resume.in_format(chosen, reads_sharded) if chosen else None
-            identity.write_record(folder, fcfg.run_name, _model_choice(), identity.identity(cfg),
-                                  manifests_from_batch=since if since is not None else chosen.batch if chosen else 0)
+            identity.write_record(folder, fcfg.run_name, _model_choice(), identity.identity(cfg))
             found = [("load", path)]
         except Exception as err:
             found = [("failed", err)]
