@@ -34,10 +34,12 @@ HOW_TOP = {
     "loggers", "progress_bar", "log_to_console", "console_log_interval", "python_log_level", "metadata",
     "log_config",
     # how each step is computed: the global batch fixes the maths, the microbatch only splits it
-    "device_train_microbatch_size", "device_eval_batch_size", "dist_timeout", "compile_config",
+    "device_train_microbatch_size", "device_eval_batch_size", "device_train_batch_size", "dist_timeout",
+    "compile_config", "max_split_size_mb", "expandable_segments", "cuda_load_lazy", "code_paths",
+    "only_hf_checkpoint", "only_composer_checkpoint",
     # what is evaluated, and how often: the reported numbers, not the trained weights
     "eval_loader", "eval_loaders", "eval_interval", "eval_first", "eval_subset_num_batches", "icl_tasks",
-    "icl_subset_num_batches", "eval_gauntlet", "eval_gauntlet_str",
+    "icl_tasks_str", "icl_subset_num_batches", "icl_seq_len", "eval_gauntlet", "eval_gauntlet_str",
     # values of the user's own: their effect counts where they are interpolated
     "variables",
 }
