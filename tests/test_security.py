@@ -193,7 +193,9 @@ def test_credentials_exported_in_the_shell_are_in_no_file_a_run_or_a_local_sweep
            "MLFLOW_TRACKING_PASSWORD": SECRET + "-mlflow"}
     args = ["max_duration=2ba", "eval_interval=2ba", "checkpoint=none", "progress_bar=false"]
     plain = cli(tmp_path / "root", *args, env=env)
-    sweep = cli(tmp_path / "root", "-m", "cluster.tasks_per_node=1", "optimizer.lr=1e-3,2e-3", *args, env=env)
+    # one point: two local points over the same data can collide in streaming's shared memory (a known, separate
+    # problem: issue 23's item 4), which is not what this test is about
+    sweep = cli(tmp_path / "root", "-m", "cluster.tasks_per_node=1", "optimizer.lr=1e-3", *args, env=env)
     for proc in (plain, sweep):
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert SECRET not in proc.stdout + proc.stderr
