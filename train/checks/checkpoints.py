@@ -7,7 +7,6 @@ system fills halfway through a month. Light: no torch.
 """
 import math
 import re
-import shutil
 from pathlib import Path
 
 from train.checks.core import ERROR, WARNING, Problem, batches, is_int, value
@@ -91,15 +90,14 @@ def checkpoints_kept(cfg, peak: bool = False) -> tuple[int | None, int | None]:
 
 def free_bytes(cfg) -> tuple[str | None, int | None]:
     """(the storage root, its free bytes) where it is on this node; (root, None) where it is not."""
+    from common.files import free_bytes as free_on
+
     root = value(cfg, "storage.root")
-    where = Path(str(root))
-    if not value(cfg, "storage.mounts"):  # a local root is made on the first run: its parent's file system
-        while not where.exists() and where.parent != where:
-            where = where.parent
-    try:
-        return str(root), shutil.disk_usage(where).free
-    except (OSError, TypeError):
-        return (str(root) if root else None), None
+    if not root:
+        return None, None
+    if value(cfg, "storage.mounts") and not Path(str(root)).exists():
+        return str(root), None  # a mounted storage, not on this node
+    return str(root), free_on(root)  # a local root is made on the first run: its parent's file system counts
 
 
 def _bytes_in(folder) -> int:
