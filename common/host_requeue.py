@@ -51,18 +51,57 @@ def _request_requeue(self, countdown: int) -> None:
     signal.alarm(EXIT_WITHIN_S)
 
 
+def _answer_once(handler):
+    """submitit's USR2 handler (bound to its SignalHandler), answered once per process. Slurm can deliver USR2
+    twice (to the step's tasks and through srun), and a second answer while the first one's exit is under way
+    starts a second dump of the resubmission pickle, which the alarm above cuts short: its temporary file then
+    fails the next allocation's dump ("A temporary saved file already exists")."""
+    answered = []
+
+    def once(signum, frame=None):
+        if answered:
+            log.warning("signal %s again: already checkpointing and requeueing, ignored", signum)
+            return None
+        answered.append(signum)
+        return handler(signum, frame)
+
+    once.answers_once = True
+    return once
+
+
 def install() -> None:
     """In the job body (every rank): submitit's requeue becomes a request to the batch script."""
     if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
         return
+    from submitit.core.job_environment import SignalHandler
     from submitit.slurm.slurm import SlurmJobEnvironment
 
     SlurmJobEnvironment._requeue = _request_requeue
+    # submitit registered its handler (a bound method) before the job body started
+    usr2 = SlurmJobEnvironment._usr_sig()
+    handler = signal.getsignal(usr2)
+    if isinstance(getattr(handler, "__self__", None), SignalHandler):
+        signal.signal(usr2, _answer_once(handler))
     if os.environ.get("SLURM_PROCID", "0") == "0":
         # A request left by an allocation that never reached its teardown (killed at the limit, or requeued by
         # Slurm itself) must not requeue this one when it ends.
         for kind in ("requeue", "exclude"):
             request_path(kind).unlink(missing_ok=True)
+        # A dump of the resubmission pickle cut short (killed at the limit) leaves submitit's temporary file,
+        # and submitit asserts it is absent before its next dump: this allocation's requeue would fail.
+        stale_dump()
+
+
+def stale_dump() -> Path:
+    """Remove (and return the path of) submitit's temporary resubmission pickle left by an earlier allocation."""
+    from submitit import JobEnvironment
+
+    pickle = JobEnvironment().paths.submitted_pickle
+    tmp = pickle.with_suffix(pickle.suffix + ".save_tmp")
+    if tmp.exists():
+        log.warning("removed %s, a resubmission pickle an earlier allocation did not finish writing", tmp)
+        tmp.unlink(missing_ok=True)
+    return tmp
 
 
 def _id_lines(folder: str) -> list[str]:

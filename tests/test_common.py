@@ -3,6 +3,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +78,45 @@ def test_both_apps_read_the_same_conf(module):
     from common.paths import CONF, PROJECT
 
     assert (CONF / f"{module}.yaml").is_file() and (PROJECT / module / "__main__.py").is_file()
+
+
+class _Checkpointable:
+    """A job function submitit can checkpoint: its resubmission is itself."""
+
+    def __call__(self):
+        return 0
+
+    def checkpoint(self):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)
+
+
+def test_a_repeated_usr2_requeues_once_and_a_cut_short_dump_does_not_fail_the_next_allocation(tmp_path):
+    # submitit's own handler, as it stands in a job: registered before the job body, then our install().
+    code = ("import os, signal, sys, time\n"
+            "from submitit.core.utils import DelayedSubmission\n"
+            "from submitit.slurm.slurm import SlurmJobEnvironment\n"
+            "from tests.test_common import _Checkpointable\n"
+            "from common import host_requeue\n"
+            "env = SlurmJobEnvironment()\n"
+            "delayed = DelayedSubmission(_Checkpointable()); delayed.set_timeout(1, 5)\n"
+            "env._handle_signals(env.paths, delayed)\n"
+            "host_requeue.install()\n"
+            "for n in range(2):\n"
+            "    try:\n"
+            "        os.kill(os.getpid(), signal.SIGUSR2); time.sleep(0.1)\n"
+            "    except SystemExit as e:\n"
+            "        print('exit', e.code)\n"
+            "signal.alarm(0)\n")
+    stale = tmp_path / "7_submitted.pkl.save_tmp"
+    stale.write_bytes(b"half a pickle")  # an earlier allocation killed while dumping
+    env = {**os.environ, "SUBMITIT_EXECUTOR": "slurm", "SUBMITIT_FOLDER": str(tmp_path), "SLURM_JOB_ID": "7",
+           "SLURM_PROCID": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n").count("exit -1") == 1, proc.stdout + proc.stderr  # answered once
+    assert "already checkpointing and requeueing, ignored" in proc.stderr
+    assert "did not finish writing" in proc.stderr and not stale.exists()
+    assert (tmp_path / "7_requeue").read_text() == "4\n"  # one timeout counted, not two
+    assert (tmp_path / "7_submitted.pkl").is_file()
