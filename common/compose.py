@@ -1,6 +1,6 @@
-"""Compose a `-m` line's points as their jobs will (same Hydra context), for any app of this project: training's
-gate checks them and its launcher submits them (train/gate.py, hydra_plugins/pretrain_launcher/), data_prep's
-parts go through the same launcher."""
+"""Compose a sweep's points as their jobs will (same Hydra context), for any app of this project: the launcher
+hands each app the points a sweeper gives it (hydra_plugins/pretrain_launcher/), and the app composes and checks
+them here (train/sweep_app.py, data_prep/sweep_app.py)."""
 import copy
 from pathlib import Path
 
@@ -20,17 +20,8 @@ def without_hydra(cfg: DictConfig, output_dir, in_place: bool = False) -> DictCo
     return cfg
 
 
-def sweep_overrides(config: DictConfig) -> list:
-    """A `-m` command line's points, each a list of overrides, in Hydra's order (its basic sweeper's)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
-    return [list(p) for batch in BasicSweeper.split_arguments(parsed, None) for p in batch]
-
-
-def sweep_points(loader, config: DictConfig, sweep_dir, points: list | None = None):
-    """Every point of a `-m` line as (overrides, config): composed exactly as its job will compose it (same Hydra
+def sweep_points(loader, config: DictConfig, sweep_dir, points: list, first: int = 0):
+    """Every point given (a list of overrides each, numbered from `first`) as (overrides, config): composed exactly as its job will compose it (same Hydra
     context), its hydra node dropped, unresolved; its Hydra context is set for each config as it is made, so
     the caller resolves each point before asking for the next (train/gate.py).
 
@@ -39,13 +30,13 @@ def sweep_points(loader, config: DictConfig, sweep_dir, points: list | None = No
     value overrides applied on top. A sweep's points mostly share their group choices, so the first step runs
     once per distinct set of them and the second, Hydra's own function, runs on a copy for each point: a
     128-point sweep is composed in seconds. tests/test_compose.py checks the result against Hydra composing
-    each point from scratch. points: the overrides of each point, when not the command line's own."""
+    each point from scratch."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
     bases = {}
-    for num, overrides in enumerate(sweep_overrides(config) if points is None else points):
+    for num, overrides in enumerate(points, start=first):
         parsed = parser.parse_overrides(overrides)
         # Hydra's own test for a value override, not a group choice (hydra/_internal/defaults_list.py: Overrides)
         is_value = [isinstance(o.value(), dict) or not loader.repository.group_exists(o.key_or_group)
@@ -65,8 +56,3 @@ def sweep_points(loader, config: DictConfig, sweep_dir, points: list | None = No
                 exclude_keys=job.config.override_dirname.exclude_keys)
             job.num = num
         yield list(overrides), without_hydra(cfg, Path(sweep_dir) / str(cfg.hydra.sweep.subdir), in_place=True)
-
-
-# The sweep points the gate composed, resolved and checked, by sweep folder: the launcher submits these instead
-# of composing every point again (train/gate.py -> train/sweep_app.py).
-CHECKED_POINTS: dict = {}

@@ -1,5 +1,5 @@
-"""A sweep point's config -> the submitit executor that runs it. Light (submitit only), so `plan` can show the
-exact sbatch script that would be submitted.
+"""A sweep point's config -> the resources its job needs (hydra_plugins/pretrain_launcher/contract.py). Light, so
+`plan` can show the exact sbatch script that would be submitted.
 
 Resources come from each point's own `cluster` group, so `-m cluster.nodes=1,2` really asks for 1 and 2 nodes.
 """
@@ -7,11 +7,12 @@ import re
 import shlex
 import sys
 
-import submitit
 from omegaconf import DictConfig
 
 from common import host_requeue
 from common.paths import PROJECT
+from hydra_plugins.pretrain_launcher import contract
+from hydra_plugins.pretrain_launcher.contract import Resources
 from train.requeue import facts_lines
 
 # The project checkout, mounted into containers so that jobs run this code.
@@ -62,38 +63,29 @@ def preflight_lines(cfg: DictConfig) -> list[str]:
     return facts_lines() if p.enabled and p.on_fail == "requeue" and not p.only else []
 
 
-def make_executor(cfg: DictConfig, folder: str) -> submitit.AutoExecutor:
+def resources(cfg: DictConfig, folder: str) -> Resources:
+    """What a point's job needs, from its own cluster group. folder: submitit's (with %j), where the host-side
+    requeue looks for the task's request."""
     c = cfg.cluster
     if c.name == "local":
-        ex = submitit.AutoExecutor(folder=folder, cluster="local")
-        ex.update_parameters(nodes=1, tasks_per_node=c.tasks_per_node, gpus_per_node=c.gpus_per_node,
-                             cpus_per_task=c.cpus_per_task, timeout_min=c.timeout_min, name=cfg.run_name)
-        return ex
+        return Resources(scheduler="local", name=cfg.run_name, tasks_per_node=c.tasks_per_node,
+                         gpus_per_node=c.gpus_per_node, cpus_per_task=c.cpus_per_task, timeout_min=c.timeout_min)
     in_container = bool(c.container.image)
-    ex = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=c.max_num_timeout,
-                               slurm_python="python3" if in_container else None)
-    extra = {"wait_all_nodes": 1, **c.sbatch_extra}
-    if c.gpus_per_node:
-        extra["gpus_per_node"] = c.gpus_per_node
-    ex.update_parameters(
-        name=cfg.run_name, nodes=c.nodes, tasks_per_node=c.tasks_per_node, cpus_per_task=c.cpus_per_task,
-        timeout_min=c.timeout_min, mem_gb=c.mem_gb, slurm_partition=c.partition, slurm_account=c.account,
-        slurm_qos=c.qos, slurm_constraint=c.constraint, slurm_exclusive=c.exclusive or None,
-        slurm_signal_delay_s=c.signal_delay_s, slurm_additional_parameters=extra,
-        slurm_setup=[*env_lines(cfg), *([] if in_container else c.setup), *preflight_lines(cfg)],
-        slurm_srun_args=srun_args(cfg),
+    return Resources(
+        scheduler="slurm", name=cfg.run_name, nodes=c.nodes, tasks_per_node=c.tasks_per_node,
+        gpus_per_node=c.gpus_per_node, cpus_per_task=c.cpus_per_task, mem_gb=c.mem_gb, timeout_min=c.timeout_min,
+        partition=c.partition, account=c.account, qos=c.qos, constraint=c.constraint, exclusive=c.exclusive,
+        max_num_timeout=c.max_num_timeout, signal_delay_s=c.signal_delay_s,
+        sbatch_extra=tuple({"wait_all_nodes": 1, **c.sbatch_extra}.items()),
+        setup=(*env_lines(cfg), *([] if in_container else c.setup), *preflight_lines(cfg)),
+        srun_args=tuple(srun_args(cfg)),
         # the requeue at a time limit or preemption runs here on the host: an image may have no Slurm client
-        slurm_teardown=host_requeue.teardown_lines(folder),
-    )
-    return ex
+        teardown=tuple(host_requeue.teardown_lines(folder)), python="python3" if in_container else None)
 
 
 def sbatch_script(cfg: DictConfig, folder: str = "<sweep dir>/.submitit/%j") -> str | None:
     """The sbatch script a `-m` run of this config submits; None for a local run."""
     if cfg.cluster.name == "local":
         return None
-    ex = make_executor(cfg, folder)
     python = "python3" if cfg.cluster.container.image else shlex.quote(sys.executable)
-    # the command exactly as submitit writes it when it submits (the folder quoted)
-    return ex._executor._make_submission_file_text(
-        f"{python} -u -m submitit.core._submit {shlex.quote(folder)}", "plan")
+    return contract.sbatch_script(resources(cfg, folder), folder, python)

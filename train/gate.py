@@ -1,9 +1,10 @@
-"""The checks, run where Hydra lets them run before it writes anything.
+"""The checks of a plain run, run where Hydra lets them run before it writes anything.
 
-Hydra makes a plain run's folder (`.hydra/` with every override, the job log) and a sweep's folder
-(`multirun.yaml`) before the task or the launcher starts; its callbacks run earlier. So every check, and `plan`,
-happens here: a refused run, a plan (and `--cfg`, `--help`, which never reach a callback) write nothing anywhere.
-Hydra's global state is read here, once, into each config's Context.
+Hydra makes a plain run's folder (`.hydra/` with every override, the job log) before the task starts; its
+callbacks run earlier. So a plain run's checks, and its `plan`, happen here: a refused run, a plan (and `--cfg`,
+`--help`, which never reach a callback) write nothing anywhere. A sweep's points are checked by the launcher
+before anything is submitted, and by our sweeper before anything is written (train/sweep_app.py,
+hydra_plugins/pretrain_launcher/checked_sweeper.py). Hydra's global state is read here, once, into the Context.
 """
 import sys
 
@@ -11,7 +12,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 
-def _context(config: DictConfig, cfg: DictConfig, overrides, sweep: bool):
+def context(config: DictConfig, cfg: DictConfig, overrides, sweep: bool):
     from train.checks import Context
 
     plan = OmegaConf.select(cfg, "plan", default=None)
@@ -49,7 +50,7 @@ class CheckBeforeWriting(Callback):
 
         HydraConfig.instance().set_config(config)  # as run_job does next: `${run_id:...}` reads the overrides
         cfg = without_hydra(config, OmegaConf.select(config, "hydra.run.dir"))
-        ctx = _context(config, cfg, config.hydra.overrides.task, sweep=False)
+        ctx = context(config, cfg, config.hydra.overrides.task, sweep=False)
         problems = _checked(lambda: check(cfg, ctx))
         if not report(problems):
             sys.exit(2)
@@ -57,50 +58,6 @@ class CheckBeforeWriting(Callback):
             from train.forecast_report import print_plan
 
             print_plan(cfg, problems)
-            sys.exit(0)
-
-    @_or_stop
-    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from hydra.core.global_hydra import GlobalHydra
-        from hydra.core.hydra_config import HydraConfig
-
-        from common.compose import CHECKED_POINTS, sweep_points
-        from train.checks import ConfigError, check, check_points, errors, report, resolve_all
-        from train.identity import distinct_names
-
-        HydraConfig.instance().set_config(config)
-        loader = GlobalHydra.instance().config_loader()
-        sweep_dir = OmegaConf.select(config, "hydra.sweep.dir")
-
-        def points(lists=None):
-            """Each point composed and resolved while its own Hydra context is set (`${run_id:...}` reads the
-            point's overrides). A point that does not resolve is checked as it is, so that its problems name
-            their keys (storage.tier, not the storage.write_GBps that interpolates it)."""
-            cfgs, ctxs, unresolved = [], [], {}
-            for num, (overrides, cfg) in enumerate(sweep_points(loader, config, sweep_dir, lists)):
-                ctx = _context(config, cfg, overrides, sweep=True)
-                try:
-                    resolve_all(cfg)
-                except ConfigError as err:
-                    found = check(cfg, ctx)
-                    unresolved[num] = [p.at_point(num) for p in (found if errors(found) else found + err.problems)]
-                cfgs.append(cfg)
-                ctxs.append(ctx)
-            return cfgs, ctxs, unresolved
-
-        cfgs, ctxs, unresolved = _checked(points)
-        renamed = distinct_names([list(c.overrides) for c in ctxs], cfgs)
-        if renamed:  # points that train the same thing, run differently: a run each (train/identity.py)
-            cfgs, ctxs, unresolved = _checked(lambda: points(renamed))
-        problems = _checked(lambda: check_points(cfgs, ctxs, unresolved))
-        if not report(problems):
-            sys.exit(2)
-        # checked and resolved: the launcher submits these (each point composed once)
-        CHECKED_POINTS[str(sweep_dir)] = [(list(c.overrides), cfg) for c, cfg in zip(ctxs, cfgs)]
-        if ctxs and ctxs[0].mode == "plan":
-            from train.forecast_report import print_plans
-
-            print_plans(cfgs, problems)
             sys.exit(0)
 
 

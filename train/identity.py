@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 HOW_TOP = {
     # ours: where and how it runs (cluster: nodes, tasks, env, container, time limit, partition, preflight, wait,
     # setup lines; storage: roots and mounts; checkpoint: format and folder), what is exported, the plan
-    "cluster", "storage", "checkpoint", "export", "plan", "hydra",
+    "cluster", "storage", "checkpoint", "export", "plan", "hydra", "objective",
     # the run's own name and folders, and its checkpoint policy (what is kept, not what is trained)
     "run_name", "save_folder", "save_interval", "save_num_checkpoints_to_keep", "save_overwrite", "save_filename",
     "save_latest_filename", "save_weights_only", "save_ignore_keys", "autoresume",

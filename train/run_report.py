@@ -83,6 +83,11 @@ class RunReport(Callback):
         self._status = {}  # progress.json's content (rank 0)
         self._fit_ended = False
 
+    def init(self, state: State, logger: Logger) -> None:
+        from train import shm_registry
+
+        shm_registry.release()  # llm-foundry has built every loader: streaming's registry is written
+
     def fit_start(self, state: State, logger: Logger) -> None:
         from composer.callbacks import CheckpointSaver
         from composer.utils.misc import create_interval_scheduler

@@ -57,7 +57,7 @@ def run(cfg: DictConfig) -> dict:
     _choose_resume_point(cfg, fcfg)
     from llmfoundry.command_utils import train
 
-    from train import tracking
+    from train import shm_registry, tracking
     from train.run_report import register
 
     register()
@@ -67,7 +67,11 @@ def run(cfg: DictConfig) -> dict:
         # llm-foundry prints the whole resolved config (log_config, which also hands it to the tracking loggers
         # as parameters): a message, so stderr; stdout holds only the run's answer, printed below
         with contextlib.redirect_stdout(sys.stderr):
-            train(fcfg).close()
+            shm_registry.hold()  # released at INIT (train/run_report.py), once the loaders are built
+            try:
+                train(fcfg).close()
+            finally:
+                shm_registry.release()
     except BaseException as err:  # torch's CheckpointException (a sharded write failed on a rank) is no Exception
         from common.files import is_disk_full
 
@@ -85,6 +89,13 @@ def run(cfg: DictConfig) -> dict:
                     f"run_name.")
     metrics = _read(report / "metrics.json")
     if int(os.environ.get("RANK", 0)) == 0:
+        from train import finished
+
+        earlier = finished.read(cfg) if not metrics else None
+        if earlier:  # already trained, and this run's outputs folder is new (a sweep run again): its numbers
+            metrics = earlier["value"]
+        else:  # a sweep run again submits nothing for this point (train/finished.py)
+            finished.write(fcfg.save_folder, fcfg.max_duration, report, metrics)
         print(f"\nfinal train loss {metrics.get('final_train_loss')}, "
               f"eval {metrics.get('final_eval')}\n"
               f"checkpoints: {fcfg.save_folder or 'none (checkpoint=none)'}\n"

@@ -1,14 +1,21 @@
-"""Hydra's basic sweeper, without its second composition of every point.
+"""Hydra's basic sweeper (the command line's sweeps and `hydra.sweeper.params`), with every point checked before
+anything is written.
 
-BasicSweeper composes each point of a batch before launching it, to catch composition errors early. Here every
-point was already composed, resolved and checked before anything was written (train/gate.py), and the launcher
-submits those same configs; composing them a third time only made large sweeps slow (0.25 s a point).
+BasicSweeper writes the sweep folder's `multirun.yaml`, then composes and launches one batch at a time. This one
+first hands every point of every batch to the launcher's `prepare` (composed once, checked together, planned with
+`plan=true`): a refused sweep or a plan writes nothing. Then it launches the batches as BasicSweeper does, and
+ends the command with the app's exit status if a point did not complete (the launcher has printed why).
 """
+import sys
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from pathlib import Path
+from typing import Any, Dict, Optional
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobStatus
+from omegaconf import OmegaConf
 
 
 @dataclass
@@ -22,5 +29,22 @@ ConfigStore.instance().store(group="hydra/sweeper", name="checked", node=Checked
 
 
 class CheckedSweeper(BasicSweeper):
-    def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
-        """Nothing to do: train/gate.py composed and checked every point before the sweep started."""
+    def sweep(self, arguments: list) -> Any:
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        batches = self.split_arguments(parser.parse_overrides(self._parse_config() + list(arguments)),
+                                       self.max_batch_size)
+        prepare = getattr(self.launcher, "prepare", None)
+        if prepare is not None:  # every point, before anything is written (may exit: refused, or a plan shown)
+            prepare([o for batch in batches for o in batch], 0)
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        returns, first = [], 0
+        for batch in batches:
+            returns.append(self.launcher.launch(batch, initial_job_idx=first))
+            first += len(batch)
+        if any(r.status == JobStatus.FAILED for results in returns for r in results):
+            sys.exit(getattr(getattr(self.launcher, "app", None), "failed_exit", 1))
+        if getattr(self.launcher, "failed_checks", False):
+            sys.exit(1)
+        return returns

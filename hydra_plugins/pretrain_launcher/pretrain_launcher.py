@@ -1,33 +1,32 @@
-"""The `-m` launcher of both apps: checks every point, submits each through submitit (Slurm or this machine), and
-either returns at once (Slurm: follow with `python -m train.status` / `python -m data_prep.status`; a summary job
-writes the summary when the last point ends) or waits with progress and writes the summary itself (local
-sweeps, `cluster.wait=true`, `hydra.launcher.wait=true`).
+"""The `-m` launcher of both apps, and of any Hydra app: it launches exactly the points a sweeper hands it (Hydra's
+basic sweeper with `hydra.sweeper.params`, Optuna, Nevergrad), each through submitit on Slurm or on this machine,
+and returns one JobReturn per point whose value is the point's objective.
 
-App-agnostic: what differs between training and data_prep comes from the app's hooks, a module named by the
-launcher's `app` (train/sweep_app.py, data_prep/sweep_app.py): the points (composed and checked), each point's
-executor (resources), whether to wait, the summary job's executor, the manifest fields and summary columns
-(read by sweep_status.py), and what to print at the end. Points with the same resources go as one Slurm job
-array (data_prep's parts); training points, each with its own run name, go as one job each.
+What differs between apps comes from the app (a `SweepApp`, contract.py, named in `hydra.launcher.app`): each
+point's config (composed as its job will compose it, and checked: nothing is submitted if any point of a batch is
+refused), its resources, whether to wait, its objective, whether an earlier run of it already finished, and the
+summary's columns. Points with equal resources go to Slurm as one job array.
 
-Built on hydra-submitit-launcher: its job body (recompose the point, run the task, requeue on timeout or
-preemption through `checkpoint`) is reused, with the requeue done from the host (common/host_requeue.py).
+Slurm sweeps either wait (local sweeps, `cluster.wait=true`, `hydra.launcher.wait=true`, and any sweeper that
+needs results) or submit and return: a summary job writes the summary when the last point ends; follow with the
+app's status command. Built on hydra-submitit-launcher: its job body (recompose the point, run the task, requeue
+on timeout or preemption through `checkpoint`) is reused, with the requeue done from the host
+(common/host_requeue.py).
 """
-import importlib
-import json
 import logging
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus, setup_globals
-from omegaconf import DictConfig
 
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from hydra_plugins.pretrain_launcher import sweep_status
+from hydra_plugins.pretrain_launcher.contract import Point, executor, load_app
 from hydra_plugins.pretrain_launcher.outcomes import (
     bucket,
     ended,
@@ -46,16 +45,12 @@ log = logging.getLogger("sweep")
 @dataclass
 class SweepLauncherConf:
     _target_: str = "hydra_plugins.pretrain_launcher.pretrain_launcher.SweepLauncher"
-    app: str = "train.sweep_app"  # the app's hooks (see the module docstring)
+    app: Optional[str] = None  # a SweepApp subclass (contract.py); null: any Hydra task (the generic app)
     submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
-    poll_s: float = 2.0  # how often the waiting submitter looks at its jobs
-
-
-@dataclass
-class PartsLauncherConf(SweepLauncherConf):
-    """Resources for an app without a `cluster` group (data_prep): one task per point, given here, in
-    hydra-submitit-launcher's names (`hydra.launcher.cpus_per_task=64`)."""
-    app: str = "data_prep.sweep_app"
+    poll_s: float = 2.0  # how often the waiting launcher looks at its jobs
+    # Resources for apps that take them from here (the generic app, data_prep: one task per point), in
+    # hydra-submitit-launcher's names (`hydra.launcher.cpus_per_task=64`). Training's come from each point's
+    # cluster group.
     scheduler: str = "local"  # local | slurm
     partition: Optional[str] = None
     account: Optional[str] = None
@@ -67,27 +62,36 @@ class PartsLauncherConf(SweepLauncherConf):
     signal_delay_s: int = 120
     array_parallelism: int = 256
     setup: List[str] = field(default_factory=list)  # shell lines before srun
-    wait: bool = False  # Slurm: wait for every part (a local sweep always does)
+    wait: bool = False  # Slurm: wait for every point (a local sweep always does)
     summary_partition: Optional[str] = None  # where the summary job runs; null: partition
 
 
-ConfigStore.instance().store(group="hydra/launcher", name="pretrain", node=SweepLauncherConf, provider="pretrain")
-for _name, _scheduler in (("data_prep_local", "local"), ("data_prep_slurm", "slurm")):
-    ConfigStore.instance().store(group="hydra/launcher", name=_name, provider="pretrain",
-                                 node=PartsLauncherConf(scheduler=_scheduler))
+_store = ConfigStore.instance()
+_store.store(group="hydra/launcher", name="pretrain", provider="pretrain",
+             node=SweepLauncherConf(app="train.sweep_app.TrainApp"))
+for _scheduler in ("local", "slurm"):
+    _store.store(group="hydra/launcher", name=f"data_prep_{_scheduler}", provider="pretrain",
+                 node=SweepLauncherConf(app="data_prep.sweep_app.DataPrepApp", scheduler=_scheduler))
+    _store.store(group="hydra/launcher", name=f"sweep_{_scheduler}", provider="pretrain",
+                 node=SweepLauncherConf(scheduler=_scheduler))
+
+# Sweepers that never read a point's result: with them a Slurm sweep may submit and return.
+_RESULTS_UNREAD = ("CheckedSweeper", "BasicSweeper")
 
 
-@dataclass
-class Point:
-    num: int
-    overrides: list
-    cfg: DictConfig  # resolved, without the hydra node
-    scheduler: str  # local | slurm (the app's hook says which)
-    job: Any = None
+class PointFailed(RuntimeError):
+    """A point that did not complete, as its JobReturn carries it to the sweeper."""
 
 
 class SweepLauncher(BaseSubmititLauncher):
     _EXECUTOR = "auto"
+
+    def __init__(self, **params) -> None:
+        super().__init__(**params)
+        self.app = load_app(params.get("app"))
+        self._prepared: dict = {}  # the sweeper's overrides -> (the point's overrides, its checked config)
+        self.failed_checks = False  # the app's closing check failed (training: a preflight-only verdict)
+        self._points: list = []  # every point launched so far
 
     def __call__(self, *args, **kwargs) -> JobReturn:
         """The job body (every rank). Hydra's run_job catches the task's exception into a FAILED JobReturn,
@@ -102,35 +106,72 @@ class SweepLauncher(BaseSubmititLauncher):
             raise ret._return_value
         return ret
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+    def prepare(self, job_overrides: Sequence[Sequence[str]], first: int = 0) -> list:
+        """Each point's config, composed once and checked with all the others given; a refused point prints every
+        problem of every point and exits (nothing submitted). A sweeper that knows all its points (ours) calls
+        this with all of them before it writes anything; `launch` reuses them."""
         setup_globals()
-        app = importlib.import_module(self.params["app"])
+        keys = [tuple(o) for o in job_overrides]
+        if not all(k in self._prepared for k in keys):
+            from common.errors import UserError
+
+            try:
+                made = self.app.configs(self, [list(o) for o in job_overrides], first)
+            except UserError as err:
+                self.app.report(err)
+                sys.exit(self.app.refused_exit)
+            self._prepared.update(zip(keys, made))
+        return [self._prepared[k] for k in keys]
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        configs = self.prepare(job_overrides, initial_job_idx)
+        points = []
+        for i, (overrides, cfg) in enumerate(configs):
+            p = Point(initial_job_idx + i, overrides, cfg, self.app.resources(cfg, self.params))
+            p.finished = self.app.finished(cfg)
+            points.append(p)
+        if not points:
+            return []
+        waits = any(self.app.waits(p.cfg, self.params) for p in points)
+        sweeper = str(self.config.hydra.sweeper.get("_target_", "")).rsplit(".", 1)[-1]
+        if not waits and sweeper not in _RESULTS_UNREAD:
+            from common.errors import UserError
+
+            self.app.report(UserError(self.app.wait_key, f"{sweeper} needs each point's result before it chooses "
+                                      "the next ones, and this sweep would submit and return",
+                                      f"add {self.app.wait_key}=true (this command then waits for every batch)"))
+            sys.exit(self.app.refused_exit)
         sweep_dir = Path(self.config.hydra.sweep.dir)
-        points = [Point(initial_job_idx + i, o, cfg, app.scheduler(cfg, self.params)) for i, (o, cfg) in
-                  enumerate(app.points(self, [list(o) for o in job_overrides], initial_job_idx, sweep_dir))]
         sweep_dir.mkdir(parents=True, exist_ok=True)
         folder = self.params["submitit_folder"]
-        self._submit(app, points, folder)
-        shared, own = split_overrides([p.overrides for p in points])  # the summary shows what was swept
-        records = [{"num": p.num, "overrides": o, "job_id": p.job.job_id,
-                    "scheduler": p.scheduler, "folder": folder, "tasks": p.job.num_tasks,
-                    **app.record(p.cfg)} for p, o in zip(points, own)]
+        for p in points:
+            if p.finished is not None:
+                print(f"[sweep] #{p.num} {' '.join(p.overrides) or '(defaults)'}: finished earlier "
+                      f"({p.finished.get('where', '')}): nothing to submit", flush=True)
+        self._submit([p for p in points if p.finished is None], folder)
+        self._points += points  # a sweeper that launches batches (Optuna) gets one summary of all of them
+        shared, own = split_overrides([p.overrides for p in self._points])  # the summary shows what was swept
+        records = [{"num": p.num, "overrides": o, "job_id": p.job.job_id if p.job else None,
+                    "scheduler": p.resources.scheduler, "folder": folder, "tasks": p.job.num_tasks if p.job else 0,
+                    **self.app.record(p)} for p, o in zip(self._points, own)]
+        app_path = self.params.get("app") or ""
         # before waiting, or the summary job: a point that fails at once may let that job start within a second
-        sweep_status.write_manifest(sweep_dir, app.__name__, records, shared)
-        if any(app.waits(p.cfg, self.params) for p in points):
-            self._wait(points)
-            return self._report(app, points, sweep_dir)
+        sweep_status.write_manifest(sweep_dir, app_path, records, shared)
+        running = [p for p in points if p.job]
+        if waits or not running:
+            self._wait(running)
+            return self._report(points, sweep_dir)
         # Submit and return: a login node may end a long-lived process; the summary job writes the summary
-        follow = f"{app.STATUS} {sweep_dir} --watch"
+        follow = f"{self.app.status_command} {sweep_dir} --watch"
         try:
-            ex = app.summary_executor(points[0].cfg, self.params, folder)
+            ex = executor(self.app.summary_resources(running[0].cfg, self.params), folder)
             ex.update_parameters(slurm_dependency="afterany:" + ":".join(
-                dict.fromkeys(str(p.job.job_id).split("_")[0] for p in points)))  # an array's id covers its parts
+                dict.fromkeys(str(p.job.job_id).split("_")[0] for p in running)))  # an array's id covers its parts
             summary_job = ex.submit(sweep_status.summarise, str(sweep_dir)).job_id
         except Exception as err:  # the points are submitted and run: say so, and how to get the summary
             log.warning(f"[sweep] the summary job was not submitted ({err}); `{follow}` writes the summary")
             summary_job = None
-        sweep_status.write_manifest(sweep_dir, app.__name__, records, shared, summary_job)
+        sweep_status.write_manifest(sweep_dir, app_path, records, shared, summary_job)
         for r in records:  # what the app says of a submitted point (train: where a preflight table will be)
             if r.get("note"):
                 print(f"[sweep] #{r['num']} {r['note']}", flush=True)
@@ -139,15 +180,13 @@ class SweepLauncher(BaseSubmititLauncher):
             if summary_job else ""), flush=True)
         return []
 
-    def _submit(self, app, points: list, folder: str) -> None:
-        """Points with the same resources as one job array (data_prep's parts), each other point as its own job."""
-        groups = {}
+    def _submit(self, points: list, folder: str) -> None:
+        """Points with equal resources as one job array (submitit's batch), each other point as its own job."""
+        groups: dict = {}
         for p in points:
-            ex = app.executor(p.cfg, self.params, folder)
-            # the parameters submitit will write into the script (its executor's own dict: no public accessor)
-            key = (ex.cluster, json.dumps(ex._executor.parameters, sort_keys=True, default=str))
-            groups.setdefault(key, (ex, []))[1].append(p)
-        for ex, group in groups.values():
+            groups.setdefault(p.resources, []).append(p)
+        for res, group in groups.items():
+            ex = executor(res, folder)
             with ex.batch():
                 for p in group:
                     p.job = ex.submit(self, p.overrides, "hydra.sweep.dir", p.num, f"job_id_for_{p.num}",
@@ -158,20 +197,20 @@ class SweepLauncher(BaseSubmititLauncher):
 
     def _wait(self, points: list) -> None:
         last, refreshed = None, 0.0
-        while True:
+        while points:
             # One forced accounting query (for all jobs at once) every 10 s, so that a cancelled or failed
             # job is seen promptly without calling sacct for every job at every poll.
             force = time.time() - refreshed > 10
             refreshed = time.time() if force else refreshed
-            slurm = [p for p in points if p.scheduler == "slurm"]
+            slurm = [p for p in points if p.resources.scheduler == "slurm"]
             if force and slurm:
                 # done() returns early once a result file exists, and `state` is refreshed on submitit's own
                 # schedule (up to half the job's age): ask for every job's state here, or a finished long job
                 # would keep the command waiting for minutes
                 slurm[0].job.get_info(mode="force")
-            done = [p.job.done() and ended(p.job, p.scheduler) for p in points]
+            done = [p.job.done() and ended(p.job, p.resources.scheduler) for p in points]
             for p, d in zip(points, done):
-                failed = [] if d or p.scheduler != "local" else failed_ranks(p.job)
+                failed = [] if d or p.resources.scheduler != "local" else failed_ranks(p.job)
                 if failed:
                     log.warning(f"[sweep] #{p.num}: rank {failed[0]} failed: ending its other ranks")
                     kill_local_tasks(p.job)
@@ -184,32 +223,48 @@ class SweepLauncher(BaseSubmititLauncher):
                 return
             time.sleep(self.params.get("poll_s", 2.0))
 
-    def _report(self, app, points: list, sweep_dir: Path) -> list:
-        """The summary (the rows `python -m train.status` writes), the app's closing words, each failed rank's
-        error and log tail; exit non-zero if a point did not complete."""
+    def _report(self, points: list, sweep_dir: Path) -> list:
+        """The summary (the rows the status command writes), the app's closing words, each failed rank's error
+        and log tail; one JobReturn per point, its value the point's objective (FAILED where it did not
+        complete)."""
         manifest = sweep_status.load(sweep_dir)
-        rows = sweep_status.rows(manifest, [p.job for p in points],
-                                 wait_s=0 if points[0].scheduler == "local" else 15)
-        text = sweep_status.write_summary(sweep_dir, manifest, rows)
+        jobs = sweep_status.jobs(manifest)
+        local = all(p.resources.scheduler == "local" for p in points)
+        everything = sweep_status.rows(manifest, jobs, wait_s=0 if local else 15)  # this batch and earlier ones
+        text = sweep_status.write_summary(sweep_dir, manifest, everything)
         print(f"\n{text}\nsummary: {sweep_dir / 'summary.md'} and summary.csv", flush=True)
-        results = []
-        for p in points:
-            outcome, value = load_result(p.job.task(0).paths.result_pickle)
-            results.append(value if outcome == "success" else None)
-        failed_checks = app.finish(results, rows)
+        by_num = {row["point"]: row for row in everything}
+        rows = [by_num[p.num] for p in points]
+        values, returns = [], []
+        for p, row in zip(points, rows):
+            if p.finished is not None:
+                outcome, value = "success", JobReturn(overrides=p.overrides, cfg=p.cfg, status=JobStatus.COMPLETED,
+                                                      _return_value=p.finished.get("value"))
+            else:
+                outcome, value = load_result(p.job.task(0).paths.result_pickle)
+            ok = row["state"] == "COMPLETED" and outcome == "success" and value.status == JobStatus.COMPLETED
+            values.append(value.return_value if ok else None)
+            if ok:
+                try:
+                    value._return_value = self.app.objective(p.cfg, value.return_value)
+                except Exception as err:  # the point trained, but its objective cannot be had: say which and why
+                    value = JobReturn(overrides=p.overrides, cfg=p.cfg, status=JobStatus.FAILED,
+                                      _return_value=PointFailed(f"point #{p.num}: {err}"))
+                returns.append(value)
+            else:
+                returns.append(JobReturn(overrides=p.overrides, cfg=p.cfg, status=JobStatus.FAILED, _return_value=
+                                         PointFailed(f"point #{p.num} {row['state']}: {row['error'] or row['log']}")))
+        self.failed_checks = self.app.finish(values, rows) or self.failed_checks
         failed = [(p, row) for p, row in zip(points, rows) if row["state"] != "COMPLETED"]
         for p, row in failed:
             log.error(f"[sweep] #{row['point']} {row['state']}: see {row['log']}")
-            for r in rank_outcomes(p.job, wait_s=0):
+            for r in rank_outcomes(p.job, wait_s=0) if p.job else []:
                 if not r.ok:  # the last lines of its log, where the app's errors do not say everything
-                    tail = "".join(f"\n    | {line}" for line in r.tail) if app.LOG_TAIL else ""
+                    tail = "".join(f"\n    | {line}" for line in r.tail) if self.app.log_tail else ""
                     log.error(f"  rank {r.rank}: {r.error}" + (f"\n    last lines of {r.log}:{tail}" if tail else ""))
         if failed:
             log.error(f"[sweep] {len(failed)} of {len(points)} points did not complete")
-            sys.exit(app.FAILED_EXIT)
-        if failed_checks:
-            sys.exit(1)
-        return [r for r in results if r is not None]
+        return returns
 
 
 def _singleton_state():

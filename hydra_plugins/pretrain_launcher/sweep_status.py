@@ -1,8 +1,9 @@
 """Where every point of a sweep stands, from its folder alone: what `python -m train.status` and
 `python -m data_prep.status` print, and the summary files.
 
-At submission the launcher leaves `sweep.json` in the sweep folder: the app whose hooks describe the points
-(train/sweep_app.py, data_prep/sweep_app.py) and each point's job. This asks Slurm for the jobs' states (sacct,
+At submission the launcher leaves `sweep.json` in the sweep folder: the app that describes the points (a SweepApp,
+contract.py: train/sweep_app.py, data_prep/sweep_app.py) and each point's job (none for a point whose run had
+already finished: its row shows what that run left). This asks Slurm for the jobs' states (sacct,
 one query for all, through submitit), reads what the points' jobs write (the app's columns: files, not logs) and
 (re)writes summary.md / summary.csv, replaced whole. The same rows come from the waiting launcher, from this
 command, and from the sweep's summary job (`--dependency=afterany` on every point), which writes them once the
@@ -10,7 +11,6 @@ last point has ended whether or not anyone follows the sweep. Light: no torch, n
 """
 import argparse
 import csv
-import importlib
 import io
 import json
 import logging
@@ -40,12 +40,26 @@ def load(sweep_dir: Path) -> dict:
                         "pass the folder the submission printed") from None
 
 
+# sweep.json files written before apps were classes name the app's module
+_APPS = {"train.sweep_app": "train.sweep_app.TrainApp", "data_prep.sweep_app": "data_prep.sweep_app.DataPrepApp"}
+
+
+def app_of(manifest: dict):
+    from hydra_plugins.pretrain_launcher.contract import load_app
+
+    return load_app(_APPS.get(manifest["app"], manifest["app"]))
+
+
 def jobs(manifest: dict) -> list:
-    """submitit's job objects for the points, from their ids: the surface the launcher's own jobs have."""
+    """submitit's job objects for the points, from their ids: the surface the launcher's own jobs have (None for
+    a point that was not submitted: its run had finished before)."""
     import submitit
 
     out = []
     for p in manifest["points"]:
+        if p.get("job_id") is None:
+            out.append(None)
+            continue
         kind = submitit.SlurmJob if p["scheduler"] == "slurm" else submitit.LocalJob
         out.append(kind(folder=p["folder"], job_id=str(p["job_id"]), tasks=tuple(range(int(p["tasks"])))))
     return out
@@ -58,11 +72,13 @@ def rows(manifest: dict, point_jobs: list, wait_s: float = 0, all_ended: bool = 
     (a container without a Slurm client)."""
     from hydra_plugins.pretrain_launcher.outcomes import SLURM_ENDS, ended, final_state, rank_outcomes
 
-    app = importlib.import_module(manifest["app"])
+    app = app_of(manifest)
     out = []
     for p, job in zip(manifest["points"], point_jobs):
         error = ""
-        if all_ended or ended(job, p["scheduler"]):
+        if job is None:  # finished before this sweep: nothing was submitted
+            state, log = "COMPLETED", "(finished earlier: nothing submitted)"
+        elif all_ended or ended(job, p["scheduler"]):
             ranks = rank_outcomes(job, wait_s=wait_s)
             bad = [r for r in ranks if not r.ok]
             state = "COMPLETED" if not bad else final_state(job)
@@ -86,7 +102,7 @@ def write_summary(sweep_dir: Path, manifest: dict, table_rows: list) -> str:
     every point shares (once), the table."""
     from hydra_plugins.pretrain_launcher.outcomes import markdown
 
-    heading = importlib.import_module(manifest["app"]).heading(manifest)
+    heading = app_of(manifest).heading(manifest)
     shared = manifest["shared"]
     text = (f"{heading}\n\n" if heading else "") + \
            (f"shared by every point: {' '.join(shared)}\n\n" if shared else "") + markdown(table_rows)
@@ -106,8 +122,8 @@ def console(manifest: dict, table_rows: list) -> str:
     """What a terminal shows: the app's heading and its columns (SHOWN), error only where a point has one."""
     from hydra_plugins.pretrain_launcher.outcomes import markdown
 
-    app = importlib.import_module(manifest["app"])
-    shown = [k for k in app.SHOWN if k not in ("error", "preflight") or any(r.get(k) for r in table_rows)]
+    app = app_of(manifest)
+    shown = [k for k in app.shown if k not in ("error", "preflight") or any(r.get(k) for r in table_rows)]
     heading = app.heading(manifest)
     return (f"{heading}\n" if heading else "") + markdown([{k: r[k] for k in shown} for r in table_rows])
 

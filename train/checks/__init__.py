@@ -43,7 +43,7 @@ def check(cfg, ctx: Context) -> list:
     return [p.masked(secrets) for secrets in [safety.secret_values(cfg) if unique else []] for p in unique]  # never echo a credential
 
 
-def check_points(cfgs: list, ctxs: list, checked: dict | None = None) -> list:
+def check_points(cfgs: list, ctxs: list, checked: dict | None = None, first: int = 0) -> list:
     """Every point of a sweep (resolved), and what no single point shows: two points writing one save_folder
     would resume from, and overwrite, each other's checkpoints. checked: {point: its problems} for points
     already checked (the ones that do not resolve)."""
@@ -52,13 +52,14 @@ def check_points(cfgs: list, ctxs: list, checked: dict | None = None) -> list:
         if checked and num in checked:
             found += checked[num]
             continue
-        found += [p.at_point(num) for p in check(cfg, ctx)]
+        found += [p.at_point(first + num) for p in check(cfg, ctx)]
         folder = cfg.get("save_folder")
         if folder and folder in folders:
-            found.append(Problem("save_folder", f"sweep points #{folders[folder]} and #{num} both write to {folder}",
+            found.append(Problem("save_folder", f"sweep points #{folders[folder]} and #{first + num} both write to "
+                                 f"{folder}",
                                  "leave save_folder to the checkpoint group (one folder per run_name), or make it "
                                  "differ per point, e.g. save_folder=/data/ckpt/${run_name}"))
-        folders.setdefault(folder, num)
+        folders.setdefault(folder, first + num)
     return found
 
 

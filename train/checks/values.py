@@ -18,7 +18,7 @@ from train.checks.core import (
 from train.schema import SCHEMAS
 
 # Ours: our typed groups and `plan`; removed before llm-foundry sees the config (train/foundry.py).
-PRODUCT_KEYS = frozenset({*SCHEMAS, "plan"})
+PRODUCT_KEYS = frozenset({*SCHEMAS, "plan", "objective"})
 # llm-foundry 0.22's TrainConfig fields (tests/test_config.py checks this list against the library).
 FOUNDRY_KEYS = frozenset("""
 model tokenizer optimizer scheduler train_loader device_train_batch_size device_eval_batch_size max_duration

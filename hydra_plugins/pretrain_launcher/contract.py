@@ -1,0 +1,172 @@
+"""What the launcher and an app agree on: the resources a job needs (one typed record, mapped to submitit in one
+place) and what an app provides (`SweepApp`, whose defaults are the generic app: any Hydra task function).
+
+The launcher knows no app: training (train/sweep_app.py) and data_prep (data_prep/sweep_app.py) subclass
+`SweepApp` and are named by class in `hydra.launcher.app`. Light: dataclasses, Hydra, submitit.
+"""
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import DictConfig
+
+
+@dataclass(frozen=True)
+class Resources:
+    """One job's needs. Points whose Resources are equal go to Slurm as one job array."""
+    scheduler: str = "local"  # local (processes on this machine) | slurm
+    name: str = "sweep"  # the Slurm job name
+    nodes: int = 1
+    tasks_per_node: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+    mem_gb: Optional[int] = None
+    timeout_min: int = 60
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    exclusive: bool = False
+    max_num_timeout: int = 0  # requeues after a time limit or preemption
+    signal_delay_s: int = 120  # USR2 this long before the limit
+    array_parallelism: int = 256
+    sbatch_extra: tuple = ()  # (flag, value) pairs, sorted
+    setup: tuple = ()  # shell lines before srun
+    srun_args: tuple = ()
+    teardown: tuple = ()  # shell lines after srun (the host-side requeue)
+    python: Optional[str] = None  # the job's interpreter; None: this one (a container: "python3")
+
+
+def executor(res: Resources, folder: str):
+    """The one mapping of Resources to submitit."""
+    import submitit
+
+    if res.scheduler == "local":
+        ex = submitit.AutoExecutor(folder=folder, cluster="local")
+        ex.update_parameters(name=res.name, nodes=1, tasks_per_node=res.tasks_per_node,
+                             gpus_per_node=res.gpus_per_node, cpus_per_task=res.cpus_per_task,
+                             timeout_min=res.timeout_min)
+        return ex
+    ex = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=res.max_num_timeout,
+                               slurm_python=res.python)
+    extra = dict(res.sbatch_extra)
+    if res.gpus_per_node:
+        extra["gpus_per_node"] = res.gpus_per_node
+    ex.update_parameters(
+        name=res.name, nodes=res.nodes, tasks_per_node=res.tasks_per_node, cpus_per_task=res.cpus_per_task,
+        timeout_min=res.timeout_min, mem_gb=res.mem_gb, slurm_partition=res.partition, slurm_account=res.account,
+        slurm_qos=res.qos, slurm_constraint=res.constraint, slurm_exclusive=res.exclusive or None,
+        slurm_signal_delay_s=res.signal_delay_s, slurm_array_parallelism=res.array_parallelism,
+        slurm_additional_parameters=extra, slurm_setup=list(res.setup), slurm_srun_args=list(res.srun_args),
+        slurm_teardown=list(res.teardown))
+    return ex
+
+
+def sbatch_script(res: Resources, folder: str, python: str) -> str:
+    """The sbatch script submitit writes for one job of `res` (what `plan` shows). submitit has no public way to
+    render it: this is its private `_make_submission_file_text`, pinned by tests/test_launcher_contract.py."""
+    import shlex
+
+    return executor(res, folder)._executor._make_submission_file_text(
+        f"{python} -u -m submitit.core._submit {shlex.quote(folder)}", "plan")
+
+
+@dataclass
+class Point:
+    """One job of a sweep: the overrides it runs with, its config (None where the app does not need one), its
+    resources, and once launched its submitit job or, for a run that had already finished, what it left."""
+    num: int
+    overrides: list
+    cfg: Optional[DictConfig]
+    resources: Resources
+    job: Any = None
+    finished: Optional[dict] = None  # the app's record of an earlier, finished run of this point: nothing to submit
+    record: dict = field(default_factory=dict)
+
+
+class SweepApp:
+    """What an app tells the launcher. These defaults are the generic app: any Hydra task function, its jobs
+    composed by Hydra, resources from the launcher's own settings (`hydra.launcher.*`), the task's return value
+    returned as is. Training and data_prep override what they know better."""
+    status_command: Optional[str] = None  # how a user follows a submitted sweep; None: the launcher always waits
+    failed_exit = 1  # the command's exit status when a point did not complete
+    refused_exit = 2  # ... when a point's config was refused
+    wait_key = "hydra.launcher.wait"  # the setting that makes a Slurm sweep wait for its points
+    log_tail = True  # show a failed rank's last log lines beside its error
+    shown = ("point", "overrides", "job_id", "state", "log", "error")  # what a terminal shows of a summary
+
+    def configs(self, launcher, job_overrides: list, first: int) -> list:
+        """(overrides, config) of each point, checked: raise common.errors.UserError with every problem of every
+        point (nothing is submitted). The overrides may gain what the app adds (training: a run name)."""
+        return [(list(o), None) for o in job_overrides]
+
+    def report(self, err) -> None:
+        """Print a refusal (a UserError holding every problem)."""
+        import sys
+
+        print(err, file=sys.stderr)
+
+    def resources(self, cfg, params) -> Resources:
+        return params_resources(params, name="sweep")
+
+    def waits(self, cfg, params) -> bool:
+        """A local sweep's tasks are this command's children: it always waits. On Slurm, as the app says; an
+        app without a status command to follow it by always waits."""
+        return (self.status_command is None or params.get("scheduler", "local") == "local"
+                or bool(params.get("wait")))
+
+    def finished(self, cfg) -> Optional[dict]:
+        """An earlier run of this point that already reached its end: its record, and the launcher submits
+        nothing for it. None: run it."""
+        return None
+
+    def objective(self, cfg, value):
+        """What the sweeper gets as the point's result (Optuna minimises or maximises it)."""
+        return value
+
+    def summary_resources(self, cfg, params) -> Resources:
+        res = self.resources(cfg, params)
+        return Resources(scheduler="slurm", name=f"{res.name}-summary", timeout_min=10,
+                         partition=params.get("summary_partition") or res.partition, account=res.account,
+                         qos=res.qos, setup=res.setup, srun_args=res.srun_args, python=res.python)
+
+    def record(self, point: Point) -> dict:
+        """What the status needs of a point besides its job."""
+        return {}
+
+    def columns(self, point: dict, state: str) -> dict:
+        return {}
+
+    def heading(self, manifest: dict) -> str:
+        return ""
+
+    def finish(self, results: list, rows: list) -> bool:
+        """After a waited-for sweep's summary: the app's closing words. True: exit non-zero."""
+        return False
+
+
+def params_resources(params, name: str) -> Resources:
+    """Resources from the launcher's own settings (the generic app, data_prep)."""
+    from common import host_requeue
+
+    folder = params["submitit_folder"]
+    slurm = params.get("scheduler", "local") == "slurm"
+    return Resources(
+        scheduler=params.get("scheduler", "local"), name=name, tasks_per_node=1,
+        cpus_per_task=params.get("cpus_per_task", 1), mem_gb=params.get("mem_gb"),
+        timeout_min=params.get("timeout_min", 60), partition=params.get("partition"),
+        account=params.get("account"), qos=params.get("qos"), max_num_timeout=params.get("max_num_timeout", 0),
+        signal_delay_s=params.get("signal_delay_s", 120), array_parallelism=params.get("array_parallelism", 256),
+        setup=tuple(params.get("setup") or ()), srun_args=("--kill-on-bad-exit=1",) if slurm else (),
+        teardown=tuple(host_requeue.teardown_lines(folder)) if slurm else ())
+
+
+def load_app(path: Optional[str]) -> SweepApp:
+    """The app named by class (`train.sweep_app.TrainApp`); None: the generic app."""
+    if not path:
+        return SweepApp()
+    from hydra.utils import get_class
+
+    cls = get_class(path)
+    if not (isinstance(cls, type) and issubclass(cls, SweepApp)):
+        raise TypeError(f"hydra.launcher.app={path}: not a SweepApp (hydra_plugins/pretrain_launcher/contract.py)")
+    return cls()

@@ -1,0 +1,63 @@
+"""A run that reached its end, and the number a sweep reports for it.
+
+At the end of a run (trained to max_duration, or found already there) rank 0 writes `<save_folder>/finished.json`:
+the max_duration reached, where its report is, and its final metrics. A sweep run again reads it before
+submitting a point: a point whose run already finished is not submitted (no allocation, no preflight), and the
+sweep reports that run's numbers. A run continued to a longer max_duration (`run_name=` of it) is not finished
+until it gets there. Light: json and OmegaConf only.
+"""
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from common import files
+
+FILE = "finished.json"
+DEFAULT_OBJECTIVE = "eval/LanguageCrossEntropy"
+TRAIN_LOSS = "loss/train/total"  # composer's name of the training loss: the last logged value
+_HISTORIES = ("train_loss", "eval")  # kept in metrics.json only
+
+
+def _folder(save_folder) -> Path | None:
+    """The save folder when it is on a file system here (an object store URI is not read)."""
+    return Path(save_folder) if save_folder and "://" not in str(save_folder) else None
+
+
+def write(save_folder, max_duration, report: Path, metrics: dict) -> None:
+    folder = _folder(save_folder)
+    if folder is None or not folder.is_dir():
+        return
+    body = {"max_duration": str(max_duration), "report": str(report),
+            "metrics": {k: v for k, v in metrics.items() if k not in _HISTORIES}}
+    files.cosmetic_write(folder / FILE, json.dumps(body, indent=1).encode())
+
+
+def read(cfg: DictConfig) -> dict | None:
+    """The finished run of this config ({where, report, value}: value as the task returns it), or None: it has
+    not reached this max_duration (or keeps no checkpoint folder here, or is a preflight-only job)."""
+    if OmegaConf.select(cfg, "cluster.preflight.only", default=False):
+        return None
+    folder = _folder(OmegaConf.select(cfg, "save_folder"))
+    if folder is None:
+        return None
+    try:
+        body = json.loads((folder / FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if body.get("max_duration") != str(cfg.max_duration):
+        return None
+    return {"where": str(folder / FILE), "report": body.get("report"), "value": body.get("metrics") or {}}
+
+
+def objective(cfg: DictConfig, metrics) -> float:
+    """The metric `objective` names, from the run's final metrics: an evaluation metric (`eval/<metric>`, the
+    last evaluation's) or `loss/train/total` (the last logged training loss)."""
+    name = OmegaConf.select(cfg, "objective") or DEFAULT_OBJECTIVE
+    if not isinstance(metrics, dict):
+        raise ValueError(f"objective={name}: the point reported no metrics (a preflight-only job trains nothing)")
+    found = metrics.get("final_train_loss") if name == TRAIN_LOSS else (metrics.get("final_eval") or {}).get(name)
+    if found is None:
+        have = [TRAIN_LOSS, *(metrics.get("final_eval") or {})]
+        raise ValueError(f"objective={name}: the run reported no such metric (it has: {', '.join(have)})")
+    return float(found)
