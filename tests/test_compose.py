@@ -6,12 +6,21 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict, read_write
 
-from common.compose import sweep_overrides, sweep_points, without_hydra
+from common.compose import sweep_points, without_hydra
 from common.paths import CONF
 from train.compose import command_line
 
 LINE = ["-m", "cluster=local,slurm-local", "optimizer.lr=1e-3,2e-3", "checkpoint=full",
         "+variables.tag=a,b", "cluster.env.NCCL_DEBUG=WARN", "max_seq_len=64", "~eval_loader.dataset.shuffle_seed"]
+
+
+def _points(config) -> list:
+    """The command line's points as Hydra's basic sweeper makes them."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+    return [list(p) for batch in BasicSweeper.split_arguments(parsed, None) for p in batch]
 
 
 def _by_hydra(loader, master, num, overrides, sweep_dir):
@@ -35,10 +44,10 @@ def master(tmp_path):
 def test_each_point_equals_hydras_own_composition(master, tmp_path):
     loader, config = master
     ours = []
-    for overrides, cfg in sweep_points(loader, config, tmp_path):
+    for overrides, cfg in sweep_points(loader, config, tmp_path, _points(config)):
         OmegaConf.resolve(cfg)  # under the point's own Hydra context, as the gate does
         ours.append((overrides, OmegaConf.to_container(cfg)))
-    points = sweep_overrides(config)
+    points = _points(config)
     assert len(ours) == len(points) == 8 and [o for o, _ in ours] == points
     names = set()
     for num, overrides in enumerate(points):

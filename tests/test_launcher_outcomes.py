@@ -139,6 +139,24 @@ def test_a_killed_rank_without_a_result_shows_the_job_state_and_its_last_traceba
     assert rank.error.endswith("job NODE_FAIL); last log line: step 7 loss 4.2")
 
 
+def test_a_wide_job_that_failed_one_way_is_one_short_cell_first_failure_first(tmp_path):
+    from hydra_plugins.pretrain_launcher.outcomes import rank_errors
+
+    job = StandInJob(tmp_path, "CANCELLED by 0", num_tasks=128)  # cancelled while pending: no rank ever ran
+    ranks = rank_outcomes(job, wait_s=0)
+    assert rank_errors(ranks, ranks[0]) == (
+        "rank 0: no result (killed, or stopped responding; job CANCELLED); last log line: (empty log); "
+        "ranks 1-127: no result (killed, or stopped responding; job CANCELLED); last log line: (empty log)")
+    job = StandInJob(tmp_path / "one", "FAILED", num_tasks=8)
+    job.log(5, TRACEBACK)  # rank 5 raised; the others were ended by srun
+    for k in range(8):
+        job.log(k, TRACEBACK if k == 5 else "step 3 loss 5.1\n")
+    ranks = rank_outcomes(job, wait_s=0)
+    assert rank_errors(ranks, ranks[5]).startswith(
+        "rank 5: no result (killed, or stopped responding; job FAILED); ValueError: global_train_batch_size 10 is "
+        "not divisible by 4; ranks 0-4,6-7: ")
+
+
 def test_last_exception_keeps_a_multi_line_message_and_drops_frames():
     text = TRACEBACK.replace("by 4\n", "by 4\n  hint: pick 8\n")
     assert last_exception(text) == "ValueError: global_train_batch_size 10 is not divisible by 4 / hint: pick 8"

@@ -4,6 +4,7 @@ objective (the metric `objective` names, for Hydra's sweepers), a point whose ru
 summary row shows. data_prep's side is data_prep/sweep_app.py. Light: no torch, no llm-foundry.
 """
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,7 +20,7 @@ class TrainApp(SweepApp):
     log_tail = True  # a failed rank's last log lines beside its error: a training failure may need them
     # what a terminal shows (python -m train.status); the summary files hold every column
     shown = ("point", "overrides", "job_id", "state", "requeues", "step", "loss", "tokens_per_sec", "mfu", "eta",
-             "preflight", "log", "error")
+             "last_progress", "preflight", "log", "error")
 
     def configs(self, launcher, job_overrides: list, first: int) -> list:
         """Every point given, composed as its job will compose it and resolved while its own Hydra context is
@@ -127,6 +128,11 @@ class TrainApp(SweepApp):
         progress, metrics = read_json(report / "progress.json"), read_json(report / "metrics.json")
         done = state == "COMPLETED"
         eta = progress.get("eta_s")
+        try:  # how long ago rank 0 last wrote a progress line: a point that stopped moving shows it
+            age = time.time() - (report / "progress.json").stat().st_mtime
+        except OSError:
+            age = None
+        going = not done and state not in SLURM_ENDS and state != "FAILED"
         return {
             "requeues": max(0, int(progress.get("starts", 1)) - 1),  # every start after the first
             "step": progress.get("progress") or ("" if "step" not in progress else f"step {progress['step']}"),
@@ -135,7 +141,8 @@ class TrainApp(SweepApp):
             "eval_loss": (metrics.get("final_eval") or {}).get("eval/LanguageCrossEntropy") if done else None,
             "tokens_per_sec": metrics.get("tokens_per_sec") if done else progress.get("tokens_per_sec"),
             "mfu": progress.get("mfu"),
-            "eta": "" if eta is None or done or state in SLURM_ENDS else str(timedelta(seconds=int(eta))),
+            "eta": "" if eta is None or not going else str(timedelta(seconds=int(eta))),
+            "last_progress": "" if age is None or not going else f"{timedelta(seconds=int(age))} ago",
             "world_size": point["world_size"],
             "checkpoint": point["checkpoint"],
             "metrics": existing(report, "metrics.json"),

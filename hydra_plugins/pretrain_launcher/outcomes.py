@@ -107,6 +107,44 @@ def rank_outcomes(job, wait_s: float = 15.0) -> list:
     return out
 
 
+def rank_errors(bad: list, first) -> str:
+    """Each failed rank's error in one cell: the first to fail first, then the others, ranks with the same
+    error together (`ranks 0-6,8-127: ...`), so that a 128-rank job that failed one way is one short line."""
+    groups: dict = {}
+    for r in sorted(bad, key=lambda r: r.rank):
+        if r.rank != first.rank:
+            groups.setdefault(r.error, []).append(r.rank)
+    parts = [f"rank {first.rank}: {first.error}"] if first in bad else []
+    for error, ranks in groups.items():
+        parts.append(f"{'rank' if len(ranks) == 1 else 'ranks'} {_spans(ranks)}: {error}")
+    return "; ".join(parts)
+
+
+def _spans(ranks: list) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, start = [], ranks[0]
+    for prev, cur in zip(ranks, ranks[1:] + [None]):
+        if cur != prev + 1 if cur is not None else True:
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+            start = cur
+    return ",".join(out)
+
+
+def pending_reasons(job_ids: list) -> dict:
+    """Slurm's reason for each pending job ({job id: reason}: Resources, Priority, PartitionConfig, ...), in one
+    squeue call; {} where Slurm cannot be asked (a container without a Slurm client)."""
+    import subprocess
+
+    if not job_ids:
+        return {}
+    try:
+        out = subprocess.run(["squeue", "-h", "-o", "%i|%r", "-j", ",".join(map(str, job_ids))],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+
+
 SLURM_ENDS = ("CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "DEADLINE", "BOOT_FAIL")
 
 

@@ -14,10 +14,11 @@ on timeout or preemption through `checkpoint`) is reused, with the requeue done 
 (common/host_requeue.py).
 """
 import logging
+import os
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -181,12 +182,16 @@ class SweepLauncher(BaseSubmititLauncher):
         return []
 
     def _submit(self, points: list, folder: str) -> None:
-        """Points with equal resources as one job array (submitit's batch), each other point as its own job."""
+        """Points with equal resources as one job array (submitit's batch: one sbatch, one entry in a site's
+        job limits), each other point as its own job. An array is named by what its points' names share
+        (training: the model); the summary and status name each point's run."""
         groups: dict = {}
         for p in points:
-            groups.setdefault(p.resources, []).append(p)
+            groups.setdefault(replace(p.resources, name=""), []).append(p)
         for res, group in groups.items():
-            ex = executor(res, folder)
+            names = [p.resources.name for p in group]
+            name = names[0] if len(set(names)) == 1 else os.path.commonprefix(names).rstrip("-_.") or "sweep"
+            ex = executor(replace(res, name=name), folder)
             with ex.batch():
                 for p in group:
                     p.job = ex.submit(self, p.overrides, "hydra.sweep.dir", p.num, f"job_id_for_{p.num}",

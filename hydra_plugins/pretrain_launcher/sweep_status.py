@@ -70,7 +70,14 @@ def rows(manifest: dict, point_jobs: list, wait_s: float = 0, all_ended: bool = 
     rank's own error (outcomes.py), the one that failed first first. all_ended: known to have ended (the
     summary job runs after every point), whatever Slurm's accounting says or whether it can be asked at all
     (a container without a Slurm client)."""
-    from hydra_plugins.pretrain_launcher.outcomes import SLURM_ENDS, ended, final_state, rank_outcomes
+    from hydra_plugins.pretrain_launcher.outcomes import (
+        SLURM_ENDS,
+        ended,
+        final_state,
+        pending_reasons,
+        rank_errors,
+        rank_outcomes,
+    )
 
     app = app_of(manifest)
     out = []
@@ -85,8 +92,7 @@ def rows(manifest: dict, point_jobs: list, wait_s: float = 0, all_ended: bool = 
             if bad and state not in SLURM_ENDS and (any(r.outcome for r in ranks) or state == "UNKNOWN"):
                 state = "FAILED"  # a rank raised; Slurm's own state is kept where it says more (TIMEOUT, ...)
             first = min(bad, key=lambda r: (r.outcome != "error", r.mtime, r.rank)) if bad else ranks[0]
-            bad.sort(key=lambda r: r.rank != first.rank)
-            error = "; ".join(f"rank {r.rank}: {r.error}" for r in bad)
+            error = rank_errors(bad, first)
             log = first.log
         else:
             state = job.state.upper()
@@ -94,6 +100,12 @@ def rows(manifest: dict, point_jobs: list, wait_s: float = 0, all_ended: bool = 
             log = Path(str(job.task(0).paths.stderr))
         out.append({"point": p["num"], "overrides": " ".join(p["overrides"]), "job_id": p["job_id"], "state": state,
                     **app.columns(p, state), "log": str(log), "error": error[:1000]})
+    # why a pending point waits (a point stuck on PartitionConfig would look queued forever): one squeue call
+    waiting = [r for r, p in zip(out, manifest["points"]) if r["state"] == "PENDING" and p["scheduler"] == "slurm"]
+    reasons = pending_reasons([r["job_id"] for r in waiting])
+    for r in waiting:
+        if reasons.get(str(r["job_id"])) not in (None, "", "None"):
+            r["state"] = f"PENDING ({reasons[str(r['job_id'])]})"
     return out
 
 
@@ -157,8 +169,9 @@ def main(prog: str, latest, argv=None) -> int:
         write_summary(sweep_dir, manifest, table_rows)
         print(f"{sweep_dir} ({time.strftime('%H:%M:%S')}; every column: summary.md, summary.csv)\n"
               f"{console(manifest, table_rows)}", flush=True)
-        if args.watch is None or not any(r["state"] in GOING for r in table_rows):
-            return int(any(r["state"] not in (*GOING, "COMPLETED") for r in table_rows))
+        states = [r["state"].split(" ")[0] for r in table_rows]  # "PENDING (Resources)": pending
+        if args.watch is None or not any(state in GOING for state in states):
+            return int(any(state not in (*GOING, "COMPLETED") for state in states))
         time.sleep(args.watch)
 
 
