@@ -54,6 +54,8 @@ def objective(cfg: DictConfig, metrics) -> float:
     """The metric `objective` names, from the run's final metrics: an evaluation metric (`eval/<metric>`, the
     last evaluation's) or `loss/train/total` (the last logged training loss)."""
     name = OmegaConf.select(cfg, "objective") or DEFAULT_OBJECTIVE
+    if OmegaConf.select(cfg, "cluster.preflight.only", default=False):
+        raise ValueError(f"objective={name}: a preflight-only job trains nothing")
     if not isinstance(metrics, dict):
         raise ValueError(f"objective={name}: the point reported no metrics (a preflight-only job trains nothing)")
     found = metrics.get("final_train_loss") if name == TRAIN_LOSS else (metrics.get("final_eval") or {}).get(name)

@@ -151,7 +151,9 @@ def run(cfg, folder) -> dict:
                  row["devices"], row["node_check"], pr._cell(row["intra_GBps"]), pr._cell(row["inter_GBps"]),
                  row["verdict"])
     rank0 = dist.get_rank() == 0
-    job_id = os.environ.get("SLURM_JOB_ID")
+    # the job as submitit and the status name it: `A_a` for a task of an array (whose SLURM_JOB_ID is its own)
+    array = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job_id = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ.get("SLURM_JOB_ID")
     if rank0:
         report["job_id"], report["restart"] = job_id, int(os.environ.get("SLURM_RESTART_COUNT", 0))
     if report["ok"] or s.only:

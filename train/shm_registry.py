@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
-LOCK = Path(tempfile.gettempdir()) / "pretrain-streaming-registry.lock"
+# Beside the registry it guards (node-wide, whatever TMPDIR a job has), else in the temporary folder.
+LOCK = (Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())) / "streaming-registry.lock"
 WAIT_S = 300.0
 _held = []
 

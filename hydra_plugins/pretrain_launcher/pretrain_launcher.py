@@ -134,8 +134,8 @@ class SweepLauncher(BaseSubmititLauncher):
         if not points:
             return []
         waits = any(self.app.waits(p.cfg, self.params) for p in points)
-        sweeper = str(self.config.hydra.sweeper.get("_target_", "")).rsplit(".", 1)[-1]
-        if not waits and sweeper not in _RESULTS_UNREAD:
+        sweeper = self._sweeper()
+        if not waits and self._results_read():
             from common.errors import UserError
 
             self.app.report(UserError(self.app.wait_key, f"{sweeper} needs each point's result before it chooses "
@@ -180,6 +180,13 @@ class SweepLauncher(BaseSubmititLauncher):
             f"\nsummary (written by job {summary_job} once every point has ended): {sweep_dir / 'summary.md'}"
             if summary_job else ""), flush=True)
         return []
+
+    def _sweeper(self) -> str:
+        return str(self.config.hydra.sweeper.get("_target_", "")).rsplit(".", 1)[-1]
+
+    def _results_read(self) -> bool:
+        """Whether the sweeper reads each point's result (Optuna does; the basic sweeper does not)."""
+        return self._sweeper() not in _RESULTS_UNREAD
 
     def _submit(self, points: list, folder: str) -> None:
         """Points with equal resources as one job array (submitit's batch: one sbatch, one entry in a site's
@@ -252,9 +259,13 @@ class SweepLauncher(BaseSubmititLauncher):
             if ok:
                 try:
                     value._return_value = self.app.objective(p.cfg, value.return_value)
-                except Exception as err:  # the point trained, but its objective cannot be had: say which and why
-                    value = JobReturn(overrides=p.overrides, cfg=p.cfg, status=JobStatus.FAILED,
-                                      _return_value=PointFailed(f"point #{p.num}: {err}"))
+                except Exception as err:  # the point ran, but its objective cannot be had: say which and why
+                    if self._results_read():  # a sweeper that needs it: the point failed, for it
+                        value = JobReturn(overrides=p.overrides, cfg=p.cfg, status=JobStatus.FAILED,
+                                          _return_value=PointFailed(f"point #{p.num}: {err}"))
+                    else:
+                        log.warning(f"[sweep] #{p.num}: no objective ({err})")
+                        value._return_value = None
                 returns.append(value)
             else:
                 returns.append(JobReturn(overrides=p.overrides, cfg=p.cfg, status=JobStatus.FAILED, _return_value=
