@@ -128,12 +128,13 @@ CASES = [
     (["global_train_batch_size=12"], "refused", "global_train_batch_size"),
     (["global_train_batch_size=1000000000"], "refused", "global_train_batch_size"),
     # workers, timeouts, the cluster
+    # a trainer setting that was ours under cluster.: refused, its llm-foundry key as the fix
     (["cluster.dataloader_workers=0"], "refused", "cluster.dataloader_workers"),
-    (["cluster.dataloader_workers=-1"], "refused", "cluster.dataloader_workers"),
+    (["cluster.precision=amp_bf16"], "refused", "cluster.precision"),
     (["train_loader.num_workers=0"], "refused", "train_loader.num_workers"),
     (["eval_loader.num_workers=-2"], "refused", "eval_loader.num_workers"),
-    (["cluster.dist_timeout=0"], "refused", "cluster.dist_timeout"),
-    (["cluster.dist_timeout=-5"], "refused", "cluster.dist_timeout"),
+    (["dist_timeout=0"], "refused", "dist_timeout"),
+    (["dist_timeout=-5"], "refused", "dist_timeout"),
     (["cluster.timeout_min=0"], "refused", "cluster.timeout_min"),
     (["cluster.signal_delay_s=70000"], "refused", "cluster.signal_delay_s"),
     (["-m", "cluster=slurm-local", "data=mock", "cluster.timeout_min=60", "cluster.signal_delay_s=7200"], "refused",

@@ -265,11 +265,11 @@ def test_consolidate_a_sharded_checkpoint_into_one_file_that_load_path_continues
 
 
 def test_a_stopped_rank_ends_the_whole_job_within_the_timeout_and_the_error_names_the_ranks(tmp_path):
-    """SIGSTOP one rank of a 2-rank job: the other fails its next collective after cluster.dist_timeout, exits
+    """SIGSTOP one rank of a 2-rank job: the other fails its next collective after dist_timeout, exits
     non-zero with its own error, the stopped rank is killed, and the sweep reports both ranks, in minutes rather
     than at the job's time limit (60 min here)."""
     cmd = [str(PYTHON), "-m", "train", "-m", "cluster.tasks_per_node=2", "checkpoint=none", "max_duration=100000ba",
-           "progress_bar=false", "cluster.dist_timeout=15"]
+           "progress_bar=false", "dist_timeout=15"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PRETRAIN_ROOT": str(tmp_path)}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

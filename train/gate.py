@@ -177,6 +177,14 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
     return found
 
 
+# Trainer settings that were ours under `cluster.` and are llm-foundry's keys, set by the cluster presets.
+MOVED = {"cluster.precision": "precision", "cluster.init_device": "model.init_device",
+         "cluster.attn_impl": "model.attn_config.attn_impl", "cluster.loss_fn": "model.loss_fn",
+         "cluster.dataloader_workers": "train_loader.num_workers and eval_loader.num_workers",
+         "cluster.progress_bar": "progress_bar", "cluster.console_log_interval": "console_log_interval",
+         "cluster.dist_timeout": "dist_timeout"}
+
+
 def _schemas() -> dict:
     from train.schema import SCHEMAS
 
@@ -218,6 +226,10 @@ def _schema_problems(override, key: str) -> list:
         try:
             OmegaConf.update(node, sub, v, merge=True)
         except (ConfigAttributeError, ConfigKeyError):
+            if key in MOVED:
+                found.append(Problem(key, f"is llm-foundry's own key now (one setting, one knob): {MOVED[key]}",
+                                     " ".join(f"{k}={v}" for k in MOVED[key].split(" and "))))
+                return found
             if override.is_add() or override.is_force_add():
                 return found  # `+cluster.x=`: Hydra refuses it too, in its own words
             options = [f"{group}.{k}" for k in _dotted(node)]

@@ -103,7 +103,7 @@ def measure(cfg) -> dict:
     names = {r["node_rank"]: r["node"] for r in everyone}
     nodes = [names[i] for i in sorted(names)]
     ranks_of = {i: [r["rank"] for r in everyone if r["node_rank"] == i] for i in sorted(names)}
-    timeout = datetime.timedelta(seconds=float(cfg.cluster.dist_timeout))
+    timeout = datetime.timedelta(seconds=float(cfg.dist_timeout))
 
     measured = {"intra": None, "pairs": [], "job": None}
     if local_world > 1:

@@ -63,7 +63,6 @@ class Cluster:
     wait: bool = False
     # where the sweep's summary job runs (1 CPU, a few seconds, after every point ends); null: `partition`
     summary_partition: Optional[str] = None
-    dist_timeout: int = 600
     sbatch_extra: Dict[str, Any] = field(default_factory=dict)
     srun_extra: List[str] = field(default_factory=list)
     container: Container = field(default_factory=Container)
@@ -72,13 +71,6 @@ class Cluster:
     gpu_memory_gb: Optional[float] = None
     peak_flops: Optional[float] = None
     mfu: Optional[float] = None
-    precision: str = "fp32"
-    init_device: str = "cpu"
-    attn_impl: str = "torch"
-    loss_fn: str = "torch_crossentropy"
-    dataloader_workers: int = 1
-    progress_bar: bool = False
-    console_log_interval: str = "10ba"
     # Strings, as the environment holds them: `cluster.env.NCCL_IB_TIMEOUT=22` arrives as "22".
     env: Dict[str, str] = field(default_factory=dict)
     preflight: Preflight = field(default_factory=Preflight)

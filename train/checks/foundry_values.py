@@ -52,7 +52,7 @@ def _is_a(v, kind: str) -> bool:
 
 
 _EXAMPLES = {"seed": "seed=17", "eval_first": "eval_first=true", "progress_bar": "progress_bar=true",
-             "max_duration": "max_duration=1000ba", "dist_timeout": "cluster.dist_timeout=600",
+             "max_duration": "max_duration=1000ba", "dist_timeout": "dist_timeout=600",
              "python_log_level": "python_log_level=info"}
 
 
@@ -277,8 +277,7 @@ def workers(cfg, ctx):
         if not hasattr(value(cfg, loader), "keys"):
             continue
         n = value(cfg, f"{loader}.num_workers")
-        key = f"{loader}.num_workers" if ctx.given(f"{loader}.num_workers") is not None else \
-            "cluster.dataloader_workers"
+        key = f"{loader}.num_workers"
         if n is None:
             continue
         if not is_int(n) or n < 0:
@@ -288,15 +287,13 @@ def workers(cfg, ctx):
             yield Problem(key, "0 workers with llm-foundry's default prefetch_factor (2): torch's DataLoader "
                           "refuses it (\"prefetch_factor option could only be specified in multiprocessing\")",
                           f"{key}=1 (or more), or {loader}.prefetch_factor=null to load in the training process")
-            if key == "cluster.dataloader_workers":
-                break  # both loaders follow it: say it once
 
 
 def cluster_numbers(cfg, ctx):
-    timeout = value(cfg, "cluster.dist_timeout")
+    timeout = value(cfg, "dist_timeout")
     if is_number(timeout) and timeout <= 0:
-        yield Problem("cluster.dist_timeout", f"must be a positive number of seconds, got {timeout} (0 would be "
-                      "read as 600 without a word)", "e.g. cluster.dist_timeout=600")
+        yield Problem("dist_timeout", f"must be a positive number of seconds, got {timeout} (0 would be "
+                      "read as 600 without a word)", "e.g. dist_timeout=600")
     limit = value(cfg, "cluster.timeout_min")
     if is_int(limit) and limit <= 0:
         yield Problem("cluster.timeout_min", f"must be a positive number of minutes, got {limit} (Slurm refuses "

@@ -137,13 +137,13 @@ def device(cfg, ctx):
     if not gpus:
         if precision in PRECISIONS and precision != "fp32":
             yield Problem("precision", f"{precision} needs a GPU and cluster={name} has none (cluster.gpus_per_node=0)",
-                          "precision=fp32 (cluster.precision=fp32) on CPU, or a GPU cluster")
+                          "precision=fp32 on CPU, or a GPU cluster")
         if value(cfg, "model.attn_config.attn_impl") == "flash":
             yield Problem("model.attn_config.attn_impl", f"flash attention needs a GPU and cluster={name} has none",
-                          "model.attn_config.attn_impl=torch (cluster.attn_impl=torch) on CPU")
+                          "model.attn_config.attn_impl=torch on CPU")
         if value(cfg, "model.loss_fn") == "fused_crossentropy":
             yield Problem("model.loss_fn", f"fused_crossentropy needs flash-attn on a GPU; cluster={name} has none",
-                          "model.loss_fn=torch_crossentropy (cluster.loss_fn=torch_crossentropy)")
+                          "model.loss_fn=torch_crossentropy")
     else:
         tasks = value(cfg, "cluster.tasks_per_node")
         if is_int(tasks) and tasks > gpus:
