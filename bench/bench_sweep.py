@@ -36,7 +36,7 @@ def submit_seconds(points: int, env) -> float:
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     took = time.perf_counter() - start
     jobs = re.findall(r"-> job (\d+)", proc.stdout) + re.findall(r"written by job (\d+)", proc.stdout)
-    subprocess.run(["scancel", *jobs], env=env, check=False)
+    subprocess.run(["scancel", *dict.fromkeys(jobs)], env=env, check=False)  # an array's tasks share its id
     if proc.returncode or len(jobs) != points + 1:
         sys.exit(f"{len(jobs)} jobs for {points} points (exit {proc.returncode}): {proc.stderr[-2000:]}")
     return took
@@ -57,9 +57,12 @@ def main() -> None:
             s = best_of(cmd, env, args.repeats)
             print(f"{f'plan=json, {points} points':34s} {s:8.2f} {s / points:8.3f} {s / bare:15.2f}")
         if not args.no_submit:
+            took = {}
             for points in GRIDS:
-                s = submit_seconds(points, env)
+                s = took[points] = submit_seconds(points, env)
                 print(f"{f'submit to Slurm, {points} points':34s} {s:8.2f} {s / points:8.3f} {s / bare:15.2f}")
+            # points with the same resources go as one job array: the submit hardly grows with the sweep
+            print(f"submit, 128 points / 1 point: {took[128] / took[1]:.1f}x")
 
 
 if __name__ == "__main__":

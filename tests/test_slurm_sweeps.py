@@ -60,8 +60,8 @@ def test_a_sweep_submits_and_returns_is_followed_by_status_and_summarised_by_its
         now = status(sweep_dir)
         assert now.returncode == 0 and time.time() < deadline, (now.stderr, seen)
         rows = shown(now.stdout)
-        seen |= {(n, row["state"], row["loss"]) for n, row in rows.items()}
-        assert all(row["state"] in ("PENDING", "RUNNING") for row in rows.values()), seen  # it went too fast
+        seen |= {(n, row["state"].split(" ")[0], row["loss"]) for n, row in rows.items()}  # PENDING (Resources)
+        assert all(row["state"].split(" ")[0] in ("PENDING", "RUNNING") for row in rows.values()), seen  # too fast
         time.sleep(1)
     # then nobody runs it again: the sweep's own job writes the summary once both points have ended
     summary_job = json.loads((sweep_dir / "sweep.json").read_text())["summary_job"]
@@ -183,7 +183,8 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     # A 1-minute limit, warned (USR2) 20 s ahead on Slurm's 30 s tick. Measured here: the first allocation trains
     # up to ~40 of these batches (~0.5-1 s each at 2 ranks), each later one ~30 s, half of it start-up, 5-15
     # batches; 60 batches took 3 allocations on a quiet machine (more under load). Asserted: at least one
-    # requeue, resumed from a sharded checkpoint saved after evaluations.
+    # requeue, resumed from a sharded checkpoint saved after evaluations. With a short point beside it (6 batches,
+    # done in its first allocation), the two go as one job array: one task requeued, the other not.
     args = ("max_duration=60ba", "global_train_batch_size=64", "device_train_microbatch_size=16",
             "save_interval=5ba", "eval_interval=10ba", "eval_subset_num_batches=1", "progress_bar=false",
             "checkpoint=sharded")
@@ -199,11 +200,15 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     probe = tmp_path / "probe.sh"
     probe.write_text(f'#!/bin/bash\necho "scontrol=$(command -v scontrol || echo none) PATH=$PATH" >> {seen}\n')
     probe.chmod(0o755)
-    proc = sweep(tmp_path / "slurm", *args, "cluster.timeout_min=1", "cluster.signal_delay_s=20",
-                 f'cluster.srun_extra=["--task-prolog={prolog}"]', f"cluster.preflight.node_check={probe}")
+    proc = sweep(tmp_path / "slurm", *[a.replace("=60ba", "=60ba,6ba") for a in args], "cluster.timeout_min=1",
+                 "cluster.signal_delay_s=20", f'cluster.srun_extra=["--task-prolog={prolog}"]',
+                 f"cluster.preflight.node_check={probe}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    [row] = summary(tmp_path / "slurm")
-    assert row["state"] == "COMPLETED" and row["world_size"] == "2"
+    row, short = summary(tmp_path / "slurm")
+    assert row["overrides"] == "max_duration=60ba" and row["state"] == "COMPLETED" and row["world_size"] == "2"
+    assert short["state"] == "COMPLETED" and short["requeues"] == "0" and short["step"] == "step 6/6"
+    array = row["job_id"].split("_")[0]
+    assert row["job_id"] == f"{array}_0" and short["job_id"] == f"{array}_1", (row, short)  # one array
     log = Path(row["log"]).read_text() + Path(row["log"].replace("_log.err", "_log.out")).read_text()
     starts = log.count("Starting with JobEnvironment")
     assert "timed-out" in log and starts >= 2, log[-3000:]  # it really hit the limit, and ran again
@@ -215,12 +220,11 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     assert "Requeued job" not in log and "scontrol" not in log, log[-3000:]
     # every start that reached its preflight saw no scontrol (on a loaded machine an allocation can end before)
     checks = seen.read_text().splitlines()
-    assert 1 <= len(checks) <= starts and set(checks) == {f"scontrol=none PATH={tmp_path / 'image' / 'bin'}"}
+    assert 2 <= len(checks) <= starts + 1 and set(checks) == {f"scontrol=none PATH={tmp_path / 'image' / 'bin'}"}
     [expected] = (tmp_path / "straight" / "outputs").rglob("metrics.json")
     expected = json.loads(expected.read_text())
     assert float(row["final_loss"]) == pytest.approx(expected["final_train_loss"], rel=1e-6)
-    [got] = (tmp_path / "slurm" / "outputs").rglob("metrics.json")
-    got = json.loads(got.read_text())
+    got = json.loads(Path(row["metrics"]).read_text())
     assert [b for b, _ in got["eval"]] == list(range(10, 61, 10))  # every evaluation, across the requeues
     assert got["final_eval"] == pytest.approx(expected["final_eval"], rel=1e-6)
 
@@ -257,3 +261,20 @@ def test_data_prep_parts_run_as_a_slurm_array_on_the_cpu_partition(slurm, tmp_pa
                 and p.suffix in (".mds", ".json") and "summary" not in p.name and ".data_prep_jobs" not in str(p)}
 
     assert files(tmp_path / "array" / "train") == files(tmp_path / "single" / "train")
+
+
+def test_a_pending_point_shows_why_it_waits(slurm, tmp_path):
+    # held back by Slurm itself (a begin time an hour away): the status says so, not a bare PENDING
+    env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path)}
+    proc = subprocess.run([str(PYTHON), "-m", "train", "-m", *TINY, "max_duration=4ba",
+                           "cluster.sbatch_extra={begin: now+3600}"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [sweep_dir] = (tmp_path / "outputs" / "sweeps").iterdir()
+    manifest = json.loads((sweep_dir / "sweep.json").read_text())
+    try:
+        now = status(sweep_dir)
+        assert now.returncode == 0, now.stderr
+        assert shown(now.stdout)[0]["state"] == "PENDING (BeginTime)", now.stdout
+    finally:
+        subprocess.run(["scancel", str(manifest["points"][0]["job_id"]), str(manifest["summary_job"])], check=False)
