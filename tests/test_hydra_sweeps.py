@@ -70,7 +70,7 @@ def test_an_optuna_search_here_gets_each_trials_eval_loss_and_run_again_submits_
 
 
 def test_a_sweeper_that_needs_results_is_refused_a_submit_and_return_sweep(slurm, tmp_path):
-    proc = train(tmp_path, "-m", "cluster=slurm-local", "hparams_search=mpt_tiny_lr", timeout=300)
+    proc = train(tmp_path, "-m", "cluster=slurm-local", "data=mock", "hparams_search=mpt_tiny_lr", timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "error: cluster.wait: OptunaSweeper needs each point's result" in proc.stderr
     assert "fix: add cluster.wait=true" in proc.stderr
@@ -78,7 +78,7 @@ def test_a_sweeper_that_needs_results_is_refused_a_submit_and_return_sweep(slurm
 
 
 def test_an_optuna_search_on_slurm_waits_for_each_trial_and_run_again_submits_nothing(slurm, tmp_path):
-    line = ("-m", "cluster=slurm-local", "cluster.wait=true", "cluster.tasks_per_node=1",
+    line = ("-m", "cluster=slurm-local", "data=mock", "cluster.wait=true", "cluster.tasks_per_node=1",
             "hparams_search=mpt_tiny_lr", "hydra.sweeper.n_trials=2", *FAST)
     first = train(tmp_path, *line)
     assert first.returncode == 0, first.stderr[-3000:]

@@ -6,7 +6,6 @@ import pytest
 from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
 
 
-
 @pytest.fixture(autouse=True)
 def _as_in_a_fresh_process(hydra_restore_singletons):
     """Hydra's version base is process state (a singleton): a test that composed with version_base=None before

@@ -51,7 +51,9 @@ def test_a_sweep_submits_and_returns_is_followed_by_status_and_summarised_by_its
     jobs = [line.split("-> job ")[1].split(",")[0] for line in proc.stdout.splitlines() if "-> job " in line]
     assert len(jobs) == 2 and f"python -m train.status {sweep_dir} --watch" in proc.stdout
     queued = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True).stdout
-    assert all(job in queued for job in jobs), (returned, queued)  # it returned while its jobs were queued or ran
+    assert len({job.split("_")[0] for job in jobs}) == 1  # the two points are one job array
+    # it returned while its jobs were queued (`A_[0-1%2]`) or ran (`A_0`)
+    assert all(job.split("_")[0] + "_" in queued for job in jobs), (returned, queued)
     assert not (sweep_dir / "summary.md").exists()
 
     seen, deadline = set(), time.time() + 600  # follow it as a user would, while it trains: both points running,

@@ -60,12 +60,12 @@ class TrainApp(SweepApp):
         problems = check_points(cfgs, ctxs, unresolved, first)
         if errors(problems):
             raise ConfigError(problems=problems)
+        report(problems)  # the warnings
         if ctxs and ctxs[0].mode == "plan":
             from train.forecast_report import print_plans
 
             print_plans(cfgs, problems)
             sys.exit(0)
-        report(problems)  # the warnings
         return [(list(c.overrides), cfg) for c, cfg in zip(ctxs, cfgs)]
 
     def report(self, err) -> None:
