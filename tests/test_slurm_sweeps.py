@@ -84,7 +84,8 @@ def test_a_sweep_submits_and_returns_is_followed_by_status_and_summarised_by_its
         assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
         job_dir = Path(row["log"]).parent  # every task's log and the submission script
         assert {f"{row['job_id']}_0_log.err", f"{row['job_id']}_1_log.err"} <= {p.name for p in job_dir.iterdir()}
-        assert (job_dir / f"{row['job_id']}_submission.sh").is_file()
+        array = row["job_id"].split("_")[0]  # the array's one script, in its own folder
+        assert (job_dir.parent / array / f"{array}_submission.sh").is_file()
     assert (sweep_dir / "0" / ".hydra" / "config.yaml").is_file()  # the composed config of each point
     assert _accounted_state(rows[0]["job_id"]) == "COMPLETED"
     final = shown(status(sweep_dir).stdout)
