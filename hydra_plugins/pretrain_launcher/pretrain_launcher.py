@@ -94,6 +94,11 @@ class SweepLauncher(BaseSubmititLauncher):
         self.failed_checks = False  # the app's closing check failed (training: a preflight-only verdict)
         self._points: list = []  # every point launched so far
 
+    def __getstate__(self) -> dict:
+        """What each job's pickle carries of the launcher (the job body is this object): not every point's
+        config, which would make a 128-point sweep write 128 pickles of 128 configs."""
+        return {**self.__dict__, "_prepared": {}, "_points": []}
+
     def __call__(self, *args, **kwargs) -> JobReturn:
         """The job body (every rank). Hydra's run_job catches the task's exception into a FAILED JobReturn,
         so submitit would log "Job completed successfully" and the process would exit 0: srun could not
