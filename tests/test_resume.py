@@ -126,8 +126,13 @@ def test_killed_after_a_checkpoint_then_finished_the_same_command_resumes_then_d
 
     before = {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file() and p.name != ".lock"}
     again = run(tmp_path, cmd)  # (b) the same command after the run finished
-    said = again.stderr + task_log(tmp_path)
-    assert "nothing to do" in said and f"run_name={got['run_name']}" in said
+    if ranks == 1:  # a plain run: it starts, finds the run at max_duration, says so and writes nothing
+        said = again.stderr + task_log(tmp_path)
+        assert "nothing to do" in said and f"run_name={got['run_name']}" in said
+        assert f"final train loss {got['final_train_loss']}" in again.stdout  # the finished run's numbers
+    else:  # a sweep: the point's run has finished (its finished.json), so nothing is submitted at all
+        assert again.stdout.count(": nothing to submit") == 1 and "-> job" not in again.stdout, again.stdout
+        assert "| COMPLETED |" in again.stdout
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file() and p.name != ".lock"} == before
 
 
@@ -176,10 +181,13 @@ def test_world_size_changes_two_to_four_to_two_and_two_to_one_continue_the_loss(
 
 
 def _finished_copy(ranks: int, fmt: str, tmp_path: Path, tmp_path_factory) -> tuple[Path, list]:
-    """A finished run's checkpoints (10, 20, 30, 40) in a fresh root, and the command that made them."""
+    """A finished run's checkpoints (10, 20, 30, 40) in a fresh root, and the command that made them. Without its
+    finished.json: these tests damage or cut the newest checkpoint as a run stopped before its end leaves it
+    (a run writes finished.json last), so the rerun must start, as it would then."""
     src = finished(ranks, fmt, tmp_path_factory)
     root = tmp_path / "root"
     shutil.copytree(src / "checkpoints", root / "checkpoints", symlinks=True)
+    (save_folder(root) / "finished.json").unlink()
     return save_folder(root), command(ranks, fmt)
 
 

@@ -66,6 +66,7 @@ def run(cfg: DictConfig) -> dict:
     try:
         # llm-foundry prints the whole resolved config (log_config, which also hands it to the tracking loggers
         # as parameters): a message, so stderr; stdout holds only the run's answer, printed below
+        trained = True  # false: it had reached max_duration already (nothing is written then)
         with contextlib.redirect_stdout(sys.stderr):
             shm_registry.hold()  # released at INIT (train/run_report.py), once the loaders are built
             try:
@@ -82,6 +83,7 @@ def run(cfg: DictConfig) -> dict:
         if not isinstance(err, ValueError) or "No training would occur" not in str(err):
             raise
         # the same command again after the run finished: the newest checkpoint is the final one
+        trained = False
         log.warning(f"{fcfg.run_name} already trained to max_duration={fcfg.max_duration} (checkpoint "
                     f"{fcfg.load_path}): nothing to do. To train this run longer, add run_name={fcfg.run_name} and "
                     f"a larger max_duration to the command (the run name is kept, so it resumes from this "
@@ -91,11 +93,10 @@ def run(cfg: DictConfig) -> dict:
     if int(os.environ.get("RANK", 0)) == 0:
         from train import finished
 
-        earlier = finished.read(cfg) if not metrics else None
-        if earlier:  # already trained, and this run's outputs folder is new (a sweep run again): its numbers
-            metrics = earlier["value"]
-        else:  # a sweep run again submits nothing for this point (train/finished.py)
+        if trained:  # a sweep run again submits nothing for this point (train/finished.py)
             finished.write(fcfg.save_folder, fcfg.max_duration, report, metrics)
+        elif not metrics:  # already trained, and this run's outputs folder is new: that run's numbers
+            metrics = (finished.read(cfg) or {}).get("value") or {}
         print(f"\nfinal train loss {metrics.get('final_train_loss')}, "
               f"eval {metrics.get('final_eval')}\n"
               f"checkpoints: {fcfg.save_folder or 'none (checkpoint=none)'}\n"
