@@ -186,8 +186,7 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     # A 1-minute limit, warned (USR2) 20 s ahead on Slurm's 30 s tick. Measured here: the first allocation trains
     # up to ~40 of these batches (~0.5-1 s each at 2 ranks), each later one ~30 s, half of it start-up, 5-15
     # batches; 60 batches took 3 allocations on a quiet machine (more under load). Asserted: at least one
-    # requeue, resumed from a sharded checkpoint saved after evaluations. With a short point beside it (6 batches,
-    # done in its first allocation on a quiet machine), the two go as one job array, each task requeued on its own.
+    # requeue, resumed from a sharded checkpoint saved after evaluations.
     args = ("max_duration=60ba", "global_train_batch_size=64", "device_train_microbatch_size=16",
             "save_interval=5ba", "eval_interval=10ba", "eval_subset_num_batches=1", "progress_bar=false",
             "checkpoint=sharded")
@@ -203,16 +202,11 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     probe = tmp_path / "probe.sh"
     probe.write_text(f'#!/bin/bash\necho "scontrol=$(command -v scontrol || echo none) PATH=$PATH" >> {seen}\n')
     probe.chmod(0o755)
-    proc = sweep(tmp_path / "slurm", *[a.replace("=60ba", "=60ba,6ba") for a in args], "cluster.timeout_min=1",
-                 "cluster.signal_delay_s=20", f'cluster.srun_extra=["--task-prolog={prolog}"]',
-                 f"cluster.preflight.node_check={probe}")
+    proc = sweep(tmp_path / "slurm", *args, "cluster.timeout_min=1", "cluster.signal_delay_s=20",
+                 f'cluster.srun_extra=["--task-prolog={prolog}"]', f"cluster.preflight.node_check={probe}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    row, short = summary(tmp_path / "slurm")
-    assert row["overrides"] == "max_duration=60ba" and row["state"] == "COMPLETED" and row["world_size"] == "2"
-    # the short task is requeued on its own (on a loaded machine its start-up alone may outlast an allocation)
-    assert short["state"] == "COMPLETED" and short["step"] == "step 6/6"
-    array = row["job_id"].split("_")[0]
-    assert row["job_id"] == f"{array}_0" and short["job_id"] == f"{array}_1", (row, short)  # one array
+    [row] = summary(tmp_path / "slurm")
+    assert row["state"] == "COMPLETED" and row["world_size"] == "2"
     log = Path(row["log"]).read_text() + Path(row["log"].replace("_log.err", "_log.out")).read_text()
     starts = log.count("Starting with JobEnvironment")
     assert "timed-out" in log and starts >= 2, log[-3000:]  # it really hit the limit, and ran again
@@ -224,11 +218,12 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     assert "Requeued job" not in log and "scontrol" not in log, log[-3000:]
     # every start that reached its preflight saw no scontrol (on a loaded machine an allocation can end before)
     checks = seen.read_text().splitlines()
-    assert len(checks) >= 2 and set(checks) == {f"scontrol=none PATH={tmp_path / 'image' / 'bin'}"}
+    assert 1 <= len(checks) <= starts and set(checks) == {f"scontrol=none PATH={tmp_path / 'image' / 'bin'}"}
     [expected] = (tmp_path / "straight" / "outputs").rglob("metrics.json")
     expected = json.loads(expected.read_text())
     assert float(row["final_loss"]) == pytest.approx(expected["final_train_loss"], rel=1e-6)
-    got = json.loads(Path(row["metrics"]).read_text())
+    [got] = (tmp_path / "slurm" / "outputs").rglob("metrics.json")
+    got = json.loads(got.read_text())
     assert [b for b, _ in got["eval"]] == list(range(10, 61, 10))  # every evaluation, across the requeues
     assert got["final_eval"] == pytest.approx(expected["final_eval"], rel=1e-6)
 
