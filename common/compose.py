@@ -21,9 +21,10 @@ def without_hydra(cfg: DictConfig, output_dir, in_place: bool = False) -> DictCo
 
 
 def sweep_points(loader, config: DictConfig, sweep_dir, points: list, first: int = 0):
-    """Every point given (a list of overrides each, numbered from `first`) as (overrides, config): composed exactly as its job will compose it (same Hydra
-    context), its hydra node dropped, unresolved; its Hydra context is set for each config as it is made, so
-    the caller resolves each point before asking for the next (train/gate.py).
+    """Every point given (a list of overrides each, numbered from `first`) as (overrides, config): composed
+    exactly as its job will compose it (same Hydra context), its hydra node dropped, unresolved; its Hydra
+    context is set for each config as it is made, so the caller resolves each point before asking for the next
+    (train/sweep_app.py).
 
     Hydra composes a config in two steps (ConfigLoaderImpl._load_configuration_impl in the pinned Hydra): the
     defaults tree from the config group choices (most of the cost: every YAML file read and merged), then the

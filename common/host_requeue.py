@@ -65,7 +65,6 @@ def _answer_once(handler):
         answered.append(signum)
         return handler(signum, frame)
 
-    once.answers_once = True
     return once
 
 

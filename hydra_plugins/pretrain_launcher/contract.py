@@ -4,7 +4,7 @@ place) and what an app provides (`SweepApp`, whose defaults are the generic app:
 The launcher knows no app: training (train/sweep_app.py) and data_prep (data_prep/sweep_app.py) subclass
 `SweepApp` and are named by class in `hydra.launcher.app`. Light: dataclasses, Hydra, submitit.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from omegaconf import DictConfig
@@ -29,7 +29,7 @@ class Resources:
     max_num_timeout: int = 0  # requeues after a time limit or preemption
     signal_delay_s: int = 120  # USR2 this long before the limit
     array_parallelism: int = 256
-    sbatch_extra: tuple = ()  # (flag, value) pairs, sorted
+    sbatch_extra: tuple = ()  # (flag, value) pairs, in the order given
     setup: tuple = ()  # shell lines before srun
     srun_args: tuple = ()
     teardown: tuple = ()  # shell lines after srun (the host-side requeue)
@@ -63,7 +63,8 @@ def executor(res: Resources, folder: str):
 
 def sbatch_script(res: Resources, folder: str, python: str) -> str:
     """The sbatch script submitit writes for one job of `res` (what `plan` shows). submitit has no public way to
-    render it: this is its private `_make_submission_file_text`, pinned by tests/test_launcher_contract.py."""
+    render it: this is its private `_make_submission_file_text`, pinned by tests/test_security.py (the script
+    submitted equals the plan's)."""
     import shlex
 
     return executor(res, folder)._executor._make_submission_file_text(
@@ -80,7 +81,6 @@ class Point:
     resources: Resources
     job: Any = None
     finished: Optional[dict] = None  # the app's record of an earlier, finished run of this point: nothing to submit
-    record: dict = field(default_factory=dict)
 
 
 class SweepApp:
