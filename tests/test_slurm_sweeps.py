@@ -263,17 +263,25 @@ def test_data_prep_parts_run_as_a_slurm_array_on_the_cpu_partition(slurm, tmp_pa
 
 
 def test_a_pending_point_shows_why_it_waits(slurm, tmp_path):
-    # held back by Slurm itself (a begin time an hour away): the status says so, not a bare PENDING
+    # held back by Slurm itself (a begin time an hour away): the status says so, not a bare PENDING; two points
+    # with the same resources, one array: each task has the reason
     env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path)}
-    proc = subprocess.run([str(PYTHON), "-m", "train", "-m", *TINY, "max_duration=4ba",
+    proc = subprocess.run([str(PYTHON), "-m", "train", "-m", *TINY, "max_duration=4ba", "optimizer.lr=1e-3,2e-3",
                            "cluster.sbatch_extra={begin: now+3600}"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [sweep_dir] = (tmp_path / "outputs" / "sweeps").iterdir()
     manifest = json.loads((sweep_dir / "sweep.json").read_text())
     try:
-        now = status(sweep_dir)
-        assert now.returncode == 0, now.stderr
-        assert shown(now.stdout)[0]["state"] == "PENDING (BeginTime)", now.stdout
+        deadline = time.time() + 60  # Slurm gives a new job its reason at its next scheduling pass
+        while True:
+            now = status(sweep_dir)
+            assert now.returncode == 0, now.stderr
+            rows = shown(now.stdout)
+            if [rows[n]["state"] for n in (0, 1)] == ["PENDING (BeginTime)"] * 2 or time.time() > deadline:
+                break
+            time.sleep(2)
+        assert [rows[n]["state"] for n in (0, 1)] == ["PENDING (BeginTime)"] * 2, now.stdout
     finally:
-        subprocess.run(["scancel", str(manifest["points"][0]["job_id"]), str(manifest["summary_job"])], check=False)
+        subprocess.run(["scancel", str(manifest["points"][0]["job_id"]).split("_")[0], str(manifest["summary_job"])],
+                       check=False)

@@ -138,7 +138,8 @@ def pending_reasons(job_ids: list) -> dict:
     if not job_ids:
         return {}
     try:
-        out = subprocess.run(["squeue", "-h", "-o", "%i|%r", "-j", ",".join(map(str, job_ids))],
+        # -r: one line per array task (`A_1`), not one for the array's pending rest (`A_[1-3]`)
+        out = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%r", "-j", ",".join(map(str, job_ids))],
                              capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
