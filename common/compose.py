@@ -36,11 +36,13 @@ def sweep_points(loader, config: DictConfig, sweep_dir, points: list, first: int
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
+    # the repository as Hydra composes with it: with the primary config's `hydra.searchpath` (yaml=PATH's source)
+    _, repo = loader._parse_overrides_and_create_caching_repo(config.hydra.job.config_name, [])
     bases = {}
     for num, overrides in enumerate(points, start=first):
         parsed = parser.parse_overrides(overrides)
         # Hydra's own test for a value override, not a group choice (hydra/_internal/defaults_list.py: Overrides)
-        is_value = [isinstance(o.value(), dict) or not loader.repository.group_exists(o.key_or_group)
+        is_value = [isinstance(o.value(), dict) or not repo.group_exists(o.key_or_group)
                     for o in parsed]
         values = [o for o, v in zip(parsed, is_value) if v]
         groups = tuple(o.input_line for o, v in zip(parsed, is_value) if not v)

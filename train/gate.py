@@ -92,7 +92,9 @@ def _app_shape(config_name: str = "train"):
     for entry in primary.get("defaults") or []:
         if isinstance(entry, dict):
             for group in entry:
-                if "@" not in group and not group.startswith("override") and (CONF / group).is_dir():
+                if group == "yaml":  # any file: yaml=PATH (hydra_plugins/recipe_source/)
+                    groups[group] = []
+                elif "@" not in group and not group.startswith("override") and (CONF / group).is_dir():
                     # files starting with `_` are building blocks of the presets, not choices
                     groups[group] = sorted(p.stem for p in (CONF / group).glob("*.yaml") if not p.name.startswith("_"))
     return groups, set(primary) - {"defaults"}
@@ -146,6 +148,9 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
         key = override.key_or_group
         if not key or "/" in key or key.startswith("hydra") or override.package is not None:
             continue
+        if key == "yaml" and "yaml" in groups and not override.is_delete():
+            found += _recipe_problems(override)
+            continue
         if key in groups and not override.is_delete():
             try:
                 choices = list(override.sweep_string_iterator()) if override.is_sweep_override() else \
@@ -174,6 +179,39 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
         else:
             fix = "see the keys with `python -m train --cfg job`; `+variables.<name>=...` adds a value of your own"
         found.append(Problem(key, "is not a key of this config", fix))
+    return found
+
+
+def _recipe_problems(override) -> list:
+    """yaml=PATH: the file is there and is a YAML mapping, or key / problem / fix before Hydra reads it."""
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.recipe_source.recipe_source import recipe_file
+    from train.checks import Problem
+
+    try:
+        paths = list(override.sweep_string_iterator()) if override.is_sweep_override() else \
+            [override.get_value_element_as_str()]
+    except Exception:  # glob(), range(): Hydra expands them
+        return []
+    found = []
+    for option in paths:
+        path = recipe_file(option)
+        fix = "yaml=<path of an llm-foundry YAML>, e.g. yaml=scripts/train/yamls/pretrain/mpt-7b.yaml"
+        if not path.is_file():
+            found.append(Problem("yaml", f"{path}: no such file", fix))
+            continue
+        try:
+            loaded = OmegaConf.load(path)
+        except Exception as err:
+            found.append(Problem("yaml", f"{path} is not readable YAML: {' '.join(str(err).split())}",
+                                 "fix the file where the message says"))
+            continue
+        if not OmegaConf.is_dict(loaded):
+            found.append(Problem("yaml", f"{path} is not a mapping of llm-foundry keys", fix))
+        elif "defaults" in loaded:
+            found.append(Problem("yaml", f"{path} has a `defaults:` key (Hydra's; llm-foundry's YAMLs have none)",
+                                 "remove it and name the presets on the command line (cluster=ndv5 storage=amlfs)"))
     return found
 
 

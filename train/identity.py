@@ -159,10 +159,17 @@ def legacy_name(model: str, overrides) -> str:
 _naming = threading.local()
 
 
-def run_id(model: str, _root_) -> str:
-    """The default run_name (conf/train.yaml): `<model>-<hash of the identity>`. A run started before identities
-    existed keeps its old name: when its checkpoint folder is there and the new name's is not, the old name is
-    the one this command continues."""
+def label(choices) -> str:
+    """What a run's name starts with: the stem of its `yaml=` file, else its model preset."""
+    recipe = choices.get("yaml")
+    return Path(str(recipe)).stem if recipe else str(choices.get("model"))
+
+
+def run_id(model: str, recipe=None, _root_=None) -> str:
+    """The default run_name (conf/train.yaml): `<model>-<hash of the identity>`, `<yaml stem>-<hash>` with
+    yaml=PATH. A run started before identities existed keeps its old name: when its checkpoint folder is there and
+    the new name's is not, the old name is the one this command continues."""
+    model = label({"model": model, "yaml": recipe})
     if getattr(_naming, "busy", False):
         return "<run_name>"  # a value that holds the name (a node-local cache folder) while the name is computed
     _naming.busy = True

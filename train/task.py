@@ -202,7 +202,9 @@ def _model_choice() -> str | None:
     try:
         from hydra.core.hydra_config import HydraConfig
 
-        return HydraConfig.get().runtime.choices.get("model")
+        from train.identity import label
+
+        return label(HydraConfig.get().runtime.choices)
     except Exception:
         return None
 

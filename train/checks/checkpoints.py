@@ -139,7 +139,9 @@ def earlier_runs(cfg, ctx):
     """A command whose run is new, beside a run of the same model on the same data: say which, what differs, and
     how to continue it (a changed setting would otherwise start a new run from step 0 beside weeks of work)."""
     folder, root = value(cfg, "save_folder"), value(cfg, "storage.checkpoint_root")
-    model = ctx.choices.get("model")
+    from train.identity import label
+
+    model = label(ctx.choices) if ctx.choices.get("model") or ctx.choices.get("yaml") else None
     if not folder or not root or not model or "://" in str(folder) or ctx.given("run_name"):
         return
     from train.identity import identity, same_model_and_data

@@ -1,0 +1,90 @@
+"""`yaml=PATH`: the user's own llm-foundry YAML as an option of the `yaml` group (conf/train.yaml's defaults).
+
+Hydra finds group options in config sources; this one answers for the group `yaml` with any YAML file on disk,
+named by its path (train/compose.py makes it absolute before Hydra reads the command line, so a Slurm job that
+composes again finds the same file). The file is read as llm-foundry reads it (its keys, `variables:` and
+interpolations) and placed at the top of the config, after our groups and before the command line.
+
+Two things are added, both so the YAML stays the whole recipe:
+- `override /model: null`: our model presets do not apply (a preset key the YAML leaves out, such as mpt-tiny's
+  save_interval, would otherwise leak in); `model=<preset>` on the command line still picks one beneath it.
+- `override /data: mds`: the YAML's `variables.data_local` is an MDS folder (llm-foundry's text loader), not our
+  mock data.
+A blank `run_name` (llm-foundry would read $RUN_NAME) is left out, so the run gets our name: the YAML's stem and
+the hash of what it trains (train/identity.py).
+"""
+from pathlib import Path
+from typing import List, Optional
+
+from hydra.core.object_type import ObjectType
+from hydra.plugins.config_source import ConfigLoadError, ConfigResult, ConfigSource
+from omegaconf import OmegaConf
+
+GROUP = "yaml"
+SCHEME = "recipe"
+
+
+def recipe_file(option: str) -> Path:
+    """The file an option of the `yaml` group names (absolute after train/compose.py; `.yaml` may be left out)."""
+    path = Path(option).expanduser()
+    if not path.is_file() and path.suffix not in (".yaml", ".yml"):
+        path = path.with_name(path.name + ".yaml")
+    return path
+
+
+def blank_run_name(cfg) -> bool:
+    """run_name missing, empty, or `${variables.run_name}` with that variable blank (llm-foundry's YAMLs)."""
+    if "run_name" not in cfg:
+        return False
+    raw = OmegaConf.to_container(cfg, resolve=False).get("run_name")
+    if raw in (None, ""):
+        return True
+    if raw == "${variables.run_name}":
+        return OmegaConf.select(cfg, "variables.run_name", default=None, throw_on_missing=False) in (None, "")
+    return False
+
+
+class RecipeConfigSource(ConfigSource):
+    @staticmethod
+    def scheme() -> str:
+        return SCHEME
+
+    def _option(self, config_path: str) -> Optional[str]:
+        prefix = GROUP + "/"
+        return config_path[len(prefix):] if config_path.startswith(prefix) else None
+
+    def load_config(self, config_path: str) -> ConfigResult:
+        option = self._option(config_path)
+        if option is None:
+            raise ConfigLoadError(f"Config not found: {config_path}")
+        path = recipe_file(option)
+        try:
+            cfg = OmegaConf.load(path)
+        except FileNotFoundError:
+            raise ConfigLoadError(f"yaml={option}: no such file") from None
+        except Exception as err:  # a YAML syntax error: the file and the line, as the YAML parser says
+            raise ConfigLoadError(f"yaml={path}: not a readable YAML file: {err}") from None
+        if not OmegaConf.is_dict(cfg):
+            raise ConfigLoadError(f"yaml={path}: an llm-foundry YAML is a mapping of keys, not a "
+                                  f"{type(OmegaConf.to_container(cfg)).__name__}")
+        if "defaults" in cfg:
+            raise ConfigLoadError(f"yaml={path}: has a `defaults:` key, which is Hydra's; llm-foundry's YAMLs have "
+                                  "none (put presets on the command line instead)")
+        if blank_run_name(cfg):
+            del cfg["run_name"]
+        cfg.defaults = [{"override /model": None}, {"override /data": "mds"}, "_self_"]
+        return ConfigResult(config=cfg, path=f"{SCHEME}://{path.parent}", provider=self.provider,
+                            header={"package": "_global_"})
+
+    def available(self) -> bool:
+        return True
+
+    def is_group(self, config_path: str) -> bool:
+        return config_path in ("", GROUP)
+
+    def is_config(self, config_path: str) -> bool:
+        option = self._option(config_path)
+        return option is not None and recipe_file(option).is_file()
+
+    def list(self, config_path: str, results_filter: Optional[ObjectType]) -> List[str]:
+        return []  # any file is an option: none to list

@@ -1,0 +1,159 @@
+"""`yaml=PATH` (or `python -m train PATH`): the user's own llm-foundry YAML, read as llm-foundry reads it, with our
+groups beneath it and the command line over it. Inputs are llm-foundry's own published pretraining YAMLs."""
+import json
+import os
+import subprocess
+
+import pytest
+from hydra.core.hydra_config import HydraConfig
+from paths import PYTHON, SHARED, TOKENIZER, need_shared
+
+from train.checks import Context, check, errors
+from train.compose import command_line, compose
+from train.forecast import build_plan
+
+YAMLS = SHARED / "llm-foundry-yamls" / "pretrain"
+UPSTREAM = sorted(p.name for p in YAMLS.glob("*.yaml")) or ["(../shared absent)"]
+# What a CPU needs that llm-foundry's GPU recipes do not say (README "Your own llm-foundry YAML").
+CPU = ["precision=fp32", "train_loader.num_workers=1", "eval_loader.num_workers=1"]
+
+
+@pytest.fixture(autouse=True)
+def _shared():
+    need_shared()
+
+
+def _composed(*overrides):
+    cfg = compose(list(overrides))
+    ctx = Context(mode="plan", overrides=tuple(overrides), choices=dict(HydraConfig.get().runtime.choices))
+    return cfg, ctx
+
+
+def cli(tmp_path, *args, timeout=120):
+    env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path / "root")}
+    return subprocess.run([str(PYTHON), "-m", "train", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("name", UPSTREAM)
+def test_each_published_yaml_composes_checks_and_plans_on_a_gpu_cluster(name):
+    cfg, ctx = _composed(f"yaml={YAMLS / name}", "cluster=ndv5", "storage=amlfs",
+                         "variables.data_local=/tmp/nowhere-c4")
+    problems = check(cfg, ctx)
+    assert not errors(problems), [str(p) for p in errors(problems)]
+    assert cfg.run_name.startswith(name.removesuffix(".yaml") + "-")
+    plan = build_plan(compose([f"yaml={YAMLS / name}", "cluster=ndv5", "storage=amlfs",
+                               "plan=json"]))
+    assert plan["world_size"] == 8 and plan["params"] > 0
+    if name.startswith("mpt-") and name != "mpt-tiny.yaml":
+        # the same model as our preset of that name (tests/test_presets_upstream.py compares the rest)
+        ours = build_plan(compose([f"model={name.removesuffix('.yaml')}", "cluster=ndv5", "cluster.nodes=16",
+                                   "storage=amlfs", "plan=json"]))
+        assert plan["params"] == ours["params"]
+
+
+def test_the_yaml_is_over_our_groups_and_the_command_line_over_the_yaml():
+    path = YAMLS / "mpt-30b.yaml"
+    cfg, _ = _composed(f"yaml={path}")  # cluster=local says fp32 and torch attention; the YAML says otherwise
+    assert cfg.precision == "amp_bf16" and cfg.model.attn_config.attn_impl == "flash"
+    assert cfg.eval_interval == "10000ba" and cfg.max_duration == "143100ba"
+    # keys it does not set: our groups (checkpoint format and folder), conf/train.yaml (the checkpoint policy)
+    assert cfg.fsdp_config.state_dict_type == "sharded" and cfg.save_interval == "1000ba"
+    full, _ = _composed(f"yaml={path}", "checkpoint=full")
+    assert full.fsdp_config.state_dict_type == "full"
+    # no model preset beneath it: mpt-tiny's (the default) keys do not leak in
+    assert cfg.model.d_model == 7168 and cfg.model.vocab_size == 50368
+    # the command line, in llm-foundry's vocabulary, is last
+    cli_cfg, _ = _composed(f"yaml={path}", "precision=fp32", "eval_interval=2000ba")
+    assert cli_cfg.precision == "fp32" and cli_cfg.eval_interval == "2000ba"
+    # a blank run_name (llm-foundry would read $RUN_NAME) gets our name: the YAML's stem and what it trains
+    assert cfg.run_name.startswith("mpt-30b-")
+
+
+def test_variables_change_everything_that_reads_them_as_in_llm_foundry():
+    path = YAMLS / "mpt-30b.yaml"
+    base, _ = _composed(f"yaml={path}")
+    longer, _ = _composed(f"yaml={path}", "variables.max_seq_len=4096", "variables.global_seed=42")
+    for cfg, seq, seed in ((base, 2048, 17), (longer, 4096, 42)):
+        assert (cfg.max_seq_len, cfg.model.max_seq_len, cfg.tokenizer.kwargs.model_max_length,
+                cfg.train_loader.dataset.max_seq_len, cfg.eval_loader.dataset.max_seq_len) == (seq,) * 5
+        assert (cfg.seed, cfg.train_loader.dataset.shuffle_seed) == (seed, seed)
+    assert longer.run_name != base.run_name  # another training: another run
+    # our presets keep the same two variables, so the same words work without a YAML
+    for spelled in (["variables.max_seq_len=256"], ["max_seq_len=256"]):
+        cfg, _ = _composed(*spelled)
+        assert (cfg.model.max_seq_len, cfg.train_loader.dataset.max_seq_len) == (256, 256)
+    assert _composed("variables.max_seq_len=256")[0].run_name == _composed("max_seq_len=256")[0].run_name
+    assert _composed("variables.global_seed=42")[0].seed == 42
+
+
+def test_the_command_line_forms_llm_foundry_users_type():
+    path = "../shared/data/llm-foundry-yamls/pretrain/mpt-7b.yaml"
+    # `composer train.py <yaml> k=v`: the YAML as the first word; a relative path made absolute (a job composes
+    # again in its own folder); -m first
+    args = command_line([path, "cluster=ndv5", "-m"])
+    assert args == ["-m", f"yaml={os.path.abspath(path)}", "cluster=ndv5"]
+    assert command_line(["yaml=a b.yaml"]) == [f"yaml='{os.path.abspath('a b.yaml')}'"]
+    assert command_line(["--config-name", "x.yaml"]) == ["--config-name", "x.yaml"]  # a flag's value stays
+
+
+def test_plan_of_a_yaml_writes_nothing_and_names_the_run(tmp_path):
+    out = cli(tmp_path, str(YAMLS / "mpt-7b.yaml"), "cluster=ndv5", "cluster.nodes=8", "plan=json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    plan = json.loads(out.stdout)
+    assert plan["run_name"].startswith("mpt-7b-") and plan["world_size"] == 64
+    assert plan["params"] == pytest.approx(6.7e9, rel=0.05)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no outputs/, no root/
+
+
+def test_a_sweep_over_a_yaml_plans_each_point(tmp_path):
+    out = cli(tmp_path, "-m", f"yaml={YAMLS / 'testing.yaml'}", *CPU, "optimizer.lr=1e-4,2e-4", "plan=true")
+    assert out.returncode == 0, out.stderr[-2000:]
+    names = {w for w in out.stdout.split() if w.startswith("testing-")}
+    assert len(names) == 2, out.stdout[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_bad_yamls_are_refused_in_one_pass_naming_each_key(tmp_path):
+    text = (YAMLS / "testing.yaml").read_text()
+    bad = (text.replace("max_duration: 200ba", "max_durations: 200ba")
+           .replace("name: decoupled_adamw", "name: decoupled_adamw_nope")
+           .replace("shuffle_seed: ${variables.global_seed}", "shuffle_seed: ${variables.global_sed}"))
+    (tmp_path / "bad.yaml").write_text(bad)
+    out = cli(tmp_path, "bad.yaml", *CPU)
+    assert out.returncode == 2
+    err = out.stderr
+    assert "error: max_durations: is not a key llm-foundry or this tool knows" in err and "max_duration`?" in err
+    assert "error: train_loader.dataset.shuffle_seed: `${variables.global_sed}` cannot be resolved" in err
+    assert "error: optimizer.name: 'decoupled_adamw_nope' is not an optimizer llm-foundry knows" in err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]  # nothing written
+
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    (tmp_path / "broken.yaml").write_text("model: {d_model: 128\n")
+    out = cli(tmp_path, "yaml=missing.yaml", "-m")
+    assert out.returncode == 2 and f"error: yaml: {tmp_path / 'missing.yaml'}: no such file" in out.stderr
+    for name, says in (("list.yaml", "is not a mapping of llm-foundry keys"), ("broken.yaml", "is not readable YAML")):
+        out = cli(tmp_path, f"yaml={name}")
+        assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "broken.yaml", "list.yaml"]
+
+
+@pytest.mark.train
+def test_llm_foundrys_testing_yaml_trains_on_c4_on_cpu(tmp_path, c4_mds):
+    """The README's CPU line for a YAML written for GPUs: its own model, data and schedule, a few batches."""
+    args = [str(YAMLS / "testing.yaml"), *CPU, f"variables.data_local={c4_mds}", f"tokenizer.name={TOKENIZER}",
+            "max_duration=2ba", "global_train_batch_size=16", "device_train_microbatch_size=8", "eval_interval=2ba",
+            "eval_subset_num_batches=2", "log_to_console=false"]
+    out = cli(tmp_path, *args, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    [run] = (tmp_path / "root" / "outputs").iterdir()
+    assert run.name.startswith("testing-")
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["batches"] == 2 and metrics["final_eval"]["eval/LanguageCrossEntropy"] > 0
+    config = (run / ".hydra" / "config.yaml").read_text()
+    assert "d_model: 128\n  n_heads: 2" in config  # testing.yaml's model, not our mpt-tiny preset
+    # the same command again is the same run: it finds its own checkpoint and has nothing left to train
+    again = cli(tmp_path, *args, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [p.name for p in (tmp_path / "root" / "outputs").iterdir()] == [run.name]
