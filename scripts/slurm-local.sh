@@ -339,6 +339,15 @@ spawn() { (cd / && exec setsid "$@" </dev/null >>"$LOG/daemons.out" 2>&1 9>&-); 
 # detach: start a program that stays in the foreground, in the background.
 detach() { (cd / && exec setsid "$@" </dev/null >>"$LOG/daemons.out" 2>&1 9>&- &); }
 
+# A file system both nodes share, as a cluster's Lustre or NFS is: a tmpfs mounted before the nodes start, so each
+# node's private mount namespace (below) holds the same one. Tests put a run's storage.root there.
+SHARED=$DIR/shared
+mount_shared() {
+  mkdir -p "$SHARED"
+  mountpoint -q "$SHARED" || mount -t tmpfs -o size=4g,mode=1777 tmpfs "$SHARED" 2>/dev/null ||
+    say "could not mount a tmpfs at $SHARED: tests that need a shared mount will skip"
+}
+
 # Each node gets its own /dev/shm, as separate machines have: node-local shared memory named alike on
 # two nodes (streaming's dataset registry, for one) would otherwise collide between the two slurmd.
 spawn_node() {
@@ -419,6 +428,7 @@ cmd_start() {
   spawn slurmctld -f "$CONF" || fail_with_logs "slurmctld did not start" "$LOG/slurmctld.log" "$LOG/daemons.out"
   wait_for -d slurmctld "$TIMEOUT" slurmctld scontrol ping ||
     fail_with_logs "slurmctld did not answer" "$LOG/slurmctld.log" "$LOG/daemons.out"
+  mount_shared
   for n in "$(node 1)" "$(node 2)"; do
     mkdir -p "$STATE/d/$n"
     spawn_node "$n" || fail_with_logs "slurmd $n did not start" "$LOG/slurmd-$n.log" "$LOG/daemons.out"
@@ -480,6 +490,7 @@ cmd_stop() {
     stop_daemons slurmdbd
     stop_daemons mariadbd munged
   fi
+  if mountpoint -q "$SHARED" 2>/dev/null; then umount -l "$SHARED" || true; fi
   if grep -q "$HOSTS_MARK\$" /etc/hosts 2>/dev/null; then
     # Rewrite in place (not a rename): /etc/hosts is often a bind mount.
     local kept

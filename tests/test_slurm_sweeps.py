@@ -2,6 +2,7 @@
 import csv
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -39,15 +40,33 @@ def shown(stdout: str) -> dict:
     return {int(row[0]): dict(zip(header, row)) for row in map(cells, lines[1:])}
 
 
-def test_a_sweep_submits_and_returns_is_followed_by_status_and_summarised_by_its_own_job(slurm, tmp_path):
-    env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path)}
+@pytest.fixture
+def lustre(slurm, tmp_path):
+    """A folder on the file system both loopback nodes share, a tmpfs mounted by scripts/slurm-local.sh before the
+    nodes start (each node has its own mount namespace), as the README's month-long run has Lustre: the storage
+    preset's mount check, the jobs, status, summary and export all go through it."""
+    shared = Path(slurm).parent.parent / "shared"
+    if subprocess.run(["mountpoint", "-q", str(shared)]).returncode != 0:
+        pytest.skip(f"{shared} is not mounted: restart the loopback cluster (scripts/slurm-local.sh stop; start)")
+    folder = shared / tmp_path.name
+    folder.mkdir()
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_sweep_submits_and_returns_is_followed_by_status_and_summarised_by_its_own_job(slurm, tmp_path, lustre):
+    """The README's month-long run, small: a learning-rate sweep on a mounted shared storage (storage=amlfs
+    storage.root=<mount>), submitted and returned; followed with train.status; summarised by its own job; the
+    best point exported by name, found on the storage the training command named."""
+    storage = ("storage=amlfs", f"storage.root={lustre}", f"storage.mounts=[{lustre.parent}]")
+    env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path / "not-here")}
     started = time.time()
-    proc = subprocess.run([str(PYTHON), "-m", "train", "-m", *TINY, "max_duration=40ba", "save_interval=20ba",
-                           "console_log_interval=2ba",
+    proc = subprocess.run([str(PYTHON), "-m", "train", "-m", *TINY, *storage, "max_duration=40ba",
+                           "save_interval=20ba", "console_log_interval=2ba",
                            "optimizer.lr=1e-3,3e-3"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     returned = time.time() - started
     assert proc.returncode == 0, proc.stderr[-3000:]
-    [sweep_dir] = (tmp_path / "outputs" / "sweeps").iterdir()
+    [sweep_dir] = (lustre / "outputs" / "sweeps").iterdir()
     jobs = [line.split("-> job ")[1].split(",")[0] for line in proc.stdout.splitlines() if "-> job " in line]
     assert len(jobs) == 2 and f"python -m train.status {sweep_dir} --watch" in proc.stdout
     queued = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True).stdout
@@ -74,7 +93,7 @@ def test_a_sweep_submits_and_returns_is_followed_by_status_and_summarised_by_its
     outcome, text = pickle_load(result)
     assert outcome == "success" and (sweep_dir / "summary.md").read_text() == text
     # ... and the files are the summary job's: nobody ran the command after every point ended
-    rows = summary(tmp_path)
+    rows = summary(lustre)
     assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"]
     assert {r["overrides"] for r in rows} == {"optimizer.lr=0.001", "optimizer.lr=0.003"}
     for row in rows:
@@ -90,6 +109,19 @@ def test_a_sweep_submits_and_returns_is_followed_by_status_and_summarised_by_its
     assert _accounted_state(rows[0]["job_id"]) == "COMPLETED"
     final = shown(status(sweep_dir).stdout)
     assert [final[n]["state"] for n in (0, 1)] == ["COMPLETED", "COMPLETED"] and all(final[n]["loss"] for n in (0, 1))
+    # from anywhere, days later: the storage overrides of the training command find the sweep and the run
+    newest = subprocess.run([str(PYTHON), "-m", "train.status", *storage[:2]], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert newest.returncode == 0 and str(sweep_dir) in newest.stdout + newest.stderr, newest.stderr[-2000:]
+    assert [row["state"] for row in shown(newest.stdout).values()] == ["COMPLETED", "COMPLETED"]
+    best = min(rows, key=lambda r: float(r["eval_loss"] or r["final_loss"]))
+    name = Path(best["checkpoint"]).name
+    exported = subprocess.run([str(PYTHON), "-m", "train.export", name, *storage[:2]], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    folder = Path(exported.stdout.strip().splitlines()[-1])
+    assert folder.is_relative_to(lustre / "outputs" / name) and (folder / "config.json").is_file()
+    assert not (tmp_path / "not-here").exists()  # nothing went to the local root
 
 
 def test_a_summary_job_slurm_refuses_leaves_the_points_submitted_and_says_how_to_summarise(slurm, tmp_path):
