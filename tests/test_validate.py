@@ -458,3 +458,16 @@ def test_cluster_wait_false_on_this_machine_is_a_warning():
     [p] = check(compose(["cluster.wait=false"]), Context(mode="sweep"))
     assert (p.key, p.level) == ("cluster.wait", WARNING) and "children" in p.problem
     assert check(compose(["cluster=slurm-local", "cluster.wait=false"]), Context(mode="sweep")) == []
+
+
+def test_attention_dropout_with_torch_attention_is_refused_where_llm_foundry_fails_at_the_first_backward():
+    """gpt-375m keeps Megatron's 0.1 attention dropout: fine with flash attention on a GPU cluster; with the torch
+    attention of a CPU run llm-foundry 0.22 fails at the first backward (an in-place dropout autograd needs)."""
+    def found(*overrides):
+        cfg = compose(list(overrides))
+        return [(p.key, p.level) for p in check(cfg, Context(mode="run", overrides=overrides,
+                                                                choices={"cluster": "local"}))]
+
+    assert ("model.attn_config.attn_pdrop", ERROR) in found("model=gpt-375m")
+    assert ("model.attn_config.attn_pdrop", ERROR) not in found("model=gpt-375m", "model.attn_config.attn_pdrop=0")
+    assert "model.attn_config.attn_pdrop" not in {k for k, _ in found("model=gpt-375m", "cluster=ndv5")}

@@ -209,6 +209,15 @@ def model(cfg, ctx):
         if v is not None and (not _finite(v) or not 0 <= v <= 1):
             yield Problem(key, f"must be a probability in [0, 1], got {v!r} (MPT's config refuses it)",
                           f"e.g. {key}=0.0")
+    pdrop = value(cfg, "model.attn_config.attn_pdrop")
+    if value(cfg, "model.attn_config.attn_impl") == "torch" and _finite(pdrop) and 0 < pdrop <= 1:
+        # llm-foundry 0.22's torch attention drops out the softmax output in place, which autograd then needs:
+        # "one of the variables needed for gradient computation has been modified by an inplace operation" at
+        # the first backward (flash attention drops out inside its kernel)
+        yield Problem("model.attn_config.attn_pdrop", f"{pdrop} with model.attn_config.attn_impl=torch: llm-foundry's "
+                      "torch attention fails at the first backward step with attention dropout (an in-place dropout "
+                      "of what autograd keeps)", "model.attn_config.attn_pdrop=0 with torch attention (CPU), or "
+                      "flash attention on a GPU cluster")
     fraction = value(cfg, "model.embedding_fraction")
     if fraction is not None and (not _finite(fraction) or not 0 < fraction <= 1):
         yield Problem("model.embedding_fraction", f"must be in (0, 1], got {fraction!r} (MPT's config refuses it)",
