@@ -9,7 +9,7 @@ import sys
 
 from omegaconf import DictConfig
 
-from common import host_requeue
+from common import host_requeue, image
 from common.paths import PROJECT
 from hydra_plugins.pretrain_launcher import contract
 from hydra_plugins.pretrain_launcher.contract import Resources
@@ -19,8 +19,17 @@ from train.requeue import facts_lines
 
 
 def container_mounts(cfg: DictConfig) -> list[str]:
-    paths = [*cfg.storage.mounts, *cfg.cluster.container.mounts, str(PROJECT)]
+    paths = [*cfg.storage.mounts, *cfg.cluster.container.mounts, *filter(None, [topology_file(cfg)]), str(PROJECT)]
     return list(dict.fromkeys(p if ":" in p else f"{p}:{p}" for p in paths))
+
+
+def topology_file(cfg: DictConfig) -> str | None:
+    """The host's NCCL topology file (cluster.env.NCCL_TOPO_FILE), mounted at its own path into a container: the
+    node's image provides it (Azure HPC images: /opt/microsoft/ndv5-topo.xml), not ours. None: no file, or a
+    value that is not one plain absolute path (a `$` expansion, or a `,`/`:` that --container-mounts would split:
+    train/checks/node.py warns)."""
+    path = str(cfg.cluster.env.get("NCCL_TOPO_FILE") or "")
+    return path if path.startswith("/") and not set(path) & set("$,:") else None
 
 
 def srun_args(cfg: DictConfig) -> list[str]:
@@ -31,7 +40,11 @@ def srun_args(cfg: DictConfig) -> list[str]:
     if cfg.cluster.container.image:
         args += [f"--container-image={cfg.cluster.container.image}",
                  f"--container-mounts={','.join(container_mounts(cfg))}",
-                 f"--container-workdir={PROJECT}"]
+                 f"--container-workdir={PROJECT}",
+                 # Last: srun's options end at its command, so this is the command, inside the container, and
+                 # submitit's `python3 -u -m submitit.core._submit DIR` its arguments; it checks the image
+                 # (Python, the pinned packages, this checkout) and execs them (common/image.py)
+                 *image.srun_prefix()]
     return args
 
 

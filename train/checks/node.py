@@ -9,9 +9,12 @@ import zipfile
 from pathlib import Path
 from urllib.parse import urlparse
 
+from common import image as contract
+from common.paths import PROJECT
 from data_prep.facts import hub_cache, tokenizer_file
 from train import vocab
 from train.checks.core import URI, WARNING, Problem, value
+from train.executor import topology_file
 
 # What AutoTokenizer can build a tokenizer from, beside tokenizer_config.json.
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
@@ -39,11 +42,68 @@ def container(cfg, ctx):
     if not image:
         return
     image = str(image)
-    is_file = image.endswith(".sqsh") or image.startswith(("/", ".", "~"))
-    if is_file and not URI.match(image) and not os.path.isfile(os.path.expanduser(image)):
+    topo = value(cfg, "cluster.env.NCCL_TOPO_FILE")
+    if ctx.mode != "run" and topo and topology_file(cfg) is None:
+        yield Problem("cluster.env.NCCL_TOPO_FILE", f"{topo!r} is not mounted into the container (only one plain "
+                      "absolute path is: no `$`, `,` or `:`), so NCCL in the job may not find it",
+                      "give the file's absolute path on the nodes, e.g. /opt/microsoft/ndv5-topo.xml", WARNING)
+    is_file = (image.endswith(".sqsh") or image.startswith(("/", ".", "~"))) and not URI.match(image)
+    if is_file and not os.path.isfile(os.path.expanduser(image)):
         yield Problem("cluster.container.image", f"{image} does not exist (pyxis would fail every task)",
                       "import it first (enroot import -o /shared/images/x.sqsh docker://...), point at an existing "
                       ".sqsh, or give a registry image: 'cluster.container.image=\"nvcr.io#nvidia/pytorch:24.05-py3\"'")
+    elif ctx.mode != "run":  # a plain run trains in this process: the image is for jobs
+        yield from _image_contract(cfg, image, is_file)
+
+
+# How to build an image that keeps the contract (common/image.py), as README's Containers section does.
+_BUILD = (f"build and import it from this checkout: {contract.STEPS}; write its marker beside it: "
+          f"{contract.SIDECAR}; then cluster.container.image=/data/images/pretrain.sqsh (README: Containers)")
+
+
+def _image_contract(cfg, name: str, is_file: bool):
+    """Whether the image is one of ours: its marker (common/image.py) against this checkout's pins. What surely
+    fails a job's first seconds is an error (a plan warns); what cannot be known here is a warning: each task
+    checks its image again as it starts."""
+    key = "cluster.container.image"
+    unknown = ("each task checks its Python, the pinned packages and this checkout as it starts, and stops "
+               "saying what is missing")
+    if not is_file:
+        yield Problem(key, f"{name} is a registry image: this node cannot tell whether it holds what jobs need "
+                      f"(Python, requirements.lock's packages); {unknown}", _BUILD, WARNING)
+        return
+    path = os.path.expanduser(name)
+    found, where = _marker(path, os.stat(path).st_mtime, _mtime(path + ".json"))
+    if found is None:
+        yield Problem(key, f"cannot confirm {name} is built from this project's Dockerfile ({where}); {unknown}",
+                      _BUILD, WARNING)
+    elif found.get("project") != contract.NAME or "unreadable" in found or not isinstance(found.get("packages"), dict):
+        yield Problem(key, f"{name} is not this project's image ({where}: "
+                      f"{found.get('unreadable') or 'not a marker of ' + contract.NAME}); {unknown}", _BUILD, WARNING)
+    else:
+        errors, warnings = contract.verdict(str(found.get("python", "")), found["packages"], PROJECT, flash=False)
+        for e in errors:
+            yield Problem(key, f"{name} ({where}): {e}; every task would stop in its first seconds", _BUILD)
+        for w in warnings:
+            yield Problem(key, f"{name} ({where}): {w}", _BUILD, WARNING)
+        impl = value(cfg, "model.attn_config.attn_impl")
+        if impl == "flash" and contract.FLASH not in found["packages"]:
+            yield Problem(key, f"{name} ({where}) has no {contract.FLASH}, which model.attn_config.attn_impl=flash "
+                          "needs: the model would fail to build in every task",
+                          f"{_BUILD}; or train without it: model.attn_config.attn_impl=torch")
+
+
+@functools.lru_cache(maxsize=16)
+def _marker(path: str, mtime: float, sidecar_mtime: float | None):
+    """Read once per image and version of it (the points of a sweep share one)."""
+    return contract.read_marker(path)
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
 
 
 _LOAD_FIX = ("point it at a checkpoint file (full) or an ep{E}-ba{B} directory (sharded), or drop it (load_path=null) "
