@@ -168,15 +168,17 @@ def test_errors_name_the_key_and_the_fix_and_write_nothing(tmp_path):
 
 
 def test_the_readme_lines_of_export_sample_and_evaluate_parse():
-    """The README's `python -m train.export|sample|evaluate` lines (test_readme.py runs the `python -m train` ones)
-    name arguments these commands take: each parses, through the command's own parser, without running."""
+    """The `python -m train.export|sample|evaluate` lines of README.md and docs/*.md (test_readme.py runs the
+    `python -m train` ones) name arguments these commands take: each parses, through the command's own parser,
+    without running."""
     import re
     import shlex
 
     from train import evaluate, export, sample
     from train.storage_args import roots, take
 
-    readme = (ROOT / "README.md").read_text()
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    readme = "\n".join(page.read_text() for page in pages)
     lines = re.findall(r"^(python -m train\.(?:export|sample|evaluate) .*)$", readme, flags=re.M)
     assert {line.split()[2] for line in lines} == {"train.export", "train.sample", "train.evaluate"}, lines
     for line in lines:

@@ -1,41 +1,46 @@
-"""Every `python -m train` / `python -m data_prep` line of README.md runs, as a look: `plan=json` (or `--cfg
-job`, `--help` as written) for training, `--cfg job` for data_prep, with temporary roots. A line shown with an
-refusal after it (an `error:` line, or Hydra's own `full_key:` message) must fail, without a traceback, and print
-every line shown. So the docs cannot rot."""
+"""Every `python -m train` / `python -m data_prep` line of README.md and of the pages under docs/ runs, as a look:
+`plan=json` (or `--cfg job`, `--help` as written) for training, `--cfg job` for data_prep, with temporary roots. A
+line shown with an refusal after it (an `error:` line, or Hydra's own `full_key:` message) must fail, without a
+traceback, and print every line shown. Every docs/ page is linked from README.md, and every relative link of these
+pages points to a file that exists (and, with an anchor, to a heading of that page). So the docs cannot rot."""
 import os
 import re
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 from paths import PYTHON, ROOT
 
-README = (ROOT / "README.md").read_text()
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+TEXTS = {page.relative_to(ROOT).as_posix(): page.read_text() for page in PAGES}
 
 
 def _command_lines() -> list:
-    """(command words, the refusal shown after it: its lines, or None), from code blocks and inline code."""
+    """(page, command words, the refusal shown after it: its lines, or None), from code blocks and inline code;
+    a line shown on several pages is run once, under the first page (README.md first)."""
     found = []
-    for block in re.findall(r"```[a-z]*\n(.*?)```", README, flags=re.S):
-        lines = block.replace("\\\n", " ").splitlines()
-        for i, line in enumerate(lines):
-            line = line.strip().removeprefix("$ ")
-            if re.match(r"python -m (train|data_prep)(\s|$)", line) and "[" not in line.split("#")[0].split("=")[0]:
-                shown = []
-                for x in lines[i + 1:]:
-                    if x.startswith("$ ") or re.match(r"python -m ", x):
-                        break
-                    shown.append(x.strip())
-                refused = any(x.startswith("error: ") or x.startswith("full_key: ") for x in shown)
-                found.append((line, tuple(x for x in shown if x) if refused else None))
-    for code in re.findall(r"`(python -m (?:train|data_prep) [^`]*)`", README):
-        found.append((code, None))
+    for page, text in TEXTS.items():
+        for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+            lines = block.replace("\\\n", " ").splitlines()
+            for i, line in enumerate(lines):
+                line = line.strip().removeprefix("$ ")
+                if re.match(r"python -m (train|data_prep)(\s|$)", line) and "[" not in line.split("#")[0].split("=")[0]:
+                    shown = []
+                    for x in lines[i + 1:]:
+                        if x.startswith("$ ") or re.match(r"python -m ", x):
+                            break
+                        shown.append(x.strip())
+                    refused = any(x.startswith("error: ") or x.startswith("full_key: ") for x in shown)
+                    found.append((page, line, tuple(x for x in shown if x) if refused else None))
+        for code in re.findall(r"`(python -m (?:train|data_prep) [^`]*)`", text):
+            found.append((page, code, None))
     seen, unique = set(), []
-    for line, err in found:
+    for page, line, err in found:
         if "[overrides]" in line or line in seen:
             continue
         seen.add(line)
-        unique.append((line, err))
+        unique.append((page, line, err))
     return unique
 
 
@@ -52,7 +57,7 @@ def _first_point(arg: str) -> str:
 
 
 def test_the_readme_has_the_lines_people_copy():
-    text = " ".join(line for line, _ in LINES)
+    text = " ".join(line for _, line, _ in LINES)
     assert len(LINES) >= 15, LINES
     for words in ("-m model=mpt-30b", "data_prep dataset=c4", "cluster.env.NCCL_IB_PCI_RELAXED_ORDERING=1",
                   "cluster.sbatch_extra='{reservation: big}'", "plan=true", "eval_interval=0"):
@@ -60,8 +65,8 @@ def test_the_readme_has_the_lines_people_copy():
 
 
 @pytest.mark.e2e  # one process per line
-@pytest.mark.parametrize("line,error", LINES, ids=[line[:90] for line, _ in LINES])
-def test_every_readme_command_line_runs_as_a_look(tmp_path, line, error):
+@pytest.mark.parametrize("page,line,error", LINES, ids=[f"{page}: {line[:90]}" for page, line, _ in LINES])
+def test_every_readme_command_line_runs_as_a_look(tmp_path, page, line, error):
     words = shlex.split(line, comments=True)
     module, args = words[2], words[3:]
     root = tmp_path / "root"
@@ -75,11 +80,53 @@ def test_every_readme_command_line_runs_as_a_look(tmp_path, line, error):
     env = {**os.environ, "PRETRAIN_ROOT": str(root), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([str(PYTHON), "-m", module, *args, *look], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, (page, proc.stderr[-3000:])
     if error:  # our checks exit 2; Hydra's own refusals (a wrong type, an unknown key) exit 1
-        assert proc.returncode in (1, 2), proc.stderr[-3000:]
+        assert proc.returncode in (1, 2), (page, proc.stderr[-3000:])
         for shown in error:
-            assert shown in proc.stderr, (shown, proc.stderr[-3000:])
+            assert shown in proc.stderr, (page, shown, proc.stderr[-3000:])
     else:
-        assert proc.returncode == 0, f"{line}\n{proc.stderr[-3000:]}"
+        assert proc.returncode == 0, f"{page}: {line}\n{proc.stderr[-3000:]}"
     assert list(root.iterdir()) == [], "a look wrote something"
+
+
+def _prose(text: str) -> str:
+    """The text without its code blocks and inline code (``...`` first, then `...`): `# comment` lines and
+    `[...](...)` in code are not headings or links."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return re.sub(r"`[^`]*`", "", re.sub(r"``.*?``", "", text, flags=re.S))
+
+
+def _anchors(text: str) -> set:
+    """The anchors a page's headings get, as GitHub makes them: lower case, punctuation dropped, spaces to
+    hyphens, a repeated heading numbered (-1, -2, ...)."""
+    seen, anchors = {}, set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#* *$", re.sub(r"```.*?```", "", text, flags=re.S), flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def _links(text: str) -> list:
+    return [target for target in re.findall(r"\]\(([^)\s]+)\)", _prose(text))
+            if not re.match(r"[a-z][a-z0-9+.-]*:", target)]  # relative: no https:, mailto:, ...
+
+
+def test_every_docs_page_is_linked_from_the_readme_and_every_relative_link_resolves():
+    readme = {Path(target.partition("#")[0]).as_posix() for target in _links(TEXTS["README.md"])}
+    pages = [page for page in TEXTS if page != "README.md"]
+    assert pages, "no docs/*.md page"
+    unlinked = [page for page in pages if page not in readme]
+    assert not unlinked, f"docs pages README.md does not link to: {unlinked}"
+    broken = []
+    for page, text in TEXTS.items():
+        for target in _links(text):
+            path, _, anchor = target.partition("#")
+            where = ((ROOT / page).parent / path).resolve() if path else ROOT / page
+            if not where.exists():
+                broken.append(f"{page}: ({target}): {where} does not exist")
+            elif anchor and where.suffix == ".md" and anchor not in _anchors(
+                    TEXTS.get(where.relative_to(ROOT).as_posix()) or where.read_text()):
+                broken.append(f"{page}: ({target}): no heading of {where.name} has the anchor #{anchor}")
+    assert not broken, "\n".join(broken)
