@@ -30,9 +30,9 @@ NAME = "slurm-pretrain"  # pyproject.toml's project name, as the marker records 
 MARKER = "/etc/slurm-pretrain-image.json"
 FORMAT = 1  # of the marker's fields, for a reader of a later version
 EXIT = 78  # sysexits' EX_CONFIG: the task's environment is wrong, not the run
-# The Dockerfile's steps (README, Containers); every message that says how to build the image quotes them.
+# The Dockerfile's steps (docs/cluster-run.md: The image); every message saying how to build the image quotes them.
 STEPS = "docker build -t pretrain:latest . && enroot import -o /data/images/pretrain.sqsh dockerd://pretrain:latest"
-BUILD = f"build it from the Dockerfile of this checkout: {STEPS} (README: Containers)"
+BUILD = f"build it from the Dockerfile of this checkout: {STEPS} (docs/cluster-run.md: The image)"
 # ... and, for a login node without unsquashfs, a copy of its marker beside the .sqsh (read_marker)
 SIDECAR = f"docker run --rm pretrain:latest cat {MARKER} > /data/images/pretrain.sqsh.json"
 # flash attention: llm-foundry's `gpu` extra, installed by the Dockerfile; the GPU presets train with it.

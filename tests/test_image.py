@@ -49,7 +49,7 @@ def test_a_python_without_the_packages_stops_with_what_is_missing_and_how_to_bui
     # the last line is what the sweep's summary shows of a failed rank: it says it all
     assert lines[-1].startswith(f"image check: {bare_python} cannot run this project's jobs (this image has no "
                                 f"{image.MARKER}: it was not built from this project's Dockerfile)")
-    assert lines[-1].endswith(f"{BUILD_LINE} (README: Containers)")
+    assert lines[-1].endswith(f"{BUILD_LINE} (docs/cluster-run.md: The image)")
 
 
 def test_this_venv_passes_and_the_command_is_the_task(tmp_path):

@@ -14,7 +14,7 @@ from train.forecast import build_plan
 
 YAMLS = SHARED / "llm-foundry-yamls" / "pretrain"
 UPSTREAM = sorted(p.name for p in YAMLS.glob("*.yaml")) or ["(../shared absent)"]
-# What a CPU needs that llm-foundry's GPU recipes do not say (README "Your own llm-foundry YAML").
+# What a CPU needs that llm-foundry's GPU recipes do not say (docs/config.md, "Your own llm-foundry YAML").
 CPU = ["precision=fp32", "train_loader.num_workers=1", "eval_loader.num_workers=1"]
 
 
@@ -141,7 +141,7 @@ def test_bad_yamls_are_refused_in_one_pass_naming_each_key(tmp_path):
 
 @pytest.mark.train
 def test_llm_foundrys_testing_yaml_trains_on_c4_on_cpu(tmp_path, c4_mds):
-    """The README's CPU line for a YAML written for GPUs: its own model, data and schedule, a few batches."""
+    """docs/config.md's CPU line for a YAML written for GPUs: its own model, data and schedule, a few batches."""
     args = [str(YAMLS / "testing.yaml"), *CPU, f"variables.data_local={c4_mds}", f"tokenizer.name={TOKENIZER}",
             "max_duration=2ba", "global_train_batch_size=16", "device_train_microbatch_size=8", "eval_interval=2ba",
             "eval_subset_num_batches=2", "log_to_console=false"]

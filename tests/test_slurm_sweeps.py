@@ -43,7 +43,7 @@ def shown(stdout: str) -> dict:
 @pytest.fixture
 def lustre(slurm, tmp_path):
     """A folder on the file system both loopback nodes share, a tmpfs mounted by scripts/slurm-local.sh before the
-    nodes start (each node has its own mount namespace), as the README's month-long run has Lustre: the storage
+    nodes start (each node has its own mount namespace), as docs/cluster-run.md's month-long run has Lustre: the storage
     preset's mount check, the jobs, status, summary and export all go through it."""
     shared = Path(slurm).parent.parent / "shared"
     if subprocess.run(["mountpoint", "-q", str(shared)]).returncode != 0:
@@ -55,7 +55,7 @@ def lustre(slurm, tmp_path):
 
 
 def test_a_sweep_submits_and_returns_is_followed_by_status_and_summarised_by_its_own_job(slurm, tmp_path, lustre):
-    """The README's month-long run, small: a learning-rate sweep on a mounted shared storage (storage=amlfs
+    """docs/cluster-run.md's month-long run, small: a learning-rate sweep on a mounted shared storage (storage=amlfs
     storage.root=<mount>), submitted and returned; followed with train.status; summarised by its own job; the
     best point exported by name, found on the storage the training command named."""
     storage = ("storage=amlfs", f"storage.root={lustre}", f"storage.mounts=[{lustre.parent}]")

@@ -131,7 +131,7 @@ def _problems(args) -> list:
     if args.icl_tasks:
         if not args.icl_tasks.is_file():
             found.append(Problem("--icl-tasks", f"{args.icl_tasks} is not a file", "a JSON-lines task file (see "
-                                 "README, \"Evaluate\")"))
+                                 "docs/after-training.md, \"Evaluate\")"))
     elif args.data is None:
         found.append(Problem("--data", "no data to score on", "--data=<MDS folder> (the run's variables.data_local)"))
     elif not (args.data / args.split / "index.json").is_file():

@@ -2,7 +2,7 @@
 derive from them alone, so the same training under another cluster, image, environment variable, node count or
 spelling of a number is the same run, and running the same command again resumes it.
 
-The rule, in one place (README "Runs, resume, outputs" shows it as a table): every key of the resolved config
+The rule, in one place (docs/resume.md "Runs, resume, outputs" shows it as a table): every key of the resolved config
 counts, except those in HOW below: where and how it runs (our cluster, storage, checkpoint, export and logger
 groups, the microbatch, the evaluation, FSDP's sharding), how it is reported (loggers, monitoring callbacks,
 console settings) and its own name and folders. Values are compared resolved and typed, so `3e-3`, `0.003` and

@@ -1,4 +1,4 @@
-"""The preflight check, inside every job, before the trainer is built (README "Before a big run").
+"""The preflight check, inside every job, before the trainer is built (docs/cluster-run.md, "Before a big run").
 
 Every rank checks its device; local rank 0 of each node runs the node check command once; then timed
 all-reduces within each node, between pairs of nodes and over the whole job give bus bandwidths to compare with

@@ -56,9 +56,9 @@ def container(cfg, ctx):
         yield from _image_contract(cfg, image, is_file)
 
 
-# How to build an image that keeps the contract (common/image.py), as README's Containers section does.
+# How to build an image that keeps the contract (common/image.py), as docs/cluster-run.md's "The image" does.
 _BUILD = (f"build and import it from this checkout: {contract.STEPS}; write its marker beside it: "
-          f"{contract.SIDECAR}; then cluster.container.image=/data/images/pretrain.sqsh (README: Containers)")
+          f"{contract.SIDECAR}; then cluster.container.image=/data/images/pretrain.sqsh (docs/cluster-run.md: The image)")
 
 
 def _image_contract(cfg, name: str, is_file: bool):
