@@ -1,6 +1,9 @@
 """data_prep vs llm-foundry's convert_dataset_json vs the raw tokenizer ceilings, on identical input.
 
-    .venv/bin/python bench/bench_data_prep.py [--docs 15000] [--repeats 3]
+    .venv/bin/python bench/bench_data_prep.py [--docs 15000] [--repeats 3] [--smoke]
+
+--smoke: 200 documents, one run of each, every comparison and the sample check as usual, to see that it runs
+(start-up dominates at that size: the ratios mean little).
 
 Input: the two C4 files in ../shared/data/c4/en repeated to --docs documents, written as one gzip JSON-lines
 file in a temporary folder (removed afterwards). Settings for both converters: concat_tokens 2048,
@@ -119,7 +122,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=int, default=15000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="200 documents, one run, to see that it runs")
     args = parser.parse_args()
+    if args.smoke:  # 200 C4 documents still fill tens of 2048-token samples to compare
+        args.docs, args.repeats = 200, 1
     if not C4.is_dir() or not TOKENIZER.is_dir():
         sys.exit(f"../shared/data is missing (looked for {C4} and {TOKENIZER})")
 

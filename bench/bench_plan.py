@@ -1,7 +1,9 @@
 """How fast a look answers: `plan=json`, a sweep's plan and `--cfg job`, beside Hydra composing the same config
 in a bare process (the floor any Hydra app pays), as ratios from one run on this machine.
 
-    .venv/bin/python bench/bench_plan.py [--repeats 3]
+    .venv/bin/python bench/bench_plan.py [--repeats 3] [--smoke]
+
+--smoke: one run of each command (the same commands: they are already the smallest), to see that it runs.
 """
 import argparse
 import os
@@ -39,7 +41,10 @@ def best_of(cmd, env, repeats) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="one run of each, to see that it runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats = 1
     with tempfile.TemporaryDirectory() as root:
         env = {**os.environ, "PRETRAIN_ROOT": root, "HF_HUB_OFFLINE": "1"}
         bare = best_of([PYTHON, "-c", BARE], env, args.repeats)

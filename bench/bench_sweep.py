@@ -4,7 +4,12 @@ Hydra composing one config in a bare process (the floor any Hydra app pays), fro
 Submitting needs the loopback Slurm (scripts/slurm-local.sh start; SLURM_CONF exported): the time is the whole
 command, which returns once every point and the sweep's summary job are submitted; the jobs are then cancelled.
 
-    .venv/bin/python bench/bench_sweep.py [--repeats 2] [--no-submit]
+    .venv/bin/python bench/bench_sweep.py [--repeats 2] [--no-submit] [--smoke]
+
+--smoke: sweeps of 1 and 4 points, one run each, to see that it runs. It submits only where SLURM_CONF is set
+(the loopback cluster is up: `bash scripts/slurm-local.sh start`, then `eval "$(bash scripts/slurm-local.sh
+status)"`) and plans only otherwise, so a smoke run works on any machine; --no-submit plans only either way.
+tests/test_bench.py runs both: plans only without Slurm, and the submits under its `slurm` fixture.
 """
 import argparse
 import os
@@ -25,12 +30,13 @@ BARE = ("from hydra import compose, initialize_config_dir\nimport train\n"
 # 4 x 8 = 32 points, x 4 = 128: node counts, learning rates, seeds
 GRIDS = {1: [], 32: ["cluster.nodes=2,4,8,16", "optimizer.lr=1e-4,2e-4,3e-4,4e-4,5e-4,6e-4,7e-4,8e-4"]}
 GRIDS[128] = GRIDS[32] + ["seed=1,2,3,4"]
+SMOKE_GRIDS = {1: [], 4: ["cluster.nodes=2,4,8,16"]}  # 4 points: still one job array of 4 tasks when submitted
 
 
-def submit_seconds(points: int, env) -> float:
+def submit_seconds(points: int, grid: list, env) -> float:
     """Seconds until the command returns, every point submitted (with the sweep's summary job); the jobs are
     cancelled at once."""
-    grid = [g.replace("cluster.nodes=2,4,8,16", "max_duration=1ba,2ba,3ba,4ba") for g in GRIDS[points]]
+    grid = [g.replace("cluster.nodes=2,4,8,16", "max_duration=1ba,2ba,3ba,4ba") for g in grid]
     cmd = [PYTHON, "-m", "train", "-m", "cluster=slurm-local", "data=mock", "checkpoint=none", *grid]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -46,23 +52,34 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--no-submit", action="store_true", help="plans only (no Slurm needed)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="1 and 4 points, one run each; submits only where SLURM_CONF is set")
     args = parser.parse_args()
+    grids = GRIDS
+    if args.smoke:
+        grids, args.repeats = SMOKE_GRIDS, 1
+        args.no_submit = args.no_submit or not os.environ.get("SLURM_CONF")
+    largest = max(grids)
     with tempfile.TemporaryDirectory() as root:
         env = {**os.environ, "PRETRAIN_ROOT": root, "HF_HUB_OFFLINE": "1"}
         bare = best_of([PYTHON, "-c", BARE], env, args.repeats)
         print(f"{'command':34s} {'best s':>8s} {'s/point':>8s} {'x bare compose':>15s}")
         print(f"{'hydra compose, one config (bare)':34s} {bare:8.2f} {bare:8.3f} {1.0:15.2f}")
-        for points, grid in GRIDS.items():
+        planned = {}
+        for points, grid in grids.items():
             cmd = [PYTHON, "-m", "train", "-m", "model=mpt-30b", "cluster=ndv5", "data=mock", *grid, "plan=json"]
-            s = best_of(cmd, env, args.repeats)
+            s = planned[points] = best_of(cmd, env, args.repeats)
             print(f"{f'plan=json, {points} points':34s} {s:8.2f} {s / points:8.3f} {s / bare:15.2f}")
-        if not args.no_submit:
+        print(f"plan, {largest} points / 1 point: {planned[largest] / planned[1]:.1f}x")
+        if args.no_submit:
+            print("submit: not measured (--no-submit, or --smoke without SLURM_CONF)")
+        else:
             took = {}
-            for points in GRIDS:
-                s = took[points] = submit_seconds(points, env)
+            for points, grid in grids.items():
+                s = took[points] = submit_seconds(points, grid, env)
                 print(f"{f'submit to Slurm, {points} points':34s} {s:8.2f} {s / points:8.3f} {s / bare:15.2f}")
             # points with the same resources go as one job array: the submit hardly grows with the sweep
-            print(f"submit, 128 points / 1 point: {took[128] / took[1]:.1f}x")
+            print(f"submit, {largest} points / 1 point: {took[largest] / took[1]:.1f}x")
 
 
 if __name__ == "__main__":
