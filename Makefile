@@ -18,17 +18,22 @@ $(STAMP): pyproject.toml requirements.lock
 train: $(STAMP)
 	$(PY) -m train
 
+# Two workers (pytest-xdist): most tests wait on a subprocess, a Slurm job or llm-foundry's import, so two run
+# side by side on two cores; the Slurm tests go one after another on one worker (tests/conftest.py).
+WORKERS ?= 2
+XDIST = -n $(WORKERS) --dist loadgroup
+
 # Tests submit real jobs to a loopback Slurm that the project starts itself (and stops afterwards). The 20
 # slowest tests are listed at the end: where the suite's time goes.
 test: $(STAMP)
 	bash scripts/slurm-local.sh start
-	eval "$$(bash scripts/slurm-local.sh status)" && $(PY) -m pytest -q --durations=20 $(PYTEST_ARGS); \
+	eval "$$(bash scripts/slurm-local.sh status)" && $(PY) -m pytest -q $(XDIST) --durations=20 $(PYTEST_ARGS); \
 	  rc=$$?; bash scripts/slurm-local.sh stop; exit $$rc
 
 # The fast tier for your own loop (under a minute): config, checks, plan, README lines and data_prep units; no
 # training, no Slurm, no data_prep end-to-end runs (markers in pyproject.toml).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slurm and not train and not e2e" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not slurm and not train and not e2e" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

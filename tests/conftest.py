@@ -33,6 +33,11 @@ def pytest_collection_modifyitems(items):
     for item in items:  # a test that needs the cluster is a Slurm test, wherever it lives
         if "slurm" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)
+        if item.get_closest_marker("slurm"):
+            # `make test` runs two workers (pytest-xdist, --dist loadgroup): the Slurm tests one after another on
+            # one of them, as they share the loopback cluster's two nodes (a test that sees its job pending or
+            # its array's tasks side by side would otherwise see another test's jobs), the rest beside them.
+            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 @pytest.fixture(scope="session")
