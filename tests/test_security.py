@@ -8,8 +8,10 @@ submitting shell they reach the job on the loopback Slurm, and a grep of everyth
 import hashlib
 import json
 import os
+import shutil
 import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -167,12 +169,17 @@ def test_a_second_training_on_a_save_folder_in_use_is_refused_and_the_first_is_i
 def test_scratch_folders_are_private_to_the_job_and_removed(tmp_path):
     from train.task import private_dir
 
+    # a short TMPDIR: a long one is refused (test_a_temporary_folder_too_long_for_sockets_is_refused_at_the_start)
+    scratch = Path(tempfile.mkdtemp(prefix="scr-", dir="/tmp"))
+    try:
+        proc = cli(tmp_path / "root", "-m", "cluster.tasks_per_node=2", "max_duration=4ba", "checkpoint=none",
+                   "eval_interval=4ba", env={"TMPDIR": str(scratch)})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert not list(scratch.glob("pretrain-*")), "the job's scratch folder was left behind"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    proc = cli(tmp_path / "root", "-m", "cluster.tasks_per_node=2", "max_duration=4ba", "checkpoint=none",
-               "eval_interval=4ba", env={"TMPDIR": str(scratch)})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert not list(scratch.glob("pretrain-*")), "the job's scratch folder was left behind"
 
     made = private_dir(scratch / "a")
     assert stat.S_IMODE(made.stat().st_mode) == 0o700
@@ -202,3 +209,31 @@ def test_credentials_exported_in_the_shell_are_in_no_file_a_run_or_a_local_sweep
     files = [p for p in (tmp_path / "root").rglob("*") if p.is_file()]
     assert any(p.name == "multirun.yaml" for p in files) and any(p.suffix == ".pkl" for p in files)
     assert SECRET not in written(tmp_path / "root")
+
+
+def test_a_temporary_folder_too_long_for_sockets_is_refused_at_the_start(tmp_path):
+    """With loader workers, a TMPDIR whose multiprocessing socket path passes 107 bytes would hang every rank
+    waiting for its first batch (seen: `OSError: AF_UNIX path too long` in the worker's feeder thread): refused,
+    naming TMPDIR. Without workers, or short enough, it goes on."""
+    from common.errors import UserError
+    from train.task import short_enough_for_sockets
+
+    long_dir = "/tmp/" + "x" * 80
+    with pytest.raises(UserError, match="TMPDIR") as err:
+        short_enough_for_sockets(long_dir, workers=1)
+    assert "export TMPDIR=/tmp" in str(err.value) and "forever" in str(err.value)
+    short_enough_for_sockets(long_dir, workers=0)
+    short_enough_for_sockets("/tmp/" + "x" * 70, workers=8)  # 75 + 32 = 107: the longest that works
+    # the limit is the kernel's: a socket at that length binds, one byte more does not
+    import socket
+
+    for extra, binds in ((0, True), (1, False)):
+        name = str(tmp_path) + "/" + "s" * (107 - len(str(tmp_path)) - 1 + extra)
+        sock = socket.socket(socket.AF_UNIX)
+        try:
+            sock.bind(name)
+            assert binds
+        except OSError as e:
+            assert not binds and "too long" in str(e)
+        finally:
+            sock.close()

@@ -38,6 +38,8 @@ def run(cfg: DictConfig) -> dict:
         ensure(cfg.variables.data_local, cfg.max_seq_len, cfg.data.train_samples, cfg.data.val_samples)
 
     fcfg = foundry_config(cfg)
+    short_enough_for_sockets(tempfile.gettempdir(), max(
+        int(OmegaConf.select(fcfg, f"{loader}.num_workers", default=0) or 0) for loader in ("train_loader", "eval_loader")))
     if dist_env:
         _node_local_cwd(fcfg, dist_env)
     _start_dist(fcfg)
@@ -260,6 +262,24 @@ def _node_local_cwd(fcfg, env: dict) -> None:
     os.chdir(scratch)
     if env["LOCAL_RANK"] == "0":  # the node's ranks share it; the last to need it removes it
         atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+
+
+# A socket's path holds at most 107 bytes (sun_path). Loader workers hand each batch to their rank over a socket
+# Python's multiprocessing makes as <temp folder>/pymp-XXXXXXXX/listener-XXXXXXXX (32 bytes more); when that path
+# is too long the worker's feeder thread fails (`OSError: AF_UNIX path too long`) and the rank waits for its batch
+# forever: a run that hangs without a word, past dist_timeout (nothing is in a collective).
+_SOCKET_PATH_MAX, _MP_SOCKET_SUFFIX = 107, len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+
+
+def short_enough_for_sockets(tmp: str, workers: int) -> None:
+    """Refuse, at the start, a temporary folder too long for the sockets loader workers need."""
+    longest = len(os.fsencode(tmp)) + _MP_SOCKET_SUFFIX
+    if workers > 0 and longest > _SOCKET_PATH_MAX:
+        raise UserError("TMPDIR", f"{tmp} is too long for the sockets the data loader workers hand batches over "
+                        f"({longest} bytes with multiprocessing's names, the limit is {_SOCKET_PATH_MAX}): each "
+                        "rank would wait for its first batch forever",
+                        "export TMPDIR=/tmp (or another short path) before the command, or "
+                        "train_loader.num_workers=0 eval_loader.num_workers=0")
 
 
 def private_dir(path: Path) -> Path:
