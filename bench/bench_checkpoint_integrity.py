@@ -1,4 +1,4 @@
-"""What checkpoint manifests cost (train/integrity.py): a real 2-rank sharded checkpoint (torch distributed
+"""What checkpoint manifests cost (train/checkpoint/integrity.py): a real 2-rank sharded checkpoint (torch distributed
 checkpoint over gloo, as composer writes it under FSDP2), its save and load timed beside hashing it into a
 manifest (each rank its own shard, right after writing it, as a run does) and verifying it (each rank its share,
 as a resume does), as ratios from one run on this machine.
@@ -33,7 +33,7 @@ def _rank(rank: int, world: int, folder: str, mb: int, port: int, out) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from train import integrity
+    from train.checkpoint import integrity
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)

@@ -61,8 +61,8 @@ def main():
 
     from omegaconf import OmegaConf
 
-    from train.compose import compose
-    from train.foundry import foundry_config
+    from train.config.compose import compose
+    from train.task.foundry import foundry_config
 
     root = Path(tempfile.mkdtemp(prefix="bench-train-"))
     env = {**os.environ, "PRETRAIN_ROOT": str(root)}

@@ -1,6 +1,6 @@
 """Compose a sweep's points as their jobs will (same Hydra context), for any app of this project: the launcher
 hands each app the points a sweeper gives it (hydra_plugins/pretrain_launcher/), and the app composes and checks
-them here (train/sweep_app.py, data_prep/sweep_app.py)."""
+them here (train/launch/sweep_app.py, data_prep/sweep_app.py)."""
 import copy
 from pathlib import Path
 
@@ -24,7 +24,7 @@ def sweep_points(loader, config: DictConfig, sweep_dir, points: list, first: int
     """Every point given (a list of overrides each, numbered from `first`) as (overrides, config): composed
     exactly as its job will compose it (same Hydra context), its hydra node dropped, unresolved; its Hydra
     context is set for each config as it is made, so the caller resolves each point before asking for the next
-    (train/sweep_app.py).
+    (train/launch/sweep_app.py).
 
     Hydra composes a config in two steps (ConfigLoaderImpl._load_configuration_impl in the pinned Hydra): the
     defaults tree from the config group choices (most of the cost: every YAML file read and merged), then the

@@ -7,7 +7,7 @@ resubmission pickle (with the max_num_timeout countdown) and then calls its envi
 and lets rank 0 exit (255): srun (`--kill-on-bad-exit=1`) then ends the other ranks and returns, and the batch
 script's lines after srun (`teardown_lines`) run `scontrol requeue` on the host, where the Slurm client is.
 One path for container and bare-venv jobs. The preflight check's node exclusion goes the same way
-(train/requeue.py). Global rank 0 runs on the allocation's first node, where the batch script runs, so the
+(train/launch/requeue.py). Global rank 0 runs on the allocation's first node, where the batch script runs, so the
 request is seen at once even on a network filesystem. Light: the standard library and common/files.py, submitit
 inside the job only.
 """
@@ -121,7 +121,7 @@ def _id_lines(folder: str) -> list[str]:
 def teardown_lines(folder: str) -> list[str]:
     """The batch script's lines after srun: honour the task's request on the host. `folder` is the submitit
     folder as the executor has it (with %j). Two requests: `<job>_exclude` (the preflight check's bad nodes,
-    train/requeue.py: requeued held, ExcNodeList updated while it waits, released) and `<job>_requeue` (a time
+    train/launch/requeue.py: requeued held, ExcNodeList updated while it waits, released) and `<job>_requeue` (a time
     limit or preemption). The script still ends with srun's exit status (accounting shows a failed job as
     FAILED), and ignores the SIGTERM its own requeue sends it so that these lines finish (Slurm's SIGKILL
     follows KillWait seconds later: the scontrol calls are quick)."""

@@ -5,7 +5,7 @@ the same length, so a whole shard is laid out with numpy at once. tests/test_dat
 bytes against MDSWriter and the reading against StreamingDataset.
 
 Every shard file's hash is recorded in index.json as MDSWriter(hashes=HASHES) records it (`raw_data.hashes`,
-`zip_data.hashes`), so that a training run can tell a damaged shard before it trains on it (train/shards.py).
+`zip_data.hashes`), so that a training run can tell a damaged shard before it trains on it (train/task/shards.py).
 """
 from __future__ import annotations
 

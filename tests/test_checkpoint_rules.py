@@ -7,9 +7,9 @@ import pytest
 
 import train  # noqa: F401
 from train.checks import Context, check, errors
-from train.compose import compose
-from train.forecast import build_plan
-from train.identity import identity, write_record
+from train.config.compose import compose
+from train.config.identity import identity, write_record
+from train.plan.forecast import build_plan
 
 
 @pytest.fixture(autouse=True)

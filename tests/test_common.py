@@ -26,7 +26,7 @@ def test_one_error_type_for_both_apps_each_with_its_prefix():
 def test_an_error_survives_a_job_result_file():
     import pickle
 
-    from train.resume import FolderInUse, in_use
+    from train.checkpoint.resume import FolderInUse, in_use
 
     err = FolderInUse(problems=[in_use("/ckpt/run", "host a, pid 1")])
     back = pickle.loads(pickle.dumps(err))

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf, open_dict, read_write
 
 from common.compose import sweep_points, without_hydra
 from common.paths import CONF
-from train.compose import command_line
+from train.config.compose import command_line
 
 LINE = ["-m", "cluster=local,slurm-local", "optimizer.lr=1e-3,2e-3", "checkpoint=full",
         "+variables.tag=a,b", "cluster.env.NCCL_DEBUG=WARN", "max_seq_len=64", "~eval_loader.dataset.shuffle_seed"]
@@ -55,7 +55,7 @@ def test_each_point_equals_hydras_own_composition(master, tmp_path):
         OmegaConf.resolve(theirs)
         assert ours[num][1] == OmegaConf.to_container(theirs), overrides
         names.add(theirs.run_name)
-    # one run name per training (train/identity.py): only the learning rate differs in what is trained; the
+    # one run name per training (train/config/identity.py): only the learning rate differs in what is trained; the
     # cluster, an environment variable and a variable nothing reads do not (the gate names such points apart)
     assert len(names) == 2
     assert {c["cluster"]["name"] for _, c in ours} == {"local", "slurm-local"}

@@ -6,9 +6,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from train.checks.values import FOUNDRY_KEYS
-from train.compose import CONF, compose
-from train.estimate import param_count
-from train.foundry import foundry_config
+from train.config.compose import CONF, compose
+from train.plan.estimate import param_count
+from train.task.foundry import foundry_config
 
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 STORAGES = sorted(p.stem for p in (CONF / "storage").glob("*.yaml"))
@@ -120,7 +120,7 @@ def test_storage_presets_route_data_and_checkpoints():
     ("data.kinds=mds", "Key 'kinds' not in 'Data'"),
 ])
 def test_our_groups_are_typed(override, message):
-    """A wrong type or an unknown key in our groups is refused at composition, naming the key (train/schema.py)."""
+    """A wrong type or an unknown key in our groups is refused at composition, naming the key (train/config/schema.py)."""
     from hydra.errors import ConfigCompositionException
 
     with pytest.raises(ConfigCompositionException) as err:

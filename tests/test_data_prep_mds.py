@@ -41,7 +41,7 @@ def test_mock_data_is_written_by_the_same_writer(tmp_path):
     """data=mock's splits come from data_prep's writer: the same bytes MDSWriter would write for that stream."""
     from streaming import MDSWriter
 
-    from train import mock_data
+    from train.task import mock_data
 
     mock_data.ensure(str(tmp_path / "mock"), seq_len=64, train_samples=40, val_samples=8)
     for split, samples, seed in (("train", 40, 0), ("val", 8, 1)):

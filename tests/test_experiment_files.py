@@ -11,8 +11,8 @@ from paths import PYTHON, ROOT
 
 from common.paths import CONF
 from train.checks import Context, check, errors
-from train.compose import compose
-from train.forecast import build_plan
+from train.config.compose import compose
+from train.plan.forecast import build_plan
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 # experiment -> (run name prefix, GPUs, storage root, checkpoint format)

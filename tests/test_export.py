@@ -175,14 +175,14 @@ def test_the_readme_lines_of_export_sample_and_evaluate_parse():
     import shlex
 
     from train import evaluate, export, sample
-    from train.storage_args import roots, take
+    from train.config.storage_args import roots, take
 
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     readme = "\n".join(page.read_text() for page in pages)
     lines = re.findall(r"^(python -m train\.(?:export|sample|evaluate) .*)$", readme, flags=re.M)
     assert {line.split()[2] for line in lines} == {"train.export", "train.sample", "train.evaluate"}, lines
     for line in lines:
-        words, storage = take(shlex.split(line, comments=True))  # storage overrides: train/storage_args.py
+        words, storage = take(shlex.split(line, comments=True))  # storage overrides: train/config/storage_args.py
         module = {"train.export": export, "train.sample": sample, "train.evaluate": evaluate}[words[2]]
         module.parser().parse_args(words[3:])  # exits 2 on an unknown option or a missing argument
         assert all(roots(storage))  # they name a storage

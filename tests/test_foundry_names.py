@@ -49,7 +49,7 @@ def test_registries_equal_the_pinned_llm_foundry():
 def test_our_callbacks_are_registered_under_the_names_kept():
     from llmfoundry.registry import callbacks
 
-    from train import run_report, tracking
+    from train.task import run_report, tracking
 
     run_report.register()
     tracking.register()

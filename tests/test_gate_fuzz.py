@@ -172,7 +172,7 @@ CASES = [
     (["optimizer.betas=[0.9,0.95"], "refused", "optimizer.betas"),
     (["seed"], "refused", "seed"),
     (["save_weights_only=true"], "refused", "save_weights_only"),
-    (["cluster.nodes=two"], "refused", "cluster.nodes"),  # our typed groups (train/schema.py)
+    (["cluster.nodes=two"], "refused", "cluster.nodes"),  # our typed groups (train/config/schema.py)
     (["cluster.node=2"], "refused", "cluster.node"),
     (["cluster.wait=maybe"], "refused", "cluster.wait"),
     (["storage.write_GBps=fast"], "refused", "storage.write_GBps"),

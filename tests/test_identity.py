@@ -1,4 +1,4 @@
-"""The run's identity (train/identity.py): the run name, and so the folders a run resumes from, follows what is
+"""The run's identity (train/config/identity.py): the run name, and so the folders a run resumes from, follows what is
 trained and nothing else. The same training under another cluster setting, image, environment variable or
 spelling of a number is the same run; anything that changes the training is another."""
 import json
@@ -10,8 +10,8 @@ import pytest
 from paths import ROOT
 
 import train  # noqa: F401  (registers the resolvers)
-from train.compose import compose
-from train.identity import identity, legacy_name, same_model_and_data
+from train.config.compose import compose
+from train.config.identity import identity, legacy_name, same_model_and_data
 
 BASE = ["model=mpt-125m", "cluster=ndv5", "data=c4", "optimizer.lr=3e-3"]
 
@@ -101,7 +101,7 @@ def test_a_run_named_by_the_old_rule_keeps_its_name(tmp_path):
 
 
 def test_runs_of_the_same_model_and_data_are_found_with_what_differs(tmp_path):
-    from train.identity import write_record
+    from train.config.identity import write_record
 
     a, b = compose(BASE), compose([*BASE, "optimizer.lr=1e-3"])
     other_data = compose([*BASE, "data=mds", "variables.data_local=/data/x"])

@@ -17,8 +17,8 @@ from paths import PYTHON, ROOT
 
 from common import image
 from train.checks import Context, check, errors
-from train.compose import compose
-from train.executor import container_mounts, sbatch_script, srun_args
+from train.config.compose import compose
+from train.launch.executor import container_mounts, sbatch_script, srun_args
 
 BUILD_LINE = "docker build -t pretrain:latest . && enroot import -o /data/images/pretrain.sqsh dockerd://pretrain:latest"
 

@@ -20,7 +20,7 @@ from hydra_plugins.pretrain_launcher.outcomes import (
 )
 
 TRACEBACK = """Traceback (most recent call last):
-  File "/work/train/task.py", line 45, in run
+  File "/work/train/task/main.py", line 45, in run
     train(fcfg).close()
     ^^^^^^^^^^^^^^^^^^^
 ValueError: global_train_batch_size 10 is not divisible by 4

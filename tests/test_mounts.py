@@ -1,5 +1,5 @@
 """Mounted means mounted: a storage preset's mount point must have a file system on it, on the login node (the
-checks) and on every node as a job starts (train/shards.py). Tested with a real empty folder and a real tmpfs
+checks) and on every node as a job starts (train/task/shards.py). Tested with a real empty folder and a real tmpfs
 (root only: `mount -t tmpfs`)."""
 import contextlib
 import os
@@ -10,8 +10,8 @@ import pytest
 from paths import ROOT
 
 from train.checks import ERROR, Context, check
-from train.compose import compose
-from train.shards import NotMounted, check_mounts
+from train.config.compose import compose
+from train.task.shards import NotMounted, check_mounts
 
 
 @contextlib.contextmanager

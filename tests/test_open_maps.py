@@ -10,7 +10,7 @@ import pytest
 import train  # noqa: F401
 from train.checks import Context, check
 from train.checks.open_maps import SBATCH_HELP, SBATCH_OPTIONS
-from train.compose import compose
+from train.config.compose import compose
 
 
 def problems(*overrides):

@@ -7,11 +7,11 @@ import subprocess
 import pytest
 from paths import PYTHON, ROOT
 
-from train import estimate
-from train.compose import compose
-from train.estimate import GiB, TiB
-from train.forecast import build_plan
-from train.forecast_report import render
+from train.config.compose import compose
+from train.plan import estimate
+from train.plan.estimate import GiB, TiB
+from train.plan.forecast import build_plan
+from train.plan.forecast_report import render
 
 REQUIRED = ("params", "flops_per_token", "world_size", "grad_accum", "memory_per_gpu_bytes", "gpu_memory_bytes",
             "fits", "min_nodes", "checkpoint_bytes", "checkpoint_write_seconds", "step_seconds", "train_days",

@@ -1,4 +1,4 @@
-"""The preflight check (train/preflight.py): its verdicts from figures, its settings refused before anything starts,
+"""The preflight check (train/task/preflight.py): its verdicts from figures, its settings refused before anything starts,
 and real jobs on the loopback Slurm: the per-node table of both nodes, a bad node excluded and the job completed
 on the other with the normal loss, on_fail=stop and the exclusion limit failing with the report."""
 import csv
@@ -11,7 +11,7 @@ import pytest
 from paths import PYTHON, ROOT
 from test_slurm_sweeps import _task_prolog_without_slurm
 
-from train.preflight_report import busbw_GBps, estimate_seconds, judge, pair_rounds, table
+from train.task.preflight_report import busbw_GBps, estimate_seconds, judge, pair_rounds, table
 
 SETTINGS = {"tolerance": 0.75, "expected_busbw_GBps": {"intra": 460.0, "inter": 375.0}, "bytes": 2**30, "iters": 10}
 
@@ -213,7 +213,7 @@ def test_on_fail_stop_and_the_exclusion_limit_fail_the_job_with_the_report(slurm
     for row, why in ((stop, "not requeued: cluster.preflight.on_fail=stop"),
                      (limit, "more than cluster.preflight.max_exclusions=0")):
         assert row["state"] == "FAILED" and row["excluded"] == ""
-        assert row["error"].startswith("rank ") and ": train.preflight.PreflightFailed: preflight failed: " in row["error"]
+        assert row["error"].startswith("rank ") and ": train.task.preflight.PreflightFailed: preflight failed: " in row["error"]
         assert "node check failed (exit 1): ERROR: mlx5_ib3: port down" in row["error"] and why in row["error"]
         assert _job_field(row["job_id"], "Restarts") == "0" and _job_field(row["job_id"], "ExcNodeList") == "(null)"
         folder = Path(row["log"]).parents[2] / row["point"]

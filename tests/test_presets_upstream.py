@@ -14,7 +14,7 @@ import yaml
 from omegaconf import OmegaConf
 from paths import ROOT, SHARED
 
-from train.compose import compose
+from train.config.compose import compose
 
 UPSTREAM = SHARED / "llm-foundry-yamls" / "pretrain"
 TABLE = ROOT / "conf" / "model" / "_upstream" / "differences.yaml"
@@ -310,7 +310,7 @@ def test_system_check_schedule_is_the_175b_one_in_batches():
 @pytest.mark.parametrize("preset,millions", [("gpt-375m", 64.1), ("gpt-857m", 356.0)])
 def test_system_check_names_are_the_recipes_labels_not_counts(preset, millions):
     """The header comments say what these shapes hold; the names are the recipe's labels (see the presets)."""
-    from train.estimate import param_count
+    from train.plan.estimate import param_count
 
     model = OmegaConf.to_container(compose([f"model={preset}"]).model, resolve=True)
     assert param_count(model) / 1e6 == pytest.approx(millions, abs=0.05)

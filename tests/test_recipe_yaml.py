@@ -9,8 +9,8 @@ from hydra.core.hydra_config import HydraConfig
 from paths import PYTHON, SHARED, TOKENIZER, need_shared
 
 from train.checks import Context, check, errors
-from train.compose import command_line, compose
-from train.forecast import build_plan
+from train.config.compose import command_line, compose
+from train.plan.forecast import build_plan
 
 YAMLS = SHARED / "llm-foundry-yamls" / "pretrain"
 UPSTREAM = sorted(p.name for p in YAMLS.glob("*.yaml")) or ["(../shared absent)"]

@@ -382,7 +382,7 @@ def test_when_no_checkpoint_verifies_the_run_stops_naming_them_and_trains_nothin
 
 
 def resume_candidates(folder: Path) -> list:
-    from train import resume
+    from train.checkpoint import resume
 
     return resume.find(folder)
 
@@ -416,7 +416,7 @@ def test_the_choice_by_content_on_made_up_folders(tmp_path):
     cut off (hidden partial) removed; at equal batch the format the run reads wins."""
     import torch
 
-    from train import resume
+    from train.checkpoint import resume
 
     folder = tmp_path / "ckpts"
     folder.mkdir()

@@ -47,7 +47,7 @@ def test_the_reported_evaluation_is_the_last_one(tmp_path):
 
 
 def _newest(folder: Path) -> Path:
-    from train import resume
+    from train.checkpoint import resume
 
     return resume.find(folder)[-1].path
 

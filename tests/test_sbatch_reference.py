@@ -19,8 +19,8 @@ CHECKOUT = "/path/to/checkout"  # the checkout is mounted into the container at 
 def script() -> str:
     sys.path.insert(0, str(HERE.parent))
     from common.paths import PROJECT
-    from train.compose import compose
-    from train.executor import sbatch_script
+    from train.config.compose import compose
+    from train.launch.executor import sbatch_script
 
     return sbatch_script(compose(OVERRIDES), folder=FOLDER).replace(str(PROJECT), CHECKOUT)
 

@@ -39,8 +39,8 @@ def written(root: Path) -> str:
     "cluster.env.TRITON_CACHE_DIR='/tmp/x-$(touch {pwned})'",
 ])
 def test_env_values_stay_data_in_the_submitted_script(tmp_path, override):
-    from train.compose import compose
-    from train.executor import sbatch_script
+    from train.config.compose import compose
+    from train.launch.executor import sbatch_script
 
     pwned = tmp_path / "pwned"
     text = sbatch_script(compose(["cluster=ndv5", "global_train_batch_size=64", override.format(pwned=pwned)]))
@@ -76,7 +76,7 @@ REFUSED = [
 @pytest.mark.parametrize("override,key", REFUSED)
 def test_refused_by_the_checks_with_the_key_and_no_secret_in_the_message(override, key):
     from train.checks import Context, check, errors
-    from train.compose import compose
+    from train.config.compose import compose
 
     problems = errors(check(compose(["cluster=ndv5", override]), Context(mode="run", overrides=(override,))))
     assert key in [p.key for p in problems]
@@ -161,13 +161,13 @@ def test_a_second_training_on_a_save_folder_in_use_is_refused_and_the_first_is_i
     m = json.loads(metrics.read_text())
     assert m["batches"] == 1000 and [b for b, _ in m["train_loss"]] == list(range(1, 1001))
     assert sorted(p.name.split("-")[1] for p in lock.parent.glob("ep*") if not p.name.endswith(".manifest.json")) \
-        == ["ba1000", "ba500"]  # (each with its manifest: train/integrity.py)
+        == ["ba1000", "ba500"]  # (each with its manifest: train/checkpoint/integrity.py)
     assert len(list(lock.parent.glob("ep*.manifest.json"))) == 2
 
 
 @pytest.mark.train
 def test_scratch_folders_are_private_to_the_job_and_removed(tmp_path):
-    from train.task import private_dir
+    from train.task.main import private_dir
 
     # a short TMPDIR: a long one is refused (test_a_temporary_folder_too_long_for_sockets_is_refused_at_the_start)
     scratch = Path(tempfile.mkdtemp(prefix="scr-", dir="/tmp"))
@@ -216,7 +216,7 @@ def test_a_temporary_folder_too_long_for_sockets_is_refused_at_the_start(tmp_pat
     waiting for its first batch (seen: `OSError: AF_UNIX path too long` in the worker's feeder thread): refused,
     naming TMPDIR. Without workers, or short enough, it goes on."""
     from common.errors import UserError
-    from train.task import short_enough_for_sockets
+    from train.task.main import short_enough_for_sockets
 
     long_dir = "/tmp/" + "x" * 80
     with pytest.raises(UserError, match="TMPDIR") as err:

@@ -11,8 +11,8 @@ import pytest
 from paths import ROOT
 
 from data_prep.mds import HASHES, ShardWriter
-from train import mock_data
-from train.shards import DamagedShard, shard_files, verify, verify_shards
+from train.task import mock_data
+from train.task.shards import DamagedShard, shard_files, verify, verify_shards
 
 
 def _write(folder, samples=40, length=64, compression=None, size_limit=1 << 12):

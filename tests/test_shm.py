@@ -1,5 +1,5 @@
 """Stale shared memory of streaming is removed at task start by the node's local leader, under the registry lock
-(train/shm_registry.py): what a dead process left goes, what a live process maps or holds open stays, whole
+(train/task/shm_registry.py): what a dead process left goes, what a live process maps or holds open stays, whole
 prefixes at a time. Real processes, real /dev/shm (at prefixes streaming does not reach in these tests)."""
 import mmap
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from train import shm_registry
+from train.task import shm_registry
 
 SHM = Path("/dev/shm")
 needs_shm = pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm on this machine")

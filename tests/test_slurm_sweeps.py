@@ -159,7 +159,7 @@ def test_two_nodes_by_two_tasks_trains_with_world_size_four(slurm, tmp_path):
 
 def test_a_failing_point_is_reported_with_its_log_and_the_other_completes(slurm, tmp_path):
     # a learning rate of 1e6 passes every check (it is a number llm-foundry takes) and fails in training: the loss
-    # is not finite within a few steps, and the run stops there (train/integrity.py)
+    # is not finite within a few steps, and the run stops there (train/checkpoint/integrity.py)
     proc = sweep(tmp_path, "max_duration=8ba", "checkpoint=none", "optimizer.lr=3e-3,1e6")
     assert proc.returncode == 1
     ok, bad = summary(tmp_path)

@@ -180,7 +180,7 @@ SECRET = "s3cr3t-value-0123456789"
 ])
 def test_logger_settings_refused_with_the_key_and_no_secret(overrides, key, words):
     from train.checks import Context, check, errors
-    from train.compose import compose
+    from train.config.compose import compose
 
     problems = errors(check(compose(overrides), Context(mode="run", overrides=tuple(overrides))))
     assert [p.key for p in problems] == [key] and words in str(problems[0])
@@ -189,7 +189,7 @@ def test_logger_settings_refused_with_the_key_and_no_secret(overrides, key, word
 
 def test_a_tracking_uri_with_a_password_from_the_environment_is_refused_unechoed(monkeypatch):
     from train.checks import Context, check, errors
-    from train.compose import compose
+    from train.config.compose import compose
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"https://bob:{SECRET}@mlflow.example.com")
     problems = errors(check(compose(["logger=mlflow"]), Context(mode="run", overrides=("logger=mlflow",))))
@@ -200,7 +200,7 @@ def test_a_tracking_uri_with_a_password_from_the_environment_is_refused_unechoed
 def test_every_logger_composes_to_llm_foundry_keys_and_a_tracking_location():
     from train.checks import resolve_all
     from train.checks.values import FOUNDRY_KEYS, PRODUCT_KEYS
-    from train.compose import compose
+    from train.config.compose import compose
 
     for logger in ("none", "mlflow", "wandb"):
         cfg = compose([f"logger={logger}"])

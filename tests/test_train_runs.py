@@ -54,7 +54,7 @@ def test_default_run_trains_evaluates_checkpoints_and_plots(tmp_path):
     evals = [line for line in proc.stderr.splitlines() if "[progress] eval at step" in line]
     assert [line.split("eval at ")[1].split(":")[0] for line in evals] == ["step 20/40", "step 40/40"]
     assert "Train loss/train/total" not in proc.stderr and "ba/s" not in proc.stderr
-    assert "[train.run_report][INFO] - [progress] step 40/40" in job_log.read_text()
+    assert "[train.task.run_report][INFO] - [progress] step 40/40" in job_log.read_text()
     assert "[progress]" not in proc.stdout  # stdout holds only the answer: the final report, not llm-foundry's config
     assert [line.split(" ")[0] for line in proc.stdout.strip().splitlines()] == [
         "final", "checkpoints:", "loss", "metrics:"], proc.stdout[-2000:]

@@ -13,7 +13,7 @@ import pytest
 from paths import PYTHON, ROOT, TOKENIZER
 
 from train.checks import ERROR, WARNING, ConfigError, Context, check, check_points, resolve_all
-from train.compose import compose
+from train.config.compose import compose
 
 
 def cli(root, *overrides, env=None):
@@ -381,7 +381,7 @@ def test_open_maps_take_new_keys_without_a_plus(tmp_path):
 
 
 def test_the_plan_follows_fsdp_config_state_dict_type(tmp_path):
-    from train.forecast import build_plan
+    from train.plan.forecast import build_plan
 
     def plan(*args):
         return build_plan(compose(["model=mpt-30b", "cluster=ndv5", "cluster.nodes=2", *args, "plan=json"]))

@@ -10,7 +10,7 @@ from paths import PYTHON, ROOT, TOKENIZER, need_shared
 from test_validate import cli, problems_in
 
 from train.checks import ERROR, WARNING, Context, check
-from train.compose import compose
+from train.config.compose import compose
 
 
 def test_tokenizer_size_from_a_real_tokenizer_folder():
@@ -29,7 +29,8 @@ def test_data_mds_takes_its_vocabulary_from_the_tokenizer():
 
 
 def test_mock_tokenizer_size_matches_mock_data():
-    from train import mock_data, vocab
+    from train.config import vocab
+    from train.task import mock_data
 
     assert vocab.MOCK_IDS == mock_data.BYTES + 1
 

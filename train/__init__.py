@@ -1,10 +1,10 @@
 """Pretrain LLMs on Slurm: Hydra config groups in conf/ -> llm-foundry's train().
 
 Importing this package stays light (no torch): it only registers the OmegaConf resolvers the configs use and the
-typed schemas of our groups (train/schema.py).
+typed schemas of our groups (train/config/schema.py).
 """
-from train.resolvers import register_resolvers
-from train.schema import register as register_schemas
+from train.config.resolvers import register_resolvers
+from train.config.schema import register as register_schemas
 
 register_resolvers()
 register_schemas()

@@ -1,4 +1,4 @@
-"""`python -m train [overrides] [-m]`: compose conf/, check (train/gate.py, before Hydra writes), then plan, train
+"""`python -m train [overrides] [-m]`: compose conf/, check (train/checks/gate.py, before Hydra writes), then plan, train
 here, or launch."""
 import os
 import sys
@@ -7,16 +7,16 @@ import hydra
 from omegaconf import DictConfig
 
 import train  # noqa: F401  (registers resolvers before composing)
-from train.compose import command_line
+from train.config.compose import command_line
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base=None)
 def main(cfg: DictConfig):
-    # Checked (and planned) already, before Hydra wrote anything: train/gate.py.
+    # Checked (and planned) already, before Hydra wrote anything: train/checks/gate.py.
     from common.errors import UserError
-    from train.resume import FolderInUse
-    from train.shards import DamagedShard, NotMounted
-    from train.task import run  # the heavy imports (torch, llm-foundry) start here
+    from train.checkpoint.resume import FolderInUse
+    from train.task.main import run  # the heavy imports (torch, llm-foundry) start here
+    from train.task.shards import DamagedShard, NotMounted
 
     try:
         return run(cfg)
@@ -50,7 +50,7 @@ def suggest_keys(args: list) -> list:
 
     from common.paths import CONF
     from train.checks import ConfigError
-    from train.compose import compose
+    from train.config.compose import compose
 
     groups = {p.name for p in CONF.iterdir() if p.is_dir()}
     pairs = [a.split("=", 1) for a in args if "=" in a and not a.startswith("-")]
@@ -83,7 +83,7 @@ if __name__ == "__main__":
     # nothing this command (or a job it starts: Slurm and submitit pass the umask on) writes is world-readable.
     os.umask(os.umask(0o027) | 0o027)
     sys.argv[1:] = command_line(sys.argv[1:])
-    from train.gate import before_hydra
+    from train.checks.gate import before_hydra
 
     before_hydra(sys.argv[1:])  # what Hydra itself would refuse, as key / problem / fix (exit 2)
     try:

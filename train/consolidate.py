@@ -18,7 +18,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
 
-    from train import resume  # light; torch is imported only to convert
+    from train.checkpoint import resume  # light; torch is imported only to convert
 
     path = args.path.resolve()
     [ckpt] = [c for c in resume.find(path.parent) if c.path == path] or [None]

@@ -25,9 +25,9 @@ HF_SUBFOLDER = "huggingface"  # llm-foundry's hf_checkpointer writes <save_folde
 
 def locate(arg: str, checkpoint_root: Path | None = None):
     """The complete checkpoint `arg` names (a checkpoint, a save folder, or a run name under `checkpoint_root`:
-    train/storage_args.py, the local storage's by default)."""
-    from train import resume
-    from train.storage_args import roots
+    train/config/storage_args.py, the local storage's by default)."""
+    from train.checkpoint import resume
+    from train.config.storage_args import roots
 
     path = Path(arg)
     if not path.exists() and os.sep not in arg:  # a run name
@@ -170,7 +170,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from train.storage_args import roots, take
+    from train.config.storage_args import roots, take
 
     argv, storage = take(sys.argv[1:] if argv is None else list(argv))
     args = parser().parse_args(argv)

@@ -11,9 +11,9 @@ _BATCH = re.compile(r"^ba(\d+)$")
 
 def find_folder(arg: str, output_root: Path | None = None) -> Path:
     """The model folder `arg` names: a folder holding config.json, a run's `huggingface/` folder or output folder
-    (its newest `ba{B}`), or a run name under `output_root` (train/storage_args.py: the local storage's,
+    (its newest `ba{B}`), or a run name under `output_root` (train/config/storage_args.py: the local storage's,
     `$PRETRAIN_ROOT/outputs` or `./runs/outputs`, by default)."""
-    from train.storage_args import roots
+    from train.config.storage_args import roots
 
     path = Path(arg)
     if not path.exists() and os.sep not in arg:

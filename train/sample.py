@@ -44,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from train.storage_args import roots, take
+    from train.config.storage_args import roots, take
 
     argv, storage = take(sys.argv[1:] if argv is None else list(argv))
     args = parser().parse_args(argv)

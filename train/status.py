@@ -6,7 +6,7 @@ the training command's storage overrides name (`python -m train.status storage=a
 import sys
 
 from hydra_plugins.pretrain_launcher.sweep_status import main, newest
-from train.storage_args import roots, take
+from train.config.storage_args import roots, take
 
 if __name__ == "__main__":
     argv, storage = take(sys.argv[1:])

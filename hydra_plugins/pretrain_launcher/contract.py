@@ -1,7 +1,7 @@
 """What the launcher and an app agree on: the resources a job needs (one typed record, mapped to submitit in one
 place) and what an app provides (`SweepApp`, whose defaults are the generic app: any Hydra task function).
 
-The launcher knows no app: training (train/sweep_app.py) and data_prep (data_prep/sweep_app.py) subclass
+The launcher knows no app: training (train/launch/sweep_app.py) and data_prep (data_prep/sweep_app.py) subclass
 `SweepApp` and are named by class in `hydra.launcher.app`. Light: dataclasses, Hydra, submitit.
 """
 from dataclasses import dataclass
@@ -161,7 +161,7 @@ def params_resources(params, name: str) -> Resources:
 
 
 def load_app(path: Optional[str]) -> SweepApp:
-    """The app named by class (`train.sweep_app.TrainApp`); None: the generic app."""
+    """The app named by class (`train.launch.sweep_app.TrainApp`); None: the generic app."""
     if not path:
         return SweepApp()
     from hydra.utils import get_class

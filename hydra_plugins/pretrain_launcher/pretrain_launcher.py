@@ -69,7 +69,7 @@ class SweepLauncherConf:
 
 _store = ConfigStore.instance()
 _store.store(group="hydra/launcher", name="pretrain", provider="pretrain",
-             node=SweepLauncherConf(app="train.sweep_app.TrainApp"))
+             node=SweepLauncherConf(app="train.launch.sweep_app.TrainApp"))
 for _scheduler in ("local", "slurm"):
     _store.store(group="hydra/launcher", name=f"data_prep_{_scheduler}", provider="pretrain",
                  node=SweepLauncherConf(app="data_prep.sweep_app.DataPrepApp", scheduler=_scheduler))

@@ -2,7 +2,7 @@
 `python -m data_prep.status` print, and the summary files.
 
 At submission the launcher leaves `sweep.json` in the sweep folder: the app that describes the points (a SweepApp,
-contract.py: train/sweep_app.py, data_prep/sweep_app.py) and each point's job (none for a point whose run had
+contract.py: train/launch/sweep_app.py, data_prep/sweep_app.py) and each point's job (none for a point whose run had
 already finished: its row shows what that run left). This asks Slurm for the jobs' states (sacct,
 one query for all, through submitit), reads what the points' jobs write (the app's columns: files, not logs) and
 (re)writes summary.md / summary.csv, replaced whole. The same rows come from the waiting launcher, from this
@@ -40,8 +40,10 @@ def load(sweep_dir: Path) -> dict:
                         "pass the folder the submission printed") from None
 
 
-# sweep.json files written before apps were classes name the app's module
-_APPS = {"train.sweep_app": "train.sweep_app.TrainApp", "data_prep.sweep_app": "data_prep.sweep_app.DataPrepApp"}
+# sweep.json files written earlier name training's app where it lived then: its module (before apps were classes)
+# or its class before train/ was grouped by stage
+_APPS = {"train.sweep_app": "train.launch.sweep_app.TrainApp", "train.sweep_app.TrainApp": "train.launch.sweep_app.TrainApp",
+         "data_prep.sweep_app": "data_prep.sweep_app.DataPrepApp"}
 
 
 def app_of(manifest: dict):

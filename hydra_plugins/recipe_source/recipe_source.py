@@ -1,7 +1,7 @@
 """`yaml=PATH`: the user's own llm-foundry YAML as an option of the `yaml` group (conf/train.yaml's defaults).
 
 Hydra finds group options in config sources; this one answers for the group `yaml` with any YAML file on disk,
-named by its path (train/compose.py makes it absolute before Hydra reads the command line, so a Slurm job that
+named by its path (train/config/compose.py makes it absolute before Hydra reads the command line, so a Slurm job that
 composes again finds the same file). The file is read as llm-foundry reads it (its keys, `variables:` and
 interpolations) and placed at the top of the config, after our groups and before the command line.
 
@@ -11,7 +11,7 @@ Two things are added, both so the YAML stays the whole recipe:
 - `override /data: mds`: the YAML's `variables.data_local` is an MDS folder (llm-foundry's text loader), not our
   mock data.
 A blank `run_name` (llm-foundry would read $RUN_NAME) is left out, so the run gets our name: the YAML's stem and
-the hash of what it trains (train/identity.py).
+the hash of what it trains (train/config/identity.py).
 """
 from pathlib import Path
 from typing import List, Optional
@@ -25,7 +25,7 @@ SCHEME = "recipe"
 
 
 def recipe_file(option: str) -> Path:
-    """The file an option of the `yaml` group names (absolute after train/compose.py; `.yaml` may be left out)."""
+    """The file an option of the `yaml` group names (absolute after train/config/compose.py; `.yaml` may be left out)."""
     path = Path(option).expanduser()
     if not path.is_file() and path.suffix not in (".yaml", ".yml"):
         path = path.with_name(path.name + ".yaml")

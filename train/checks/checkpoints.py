@@ -35,7 +35,7 @@ def keeps_something(cfg, ctx):
 
 def _step_seconds(cfg, world: int) -> float | None:
     """Seconds per step at the plan's throughput (cluster.peak_flops x cluster.mfu), or None where unknown."""
-    from train import estimate
+    from train.plan import estimate
 
     peak, mfu = value(cfg, "cluster.peak_flops"), value(cfg, "cluster.mfu")
     if not peak or not mfu:
@@ -74,7 +74,7 @@ def checkpoints_kept(cfg, peak: bool = False) -> tuple[int | None, int | None]:
     at the worst moment instead: composer writes a new checkpoint before it deletes the oldest one kept."""
     from omegaconf import OmegaConf
 
-    from train import estimate
+    from train.plan import estimate
 
     if not _saves_checkpoints(cfg):
         return 0, 0
@@ -122,7 +122,7 @@ def fits_on_the_storage(cfg, ctx):
         return
     have = free + _bytes_in(folder)
     if need > have:
-        from train.forecast_report import _size
+        from train.plan.forecast_report import _size
 
         keep = value(cfg, "save_num_checkpoints_to_keep")
         fewer = int(have // (need // kept)) - 1 if kept else 0
@@ -139,13 +139,13 @@ def earlier_runs(cfg, ctx):
     """A command whose run is new, beside a run of the same model on the same data: say which, what differs, and
     how to continue it (a changed setting would otherwise start a new run from step 0 beside weeks of work)."""
     folder, root = value(cfg, "save_folder"), value(cfg, "storage.checkpoint_root")
-    from train.identity import label
+    from train.config.identity import label
 
     model = label(ctx.choices) if ctx.choices.get("model") or ctx.choices.get("yaml") else None
     if not folder or not root or not model or "://" in str(folder) or ctx.given("run_name"):
         return
-    from train.identity import identity, same_model_and_data
-    from train.resume import find
+    from train.checkpoint.resume import find
+    from train.config.identity import identity, same_model_and_data
 
     if find(folder):
         return  # this run resumes

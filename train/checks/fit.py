@@ -1,11 +1,11 @@
 """Does the model fit? On the cluster: the plan's estimate per GPU at the job's world size. In a plain run: this
-machine, before torch is imported (RAM on CPU, the device's memory on GPU). The arithmetic is train/estimate.py's."""
+machine, before torch is imported (RAM on CPU, the device's memory on GPU). The arithmetic is train/plan/estimate.py's."""
 import os
 import shutil
 import subprocess
 
-from train import estimate
 from train.checks.core import WARNING, Problem, value
+from train.plan import estimate
 
 
 def _gib(n) -> str:

@@ -31,7 +31,7 @@ CALLBACKS = (
     "system_metrics_monitor",
 )
 CALLBACKS_WITH_CONFIG = ("async_eval", "curriculum_learning", "dataset_swap")
-# Registered by this project when a run starts (train/run_report.py, train/tracking.py).
+# Registered by this project when a run starts (train/task/run_report.py, train/task/tracking.py).
 OUR_CALLBACKS = ("run_report", "tracking")
 ALGORITHMS = ("alibi", "gated_linear_units", "gradient_clipping", "low_precision_layernorm")
 LOGGERS = ("in_memory_logger", "inmemory", "mlflow", "mosaicml", "tensorboard", "wandb")

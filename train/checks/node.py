@@ -12,9 +12,9 @@ from urllib.parse import urlparse
 from common import image as contract
 from common.paths import PROJECT
 from data_prep.facts import hub_cache, tokenizer_file
-from train import vocab
 from train.checks.core import URI, WARNING, Problem, value
-from train.executor import topology_file
+from train.config import vocab
+from train.launch.executor import topology_file
 
 # What AutoTokenizer can build a tokenizer from, beside tokenizer_config.json.
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
@@ -158,7 +158,7 @@ def no_overwrite(cfg, ctx):
     if (not folder or "://" in str(folder) or value(cfg, "autoresume") or value(cfg, "save_overwrite")
             or value(cfg, "save_filename")):
         return
-    from train.resume import find
+    from train.checkpoint.resume import find
 
     found = find(folder)
     if found:
@@ -299,11 +299,11 @@ EVERYWHERE = {vocabulary}
 
 
 def folder_free(cfg, ctx):
-    """Another run writing this save_folder now: the task would refuse it once started (train/resume.py claim)."""
+    """Another run writing this save_folder now: the task would refuse it once started (train/checkpoint/resume.py claim)."""
     folder = value(cfg, "save_folder")
     if not folder or "://" in str(folder):
         return
-    from train.resume import holder, in_use
+    from train.checkpoint.resume import holder, in_use
 
     who = holder(folder)
     if who:  # a sweep's job may start after that run ends

@@ -1,4 +1,4 @@
-"""Rules for cluster.preflight (train/preflight.py, docs/cluster-run.md, "Before a big run"): values the in-job check would
+"""Rules for cluster.preflight (train/task/preflight.py, docs/cluster-run.md, "Before a big run"): values the in-job check would
 trip over, refused before anything is submitted rather than found inside a job."""
 from train.checks.core import Problem, is_int, is_number, value
 from train.checks.safety import CONTROL

@@ -2,7 +2,6 @@
 (errors), and what is legal but likely a mistake (warnings). Each rule yields every problem it finds."""
 import os
 
-from train import estimate
 from train.checks.core import (
     DURATION,
     TIME_UNITS,
@@ -15,9 +14,10 @@ from train.checks.core import (
     same_or_under,
     value,
 )
-from train.schema import SCHEMAS
+from train.config.schema import SCHEMAS
+from train.plan import estimate
 
-# Ours: our typed groups and `plan`; removed before llm-foundry sees the config (train/foundry.py).
+# Ours: our typed groups and `plan`; removed before llm-foundry sees the config (train/task/foundry.py).
 PRODUCT_KEYS = frozenset({*SCHEMAS, "plan", "objective"})
 # llm-foundry 0.22's TrainConfig fields (tests/test_config.py checks this list against the library).
 FOUNDRY_KEYS = frozenset("""
@@ -212,7 +212,7 @@ def checkpoint(cfg, ctx):
 
 
 def cluster_figures(cfg, ctx):
-    # types come from the schema (train/schema.py); the ranges are ours
+    # types come from the schema (train/config/schema.py); the ranges are ours
     mfu = value(cfg, "cluster.mfu")
     if mfu is not None and not 0 < mfu <= 1:
         yield Problem("cluster.mfu", f"must be a fraction in (0, 1], got {mfu!r}", "e.g. cluster.mfu=0.42")

@@ -1,17 +1,17 @@
 """The plan's figures (`plan=true` / `plan=json`): what a run would need and take, from the config alone. Starts
-and submits nothing; train/forecast_report.py words and prints them.
+and submits nothing; train/plan/forecast_report.py words and prints them.
 
-Light (no torch, no llm-foundry): model arithmetic from train.estimate, the sbatch script from train.executor.
+Light (no torch, no llm-foundry): model arithmetic from train.plan.estimate, the sbatch script from train.launch.executor.
 The plan describes the job `-m` would submit: cluster.nodes x cluster.tasks_per_node ranks.
 """
 import math
 
 from omegaconf import DictConfig, OmegaConf
 
-from train import estimate
 from train.checks.core import batches as _batches
 from train.checks.core import value
-from train.estimate import TiB
+from train.plan import estimate
+from train.plan.estimate import TiB
 
 # Published GPT-3 175B checkpoint from the Megatron-LM recipe, to set our figure beside.
 MEGATRON_GPT3_CHECKPOINT_BYTES = int(2.3 * TiB)
@@ -43,7 +43,7 @@ def _submitit_folder() -> str:
 
 def build_plan(cfg: DictConfig, problems=()) -> dict:
     """Every figure of the plan, as plain JSON-able values. problems: the checks' warnings, reported with it."""
-    from train.executor import sbatch_script
+    from train.launch.executor import sbatch_script
 
     model = OmegaConf.to_container(value(cfg, "model"), resolve=True)
     params = estimate.param_count(model)
@@ -177,7 +177,7 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
 
 def _preflight(cfg, nodes: int, tasks: int) -> dict:
     """The in-job check's settings (cluster.preflight) and the all-reduces' time at the expected figures."""
-    from train.preflight_report import estimate_seconds, pair_rounds
+    from train.task.preflight_report import estimate_seconds, pair_rounds
 
     s = OmegaConf.to_container(value(cfg, "cluster.preflight"), resolve=True)
     return {**s, "pair_rounds": len(pair_rounds(nodes)),

@@ -3,7 +3,7 @@ start log the same parameters.
 
 A run resumed by the same command (a requeue, a restart after a crash) continues its tracking run (conf/logger/),
 and llm-foundry logs the config again at every start. Two parts of that config differ from start to start: the
-checkpoint a start resumes from (train/task.py writes it into `load_path`, with `load_weights_only` and
+checkpoint a start resumes from (train/task/main.py writes it into `load_path`, with `load_weights_only` and
 `load_ignore_keys`) and, for `-m` runs submitted again, the sweep folder the run report writes to. MLflow refuses a
 parameter whose value changes within a run (and drops the metrics batched with it); a resumed W&B run refuses a
 changed config value and fails. So the config is logged with the values the user configured for the former (given

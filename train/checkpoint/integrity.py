@@ -4,11 +4,11 @@ Manifests: when a checkpoint is complete, `<checkpoint>.manifest.json` beside it
 size and xxh3-64 hash, written last and atomically. Each rank hashes the files it wrote itself (its own
 `__{rank}_0.distcp`, still in its page cache; rank 0 the rest), so a 128-rank checkpoint is hashed in parallel.
 On resume the same split verifies the newest checkpoint against its manifest before the trainer loads it
-(train/task.py): a flipped block, a truncated or replaced file is named and the checkpoint set aside.
+(train/task/main.py): a flipped block, a truncated or replaced file is named and the checkpoint set aside.
 
 A checkpoint without a manifest (written before manifests existed, or the run ended between its last file and
 its manifest, after composer's `latest` link pointed at it) is resumed from on the structural checks of
-train/resume.py, as before, and hashed then: losing a complete checkpoint to a kill at the wrong moment would
+train/checkpoint/resume.py, as before, and hashed then: losing a complete checkpoint to a kill at the wrong moment would
 cost more than it protects.
 
 Stops: a non-finite training loss (all ranks see the same all-reduced loss, so all stop together, before the

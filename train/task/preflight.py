@@ -3,7 +3,7 @@
 Every rank checks its device; local rank 0 of each node runs the node check command once; then timed
 all-reduces within each node, between pairs of nodes and over the whole job give bus bandwidths to compare with
 the preset's expected figures. Every rank sees every result (one all_gather) and reaches the same verdict. On a
-failure global rank 0 writes the report and either has the job requeued without the bad nodes (train/requeue.py:
+failure global rank 0 writes the report and either has the job requeued without the bad nodes (train/launch/requeue.py:
 the task asks, the batch script runs scontrol on the host after srun) or the job fails with the report
 (on_fail=stop). Runs inside the task only: imports torch.
 """
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from train import preflight_report as pr
+from train.task import preflight_report as pr
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ def run(cfg, folder) -> dict:
         elif s.on_fail == "requeue" and not job_id:
             why = "not a Slurm job: nothing to requeue"
         elif s.on_fail == "requeue":
-            from train.requeue import requeue_excluding
+            from train.launch.requeue import requeue_excluding
 
             try:
                 requeued, why = requeue_excluding(list(report["bad"]), int(s.max_exclusions))

@@ -1,14 +1,14 @@
 """The plan as people read it (`plan=true`: text, with a table for a sweep) or as programs do (`plan=json`).
 
-The figures come from train/forecast.py; this module only words and prints them (stdout: the command's answer).
+The figures come from train/plan/forecast.py; this module only words and prints them (stdout: the command's answer).
 """
 import json
 
 from omegaconf import DictConfig, OmegaConf
 
 from train.checks.core import value
-from train.estimate import GiB, TiB
-from train.forecast import MEGATRON_GPT3_CHECKPOINT_BYTES, build_plan
+from train.plan.estimate import GiB, TiB
+from train.plan.forecast import MEGATRON_GPT3_CHECKPOINT_BYTES, build_plan
 
 
 def _render_preflight(p: dict) -> list:

@@ -26,13 +26,13 @@ class TrainApp(SweepApp):
         """Every point given, composed as its job will compose it and resolved while its own Hydra context is
         set (`${run_id:...}` reads the point's overrides), then checked together (train/checks/): every problem
         of every point at once, raised as one ConfigError. Points that train the same thing get a run name each
-        (train/identity.py). With plan=true: every point's plan, then exit 0; nothing is written."""
+        (train/config/identity.py). With plan=true: every point's plan, then exit 0; nothing is written."""
         from hydra.core.hydra_config import HydraConfig
 
         from common.compose import sweep_points
         from train.checks import ConfigError, check, check_points, errors, report, resolve_all
-        from train.gate import context
-        from train.identity import distinct_names
+        from train.checks.gate import context
+        from train.config.identity import distinct_names
 
         config, loader = launcher.config, launcher.hydra_context.config_loader
         HydraConfig.instance().set_config(config)
@@ -55,14 +55,14 @@ class TrainApp(SweepApp):
 
         cfgs, ctxs, unresolved = points(job_overrides)
         renamed = distinct_names([list(c.overrides) for c in ctxs], cfgs)
-        if renamed:  # points that train the same thing, run differently: a run each (train/identity.py)
+        if renamed:  # points that train the same thing, run differently: a run each (train/config/identity.py)
             cfgs, ctxs, unresolved = points(renamed)
         problems = check_points(cfgs, ctxs, unresolved, first)
         if errors(problems):
             raise ConfigError(problems=problems)
         report(problems)  # the warnings
         if ctxs and ctxs[0].mode == "plan":
-            from train.forecast_report import print_plans
+            from train.plan.forecast_report import print_plans
 
             print_plans(cfgs, problems)
             sys.exit(0)
@@ -74,7 +74,7 @@ class TrainApp(SweepApp):
         report(err.problems)
 
     def resources(self, cfg: DictConfig, params) -> Resources:
-        from train.executor import resources
+        from train.launch.executor import resources
 
         return resources(cfg, params["submitit_folder"])
 
@@ -83,19 +83,19 @@ class TrainApp(SweepApp):
         return cfg.cluster.name == "local" or bool(cfg.cluster.wait)
 
     def finished(self, cfg: DictConfig):
-        from train.finished import read
+        from train.launch.finished import read
 
         return read(cfg)
 
     def objective(self, cfg: DictConfig, value):
-        from train.finished import objective
+        from train.launch.finished import objective
 
         return objective(cfg, value)
 
     def summary_resources(self, cfg: DictConfig, params) -> Resources:
         """One CPU for a few seconds, in the points' environment (setup lines or container), on
         cluster.summary_partition (default: the points' partition)."""
-        from train.executor import env_lines, srun_args
+        from train.launch.executor import env_lines, srun_args
 
         c = cfg.cluster
         return Resources(scheduler="slurm", name=f"{cfg.run_name}-summary", timeout_min=10,
@@ -111,18 +111,18 @@ class TrainApp(SweepApp):
         if point.finished is not None:  # nothing submitted: the row shows what the finished run left
             report = point.finished.get("report") or report
         return {"world_size": c.nodes * c.tasks_per_node, "checkpoint": cfg.save_folder,
-                # train/run_report.py writes progress.json, metrics.json and the loss curve there
+                # train/task/run_report.py writes progress.json, metrics.json and the loss curve there
                 "report": report,
                 # said once the point is submitted: where what the job is for will be
                 **({"note": f"preflight table: {report}/preflight.json (and in its log; `python -m train.status` "
                             "shows the verdict)"} if c.preflight.only else {})}
 
     def columns(self, point: dict, state: str) -> dict:
-        """A point's columns from what its rank 0 wrote (train/run_report.py): progress.json as it trains,
+        """A point's columns from what its rank 0 wrote (train/task/run_report.py): progress.json as it trains,
         metrics.json at the end."""
         from common.files import read_json
         from hydra_plugins.pretrain_launcher.outcomes import SLURM_ENDS, existing
-        from train.preflight_report import exclusions, latest
+        from train.task.preflight_report import exclusions, latest
 
         report = Path(point["report"])
         progress, metrics = read_json(report / "progress.json"), read_json(report / "metrics.json")
@@ -147,7 +147,7 @@ class TrainApp(SweepApp):
             "checkpoint": point["checkpoint"],
             "metrics": existing(report, "metrics.json"),
             "loss_curve": existing(report, "loss_curve.png"),
-            # nodes the job's preflight check excluded before it requeued itself (train/preflight.py)
+            # nodes the job's preflight check excluded before it requeued itself (train/task/preflight.py)
             "excluded": exclusions(str(report)),
             "preflight": latest(str(report)),  # the newest start's verdict and its report file
         }
@@ -155,7 +155,7 @@ class TrainApp(SweepApp):
     def finish(self, results: list, rows: list) -> bool:
         """After a waited-for sweep's summary: the per-node tables of cluster.preflight.only. True if a check
         failed (the command then exits 1). results: each point's task value (None where it did not complete)."""
-        from train.preflight_report import problem_lines, table
+        from train.task.preflight_report import problem_lines, table
 
         tables = [(f"point #{row['point']} (job {row['job_id']})", r["preflight"]) for r, row in zip(results, rows)
                   if isinstance(r, dict) and r.get("preflight")]

@@ -21,7 +21,7 @@ def facts_lines() -> list[str]:
     earlier exclusion shows in the next start's ExcNodeList). Hostlists are expanded by Slurm's own parser. If
     Slurm does not answer, nothing is exported and the task stops with the report instead of guessing."""
     return [
-        "# for the preflight check's node exclusion (train/requeue.py): what the job excludes, its partition's nodes",
+        "# for the preflight check's node exclusion (train/launch/requeue.py): what the job excludes, its partition's nodes",
         'if host_excluded="$(squeue -h -j "$SLURM_JOB_ID" -o %x)" \\',
         '    && host_partition="$(sinfo -h -N -p "$SLURM_JOB_PARTITION" -o %N)"; then',
         '  [ "$host_excluded" = "(null)" ] && host_excluded=',
@@ -35,7 +35,7 @@ def _fact(name: str) -> list:
     value = os.environ.get(name)
     if value is None:
         raise RuntimeError(f"{name} is not set: the batch script of `python -m train ... -m` sets it "
-                           "(train/executor.py)")
+                           "(train/launch/executor.py)")
     return [n for n in value.split(",") if n]
 
 

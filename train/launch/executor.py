@@ -13,7 +13,7 @@ from common import host_requeue, image
 from common.paths import PROJECT
 from hydra_plugins.pretrain_launcher import contract
 from hydra_plugins.pretrain_launcher.contract import Resources
-from train.requeue import facts_lines
+from train.launch.requeue import facts_lines
 
 # The project checkout, mounted into containers so that jobs run this code.
 
@@ -71,7 +71,7 @@ def shell_value(value) -> str:
 
 
 def preflight_lines(cfg: DictConfig) -> list[str]:
-    # what the preflight check needs from Slurm to decide an exclusion, asked on the host (train/requeue.py)
+    # what the preflight check needs from Slurm to decide an exclusion, asked on the host (train/launch/requeue.py)
     p = cfg.cluster.preflight
     return facts_lines() if p.enabled and p.on_fail == "requeue" and not p.only else []
 

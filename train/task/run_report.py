@@ -30,14 +30,14 @@ from composer.loggers import Logger
 from composer.utils import dist
 
 from common import files
-from train import integrity
+from train.checkpoint import integrity
 
 log = logging.getLogger(__name__)
 
 
 class Manifests(Callback):
     """Placed after composer's CheckpointSaver (RunReport.fit_start appends it): once a checkpoint is complete on
-    every rank, its manifest (train/integrity.py). No state of its own in checkpoints."""
+    every rank, its manifest (train/checkpoint/integrity.py). No state of its own in checkpoints."""
 
     def __init__(self, saver, saves):
         self.saver, self.saves, self._seen = saver, saves, len(saver.saved_checkpoints)
@@ -84,7 +84,7 @@ class RunReport(Callback):
         self._fit_ended = False
 
     def init(self, state: State, logger: Logger) -> None:
-        from train import shm_registry
+        from train.task import shm_registry
 
         shm_registry.release()  # llm-foundry has built every loader: streaming's registry is written
 
@@ -274,10 +274,10 @@ def _step(state: State) -> str:
 
 
 def _flops_per_token(model) -> float | None:
-    """Training FLOPs per token of the model being trained, by the formula the plans use (train/estimate.py), so
+    """Training FLOPs per token of the model being trained, by the formula the plans use (train/plan/estimate.py), so
     the MFU logged here compares with the MFU a plan assumed (cluster.mfu). Read from the built model's config
     (llm-foundry's MPT); None for a model that formula does not describe (no MFU is logged then)."""
-    from train.estimate import flops_per_token
+    from train.plan.estimate import flops_per_token
 
     model = getattr(model, "module", model)  # DistributedDataParallel wraps composer's model
     config = getattr(getattr(model, "model", None), "config", None)

@@ -22,7 +22,7 @@ def roots(overrides: list) -> tuple[Path, Path]:
         root = Path(os.path.abspath(os.environ.get("PRETRAIN_ROOT", "runs")))
         return root / "checkpoints", root / "outputs"
     import train  # noqa: F401  (the resolvers the storage presets use)
-    from train.compose import compose
+    from train.config.compose import compose
 
     try:
         storage = compose(list(overrides)).storage

@@ -10,7 +10,7 @@ def subdir(root, name):
 
 
 def vocab_size(tokenizer_name) -> int:
-    from train.vocab import vocab_size as size
+    from train.config.vocab import vocab_size as size
 
     return size(tokenizer_name)
 
@@ -19,7 +19,7 @@ def register_resolvers() -> None:
     from common.help import register
 
     register()
-    from train.identity import run_id  # the run's name: what it trains (train/identity.py)
+    from train.config.identity import run_id  # the run's name: what it trains (train/config/identity.py)
 
     for name, fn in {"run_id": run_id, "subdir": subdir, "abspath": os.path.abspath, "vocab_size": vocab_size}.items():
         if not OmegaConf.has_resolver(name):

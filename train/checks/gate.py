@@ -3,7 +3,7 @@
 Hydra makes a plain run's folder (`.hydra/` with every override, the job log) before the task starts; its
 callbacks run earlier. So a plain run's checks, and its `plan`, happen here: a refused run, a plan (and `--cfg`,
 `--help`, which never reach a callback) write nothing anywhere. A sweep's points are checked by the launcher
-before anything is submitted, and by our sweeper before anything is written (train/sweep_app.py,
+before anything is submitted, and by our sweeper before anything is written (train/launch/sweep_app.py,
 hydra_plugins/pretrain_launcher/checked_sweeper.py). Hydra's global state is read here, once, into the Context.
 """
 import sys
@@ -55,7 +55,7 @@ class CheckBeforeWriting(Callback):
         if not report(problems):
             sys.exit(2)
         if ctx.mode == "plan":
-            from train.forecast_report import print_plan
+            from train.plan.forecast_report import print_plan
 
             print_plan(cfg, problems)
             sys.exit(0)
@@ -224,7 +224,7 @@ MOVED = {"cluster.precision": "precision", "cluster.init_device": "model.init_de
 
 
 def _schemas() -> dict:
-    from train.schema import SCHEMAS
+    from train.config.schema import SCHEMAS
 
     return SCHEMAS
 
@@ -242,7 +242,7 @@ def _dotted(node, prefix="") -> list:
 
 
 def _schema_problems(override, key: str) -> list:
-    """Our typed groups (train/schema.py) refuse a value of the wrong type or a key they lack at composition, in
+    """Our typed groups (train/config/schema.py) refuse a value of the wrong type or a key they lack at composition, in
     OmegaConf's words and with exit 1; the same verdict here, as key / problem / fix."""
     import difflib
 
@@ -272,7 +272,7 @@ def _schema_problems(override, key: str) -> list:
                 return found  # `+cluster.x=`: Hydra refuses it too, in its own words
             options = [f"{group}.{k}" for k in _dotted(node)]
             close = difflib.get_close_matches(key, options, n=1, cutoff=0.6)
-            found.append(Problem(key, f"is not a key of {group} (train/schema.py)",
+            found.append(Problem(key, f"is not a key of {group} (train/config/schema.py)",
                                  f"did you mean {close[0]}? ({close[0]}={v})" if close else
                                  f"see the keys with `python -m train --cfg job --package {group}`"))
             return found
@@ -281,7 +281,7 @@ def _schema_problems(override, key: str) -> list:
             kind = str(err).splitlines()[0].rsplit(" ", 1)[-1].rstrip(")")
             kind = {"Integer": "a whole number", "Float": "a number", "String": "a string"}.get(kind, kind)
             found.append(Problem(key, f"{v!r} is not {'true or false' if isinstance(default, bool) else kind}"
-                                 f" (the {group} schema, train/schema.py, refuses it at composition)",
+                                 f" (the {group} schema, train/config/schema.py, refuses it at composition)",
                                  f"e.g. {key}={str(default).lower() if isinstance(default, bool) else default}"
                                  if default not in (None, "???") else f"{key}=<{kind}>"))
         except Exception:

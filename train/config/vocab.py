@@ -8,7 +8,7 @@ from data_prep.facts import tokenizer_file
 # Hub tokenizers people name most, so neither the vocabulary rule nor the resolver needs a download:
 # (ids, llm-foundry's padded vocab_size).
 KNOWN = {"EleutherAI/gpt-neox-20b": (50277, 50368), "gpt2": (50257, 50304), "openai-community/gpt2": (50257, 50304)}
-MOCK_IDS = 257  # train/mock_data.py: 256 byte ids and EOS
+MOCK_IDS = 257  # train/task/mock_data.py: 256 byte ids and EOS
 DEFAULT_VOCAB = 50368
 
 

@@ -1,5 +1,5 @@
 """What the preflight check's figures mean: the verdict per node, the report a job writes, the per-node table and
-the plan's cost estimate. Light (no torch): the launcher and the plan import it; train/preflight.py measures.
+the plan's cost estimate. Light (no torch): the launcher and the plan import it; train/task/preflight.py measures.
 
 Bus bandwidth is nccl-tests' figure for an all-reduce of S bytes over n ranks taking t seconds:
 busbw = S / t x 2(n-1)/n, in GB/s (1e9 bytes), so that it compares with the published tables.

@@ -191,7 +191,7 @@ def run_id(model: str, recipe=None, _root_=None) -> str:
 
 
 def _has_checkpoints(folder: Path) -> bool:
-    from train.resume import find
+    from train.checkpoint.resume import find
 
     return bool(find(folder))
 
@@ -209,7 +209,7 @@ def read_record(folder) -> dict:
 
 def write_record(folder, run_name: str, model: str | None, ident: dict, **extra) -> None:
     """<save_folder>/identity.json: what this run trains, so that a later command that trains something else
-    with the same model and data can name it; `extra`: what the run keeps about its folder (train/integrity.py:
+    with the same model and data can name it; `extra`: what the run keeps about its folder (train/checkpoint/integrity.py:
     the batch from which its checkpoints have manifests)."""
     from common.files import atomic_write
 

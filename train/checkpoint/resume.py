@@ -9,7 +9,7 @@ a warning naming them (never deleted); and when the newest complete checkpoint i
 world size reads (llm-foundry drops FSDP at one rank, so a sharded checkpoint must become one file there, and
 the other way round), it is converted beside itself first. The trainer is then given that path as `load_path`.
 
-Only global rank 0 looks and moves files; the other ranks wait for its answer (train/task.py).
+Only global rank 0 looks and moves files; the other ranks wait for its answer (train/task/main.py).
 """
 import fcntl
 import logging
@@ -103,7 +103,7 @@ def set_aside(ckpt: Checkpoint, why: str) -> Path:
     while dest.exists():
         dest = dest.with_name(dest.name + "_")
     os.replace(ckpt.path, dest)
-    from train.integrity import manifest_path
+    from train.checkpoint.integrity import manifest_path
 
     if manifest_path(ckpt.path).is_file():  # its manifest goes with it
         os.replace(manifest_path(ckpt.path), manifest_path(dest))
@@ -140,7 +140,7 @@ def newest_complete(folder, reads_sharded: bool | None = None, tidy: bool = Fals
     `tidy` (only for the run that owns the folder, about to write into it): newer incomplete checkpoints are set
     aside and a cut-off conversion is removed. A reader beside a live run must not: the newest folder may be
     one the run is writing right now. `verify` (a reader in one process: export, consolidate): a checkpoint with
-    a manifest must match it (train/integrity.py); one that does not is skipped with a warning naming the file.
+    a manifest must match it (train/checkpoint/integrity.py); one that does not is skipped with a warning naming the file.
     """
     folder = Path(folder)
     if tidy and folder.is_dir():
@@ -150,7 +150,7 @@ def newest_complete(folder, reads_sharded: bool | None = None, tidy: bool = Fals
     for ckpt in reversed(order):
         why = problem(ckpt)
         if why is None and verify:
-            from train import integrity
+            from train.checkpoint import integrity
 
             manifest = integrity.read_manifest(ckpt.path)
             if manifest is not None:
@@ -166,10 +166,10 @@ def newest_complete(folder, reads_sharded: bool | None = None, tidy: bool = Fals
 
 def in_format(ckpt: Checkpoint, reads_sharded: bool) -> str:
     """The path this run loads to continue from `ckpt`, in the format it reads: converted beside it (with a
-    manifest of its own, train/integrity.py) when it is in the other one."""
+    manifest of its own, train/checkpoint/integrity.py) when it is in the other one."""
     if ckpt.sharded == reads_sharded:
         return str(ckpt.path)
-    from train import integrity
+    from train.checkpoint import integrity
 
     if ckpt.sharded:
         out = ckpt.path.parent / f"{ckpt.stem}-rank0.pt"

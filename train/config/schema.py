@@ -28,7 +28,7 @@ class BusBandwidth:
 
 
 @dataclass
-class Preflight:  # conf/cluster/_preflight.yaml, train/preflight.py
+class Preflight:  # conf/cluster/_preflight.yaml, train/task/preflight.py
     enabled: bool = False
     only: bool = False
     node_check: Optional[str] = None

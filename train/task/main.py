@@ -15,9 +15,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from common.errors import UserError
 from common.signals import leave_to_the_task_in_every_fork
-from train import shards
-from train.distributed import export_from_submitit
-from train.foundry import foundry_config
+from train.task import shards
+from train.task.distributed import export_from_submitit
+from train.task.foundry import foundry_config
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def run(cfg: DictConfig) -> dict:
         leave_to_the_task_in_every_fork()  # dataloader workers: only this process answers Slurm's signals
     only = bool(cfg.cluster.preflight.only)  # the checks alone: no data, no trainer
     if cfg.data.kind == "mock" and not only:
-        from train.mock_data import ensure
+        from train.task.mock_data import ensure
 
         ensure(cfg.variables.data_local, cfg.max_seq_len, cfg.data.train_samples, cfg.data.val_samples)
 
@@ -46,12 +46,12 @@ def run(cfg: DictConfig) -> dict:
     if not only:
         shards.verify_shards(fcfg)  # train and val shards against index.json's hashes, spread over the ranks
     if only or (cfg.cluster.preflight.enabled and dist_env):  # inside jobs only: never on a login node
-        from train import preflight
+        from train.task import preflight
 
         folder = OmegaConf.select(fcfg, "callbacks.run_report.folder") or os.getcwd()  # the run's outputs
         report = preflight.run(cfg, folder)  # may requeue (exits) or raise
         if only:
-            from train.preflight_report import table
+            from train.task.preflight_report import table
 
             if int(os.environ.get("RANK", 0)) == 0:
                 print(table(report), flush=True)
@@ -59,8 +59,8 @@ def run(cfg: DictConfig) -> dict:
     _choose_resume_point(cfg, fcfg)
     from llmfoundry.command_utils import train
 
-    from train import shm_registry, tracking
-    from train.run_report import register
+    from train.task import shm_registry, tracking
+    from train.task.run_report import register
 
     register()
     tracking.register()  # conf/logger/: one tracking run per training run
@@ -70,7 +70,7 @@ def run(cfg: DictConfig) -> dict:
         # as parameters): a message, so stderr; stdout holds only the run's answer, printed below
         trained = True  # false: it had reached max_duration already (nothing is written then)
         with contextlib.redirect_stdout(sys.stderr):
-            shm_registry.hold()  # released at INIT (train/run_report.py), once the loaders are built
+            shm_registry.hold()  # released at INIT (train/task/run_report.py), once the loaders are built
             try:
                 train(fcfg).close()
             finally:
@@ -93,9 +93,9 @@ def run(cfg: DictConfig) -> dict:
                     f"run_name.")
     metrics = _read(report / "metrics.json")
     if int(os.environ.get("RANK", 0)) == 0:
-        from train import finished
+        from train.launch import finished
 
-        if trained:  # a sweep run again submits nothing for this point (train/finished.py)
+        if trained:  # a sweep run again submits nothing for this point (train/launch/finished.py)
             finished.write(fcfg.save_folder, fcfg.max_duration, report, metrics)
         elif not metrics:  # already trained, and this run's outputs folder is new: that run's numbers
             metrics = (finished.read(cfg) or {}).get("value") or {}
@@ -117,7 +117,7 @@ def _start_dist(fcfg) -> None:
 
 def _choose_resume_point(cfg, fcfg) -> None:
     """Claim the save folder for this run (one writer at a time), then resume from the newest checkpoint in it
-    that is complete (train/resume.py) and matches its manifest (train/integrity.py), instead of composer's
+    that is complete (train/checkpoint/resume.py) and matches its manifest (train/checkpoint/integrity.py), instead of composer's
     `latest` link. Rank 0 claims and moves files; verifying is shared by all ranks, each hashing the files it
     would own. A checkpoint that does not verify is set aside and the one before it tried; when checkpoints
     failed and none verified, the run stops naming them: it never trains from scratch over them. Applies to
@@ -128,7 +128,8 @@ def _choose_resume_point(cfg, fcfg) -> None:
         return
     from composer.utils import dist
 
-    from train import identity, integrity, resume
+    from train.checkpoint import integrity, resume
+    from train.config import identity
 
     rank, world = dist.get_global_rank(), dist.get_world_size()
     ours = fcfg.get("autoresume") and not fcfg.get("save_filename") and not fcfg.get("save_latest_filename")
@@ -177,7 +178,7 @@ def _choose_resume_point(cfg, fcfg) -> None:
         try:  # a conversion or the record may fail (a full disk): every rank must hear it, not wait for rank 0
             if chosen and integrity.read_manifest(chosen.path) is None:
                 # written before manifests existed, or the run ended between its last file and its manifest
-                # (composer's `latest` link already pointed at it): complete by its structure (train/resume.py),
+                # (composer's `latest` link already pointed at it): complete by its structure (train/checkpoint/resume.py),
                 # so it is resumed from rather than lost, and hashed now for every later start
                 log.warning("%s has no manifest: its files are complete by their structure; resuming from it and "
                             "writing its manifest now", chosen.path)
@@ -204,7 +205,7 @@ def _model_choice() -> str | None:
     try:
         from hydra.core.hydra_config import HydraConfig
 
-        from train.identity import label
+        from train.config.identity import label
 
         return label(HydraConfig.get().runtime.choices)
     except Exception:
@@ -213,7 +214,7 @@ def _model_choice() -> str | None:
 
 def _checkpoint_size(fcfg) -> int | None:
     """Bytes of the newest complete checkpoint in the save folder, or None."""
-    from train import integrity, resume
+    from train.checkpoint import integrity, resume
 
     folder = fcfg.get("save_folder")
     if not folder or "://" in str(folder):
