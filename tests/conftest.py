@@ -83,17 +83,28 @@ def slurm():
 
 @pytest.fixture(scope="session")
 def c4_mds(tmp_path_factory):
-    import sys
-
-    from paths import C4, TOKENIZER, need_shared
+    from helpers import C4, TOKENIZER, need_shared, run
 
     need_shared()
     out = tmp_path_factory.mktemp("c4-mds")
     for split, name in (("train", "c4-train.00000-of-01024.first1000.json.gz"),
                         ("val", "c4-train.sample2.1000.json.gz")):
-        proc = subprocess.run([sys.executable, "-m", "data_prep", "dataset=c4", f"input={C4 / name}",
-                               f"out_root={out}", f"split={split}", f"tokenizer={TOKENIZER}", "concat_tokens=128",
-                               "num_parts=1", "progress=false"], cwd=_REPO, capture_output=True, text=True,
-                              timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        run("-m", "data_prep", "dataset=c4", f"input={C4 / name}", f"out_root={out}", f"split={split}",
+            f"tokenizer={TOKENIZER}", "concat_tokens=128", "num_parts=1", "progress=false", check=True, timeout=300)
     return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fixture `cli`: run a command as a user types it, in the checkout, with PRETRAIN_ROOT in the test's folder.
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """cli("train", "plan=true") is `python -m train plan=true` with PRETRAIN_ROOT=tmp_path (root= for another)
+    -> the CompletedProcess; check=True asserts exit 0, check=2 that status (helpers.run)."""
+    from helpers import run
+
+    def cli(module: str, *args, root=tmp_path, **kw) -> subprocess.CompletedProcess:
+        return run("-m", module, *args, root=root, **kw)
+    return cli

@@ -2,11 +2,9 @@
 its ratio lines, ours beside the reference. The figures are never checked: one tiny run on a shared machine says
 nothing about speed, and a bound would fail on a busy machine while the code is fine."""
 import re
-import subprocess
-import sys
 
 import pytest
-from paths import C4, ROOT, need_shared
+from helpers import C4, need_shared, run
 
 pytestmark = pytest.mark.e2e  # the tier (pyproject.toml markers): whole processes, llm-foundry imports
 
@@ -14,10 +12,7 @@ NUMBER = r"[0-9][0-9,]*\.?[0-9]*"
 
 
 def smoke(script: str, *args: str, timeout: float = 300) -> str:
-    proc = subprocess.run([sys.executable, f"bench/{script}", "--smoke", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout
+    return run(f"bench/{script}", "--smoke", *args, check=True, timeout=timeout).stdout
 
 
 def has(pattern: str, out: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,35 +12,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import C4, C4_FIRST, C4_SECOND, ROOT, SHARED, SUMMARY, TOKENIZER, need_shared, prep, tree
 
 pytestmark = pytest.mark.e2e  # the tier (pyproject.toml markers)
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
-TOKENIZER = DATA / "tokenizers" / "gpt-neox-20b"
-C4 = DATA / "c4" / "en"
-C4_FIRST = C4 / "c4-train.00000-of-01024.first1000.json.gz"
-C4_SECOND = C4 / "c4-train.sample2.1000.json.gz"
-SLIMPAJAMA = DATA / "slimpajama"
+SLIMPAJAMA = SHARED / "slimpajama"
 EOS = 0  # <|endoftext|> in GPT-NeoX-20B
-SUMMARY = "data_prep_summary.json"
 
 
 @pytest.fixture(autouse=True)
-def need_shared():
-    if not (TOKENIZER / "tokenizer.json").is_file() or not C4_FIRST.is_file():
-        pytest.skip(f"../shared/data is missing (looked for {DATA}); these tests read its real C4 excerpts")
-
-
-def prep(*overrides: str, check: bool = True, tokenizer: Path = TOKENIZER, env=None) -> subprocess.CompletedProcess:
-    flags = [o for o in overrides if o.startswith("-")]  # Hydra takes -m before the overrides
-    cmd = [sys.executable, "-m", "data_prep", *flags, f"tokenizer={tokenizer}",
-           *[o for o in overrides if not o.startswith("-")]]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
-    if check:
-        assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc
+def shared_data():
+    need_shared()
 
 
 def texts(path: Path) -> list[str]:
@@ -78,11 +59,6 @@ def streaming_samples(split_dir: Path) -> np.ndarray:
 
     ds = StreamingDataset(local=str(split_dir), shuffle=False, batch_size=1)
     return np.stack([ds[i]["tokens"] for i in range(ds.num_samples)])
-
-
-def tree(folder: Path, skip=(SUMMARY,)) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name not in skip}
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_data_prep import C4_FIRST, ROOT, SUMMARY, TOKENIZER, prep
+from helpers import C4_FIRST, ROOT, SUMMARY, TOKENIZER, prep
 
 from data_prep.facts import check_index, dataset_facts, first_sample_tokens, tokenizer_fingerprint, vocab_fingerprint
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_data_prep import C4_FIRST, C4_SECOND, ROOT, SUMMARY, TOKENIZER, prep, tree
+from helpers import C4_FIRST, C4_SECOND, ROOT, SUMMARY, TOKENIZER, prep, tree
 
 from data_prep.errors import DataPrepError
 from data_prep.mds import ShardWriter, write_index

@@ -14,7 +14,7 @@ import unicodedata
 
 import numpy as np
 import pytest
-from paths import C4, SHARED, TOKENIZER, need_shared
+from helpers import C4, SHARED, TOKENIZER, need_shared
 from tokenizers import Tokenizer
 
 from data_prep import fast_bpe
@@ -288,7 +288,7 @@ def data_prep(out_root, tokenizer, inputs, env=None):
     import subprocess
     import sys
 
-    from paths import ROOT
+    from helpers import ROOT
 
     cmd = [sys.executable, "-m", "data_prep", "dataset=jsonl", f"input=[{','.join(map(str, inputs))}]",
            f"out_root={out_root}", f"tokenizer={tokenizer}", "concat_tokens=512", "progress=false", "num_parts=2"]

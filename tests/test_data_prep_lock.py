@@ -15,8 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+import helpers
 import pytest
-from paths import C4, ROOT, TOKENIZER, need_shared
+from helpers import C4, ROOT, TOKENIZER, need_shared
 
 pytestmark = pytest.mark.e2e  # the tier (pyproject.toml markers)
 
@@ -43,7 +44,7 @@ def command(docs: Path, out: Path, *extra: str) -> list[str]:
 
 
 def run(cmd: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return helpers.run(*cmd[1:], timeout=300)
 
 
 def start(cmd: list[str]) -> subprocess.Popen:

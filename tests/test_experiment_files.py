@@ -1,13 +1,12 @@
 """conf/experiment/: the seeds' runs as reviewed files, each composing, passing the checks and planning with the
 figures its header states; and the optional local config (conf/local/) applied before the command line."""
 import json
-import os
 import subprocess
 import uuid
 
 import pytest
+from helpers import PYTHON, ROOT, command_env
 from hydra.core.hydra_config import HydraConfig
-from paths import PYTHON, ROOT
 
 from common.paths import CONF
 from train.checks import Context, check, errors
@@ -54,7 +53,7 @@ def test_each_experiment_composes_passes_the_checks_and_plans(name):
 def test_an_experiment_is_a_plan_on_the_command_line_that_writes_nothing(tmp_path):
     out = subprocess.run([str(PYTHON), "-m", "train", "experiment=mpt-30b-ndv5-amlfs", "cluster.nodes=8",
                           "plan=json"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PRETRAIN_ROOT": str(tmp_path / "root")})
+                         env=command_env(tmp_path / "root"))
     assert out.returncode == 0, out.stderr[-2000:]
     plan = json.loads(out.stdout)
     assert plan["world_size"] == 64 and plan["run_name"].startswith("mpt-30b-")  # the command line over the file

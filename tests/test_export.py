@@ -14,18 +14,10 @@ import subprocess
 import sys
 
 import pytest
-from paths import C4, PYTHON, ROOT, TOKENIZER
+from helpers import C4, PYTHON, ROOT, TOKENIZER, command_env, run
 
 ARGS = ("data=mds", "max_duration=10ba", "eval_interval=10ba", "save_interval=10ba", "progress_bar=false")
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-
-def run(root, *args, check=True, cwd=ROOT, env=None) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(PYTHON), "-m", *args], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PRETRAIN_ROOT": str(root), **OFFLINE, **(env or {})})
-    if check:
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return proc
 
 
 def eval_ce(metrics: dict) -> float:
@@ -33,7 +25,7 @@ def eval_ce(metrics: dict) -> float:
 
 
 def scored(root, model, data, batches) -> dict:
-    out = run(root, "train.evaluate", str(model), f"--data={data}", f"--batches={batches}", "--json").stdout
+    out = run("-m", "train.evaluate", str(model), f"--data={data}", f"--batches={batches}", "--json", root=root, check=True, env=OFFLINE).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -46,19 +38,19 @@ def one_rank_args(data) -> tuple:
 def one_rank(tmp_path_factory, c4_mds):
     """A 1-rank run with checkpoint=full and export=hf: its root and metrics."""
     root = tmp_path_factory.mktemp("one")
-    run(root, "train", *one_rank_args(c4_mds))
+    run("-m", "train", *one_rank_args(c4_mds), root=root, check=True, env=OFFLINE)
     return root, json.loads((root / "outputs" / "one" / "metrics.json").read_text())
 
 
 @pytest.mark.train
 def test_export_hf_writes_a_folder_that_loads_offline_generates_and_scores_the_trainers_eval(one_rank, c4_mds,
-                                                                                              tmp_path):
+                                                                                              tmp_path, cli):
     root, metrics = one_rank
     folder = root / "outputs" / "one" / "huggingface" / "ba10"
     names = {p.name for p in folder.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "modeling_mpt.py"} <= names, names
     assert json.loads((folder / "config.json").read_text())["torch_dtype"] == "float32"  # fp32 on the CPU preset
-    plan = json.loads(run(root, "train", *one_rank_args(c4_mds), "plan=json").stdout)  # its size, foreseen
+    plan = json.loads(cli("train", *one_rank_args(c4_mds), "plan=json", root=root, check=True, env=OFFLINE).stdout)  # its size, foreseen
     assert plan["export_bytes"] == pytest.approx((folder / "model.safetensors").stat().st_size, rel=1e-3)
 
     # transformers alone, from a copy of the folder, with an empty cache and no network
@@ -81,19 +73,19 @@ def test_export_hf_writes_a_folder_that_loads_offline_generates_and_scores_the_t
 
 
 @pytest.mark.train
-def test_export_command_on_a_full_checkpoint_gives_the_trainers_weights(one_rank, tmp_path):
+def test_export_command_on_a_full_checkpoint_gives_the_trainers_weights(one_rank, tmp_path, cli):
     from safetensors.torch import load_file
 
     root, _ = one_rank
-    out = run(root, "train.export", "one", f"--out={tmp_path / 'hf'}").stdout.strip()  # a run name
+    out = cli("train.export", "one", f"--out={tmp_path / 'hf'}", root=root, check=True, env=OFFLINE).stdout.strip()  # a run name
     assert out == str(tmp_path / "hf")
     ours, trainers = load_file(tmp_path / "hf" / "model.safetensors"), load_file(
         root / "outputs" / "one" / "huggingface" / "ba10" / "model.safetensors")
     assert ours.keys() == trainers.keys()
     assert all((ours[k] == trainers[k]).all() for k in ours)
 
-    half = run(root, "train.export", str(root / "checkpoints" / "one" / "ep0-ba10-rank0.pt"),
-               f"--out={tmp_path / 'bf16'}", "--precision=bfloat16").stdout.strip()
+    half = cli("train.export", str(root / "checkpoints" / "one" / "ep0-ba10-rank0.pt"),
+               f"--out={tmp_path / 'bf16'}", "--precision=bfloat16", root=root, check=True, env=OFFLINE).stdout.strip()
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
     assert (tmp_path / "bf16" / "model.safetensors").stat().st_size < 0.55 * (
         tmp_path / "hf" / "model.safetensors").stat().st_size
@@ -101,25 +93,25 @@ def test_export_command_on_a_full_checkpoint_gives_the_trainers_weights(one_rank
 
 
 @pytest.mark.train
-def test_two_rank_sharded_checkpoint_exported_on_one_process_scores_the_trainers_eval(tmp_path, c4_mds):
-    run(tmp_path, "train", "-m", "cluster.tasks_per_node=2", *ARGS, f"variables.data_local={c4_mds}",
-        f"tokenizer.name={TOKENIZER}", "checkpoint=sharded", "run_name=two")
+def test_two_rank_sharded_checkpoint_exported_on_one_process_scores_the_trainers_eval(tmp_path, c4_mds, cli):
+    cli("train", "-m", "cluster.tasks_per_node=2", *ARGS, f"variables.data_local={c4_mds}",
+        f"tokenizer.name={TOKENIZER}", "checkpoint=sharded", "run_name=two", check=True, env=OFFLINE)
     shards = tmp_path / "checkpoints" / "two" / "ep0-ba10"
     assert sorted(p.name for p in shards.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     [metrics] = [json.loads(p.read_text()) for p in (tmp_path / "outputs" / "sweeps").rglob("metrics.json")]
     assert metrics["world_size"] == 2
 
-    proc = run(tmp_path, "train.export", str(tmp_path / "checkpoints" / "two"))  # the save folder: its newest
+    proc = cli("train.export", str(tmp_path / "checkpoints" / "two"), check=True, env=OFFLINE)  # the save folder: its newest
     folder = tmp_path / "outputs" / "two" / "huggingface" / "ba10"  # where export=hf would have written it
     assert proc.stdout.strip() == str(folder)
     got = scored(tmp_path, folder, c4_mds, batches=8)  # 4 batches on each of 2 ranks
     assert got["samples"] == 64
     assert got["cross_entropy"] == pytest.approx(eval_ce(metrics), rel=0.01)
 
-    samples = run(tmp_path, "train.sample", "two", "The weather today is", "In 2019, the company",
-                  "--max-new-tokens=8", "--seed=3")
-    again = run(tmp_path, "train.sample", "two", "The weather today is", "In 2019, the company",
-                "--max-new-tokens=8", "--seed=3")
+    samples = cli("train.sample", "two", "The weather today is", "In 2019, the company",
+                  "--max-new-tokens=8", "--seed=3", check=True, env=OFFLINE)
+    again = cli("train.sample", "two", "The weather today is", "In 2019, the company",
+                "--max-new-tokens=8", "--seed=3", check=True, env=OFFLINE)
     blocks = samples.stdout.split("\n---\n")
     assert blocks[0].startswith("The weather today is") and blocks[1].startswith("In 2019, the company")
     assert len(blocks[0]) > len("The weather today is")
@@ -127,7 +119,7 @@ def test_two_rank_sharded_checkpoint_exported_on_one_process_scores_the_trainers
 
 
 @pytest.mark.train
-def test_icl_evaluation_of_an_exported_model_on_a_task_file_from_real_c4(one_rank, tmp_path):
+def test_icl_evaluation_of_an_exported_model_on_a_task_file_from_real_c4(one_rank, tmp_path, cli):
     """A language-modeling task file from real C4 text (8 words of context, the next word to predict), through
     llm-foundry's ICL evaluation of the exported folder: one accuracy per task and shot count, named after the file."""
     root, _ = one_rank
@@ -140,8 +132,8 @@ def test_icl_evaluation_of_an_exported_model_on_a_task_file_from_real_c4(one_ran
             if len(words) > 12 and written < 16:
                 out.write(json.dumps({"context": " ".join(words[:8]), "continuation": words[8]}) + "\n")
                 written += 1
-    result = json.loads(run(root, "train.evaluate", str(folder), f"--icl-tasks={task}", "--json",
-                            cwd=tmp_path).stdout.strip().splitlines()[-1])
+    result = json.loads(cli("train.evaluate", str(folder), f"--icl-tasks={task}", "--json",
+                            cwd=tmp_path, root=root, check=True, env=OFFLINE).stdout.strip().splitlines()[-1])
     assert result["model"] == str(folder)
     accuracy = result["c4_next_word/0-shot/InContextLearningLMAccuracy"]
     assert 0.0 <= accuracy <= 1.0
@@ -151,7 +143,7 @@ def test_errors_name_the_key_and_the_fix_and_write_nothing(tmp_path):
     """Checked before torch is imported: no checkpoint, an incomplete one, no data, bad sampling values."""
     def cli(*args):
         return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "PRETRAIN_ROOT": str(tmp_path / "root")})
+                              env=command_env(tmp_path / "root"))
 
     proc = cli("train.export", "no-such-run")
     assert proc.returncode == 2 and "error: checkpoint: 'no-such-run'" in proc.stderr and "fix:" in proc.stderr
@@ -189,18 +181,18 @@ def test_the_readme_lines_of_export_sample_and_evaluate_parse():
 
 
 @pytest.mark.train
-def test_the_default_run_exports_samples_and_generates_with_plain_transformers(tmp_path):
+def test_the_default_run_exports_samples_and_generates_with_plain_transformers(tmp_path, cli):
     """`python -m train`, then `train.export <run>`, then `train.sample <run> ...` on the default run (mock data,
     its byte-level tokenizer), the run found on the storage the training command named (its storage override
     after the run name), and the exported folder generating with `model.generate(**tokenizer(text))`."""
     elsewhere, storage = tmp_path / "elsewhere", f"storage.root={tmp_path / 'lustre'}"  # not $PRETRAIN_ROOT
-    run(elsewhere, "train", "max_duration=10ba", "save_interval=10ba", storage)
+    cli("train", "max_duration=10ba", "save_interval=10ba", storage, root=elsewhere, check=True, env=OFFLINE)
     [name] = [p.name for p in (tmp_path / "lustre" / "checkpoints").iterdir()]
-    missed = run(elsewhere, "train.export", name, check=False)
+    missed = cli("train.export", name, root=elsewhere, env=OFFLINE)
     assert missed.returncode == 2 and str(elsewhere / "checkpoints") in missed.stderr
-    folder = run(elsewhere, "train.export", name, storage).stdout.strip().splitlines()[-1]
+    folder = cli("train.export", name, storage, root=elsewhere, check=True, env=OFFLINE).stdout.strip().splitlines()[-1]
     assert folder.startswith(str(tmp_path / "lustre" / "outputs" / name))
-    sample = run(elsewhere, "train.sample", name, "The weather today is", "--max-new-tokens=8", storage)
+    sample = cli("train.sample", name, "The weather today is", "--max-new-tokens=8", storage, root=elsewhere, check=True, env=OFFLINE)
     assert sample.stdout.startswith("The weather today is")
     code = ("import sys\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
             "t = AutoTokenizer.from_pretrained(sys.argv[1])\n"
@@ -220,5 +212,5 @@ def test_status_and_export_look_on_the_storage_the_training_command_named(tmp_pa
                         (["train.export", "a-run", "storage=amlfs", f"storage.root={tmp_path}"],
                          tmp_path / "checkpoints")):
         proc = subprocess.run([str(PYTHON), "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "PRETRAIN_ROOT": str(tmp_path / "local")})
+                              env=command_env(tmp_path / "local"))
         assert proc.returncode == 2 and str(where) in proc.stderr, proc.stderr

@@ -5,13 +5,12 @@ secret of the table appears in what the command printed. The counts are printed 
 
 Warned inputs are legal, so they go through `plan=true` (a run would train): the plan prints the same warnings.
 """
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from paths import TOKENIZER
+from helpers import TOKENIZER, command_env
 
 SECRET = "s3cr3t-fuzz-4d9c2b"
 HF_TOKEN = "hf_" + "Q" * 34
@@ -232,7 +231,7 @@ def _run(case, tmp_path, num):
     for folder in (root, cwd, scratch, empty):
         folder.mkdir(parents=True)
     args = [o.replace("{tmp}", str(scratch)).replace("{empty}", str(empty)) for o in overrides]
-    env = {**os.environ, "PRETRAIN_ROOT": str(root), "HF_HUB_OFFLINE": "1"}
+    env = command_env(root, {"HF_HUB_OFFLINE": "1"})
     for name in ("WORLD_SIZE", "SLURM_JOB_ID", "MLFLOW_TRACKING_URI"):
         env.pop(name, None)
     proc = subprocess.run([sys.executable, "-m", "train", *args], cwd=cwd, env=env, capture_output=True, text=True,

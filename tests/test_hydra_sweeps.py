@@ -2,36 +2,28 @@
 (conf/hparams_search/) go through the same launcher, every point checked before anything is written, each
 point's objective returned to the sweeper, and a sweep run again submits nothing for the points that finished."""
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from paths import PYTHON, ROOT
 
 FAST = ("max_duration=4ba", "eval_interval=2ba", "save_interval=2ba", "eval_subset_num_batches=1")
-
-
-def train(root: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([str(PYTHON), "-m", "train", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PRETRAIN_ROOT": str(root)})
 
 
 def _sweeps(root: Path) -> list:
     return sorted((root / "outputs" / "sweeps").glob("*"))
 
 
-def test_a_grid_declared_as_config_is_every_combination_planned_and_nothing_is_written(tmp_path):
-    proc = train(tmp_path, "-m", "plan=json", "hparams_search=mpt_tiny_grid", "seed=1,2")
+def test_a_grid_declared_as_config_is_every_combination_planned_and_nothing_is_written(tmp_path, cli):
+    proc = cli("train", "-m", "plan=json", "hparams_search=mpt_tiny_grid", "seed=1,2", timeout=900)
     assert proc.returncode == 0, proc.stderr
     plans = json.loads(proc.stdout)
     assert len(plans) == 8 and len({p["run_name"] for p in plans}) == 8  # 2 lr x 2 warmups x 2 seeds
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
-def test_a_bad_point_of_a_config_grid_refuses_the_sweep_with_every_problem_and_writes_nothing(tmp_path):
-    proc = train(tmp_path, "-m", "hparams_search=mpt_tiny_grid", "global_train_batch_size=16,12")
+def test_a_bad_point_of_a_config_grid_refuses_the_sweep_with_every_problem_and_writes_nothing(tmp_path, cli):
+    proc = cli("train", "-m", "hparams_search=mpt_tiny_grid", "global_train_batch_size=16,12", timeout=900)
     assert proc.returncode == 2
     bad = [line for line in proc.stderr.splitlines() if line.startswith("error: [sweep point #")]
     # the four points with a batch of 12, each named (the grid's own keys come first in each point)
@@ -49,9 +41,9 @@ def _trials(sweep_dir: Path) -> dict:
 
 
 @pytest.mark.train
-def test_an_optuna_search_here_gets_each_trials_eval_loss_and_run_again_submits_nothing(tmp_path):
+def test_an_optuna_search_here_gets_each_trials_eval_loss_and_run_again_submits_nothing(tmp_path, cli):
     line = ("-m", "hparams_search=mpt_tiny_lr", "hydra.sweeper.n_trials=2", *FAST)
-    first = train(tmp_path, *line)
+    first = cli("train", *line, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
     [sweep_dir] = _sweeps(tmp_path)
     trials = _trials(sweep_dir)
@@ -60,7 +52,7 @@ def test_an_optuna_search_here_gets_each_trials_eval_loss_and_run_again_submits_
     # what Optuna was told is what each run reported: the best value is the smaller of the two eval losses
     assert result["best_value"] == pytest.approx(min(trials.values()), rel=1e-6)
     # the same search again: the seeded sampler proposes the same trials, which are the same runs, finished
-    again = train(tmp_path, *line)
+    again = cli("train", *line, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count(": nothing to submit") == 2 and "-> job" not in again.stdout, again.stdout
     newest = _sweeps(tmp_path)[-1]
@@ -69,18 +61,18 @@ def test_an_optuna_search_here_gets_each_trials_eval_loss_and_run_again_submits_
         pytest.approx(result["best_value"], rel=1e-6)
 
 
-def test_a_sweeper_that_needs_results_is_refused_a_submit_and_return_sweep(slurm, tmp_path):
-    proc = train(tmp_path, "-m", "cluster=slurm-local", "data=mock", "hparams_search=mpt_tiny_lr", timeout=300)
+def test_a_sweeper_that_needs_results_is_refused_a_submit_and_return_sweep(slurm, tmp_path, cli):
+    proc = cli("train", "-m", "cluster=slurm-local", "data=mock", "hparams_search=mpt_tiny_lr", timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "error: cluster.wait: OptunaSweeper needs each point's result" in proc.stderr
     assert "fix: add cluster.wait=true" in proc.stderr
     assert not (tmp_path / "outputs").exists()
 
 
-def test_an_optuna_search_on_slurm_waits_for_each_trial_and_run_again_submits_nothing(slurm, tmp_path):
+def test_an_optuna_search_on_slurm_waits_for_each_trial_and_run_again_submits_nothing(slurm, tmp_path, cli):
     line = ("-m", "cluster=slurm-local", "data=mock", "cluster.wait=true", "cluster.tasks_per_node=1",
             "hparams_search=mpt_tiny_lr", "hydra.sweeper.n_trials=2", *FAST)
-    first = train(tmp_path, *line)
+    first = cli("train", *line, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
     [sweep_dir] = _sweeps(tmp_path)
     trials = _trials(sweep_dir)
@@ -89,6 +81,6 @@ def test_an_optuna_search_on_slurm_waits_for_each_trial_and_run_again_submits_no
     assert best == pytest.approx(min(trials.values()), rel=1e-6)
     summary = (sweep_dir / "summary.md").read_text()
     assert summary.count("| COMPLETED |") == 2  # one summary of both batches
-    again = train(tmp_path, *line)
+    again = cli("train", *line, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count(": nothing to submit") == 2 and "-> job" not in again.stdout, again.stdout

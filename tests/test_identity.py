@@ -3,11 +3,9 @@ trained and nothing else. The same training under another cluster setting, image
 spelling of a number is the same run; anything that changes the training is another."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
-from paths import ROOT
+from helpers import run
 
 import train  # noqa: F401  (registers the resolvers)
 from train.config.compose import compose
@@ -113,23 +111,20 @@ def test_runs_of_the_same_model_and_data_are_found_with_what_differs(tmp_path):
     assert same_model_and_data(tmp_path / "checkpoints", other_data.run_name, "mpt-125m", identity(other_data)) == []
 
 
-def _plan(*args, env):
-    out = subprocess.run([sys.executable, "-m", "train", *args, "plan=json"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+def _plan(*args, root):
+    out = run("-m", "train", *args, "plan=json", root=root, check=True, timeout=120)
     return json.loads(out.stdout)
 
 
 @pytest.mark.e2e
 def test_the_plan_names_the_run_that_m_submits_and_scaling_points_are_runs_of_their_own(tmp_path):
-    env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path)}
     line = ["model=mpt-7b", "cluster=ndv5", "data=c4", "optimizer.lr=3e-3"]
-    plain = _plan(*line, env=env)["run_name"]
-    swept = _plan("-m", *line, env=env)  # Hydra's sweeper spells 3e-3 as 0.003: still one run
+    plain = _plan(*line, root=tmp_path)["run_name"]
+    swept = _plan("-m", *line, root=tmp_path)  # Hydra's sweeper spells 3e-3 as 0.003: still one run
     assert [p["run_name"] for p in swept] == [plain]
     scaling = ["-m", "cluster=slurm-local", "data=mock", "device_train_microbatch_size=4", "cluster.nodes=1,2"]
-    names = [p["run_name"] for p in _plan(*scaling, env=env)]
-    base = _plan(*scaling[1:-1], env=env)["run_name"]
+    names = [p["run_name"] for p in _plan(*scaling, root=tmp_path)]
+    base = _plan(*scaling[1:-1], root=tmp_path)["run_name"]
     assert len(set(names)) == 2 and all(n.startswith(base + "-") and len(n) == len(base) + 7 for n in names)
-    assert [p["run_name"] for p in _plan(*scaling, env=env)] == names  # the same line, the same names
+    assert [p["run_name"] for p in _plan(*scaling, root=tmp_path)] == names  # the same line, the same names
     assert not any(tmp_path.iterdir())  # a look writes nothing

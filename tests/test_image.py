@@ -13,7 +13,7 @@ import sys
 import tomllib
 
 import pytest
-from paths import PYTHON, ROOT
+from helpers import PYTHON, ROOT
 
 from common import image
 from train.checks import Context, check, errors

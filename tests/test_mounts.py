@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from paths import ROOT
+from helpers import ROOT, command_env
 
 from train.checks import ERROR, Context, check
 from train.config.compose import compose
@@ -46,7 +46,7 @@ def test_an_empty_mount_point_is_refused_on_the_login_node_and_nothing_is_writte
     root.mkdir()
     proc = subprocess.run([sys.executable, "-m", "train", *_amlfs(data), "max_duration=2ba"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PRETRAIN_ROOT": str(root), "HF_HUB_OFFLINE": "1"})
+                          env=command_env(root, {"HF_HUB_OFFLINE": "1"}))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"error: storage.mounts: {data} is not a mount point on this node" in proc.stderr
     assert "fix: mount the amlfs file system at" in proc.stderr

@@ -1,11 +1,10 @@
 """`plan=true` / `plan=json`: figures against the published ones (/work/shared/CONTEXT.md), the JSON form, sweeps,
 and the submit path's promises (no torch / llm-foundry import, fast, nothing written or submitted)."""
 import json
-import os
 import subprocess
 
 import pytest
-from paths import PYTHON, ROOT
+from helpers import PYTHON, ROOT, command_env
 
 from train.config.compose import compose
 from train.plan import estimate
@@ -16,12 +15,6 @@ from train.plan.forecast_report import render
 REQUIRED = ("params", "flops_per_token", "world_size", "grad_accum", "memory_per_gpu_bytes", "gpu_memory_bytes",
             "fits", "min_nodes", "checkpoint_bytes", "checkpoint_write_seconds", "step_seconds", "train_days",
             "sbatch_script")
-
-
-def cli(root, *overrides):
-    env = {**os.environ, "PRETRAIN_ROOT": str(root)}
-    return subprocess.run([str(PYTHON), "-m", "train", *overrides], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
 
 
 def plan(*overrides):
@@ -155,8 +148,8 @@ def test_the_plan_says_whether_a_slurm_sweep_returns_or_waits(extra, waits, show
 # ------------------------------------------------------------------------------------- the command line
 
 
-def test_plan_json_prints_only_json_with_every_key(tmp_path):
-    proc = cli(tmp_path, "model=gpt175b", "cluster=ndv5", "cluster.nodes=64", "storage=amlfs",
+def test_plan_json_prints_only_json_with_every_key(tmp_path, cli):
+    proc = cli("train", "model=gpt175b", "cluster=ndv5", "cluster.nodes=64", "storage=amlfs",
                f"storage.root={tmp_path}", "storage.mounts=[]", "checkpoint=sharded", "plan=json")
     assert proc.returncode == 0, proc.stderr
     p = json.loads(proc.stdout)
@@ -167,16 +160,16 @@ def test_plan_json_prints_only_json_with_every_key(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
-def test_plan_local_json_has_null_sbatch(tmp_path):
-    proc = cli(tmp_path, "plan=json")
+def test_plan_local_json_has_null_sbatch(tmp_path, cli):
+    proc = cli("train", "plan=json")
     assert proc.returncode == 0, proc.stderr
     p = json.loads(proc.stdout)
     assert p["sbatch_script"] is None and p["fits"] is None
     assert list(tmp_path.iterdir()) == []
 
 
-def test_plan_true_report(tmp_path):
-    proc = cli(tmp_path, "model=mpt-30b", "cluster=ndv5", "cluster.nodes=16", "storage=amlfs",
+def test_plan_true_report(tmp_path, cli):
+    proc = cli("train", "model=mpt-30b", "cluster=ndv5", "cluster.nodes=16", "storage=amlfs",
                f"storage.root={tmp_path}", "storage.mounts=[]", "plan=true")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -187,7 +180,7 @@ def test_plan_true_report(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_plan_shows_the_exported_models_size(tmp_path):
+def test_plan_shows_the_exported_models_size(tmp_path, cli):
     """The Hugging Face folder's weights: parameters x the export's bytes per weight (bf16 on a GPU preset, fp32 on
     the CPU); checked against a real exported folder in tests/test_export.py."""
     gpu = plan("model=mpt-7b", "cluster=ndv5", "data=c4", "export=hf")
@@ -198,14 +191,14 @@ def test_plan_shows_the_exported_models_size(tmp_path):
     assert cpu["export_precision"] == "float32" and cpu["export_bytes"] == 4 * cpu["params"]
     none = plan()
     assert none["export"] == "none" and none["export_bytes"] == 4 * none["params"] and none["export_folder"] is None
-    proc = cli(tmp_path, "model=mpt-7b", "cluster=ndv5", "data=c4", "export=hf", "plan=true")
+    proc = cli("train", "model=mpt-7b", "cluster=ndv5", "data=c4", "export=hf", "plan=true")
     assert proc.returncode == 0, proc.stderr
     assert "export      hf: 12.4 GiB of bfloat16 weights" in proc.stdout
     assert list(tmp_path.iterdir()) == []
 
 
-def test_sweep_plan_is_a_json_list_one_object_per_point(tmp_path):
-    proc = cli(tmp_path, "-m", "model=mpt-30b", "cluster=ndv5", "cluster.nodes=16,32", "plan=json")
+def test_sweep_plan_is_a_json_list_one_object_per_point(tmp_path, cli):
+    proc = cli("train", "-m", "model=mpt-30b", "cluster=ndv5", "cluster.nodes=16,32", "plan=json")
     assert proc.returncode == 0, proc.stderr
     plans = json.loads(proc.stdout)
     assert [p["world_size"] for p in plans] == [128, 256]
@@ -215,8 +208,8 @@ def test_sweep_plan_is_a_json_list_one_object_per_point(tmp_path):
     assert list(tmp_path.iterdir()) == []  # not even the sweep folder
 
 
-def test_sweep_plan_report_has_a_summary(tmp_path):
-    proc = cli(tmp_path, "-m", "model=mpt-70b", "cluster=ndv5", "cluster.nodes=4,16", "plan=true")
+def test_sweep_plan_report_has_a_summary(tmp_path, cli):
+    proc = cli("train", "-m", "model=mpt-70b", "cluster=ndv5", "cluster.nodes=4,16", "plan=true")
     assert proc.returncode == 0, proc.stderr
     assert "=== sweep point #0 ===" in proc.stdout and "=== sweep point #1 ===" in proc.stdout
     assert "sweep of 2 points" in proc.stdout
@@ -239,7 +232,7 @@ PROBE = ("import atexit, runpy, sys\n"
     ["save_intervl=100ba"],                                   # unknown key and its suggestion
 ], ids=["plan", "json", "sweep-plan", "invalid", "invalid-sweep", "unknown-key"])
 def test_submit_path_does_not_import_torch_or_llm_foundry(tmp_path, args):
-    env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path)}
+    env = command_env(tmp_path)
     out = subprocess.run([str(PYTHON), "-c", PROBE, *args], cwd=ROOT, env=env, capture_output=True, text=True)
     assert "HEAVY []" in out.stderr, out.stderr[-2000:]
 

@@ -3,22 +3,15 @@ and real jobs on the loopback Slurm: the per-node table of both nodes, a bad nod
 on the other with the normal loss, on_fail=stop and the exclusion limit failing with the report."""
 import csv
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from paths import PYTHON, ROOT
-from test_slurm_sweeps import _task_prolog_without_slurm
+from helpers import PYTHON, ROOT, task_prolog_without_slurm
 
 from train.task.preflight_report import busbw_GBps, estimate_seconds, judge, pair_rounds, table
 
 SETTINGS = {"tolerance": 0.75, "expected_busbw_GBps": {"intra": 460.0, "inter": 375.0}, "bytes": 2**30, "iters": 10}
-
-
-def cli(root: Path, *args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([str(PYTHON), "-m", "train", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PRETRAIN_ROOT": str(root)}, timeout=600, **kw)
 
 
 # ------------------------------------------------------------------------------------------- figures, verdicts
@@ -86,8 +79,8 @@ def test_figures_without_expected_ones_are_reported_not_judged():
 # --------------------------------------------------------------------------------- checks, and looks run nothing
 
 
-def test_bad_preflight_settings_are_refused_together_before_anything_is_written(tmp_path):
-    proc = cli(tmp_path, "-m", "cluster=slurm-local", "cluster.wait=true", "data=mock", "cluster.preflight.on_fail=later",
+def test_bad_preflight_settings_are_refused_together_before_anything_is_written(tmp_path, cli):
+    proc = cli("train", "-m", "cluster=slurm-local", "cluster.wait=true", "data=mock", "cluster.preflight.on_fail=later",
                "cluster.preflight.iters=0", "cluster.preflight.tolerance=1.5",
                "cluster.preflight.expected_busbw_GBps.inter=-3")
     assert proc.returncode == 2, proc.stderr
@@ -95,17 +88,17 @@ def test_bad_preflight_settings_are_refused_together_before_anything_is_written(
                 "tolerance: must be a fraction", "expected_busbw_GBps.inter: must be a bus bandwidth"):
         assert f"error: [sweep point #0] cluster.preflight.{key}" in proc.stderr
     assert not any(tmp_path.iterdir())
-    local = cli(tmp_path, "cluster.preflight.enabled=true", "cluster.preflight.on_fail=requeue")
+    local = cli("train", "cluster.preflight.enabled=true", "cluster.preflight.on_fail=requeue")
     assert local.returncode == 2 and "requeue needs a Slurm job" in local.stderr
 
 
-def test_a_plan_never_runs_the_node_check(tmp_path):
+def test_a_plan_never_runs_the_node_check(tmp_path, cli):
     marker = tmp_path / "ran"
     script = tmp_path / "check.sh"
     script.write_text(f"#!/bin/bash\ntouch {marker}\n")
     script.chmod(0o755)
-    proc = cli(tmp_path / "root", "cluster=slurm-local", "data=mock", f"cluster.preflight.node_check={script}",
-               "plan=true")
+    proc = cli("train", "cluster=slurm-local", "data=mock", f"cluster.preflight.node_check={script}",
+               "plan=true", root=tmp_path / "root")
     assert proc.returncode == 0, proc.stderr
     assert f"node check {script}" in proc.stdout and not marker.exists() and not (tmp_path / "root").exists()
 
@@ -128,8 +121,8 @@ def _job_field(job_id: str, name: str) -> str:
     return next((w.split("=", 1)[1] for w in out.split() if w.startswith(name + "=")), "")
 
 
-def test_preflight_only_prints_the_table_of_both_nodes_with_real_bandwidths(slurm, tmp_path):
-    proc = cli(tmp_path, "-m", "cluster=slurm-local", "cluster.wait=true", "data=mock", "cluster.nodes=2", "cluster.preflight.only=true")
+def test_preflight_only_prints_the_table_of_both_nodes_with_real_bandwidths(slurm, tmp_path, cli):
+    proc = cli("train", "-m", "cluster=slurm-local", "cluster.wait=true", "data=mock", "cluster.nodes=2", "cluster.preflight.only=true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout[proc.stdout.index("preflight, point #0"):].splitlines()
     assert lines[1].startswith("| node | devices | node check | intra busbw GB/s (expected 0.04) |")
@@ -148,8 +141,8 @@ def test_preflight_only_prints_the_table_of_both_nodes_with_real_bandwidths(slur
 
 
 def test_preflight_only_submitted_and_returned_says_where_its_table_will_be_and_status_shows_the_verdict(
-        slurm, tmp_path):
-    proc = cli(tmp_path, "-m", "cluster=slurm-local", "data=mock", "cluster.preflight.only=true")
+        slurm, tmp_path, cli):
+    proc = cli("train", "-m", "cluster=slurm-local", "data=mock", "cluster.preflight.only=true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     [note] = [line for line in proc.stdout.splitlines() if line.startswith("[sweep] #0 preflight table: ")]
     report = Path(note.split("preflight table: ")[1].split()[0])
@@ -163,7 +156,7 @@ def test_preflight_only_submitted_and_returned_says_where_its_table_will_be_and_
     assert kept["ok"]
 
 
-def test_a_bad_node_is_excluded_and_the_job_completes_on_the_other_with_the_normal_loss(slurm, tmp_path):
+def test_a_bad_node_is_excluded_and_the_job_completes_on_the_other_with_the_normal_loss(slurm, tmp_path, cli):
     # The node check fails on whichever node it first runs on (as NHC would on a node with ECC errors). Point 0
     # runs it; point 1, the same training without it, gives the normal loss (and holds the other node a while).
     marker = tmp_path / "bad-node"
@@ -173,9 +166,9 @@ def test_a_bad_node_is_excluded_and_the_job_completes_on_the_other_with_the_norm
                       '  echo "ERROR: GPU 3: 12 uncorrectable ECC errors"; exit 1\nfi\necho ok\n')
     script.chmod(0o755)
     # the tasks have no Slurm client (as in a container image): the exclusion and the requeue run on the host
-    prolog = _task_prolog_without_slurm(tmp_path / "image")
-    proc = cli(tmp_path / "root", "-m", "cluster=slurm-local", "cluster.wait=true", "data=mock", "max_duration=6ba", "checkpoint=none",
-               f"cluster.preflight.node_check={script},null", f'cluster.srun_extra=["--task-prolog={prolog}"]')
+    prolog = task_prolog_without_slurm(tmp_path / "image")
+    proc = cli("train", "-m", "cluster=slurm-local", "cluster.wait=true", "data=mock", "max_duration=6ba", "checkpoint=none",
+               f"cluster.preflight.node_check={script},null", f'cluster.srun_extra=["--task-prolog={prolog}"]', root=tmp_path / "root")
     assert proc.returncode == 0, proc.stderr[-3000:]
     checked, plain = _summary(tmp_path / "root")
     bad = marker.read_text().strip()
@@ -201,13 +194,13 @@ def test_a_bad_node_is_excluded_and_the_job_completes_on_the_other_with_the_norm
     assert out.count(f"requeued job {job} excluding {bad} (from the host)") == 1, out[-2000:]
 
 
-def test_on_fail_stop_and_the_exclusion_limit_fail_the_job_with_the_report(slurm, tmp_path):
+def test_on_fail_stop_and_the_exclusion_limit_fail_the_job_with_the_report(slurm, tmp_path, cli):
     script = tmp_path / "node-check.sh"
     script.write_text('#!/bin/bash\necho "ERROR: mlx5_ib3: port down"\nexit 1\n')
     script.chmod(0o755)
-    proc = cli(tmp_path / "root", "-m", "cluster=slurm-local", "cluster.wait=true", "data=mock", "max_duration=6ba", "checkpoint=none",
+    proc = cli("train", "-m", "cluster=slurm-local", "cluster.wait=true", "data=mock", "max_duration=6ba", "checkpoint=none",
                f"cluster.preflight.node_check={script}", "cluster.preflight.on_fail=stop,requeue",
-               "cluster.preflight.max_exclusions=0")
+               "cluster.preflight.max_exclusions=0", root=tmp_path / "root")
     assert proc.returncode == 1
     stop, limit = _summary(tmp_path / "root")
     for row, why in ((stop, "not requeued: cluster.preflight.on_fail=stop"),

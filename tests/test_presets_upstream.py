@@ -11,8 +11,8 @@ from fnmatch import fnmatch
 
 import pytest
 import yaml
+from helpers import ROOT, SHARED
 from omegaconf import OmegaConf
-from paths import ROOT, SHARED
 
 from train.config.compose import compose
 

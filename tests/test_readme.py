@@ -3,14 +3,13 @@
 line shown with an refusal after it (an `error:` line, or Hydra's own `full_key:` message) must fail, without a
 traceback, and print every line shown. Every docs/ page is linked from README.md, and every relative link of these
 pages points to a file that exists (and, with an anchor, to a heading of that page). So the docs cannot rot."""
-import os
 import re
 import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
-from paths import PYTHON, ROOT
+from helpers import PYTHON, ROOT, command_env
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TEXTS = {page.relative_to(ROOT).as_posix(): page.read_text() for page in PAGES}
@@ -77,7 +76,7 @@ def test_every_readme_command_line_runs_as_a_look(tmp_path, page, line, error):
         if "-m" in args:
             args = [_first_point(a) for a in args if a != "-m"]
         look = [] if "--cfg" in args else ["--cfg", "job"]
-    env = {**os.environ, "PRETRAIN_ROOT": str(root), "HF_HUB_OFFLINE": "1"}
+    env = command_env(root, {"HF_HUB_OFFLINE": "1"})
     proc = subprocess.run([str(PYTHON), "-m", module, *args, *look], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
     assert "Traceback" not in proc.stderr, (page, proc.stderr[-3000:])

@@ -2,11 +2,10 @@
 groups beneath it and the command line over it. Inputs are llm-foundry's own published pretraining YAMLs."""
 import json
 import os
-import subprocess
 
 import pytest
+from helpers import SHARED, TOKENIZER, need_shared
 from hydra.core.hydra_config import HydraConfig
-from paths import PYTHON, SHARED, TOKENIZER, need_shared
 
 from train.checks import Context, check, errors
 from train.config.compose import command_line, compose
@@ -27,12 +26,6 @@ def _composed(*overrides):
     cfg = compose(list(overrides))
     ctx = Context(mode="plan", overrides=tuple(overrides), choices=dict(HydraConfig.get().runtime.choices))
     return cfg, ctx
-
-
-def cli(tmp_path, *args, timeout=120):
-    env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path / "root")}
-    return subprocess.run([str(PYTHON), "-m", "train", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("name", UPSTREAM)
@@ -97,8 +90,8 @@ def test_the_command_line_forms_llm_foundry_users_type():
     assert command_line(["--config-name", "x.yaml"]) == ["--config-name", "x.yaml"]  # a flag's value stays
 
 
-def test_plan_of_a_yaml_writes_nothing_and_names_the_run(tmp_path):
-    out = cli(tmp_path, str(YAMLS / "mpt-7b.yaml"), "cluster=ndv5", "cluster.nodes=8", "plan=json")
+def test_plan_of_a_yaml_writes_nothing_and_names_the_run(tmp_path, cli):
+    out = cli("train", str(YAMLS / "mpt-7b.yaml"), "cluster=ndv5", "cluster.nodes=8", "plan=json", root=tmp_path / "root", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     plan = json.loads(out.stdout)
     assert plan["run_name"].startswith("mpt-7b-") and plan["world_size"] == 64
@@ -106,21 +99,21 @@ def test_plan_of_a_yaml_writes_nothing_and_names_the_run(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no outputs/, no root/
 
 
-def test_a_sweep_over_a_yaml_plans_each_point(tmp_path):
-    out = cli(tmp_path, "-m", f"yaml={YAMLS / 'testing.yaml'}", *CPU, "optimizer.lr=1e-4,2e-4", "plan=true")
+def test_a_sweep_over_a_yaml_plans_each_point(tmp_path, cli):
+    out = cli("train", "-m", f"yaml={YAMLS / 'testing.yaml'}", *CPU, "optimizer.lr=1e-4,2e-4", "plan=true", root=tmp_path / "root", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     names = {w for w in out.stdout.split() if w.startswith("testing-")}
     assert len(names) == 2, out.stdout[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-def test_bad_yamls_are_refused_in_one_pass_naming_each_key(tmp_path):
+def test_bad_yamls_are_refused_in_one_pass_naming_each_key(tmp_path, cli):
     text = (YAMLS / "testing.yaml").read_text()
     bad = (text.replace("max_duration: 200ba", "max_durations: 200ba")
            .replace("name: decoupled_adamw", "name: decoupled_adamw_nope")
            .replace("shuffle_seed: ${variables.global_seed}", "shuffle_seed: ${variables.global_sed}"))
     (tmp_path / "bad.yaml").write_text(bad)
-    out = cli(tmp_path, "bad.yaml", *CPU)
+    out = cli("train", "bad.yaml", *CPU, root=tmp_path / "root", cwd=tmp_path)
     assert out.returncode == 2
     err = out.stderr
     assert "error: max_durations: is not a key llm-foundry or this tool knows" in err and "max_duration`?" in err
@@ -131,21 +124,21 @@ def test_bad_yamls_are_refused_in_one_pass_naming_each_key(tmp_path):
 
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     (tmp_path / "broken.yaml").write_text("model: {d_model: 128\n")
-    out = cli(tmp_path, "yaml=missing.yaml", "-m")
+    out = cli("train", "yaml=missing.yaml", "-m", root=tmp_path / "root", cwd=tmp_path)
     assert out.returncode == 2 and f"error: yaml: {tmp_path / 'missing.yaml'}: no such file" in out.stderr
     for name, says in (("list.yaml", "is not a mapping of llm-foundry keys"), ("broken.yaml", "is not readable YAML")):
-        out = cli(tmp_path, f"yaml={name}")
+        out = cli("train", f"yaml={name}", root=tmp_path / "root", cwd=tmp_path)
         assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "broken.yaml", "list.yaml"]
 
 
 @pytest.mark.train
-def test_llm_foundrys_testing_yaml_trains_on_c4_on_cpu(tmp_path, c4_mds):
+def test_llm_foundrys_testing_yaml_trains_on_c4_on_cpu(tmp_path, c4_mds, cli):
     """docs/config.md's CPU line for a YAML written for GPUs: its own model, data and schedule, a few batches."""
     args = [str(YAMLS / "testing.yaml"), *CPU, f"variables.data_local={c4_mds}", f"tokenizer.name={TOKENIZER}",
             "max_duration=2ba", "global_train_batch_size=16", "device_train_microbatch_size=8", "eval_interval=2ba",
             "eval_subset_num_batches=2", "log_to_console=false"]
-    out = cli(tmp_path, *args, timeout=600)
+    out = cli("train", *args, timeout=600, root=tmp_path / "root", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     [run] = (tmp_path / "root" / "outputs").iterdir()
     assert run.name.startswith("testing-")
@@ -154,6 +147,6 @@ def test_llm_foundrys_testing_yaml_trains_on_c4_on_cpu(tmp_path, c4_mds):
     config = (run / ".hydra" / "config.yaml").read_text()
     assert "d_model: 128\n  n_heads: 2" in config  # testing.yaml's model, not our mpt-tiny preset
     # the same command again is the same run: it finds its own checkpoint and has nothing left to train
-    again = cli(tmp_path, *args, timeout=600)
+    again = cli("train", *args, timeout=600, root=tmp_path / "root", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert [p.name for p in (tmp_path / "root" / "outputs").iterdir()] == [run.name]

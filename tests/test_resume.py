@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from paths import PYTHON, ROOT
+from helpers import PYTHON, ROOT, command_env, kill_after_checkpoint, processes_with, run
 
 pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
 
@@ -26,15 +26,7 @@ ARGS = ("max_duration=40ba", "save_interval=10ba", "eval_interval=10ba", "progre
 
 def command(ranks: int, fmt: str, *extra: str) -> list:
     launch = ["-m", f"cluster.tasks_per_node={ranks}"] if ranks > 1 else []
-    return [str(PYTHON), "-m", "train", *launch, f"checkpoint={fmt}", *ARGS, *extra]
-
-
-def run(root: Path, cmd: list, check=True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PRETRAIN_ROOT": str(root)}, capture_output=True,
-                          text=True, timeout=600)
-    if check:
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return proc
+    return ["-m", "train", *launch, f"checkpoint={fmt}", *ARGS, *extra]
 
 
 def newest_metrics(root: Path) -> dict:
@@ -53,36 +45,6 @@ def save_folder(root: Path) -> Path:
     return folder
 
 
-def kill_after_checkpoint(root: Path, cmd: list, batch: int, env: dict | None = None) -> None:
-    """Start `cmd` (with PRETRAIN_ROOT=root, or `env`, which must set it so), SIGKILL its whole process group as
-    soon as the checkpoint at `batch` is complete (composer points its `latest` link at a checkpoint once every
-    file of it is written), as a node loss or a preemption would."""
-    env = env or {**os.environ, "PRETRAIN_ROOT": str(root)}
-    assert env["PRETRAIN_ROOT"] == str(root)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not any(os.readlink(p).startswith(f"ep0-ba{batch}") for p in root.glob("checkpoints/*/latest-*")
-                  if p.is_symlink()):
-        assert proc.poll() is None and time.time() < deadline, "the run ended before its checkpoint"
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    for pid in _processes_with(f"PRETRAIN_ROOT={root}"):  # ranks that submitit started in sessions of their own
-        os.kill(pid, signal.SIGKILL)
-
-
-def _processes_with(variable: str) -> list:
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if variable.encode() in environ.read_bytes().split(b"\0"):
-                found.append(int(environ.parent.name))
-        except OSError:
-            pass
-    return found
-
-
 _finished = {}
 
 
@@ -91,7 +53,7 @@ def finished(ranks: int, fmt: str, tmp_path_factory) -> Path:
     checkpoint folders to damage."""
     if (ranks, fmt) not in _finished:
         root = tmp_path_factory.mktemp(f"finished-{fmt}{ranks}")
-        run(root, command(ranks, fmt))
+        run(*command(ranks, fmt), root=root, check=True)
         _finished[ranks, fmt] = root
     return _finished[ranks, fmt]
 
@@ -118,14 +80,14 @@ def test_killed_after_a_checkpoint_then_finished_the_same_command_resumes_then_d
     folder = save_folder(tmp_path)
     assert not any(c.name.startswith("ep0-ba40") for c in folder.iterdir()), "killed too late"
 
-    resumed = run(tmp_path, cmd)  # (a) the same command after SIGKILL
+    resumed = run(*cmd, root=tmp_path, check=True)  # (a) the same command after SIGKILL
     assert "resuming from" in resumed.stderr + task_log(tmp_path)
     got = newest_metrics(tmp_path)
     assert got["world_size"] == ranks
     assert_same_run(got, want)
 
     before = {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file() and p.name != ".lock"}
-    again = run(tmp_path, cmd)  # (b) the same command after the run finished
+    again = run(*cmd, root=tmp_path, check=True)  # (b) the same command after the run finished
     if ranks == 1:  # a plain run: it starts, finds the run at max_duration, says so and writes nothing
         said = again.stderr + task_log(tmp_path)
         assert "nothing to do" in said and f"run_name={got['run_name']}" in said
@@ -141,8 +103,8 @@ def test_the_same_training_under_another_spelling_and_environment_resumes_the_sa
     learning rate (3e-3 as 0.0030), adds an environment variable and another progress interval: the same run,
     resumed from its checkpoint, ending at the uninterrupted loss."""
     kill_after_checkpoint(tmp_path, command(2, "sharded"), batch=20)
-    proc = run(tmp_path, command(2, "sharded", "optimizer.lr=0.0030", "cluster.env.NCCL_DEBUG=INFO",
-                                 "console_log_interval=5ba"))
+    proc = run(*command(2, "sharded", "optimizer.lr=0.0030", "cluster.env.NCCL_DEBUG=INFO",
+                                 "console_log_interval=5ba"), root=tmp_path, check=True)
     assert "resuming from" in proc.stderr + task_log(tmp_path)
     assert len(list((tmp_path / "checkpoints").iterdir())) == 1  # no second run beside it
     assert_same_run(newest_metrics(tmp_path), straight(2, tmp_path_factory))
@@ -160,7 +122,7 @@ def test_world_size_changes_two_to_four_to_two_and_two_to_one_continue_the_loss(
 
     one = tmp_path / "one"  # 2 -> 1: the same checkpoint folder continued by a plain one-process run
     shutil.copytree(two / "checkpoints", one / "checkpoints", symlinks=True)
-    proc = run(one, command(1, "sharded", *name))
+    proc = run(*command(1, "sharded", *name), root=one, check=True)
     assert "consolidating its shards" in proc.stderr
     got = newest_metrics(one)
     assert got["world_size"] == 1 and got["batches"] == 40
@@ -171,7 +133,7 @@ def test_world_size_changes_two_to_four_to_two_and_two_to_one_continue_the_loss(
     kill_after_checkpoint(two, command(4, "sharded", *name, "device_train_microbatch_size=4"), batch=30)
     assert sorted(p.name for p in (save_folder(two) / "ep0-ba30").iterdir()) == \
         [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
-    run(two, command(2, "sharded", *name))  # 4 -> 2
+    run(*command(2, "sharded", *name), root=two, check=True)  # 4 -> 2
     got = newest_metrics(two)
     assert got["world_size"] == 2 and got["batches"] == 40
     losses = dict(got["train_loss"])
@@ -211,7 +173,7 @@ def test_no_link_and_a_truncated_newest_shard_resume_from_the_previous_checkpoin
     older = _files(folder, "ep0-ba40")
     root = folder.parents[1]
 
-    run(root, cmd)
+    run(*cmd, root=root, check=True)
     log = task_log(root)
     assert "ep0-ba40 cannot be resumed from: shard __1_0.distcp is truncated" in log
     assert "resuming from " + str(folder / "ep0-ba30") in log
@@ -232,7 +194,7 @@ def test_an_empty_newest_file_beside_a_link_to_the_previous_resumes_from_the_pre
     (folder / "ep0-ba40-rank0.pt").write_bytes(b"")
     root = folder.parents[1]
 
-    proc = run(root, cmd)
+    proc = run(*cmd, root=root, check=True)
     assert "ep0-ba40-rank0.pt cannot be resumed from: empty file" in proc.stderr
     assert_same_run(newest_metrics(root), straight(1, tmp_path_factory))
 
@@ -247,7 +209,7 @@ def test_a_complete_checkpoint_newer_than_the_link_is_used(tmp_path, tmp_path_fa
     before = _files(folder)
     root = folder.parents[1]
 
-    run(root, cmd)
+    run(*cmd, root=root, check=True)
     assert "nothing to do" in task_log(root)
     assert _files(folder) == before
 
@@ -255,20 +217,17 @@ def test_a_complete_checkpoint_newer_than_the_link_is_used(tmp_path, tmp_path_fa
 def test_consolidate_a_sharded_checkpoint_into_one_file_that_load_path_continues(tmp_path, tmp_path_factory):
     folder, _ = _finished_copy(2, "sharded", tmp_path, tmp_path_factory)
     out = tmp_path / "consolidated.pt"
-    proc = subprocess.run([str(PYTHON), "-m", "train.consolidate", str(folder), "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    proc = run("-m", "train.consolidate", folder, "--out", out, check=True)
     assert proc.stdout.strip() == str(out) and out.stat().st_size > 0
 
     # a new run (its own name and folder) that starts from the consolidated state and trains 10 more batches
     root = tmp_path / "from-file"
-    run(root, [str(PYTHON), "-m", "train", "checkpoint=full", f"load_path={out}", "max_duration=50ba",
-               "save_interval=10ba", "eval_interval=10ba", "progress_bar=false"])
+    run("-m", "train", "checkpoint=full", f"load_path={out}", "max_duration=50ba", "save_interval=10ba",
+        "eval_interval=10ba", "progress_bar=false", root=root, check=True)
     got = newest_metrics(root)
     assert got["batches"] == 50 and [b for b, _ in got["train_loss"]] == list(range(1, 51))
 
-    bad = subprocess.run([str(PYTHON), "-m", "train.consolidate", str(tmp_path / "nowhere")], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    bad = run("-m", "train.consolidate", tmp_path / "nowhere")
     assert bad.returncode == 2 and "no complete checkpoint" in bad.stderr
 
 
@@ -278,7 +237,7 @@ def test_a_stopped_rank_ends_the_whole_job_within_the_timeout_and_the_error_name
     than at the job's time limit (60 min here)."""
     cmd = [str(PYTHON), "-m", "train", "-m", "cluster.tasks_per_node=2", "checkpoint=none", "max_duration=100000ba",
            "progress_bar=false", "dist_timeout=15"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PRETRAIN_ROOT": str(tmp_path)}, text=True,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=command_env(tmp_path), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.time() + 300
@@ -286,7 +245,7 @@ def test_a_stopped_rank_ends_the_whole_job_within_the_timeout_and_the_error_name
                 next(tmp_path.glob("outputs/sweeps/*/.submitit/*/*_0_log.err")).read_text():
             assert proc.poll() is None and time.time() < deadline, "the job never started training"
             time.sleep(0.2)
-        rank1s = [pid for pid in _processes_with(f"PRETRAIN_ROOT={tmp_path}")
+        rank1s = [pid for pid in processes_with(f"PRETRAIN_ROOT={tmp_path}")
                   if _has(pid, "SUBMITIT_LOCAL_GLOBALID=1") and _has(pid, "SUBMITIT_EXECUTOR=local")]
         # the rank itself (a child of submitit's local controller), not the workers it started
         [rank1] = [pid for pid in rank1s if b"submitit.local._local" in Path(f"/proc/{_parent(pid)}/cmdline").read_bytes()]
@@ -295,7 +254,7 @@ def test_a_stopped_rank_ends_the_whole_job_within_the_timeout_and_the_error_name
         out, err = proc.communicate(timeout=600)
         ended = time.time() - stopped
     finally:
-        for pid in _processes_with(f"PRETRAIN_ROOT={tmp_path}"):  # whatever is left if the test failed
+        for pid in processes_with(f"PRETRAIN_ROOT={tmp_path}"):  # whatever is left if the test failed
             os.kill(pid, signal.SIGKILL)
 
     assert proc.returncode == 1
@@ -356,7 +315,7 @@ def test_a_flipped_block_in_the_newest_checkpoint_is_set_aside_and_the_run_resum
     _flip_middle(damaged)
     root = folder.parents[1]
 
-    proc = run(root, cmd)
+    proc = run(*cmd, root=root, check=True)
     said = proc.stderr + task_log(root)
     assert f"{damaged} does not match its manifest" in said
     assert f"resuming from {_checkpoint(folder, 30)}" in said
@@ -371,7 +330,7 @@ def test_when_no_checkpoint_verifies_the_run_stops_naming_them_and_trains_nothin
         _flip_middle(_checkpoint(folder, batch))
     root = folder.parents[1]
 
-    proc = run(root, cmd, check=False)
+    proc = run(*cmd, root=root)
     assert proc.returncode == 1, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()
     assert any(line.startswith("error: save_folder: no checkpoint in") for line in last)
@@ -396,7 +355,7 @@ def test_a_checkpoint_without_its_manifest_resumes_on_its_structure_and_gets_one
     written = manifest.read_text()
     manifest.unlink()
     root = folder.parents[1]
-    proc = run(root, cmd)
+    proc = run(*cmd, root=root, check=True)
     assert f"{folder / 'ep0-ba40-rank0.pt'} has no manifest: its files are complete by their structure" in proc.stderr
     assert "nothing to do" in proc.stderr and not (folder / "set-aside").exists()
     assert json.loads(manifest.read_text())["files"] == json.loads(written)["files"]  # the same hashes again
@@ -404,7 +363,7 @@ def test_a_checkpoint_without_its_manifest_resumes_on_its_structure_and_gets_one
     older, _ = _finished_copy(1, "full", tmp_path / "older", tmp_path_factory)
     for made in [*older.glob("*.manifest.json"), older / "identity.json"]:
         made.unlink()
-    again = run(older.parents[1], cmd)
+    again = run(*cmd, root=older.parents[1], check=True)
     assert "nothing to do" in again.stderr and not (older / "set-aside").exists()
 
 

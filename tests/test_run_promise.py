@@ -18,26 +18,18 @@ import time
 from pathlib import Path
 
 import pytest
-from paths import PYTHON, ROOT
+from helpers import PYTHON, ROOT, command_env
 
 pytestmark = pytest.mark.train
-
-
-def run(root: Path, *args, check=True, timeout=600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(PYTHON), "-m", "train", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PRETRAIN_ROOT": str(root)}, timeout=timeout)
-    if check:
-        assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
 
 
 def metrics(root: Path) -> dict:
     return json.loads(max((root / "outputs").rglob("metrics.json"), key=lambda p: p.stat().st_mtime).read_text())
 
 
-def test_the_reported_evaluation_is_the_last_one(tmp_path):
+def test_the_reported_evaluation_is_the_last_one(tmp_path, cli):
     """max_duration=5ba, eval_interval=3ba: evaluations at 3 and at the end (5); the result is the one at 5."""
-    proc = run(tmp_path, "max_duration=5ba", "eval_interval=3ba", "save_interval=5ba")
+    proc = cli("train", "max_duration=5ba", "eval_interval=3ba", "save_interval=5ba", check=True)
     got = metrics(tmp_path)
     assert [b for b, _ in got["eval"]] == [3, 5]
     assert got["final_eval"] == got["eval"][-1][1] != got["eval"][0][1]
@@ -52,10 +44,10 @@ def _newest(folder: Path) -> Path:
     return resume.find(folder)[-1].path
 
 
-def test_a_non_finite_loss_stops_the_run_before_its_checkpoint(tmp_path):
+def test_a_non_finite_loss_stops_the_run_before_its_checkpoint(tmp_path, cli):
     import torch
 
-    proc = run(tmp_path, "optimizer.lr=1e6", "max_duration=30ba", "save_interval=2ba", check=False)
+    proc = cli("train", "optimizer.lr=1e6", "max_duration=30ba", "save_interval=2ba")
     assert proc.returncode == 1, proc.stderr[-3000:]
     [line] = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
     assert "stopped" in line and ("loss is nan at step" in line or "weights are not finite at step" in line)
@@ -68,9 +60,9 @@ def test_a_non_finite_loss_stops_the_run_before_its_checkpoint(tmp_path):
     assert all(torch.isfinite(w).all() for w in weights.values())  # the newest is the last finite one
 
 
-def test_a_non_finite_loss_fails_a_two_rank_sweep_point(tmp_path):
-    proc = run(tmp_path, "-m", "cluster.tasks_per_node=2", "optimizer.lr=1e6", "max_duration=30ba",
-               "save_interval=2ba", check=False)
+def test_a_non_finite_loss_fails_a_two_rank_sweep_point(tmp_path, cli):
+    proc = cli("train", "-m", "cluster.tasks_per_node=2", "optimizer.lr=1e6", "max_duration=30ba",
+               "save_interval=2ba")
     assert proc.returncode == 1
     [row] = csv.DictReader(next(tmp_path.glob("outputs/sweeps/*/summary.csv")).open())
     assert row["state"] == "FAILED" and "RunStopped" in row["error"] and "stopped" in row["error"]
@@ -115,14 +107,14 @@ ARGS = ("max_duration=60ba", "save_interval=20ba", "eval_interval=20ba", "save_n
 
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_a_full_checkpoint_file_system_is_one_clear_error_and_resuming_after_making_room_is_exact(
-        ranks, tmp_path, tmpfs):
+        ranks, tmp_path, tmpfs, cli):
     launch = ("-m", "cluster.tasks_per_node=2") if ranks > 1 else ()
-    want = (run(tmp_path / "straight", *launch, *ARGS), metrics(tmp_path / "straight"))[1]
+    want = (cli("train", *launch, *ARGS, root=tmp_path / "straight", check=True), metrics(tmp_path / "straight"))[1]
 
     mnt = tmpfs("ckpt", "24m")  # three checkpoints of ~5.3 MiB at once (2 kept + the next): they fit
     root = tmp_path / "root"
     cmd = [str(PYTHON), "-m", "train", *launch, *ARGS, f"storage.checkpoint_root={mnt}"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PRETRAIN_ROOT": str(root)}, text=True,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=command_env(root), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     filler = _fill_when("*/ep0-ba20*.manifest.json", mnt, mnt, proc, leave=1 << 20)  # then another job fills it
     out, err = proc.communicate(timeout=600)
@@ -139,7 +131,7 @@ def test_a_full_checkpoint_file_system_is_one_clear_error_and_resuming_after_mak
     assert "bytes free" in line and "needs " in line
 
     filler.unlink()  # room made: the same command resumes from the newest complete checkpoint
-    again = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PRETRAIN_ROOT": str(root)}, capture_output=True,
+    again = subprocess.run(cmd, cwd=ROOT, env=command_env(root), capture_output=True,
                            text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     got = metrics(root)
@@ -152,7 +144,7 @@ def test_a_full_outputs_file_system_never_stops_training_and_names_the_metrics_f
     mnt = tmpfs("outputs", "2m")
     root = tmp_path / "root"
     cmd = [str(PYTHON), "-m", "train", "max_duration=40ba", f"storage.output_root={mnt}"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PRETRAIN_ROOT": str(root)}, text=True,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=command_env(root), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _fill_when("*/progress.json", mnt, mnt, proc)  # full from the first progress line on
     out, err = proc.communicate(timeout=600)

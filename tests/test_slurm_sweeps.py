@@ -1,14 +1,13 @@
 """`python -m train ... -m` on a real Slurm controller (scripts/slurm-local.sh): real jobs, real ranks."""
 import csv
 import json
-import os
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from paths import PYTHON, ROOT
+from helpers import PYTHON, ROOT, command_env, run, task_prolog_without_slurm
 from submitit.core.utils import pickle_load
 
 TINY = ("cluster=slurm-local", "data=mock", "progress_bar=false")
@@ -16,9 +15,7 @@ WAIT = "cluster.wait=true"  # the command waits for its jobs, as it did before s
 
 
 def sweep(root: Path, *overrides: str, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PRETRAIN_ROOT": str(root)}
-    return subprocess.run([str(PYTHON), "-m", "train", "-m", *TINY, WAIT, *overrides], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900, **kw)
+    return run("-m", "train", "-m", *TINY, WAIT, *overrides, root=root, timeout=900, **kw)
 
 
 def summary(root: Path) -> list:
@@ -28,8 +25,7 @@ def summary(root: Path) -> list:
 
 
 def status(sweep_dir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(PYTHON), "-m", "train.status", str(sweep_dir)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    return run("-m", "train.status", sweep_dir, timeout=120)
 
 
 def shown(stdout: str) -> dict:
@@ -59,7 +55,7 @@ def test_a_sweep_submits_and_returns_is_followed_by_status_and_summarised_by_its
     storage.root=<mount>), submitted and returned; followed with train.status; summarised by its own job; the
     best point exported by name, found on the storage the training command named."""
     storage = ("storage=amlfs", f"storage.root={lustre}", f"storage.mounts=[{lustre.parent}]")
-    env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path / "not-here")}
+    env = command_env(tmp_path / "not-here")
     started = time.time()
     proc = subprocess.run([str(PYTHON), "-m", "train", "-m", *TINY, *storage, "max_duration=40ba",
                            "save_interval=20ba", "console_log_interval=2ba",
@@ -127,7 +123,7 @@ def test_a_sweep_submits_and_returns_is_followed_by_status_and_summarised_by_its
 def test_a_summary_job_slurm_refuses_leaves_the_points_submitted_and_says_how_to_summarise(slurm, tmp_path):
     proc = subprocess.run([str(PYTHON), "-m", "train", "-m", *TINY, "max_duration=2ba", "checkpoint=none",
                            "cluster.summary_partition=no-such-partition"], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PRETRAIN_ROOT": str(tmp_path)}, timeout=120)
+                          env=command_env(tmp_path), timeout=120)
     jobs = [line.split("-> job ")[1].split(",")[0] for line in proc.stdout.splitlines() if "-> job " in line]
     subprocess.run(["scancel", *jobs], check=False)
     assert proc.returncode == 0 and len(jobs) == 1, proc.stderr[-3000:]
@@ -169,7 +165,7 @@ def test_a_failing_point_is_reported_with_its_log_and_the_other_completes(slurm,
 
 
 def test_scancel_of_a_running_job_is_reported_as_cancelled(slurm, tmp_path):
-    env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path)}
+    env = command_env(tmp_path)
     proc = subprocess.Popen([str(PYTHON), "-m", "train", "-m", *TINY, WAIT, "max_duration=100000ba",
                              "checkpoint=none"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -192,26 +188,6 @@ def test_scancel_of_a_running_job_is_reported_as_cancelled(slurm, tmp_path):
     assert "CANCELLED" in stderr
 
 
-SLURM_COMMANDS = {"scontrol", "sbatch", "srun", "squeue", "sacct", "scancel", "sinfo", "salloc", "sattach", "sstat",
-                  "sprio", "sshare", "sacctmgr", "strigger", "sbcast", "sdiag", "sreport", "sview"}
-
-
-def _task_prolog_without_slurm(folder: Path) -> Path:
-    """An srun task prolog that gives each task a PATH as in a container image without a Slurm client: links to
-    everything in /usr/local/bin and /usr/bin but Slurm's commands. (`srun --export=ALL,PATH=...` does not replace
-    a PATH the environment already has, seen with Slurm 22.05; a task prolog's `export` does.)"""
-    bare = folder / "bin"
-    bare.mkdir(parents=True)
-    for bin_dir in (Path("/usr/local/bin"), Path("/usr/bin")):
-        for cmd in bin_dir.iterdir():
-            if cmd.name not in SLURM_COMMANDS and not (bare / cmd.name).exists():
-                (bare / cmd.name).symlink_to(cmd)
-    prolog = folder / "no-slurm-client.sh"
-    prolog.write_text(f"#!/bin/sh\necho export PATH={bare}\n")
-    prolog.chmod(0o755)
-    return prolog
-
-
 def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_with_the_uninterrupted_loss(
         slurm, tmp_path):
     # The default policy of every Slurm preset: 2 ranks, checkpoint=sharded, evaluations between checkpoints.
@@ -225,11 +201,11 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     straight_log = (tmp_path / "straight.log").open("w")  # a file, not a pipe nobody reads while it runs
     straight = subprocess.Popen([str(PYTHON), "-m", "train", "-m", "cluster.tasks_per_node=2", *args], cwd=ROOT,
                                 stdout=straight_log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PRETRAIN_ROOT": str(tmp_path / "straight")})
+                                env=command_env(tmp_path / "straight"))
     assert straight.wait(timeout=900) == 0, (tmp_path / "straight.log").read_text()[-2000:]
     # The tasks run as in an image without a Slurm client: no scontrol on their PATH. The preflight's node check
     # (run inside the task by local rank 0, at every start) records what the task's PATH offers.
-    prolog = _task_prolog_without_slurm(tmp_path / "image")
+    prolog = task_prolog_without_slurm(tmp_path / "image")
     seen = tmp_path / "task-path.txt"
     probe = tmp_path / "probe.sh"
     probe.write_text(f'#!/bin/bash\necho "scontrol=$(command -v scontrol || echo none) PATH=$PATH" >> {seen}\n')
@@ -261,7 +237,7 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
 
 
 def test_data_prep_parts_run_as_a_slurm_array_on_the_cpu_partition(slurm, tmp_path):
-    from paths import C4, TOKENIZER, need_shared
+    from helpers import C4, TOKENIZER, need_shared
 
     need_shared()
     common = ["dataset=c4", f"input={C4}", f"tokenizer={TOKENIZER}", "num_parts=2", "progress=false"]
@@ -297,7 +273,7 @@ def test_data_prep_parts_run_as_a_slurm_array_on_the_cpu_partition(slurm, tmp_pa
 def test_a_pending_point_shows_why_it_waits(slurm, tmp_path):
     # held back by Slurm itself (a begin time an hour away): the status says so, not a bare PENDING; two points
     # with the same resources, one array: each task has the reason
-    env = {**os.environ, "PRETRAIN_ROOT": str(tmp_path)}
+    env = command_env(tmp_path)
     proc = subprocess.run([str(PYTHON), "-m", "train", "-m", *TINY, "max_duration=4ba", "optimizer.lr=1e-3,2e-3",
                            "cluster.sbatch_extra={begin: now+3600}"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)

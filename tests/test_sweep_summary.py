@@ -1,12 +1,11 @@
 """The summary a `-m` sweep prints and writes, from real jobs that fail for real reasons."""
 import csv
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from paths import PYTHON, ROOT
+from helpers import run
 
 pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
 
@@ -16,9 +15,7 @@ BAD = "`load_in_8bit` is only supported for evaluation rather than training."
 
 
 def _sweep(root: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(PYTHON), "-m", "train", "-m", "progress_bar=false", "checkpoint=none", *overrides],
-                          cwd=ROOT, env={**os.environ, "PRETRAIN_ROOT": str(root)}, capture_output=True, text=True,
-                          timeout=600)
+    return run("-m", "train", "-m", "progress_bar=false", "checkpoint=none", *overrides, root=root)
 
 
 def _summaries(root: Path) -> tuple:

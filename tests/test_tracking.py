@@ -8,13 +8,11 @@ the logger settings run in-process in the fast tier.
 """
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from paths import PYTHON, ROOT
-from test_resume import kill_after_checkpoint
+from helpers import kill_after_checkpoint, run
 
 # 8 batches, a checkpoint at 4, no evaluation: the shortest run that can be killed after a checkpoint and resumed
 ARGS = ("max_duration=8ba", "save_interval=4ba", "eval_interval=0", "progress_bar=false")
@@ -22,21 +20,7 @@ LOSS = "loss/train/total"
 
 
 def command(*extra: str) -> list:
-    return [str(PYTHON), "-m", "train", *ARGS, *extra]
-
-
-def environment(root: Path, **env: str) -> dict:
-    out = {**os.environ, "PRETRAIN_ROOT": str(root), **env}
-    for name in ("WORLD_SIZE", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_PROJECT", "WANDB_API_KEY"):
-        if name not in env:
-            out.pop(name, None)  # the test's own, not the machine's
-    return out
-
-
-def run(cmd: list, env: dict) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return proc
+    return ["-m", "train", *ARGS, *extra]
 
 
 def run_name(root: Path) -> str:
@@ -47,7 +31,7 @@ def run_name(root: Path) -> str:
 @pytest.mark.train
 def test_mlflow_one_run_named_by_run_name_continued_after_a_kill(tmp_path):
     root, store = tmp_path / "root", tmp_path / "mlruns"
-    env = environment(root, MLFLOW_TRACKING_URI=f"file://{store}", MLFLOW_EXPERIMENT_NAME="pretrain-tests")
+    env = {"MLFLOW_TRACKING_URI": f"file://{store}", "MLFLOW_EXPERIMENT_NAME": "pretrain-tests"}
     cmd = command("logger=mlflow", "optimizer.lr=1e-3")
     from mlflow import MlflowClient
 
@@ -65,7 +49,7 @@ def test_mlflow_one_run_named_by_run_name_continued_after_a_kill(tmp_path):
     assert before <= set(range(5)), before  # what reached the store before the kill (MLflow logs in batches)
 
     resumed_at = int(time.time() * 1000)
-    proc = run(cmd, env)  # the same command: resumes from the batch-4 checkpoint
+    proc = run(*cmd, root=root, env=env, check=True)  # the same command: resumes from the batch-4 checkpoint
     assert "resuming from" in proc.stderr
     [again] = runs()  # still exactly one run: the same one, continued
     assert again.info.run_id == first.info.run_id and again.info.run_name == name
@@ -138,11 +122,11 @@ def wandb_config(records: dict) -> dict:
 def test_wandb_offline_run_folders_hold_the_history_and_every_start_keeps_the_run_id_and_config(tmp_path):
     root, wandb_dir = tmp_path / "root", tmp_path / "wandb"
     wandb_dir.mkdir()
-    env = environment(root, WANDB_MODE="offline", WANDB_DIR=str(wandb_dir), WANDB_PROJECT="pretrain-tests")
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_PROJECT": "pretrain-tests"}
     cmd = command("logger=wandb")
     kill_after_checkpoint(root, cmd, batch=4, env=env)
-    run(cmd, env)  # resumes from the batch-4 checkpoint
-    assert "nothing to do" in run(cmd, env).stderr  # the run is finished; a start all the same
+    run(*cmd, root=root, env=env, check=True)  # resumes from the batch-4 checkpoint
+    assert "nothing to do" in run(*cmd, root=root, env=env, check=True).stderr  # the run is finished; a start all the same
     name = run_name(root)
 
     # one offline folder per start, each of the run whose id is the run_name (`wandb sync` sends them to it)
@@ -233,8 +217,7 @@ PROBE = ("import atexit, runpy, sys\n"
 def test_a_look_imports_no_tracker_and_writes_nothing(tmp_path, args):
     root = tmp_path / "root"
     root.mkdir()
-    env = environment(root, WANDB_MODE="offline")  # never reached: nothing may start a W&B run here
-    proc = subprocess.run([str(PYTHON), "-c", PROBE, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+    # WANDB_MODE=offline: never reached, nothing may start a W&B run here
+    proc = run("-c", PROBE, *args, root=root, env={"WANDB_MODE": "offline"}, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0 and "HEAVY []" in proc.stderr, proc.stderr[-2000:]
     assert list(root.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["root"]

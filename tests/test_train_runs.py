@@ -8,18 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-from paths import C4, PYTHON, ROOT, TOKENIZER, need_shared
+from helpers import C4, PYTHON, ROOT, TOKENIZER, command_env, need_shared
 
 pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
-
-
-def train(root: Path, *overrides: str, check=True, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PRETRAIN_ROOT": str(root)}
-    proc = subprocess.run([str(PYTHON), "-m", "train", *overrides], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600, **kw)
-    if check:
-        assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
 
 
 def metrics(root: Path) -> dict:
@@ -27,8 +18,8 @@ def metrics(root: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def test_default_run_trains_evaluates_checkpoints_and_plots(tmp_path):
-    proc = train(tmp_path)
+def test_default_run_trains_evaluates_checkpoints_and_plots(tmp_path, cli):
+    proc = cli("train", check=True)
     m = metrics(tmp_path)
     losses = [loss for _, loss in m["train_loss"]]
     assert m["batches"] == 40 and len(losses) == 40
@@ -64,7 +55,7 @@ def test_the_loss_curve_is_drawn_at_each_checkpoint_of_a_running_job(tmp_path):
     """Killed right after its first checkpoint (a job that never reaches its end): its picture is there."""
     cmd = [str(PYTHON), "-m", "train", "max_duration=40ba", "save_interval=4ba", "eval_interval=40ba",
            "checkpoint=full"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PRETRAIN_ROOT": str(tmp_path)},
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=command_env(tmp_path),
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     try:  # composer points its `latest` link at a checkpoint once it is written
@@ -99,19 +90,19 @@ def _c4_mds(folder: Path) -> Path:
     return folder
 
 
-def test_trains_on_real_c4_with_the_real_tokenizer(tmp_path):
+def test_trains_on_real_c4_with_the_real_tokenizer(tmp_path, cli):
     need_shared()
     data = _c4_mds(tmp_path / "c4")
-    train(tmp_path, "data=c4", f"variables.data_local={data}", f"tokenizer.name={TOKENIZER}",
-          "max_duration=8ba", "eval_interval=8ba", "checkpoint=none")
+    cli("train", "data=c4", f"variables.data_local={data}", f"tokenizer.name={TOKENIZER}",
+          "max_duration=8ba", "eval_interval=8ba", "checkpoint=none", check=True)
     m = metrics(tmp_path)
     assert m["batches"] == 8
     assert m["train_loss"][-1][1] < m["train_loss"][0][1]
     assert 0 < m["final_eval"]["eval/LanguageCrossEntropy"] < 11.0  # below ln(50368): it learned something
 
 
-def test_two_local_processes_fsdp2_write_a_sharded_checkpoint(tmp_path):
-    train(tmp_path, "-m", "cluster.tasks_per_node=2", "checkpoint=sharded", "max_duration=20ba")
+def test_two_local_processes_fsdp2_write_a_sharded_checkpoint(tmp_path, cli):
+    cli("train", "-m", "cluster.tasks_per_node=2", "checkpoint=sharded", "max_duration=20ba", check=True)
     m = metrics(tmp_path)
     assert m["world_size"] == 2 and m["batches"] == 20
     [ckpt_dir] = (tmp_path / "checkpoints").iterdir()
@@ -132,11 +123,11 @@ def test_cfg_job_and_help_do_not_import_torch_or_llm_foundry():
         assert "HEAVY []" in out.stdout and answer in out.stdout, out.stdout[-1500:]
 
 
-def test_the_same_command_after_a_finished_run_does_nothing_and_says_so(tmp_path):
+def test_the_same_command_after_a_finished_run_does_nothing_and_says_so(tmp_path, cli):
     args = ("max_duration=4ba", "save_interval=4ba", "eval_interval=4ba")
-    train(tmp_path, *args)
+    cli("train", *args, check=True)
     first = metrics(tmp_path)
-    again = train(tmp_path, *args)
+    again = cli("train", *args, check=True)
     assert "already trained to max_duration=4ba (checkpoint " in again.stderr and "nothing to do" in again.stderr
     assert f"add run_name={first['run_name']} and a larger max_duration" in again.stderr  # how to go on
     assert metrics(tmp_path)["final_train_loss"] == first["final_train_loss"]

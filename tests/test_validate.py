@@ -6,21 +6,13 @@ mistaken value gives `warning: ...` and the run (or plan) goes on. (Longer than 
 bad inputs, is one list on purpose. The data and tokenizer checks are in test_validate_data.py.)
 """
 import json
-import os
 import subprocess
 
 import pytest
-from paths import PYTHON, ROOT, TOKENIZER
+from helpers import PYTHON, ROOT, TOKENIZER, problems_in
 
 from train.checks import ERROR, WARNING, ConfigError, Context, check, check_points, resolve_all
 from train.config.compose import compose
-
-
-def cli(root, *overrides, env=None):
-    env = {**os.environ, "PRETRAIN_ROOT": str(root), **(env or {})}
-    env.pop("WORLD_SIZE", None)
-    return subprocess.run([str(PYTHON), "-m", "train", *overrides], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
 
 
 def mds(folder, splits=("train", "val")):
@@ -28,19 +20,6 @@ def mds(folder, splits=("train", "val")):
         (folder / split).mkdir(parents=True)
         (folder / split / "index.json").write_text(json.dumps({"version": 2, "shards": []}))
     return folder
-
-
-def problems_in(stderr: str) -> list:
-    """(level, key, problem line, fix line) for each problem printed."""
-    lines = stderr.strip().splitlines()
-    found = []
-    for i, line in enumerate(lines):
-        for level in (ERROR, WARNING):
-            if line.startswith(f"{level}: "):
-                key = line[len(level) + 2:].split(": ")[0]
-                fix = lines[i + 1] if i + 1 < len(lines) else ""
-                found.append((level, key, line, fix))
-    return found
 
 
 OFFLINE = {"HF_HUB_OFFLINE": "1"}
@@ -174,11 +153,11 @@ def test_bad_input_is_named_with_its_fix(tmp_path, monkeypatch, overrides, key, 
 
 @pytest.mark.e2e  # one process per case
 @pytest.mark.parametrize("overrides,key,words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_fails_before_anything_starts(tmp_path, overrides, key, words):
+def test_bad_input_fails_before_anything_starts(tmp_path, overrides, key, words, cli):
     overrides, words = _fill(tmp_path, overrides, words)
     root = tmp_path / "root"
     root.mkdir()
-    proc = cli(root, *overrides, env=OFFLINE)
+    proc = cli("train", *overrides, env=OFFLINE, root=root)
     assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr
     found = problems_in(proc.stderr)
@@ -194,20 +173,20 @@ def test_there_are_at_least_50_distinct_bad_inputs():
     assert len({c[2] + c[3] for c in CASES}) >= 50
 
 
-def test_every_problem_of_a_config_is_reported_at_once_in_a_stable_order(tmp_path):
+def test_every_problem_of_a_config_is_reported_at_once_in_a_stable_order(tmp_path, cli):
     args = ("optimizer.lr=-0.1", "save_interval=1000", "cluster.nodes=0")
-    proc = cli(tmp_path, *args)
+    proc = cli("train", *args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     keys = [k for level, k, *_ in problems_in(proc.stderr) if level == ERROR]
     assert keys == ["cluster.nodes", "save_interval", "optimizer.lr"], proc.stderr
     assert proc.stderr.strip().endswith("3 problems: nothing was started or written")
-    again = cli(tmp_path, *reversed(args))
+    again = cli("train", *reversed(args))
     assert again.stderr == proc.stderr  # the order is the rules', not the command line's
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_missing_value_is_reported_with_the_other_problems(tmp_path):
-    proc = cli(tmp_path, "data=mds", f"tokenizer.name={TOKENIZER}", "optimizer.lr=-1", "model.n_heads=3")
+def test_a_missing_value_is_reported_with_the_other_problems(tmp_path, cli):
+    proc = cli("train", "data=mds", f"tokenizer.name={TOKENIZER}", "optimizer.lr=-1", "model.n_heads=3")
     keys = {k for level, k, *_ in problems_in(proc.stderr) if level == ERROR}
     assert {"variables.data_local", "optimizer.lr", "model.n_heads"} <= keys, proc.stderr
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -217,10 +196,10 @@ def test_a_missing_value_is_reported_with_the_other_problems(tmp_path):
 
 
 @pytest.mark.train
-def test_the_smoke_test_users_run_today_runs(tmp_path):
+def test_the_smoke_test_users_run_today_runs(tmp_path, cli):
     """`max_duration=3ba eval_interval=0`: composer never evaluates with an interval of 0, and a warmup longer
     than training is legal (a warning, not a refusal)."""
-    proc = cli(tmp_path, "max_duration=3ba", "eval_interval=0", "checkpoint=none", "progress_bar=false")
+    proc = cli("train", "max_duration=3ba", "eval_interval=0", "checkpoint=none", "progress_bar=false")
     assert proc.returncode == 0, proc.stderr[-3000:]
     warnings = [(k, line) for level, k, line, _ in problems_in(proc.stderr) if level == WARNING]
     assert [k for k, _ in warnings] == ["scheduler.t_warmup"], proc.stderr[-3000:]
@@ -229,8 +208,8 @@ def test_the_smoke_test_users_run_today_runs(tmp_path):
     assert report["eval"] == [] and report["batches"] == 3, report
 
 
-def test_warnings_are_in_the_plan_and_do_not_stop_it(tmp_path):
-    proc = cli(tmp_path, "max_duration=2ba", "plan=json")
+def test_warnings_are_in_the_plan_and_do_not_stop_it(tmp_path, cli):
+    proc = cli("train", "max_duration=2ba", "plan=json")
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     assert any(w.startswith("warning: scheduler.t_warmup: 4ba of warmup is longer") for w in plan["warnings"])
@@ -238,9 +217,9 @@ def test_warnings_are_in_the_plan_and_do_not_stop_it(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_node_rules_are_warnings_in_a_plan(tmp_path):
+def test_node_rules_are_warnings_in_a_plan(tmp_path, cli):
     """A plan made away from the cluster: missing mounts, image and load_path are reported, not fatal."""
-    proc = cli(tmp_path, "model=mpt-70b", "cluster=ndv5", "cluster.nodes=1", "storage=amlfs",
+    proc = cli("train", "model=mpt-70b", "cluster=ndv5", "cluster.nodes=1", "storage=amlfs",
                f"storage.root={tmp_path}/data", f"storage.mounts=[{tmp_path}/data]",
                "cluster.container.image=/no.sqsh", f"load_path={tmp_path}/nope", "plan=json")
     assert proc.returncode == 0, proc.stderr
@@ -315,19 +294,19 @@ def test_sweep_checks_every_point_and_names_it():
     assert p.key == "save_folder"
 
 
-def test_a_run_that_does_not_resume_is_refused_over_existing_checkpoints(tmp_path):
+def test_a_run_that_does_not_resume_is_refused_over_existing_checkpoints(tmp_path, cli):
     """composer would refuse full checkpoints only once running, and silently rewrite sharded ones."""
     folder = tmp_path / "ckpts"
     (folder / "ep0-ba10").mkdir(parents=True)
     (folder / "ep0-ba20-rank0.pt").write_bytes(b"")
     root = tmp_path / "root"
     root.mkdir()
-    proc = cli(root, "autoresume=false", f"save_folder={folder}")
+    proc = cli("train", "autoresume=false", f"save_folder={folder}", root=root)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"error: autoresume: false, but save_folder {folder} already holds 2 checkpoint(s)" in proc.stderr
     assert "overwrite them" in proc.stderr and "fix: autoresume=true continues that run" in proc.stderr
     assert list(root.iterdir()) == []
-    assert cli(root, "autoresume=false", f"save_folder={tmp_path / 'fresh'}", "plan=true").returncode == 0
+    assert cli("train", "autoresume=false", f"save_folder={tmp_path / 'fresh'}", "plan=true", root=root).returncode == 0
 
 
 # -------------------------------------------------------------------------------------- a look writes nothing
@@ -338,7 +317,7 @@ def _tree(folder):
 
 
 @pytest.mark.e2e  # ten whole commands
-def test_plans_cfg_help_and_refused_runs_write_nothing_anywhere(tmp_path):
+def test_plans_cfg_help_and_refused_runs_write_nothing_anywhere(tmp_path, cli):
     """The storage root (/data for storage=amlfs) is not created, no runs/ or Hydra folder appears, and the
     mount check does not pass because a look created the folder it checks."""
     data = tmp_path / "data"  # the storage root, absent, as /data on a laptop
@@ -353,28 +332,28 @@ def test_plans_cfg_help_and_refused_runs_write_nothing_anywhere(tmp_path):
         ([*amlfs, "cluster.nodes=0"], 2), (["optimizer.lr=0"], 2), (["-m", "optimizer.lr=0,1"], 2),
     ]
     for args, code in looks:
-        proc = cli(root, *args, env=OFFLINE)
+        proc = cli("train", *args, env=OFFLINE, root=root)
         assert proc.returncode == code and "Traceback" not in proc.stderr, (args, proc.stderr[-2000:])
         assert not data.exists(), f"{args} created the storage root"
         assert list(root.iterdir()) == [], f"{args} wrote under PRETRAIN_ROOT"
     assert (_tree(ROOT / "runs"), _tree(ROOT / "outputs"), _tree(ROOT / "multirun")) == repo_before
-    proc = cli(root, *amlfs, "data=c4", "-m", "plan=json", env=OFFLINE)
+    proc = cli("train", *amlfs, "data=c4", "-m", "plan=json", env=OFFLINE, root=root)
     assert "warning: [sweep point #0] storage.mounts:" in proc.stderr  # still missing after every look
 
 
-def test_m_may_stand_anywhere_on_the_line(tmp_path):
-    proc = cli(tmp_path, "model=mpt-30b", "cluster=ndv5", "data=c4", "-m", "plan=json")
+def test_m_may_stand_anywhere_on_the_line(tmp_path, cli):
+    proc = cli("train", "model=mpt-30b", "cluster=ndv5", "data=c4", "-m", "plan=json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert isinstance(json.loads(proc.stdout), list)  # a sweep's plan: one object per point
 
 
-def test_open_maps_take_new_keys_without_a_plus(tmp_path):
+def test_open_maps_take_new_keys_without_a_plus(tmp_path, cli):
     cfg = compose(["cluster=ndv5", "cluster.env.NCCL_IB_PCI_RELAXED_ORDERING=1",
                    "cluster.sbatch_extra={reservation: big}", "cluster.sbatch_extra.mail-type=END"])
     # the schema types the environment as strings, as the shell holds it
     assert cfg.cluster.env.NCCL_IB_PCI_RELAXED_ORDERING == "1" and cfg.cluster.env.NCCL_PXN_DISABLE == "1"
     assert dict(cfg.cluster.sbatch_extra) == {"reservation": "big", "mail-type": "END"}
-    proc = cli(tmp_path, "-m", "model=mpt-125m", "cluster=ndv5", "data=c4", "cluster.env.NCCL_IB_TIMEOUT=23",
+    proc = cli("train", "-m", "model=mpt-125m", "cluster=ndv5", "data=c4", "cluster.env.NCCL_IB_TIMEOUT=23",
                "cluster.sbatch_extra.reservation=big", "plan=json")
     script = json.loads(proc.stdout)[0]["sbatch_script"]
     assert "#SBATCH --reservation=big" in script and 'export NCCL_IB_TIMEOUT="23"' in script
@@ -392,58 +371,58 @@ def test_the_plan_follows_fsdp_config_state_dict_type(tmp_path):
     assert plan("checkpoint=full", "fsdp_config.state_dict_type=sharded")["checkpoint_files"] == 16
 
 
-def test_unknown_key_names_the_close_match_and_keeps_a_nonzero_exit(tmp_path):
-    proc = cli(tmp_path, "save_intervl=100ba")
+def test_unknown_key_names_the_close_match_and_keeps_a_nonzero_exit(tmp_path, cli):
+    proc = cli("train", "save_intervl=100ba")
     assert proc.returncode != 0
     assert "did you mean save_interval? (save_interval=100ba)" in proc.stderr
-    proc = cli(tmp_path, "model=mpt-7b", "fsdp_config.sharding_stratgy=FULL_SHARD")
+    proc = cli("train", "model=mpt-7b", "fsdp_config.sharding_stratgy=FULL_SHARD")
     assert proc.returncode != 0 and "did you mean fsdp_config.sharding_strategy?" in proc.stderr
     assert list(tmp_path.iterdir()) == []
 
 
-def test_unknown_preset_names_the_closest_and_lists_the_public_presets(tmp_path):
-    proc = cli(tmp_path, "model=mpt-31b")
+def test_unknown_preset_names_the_closest_and_lists_the_public_presets(tmp_path, cli):
+    proc = cli("train", "model=mpt-31b")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "error: model: 'mpt-31b' is not a model preset" in proc.stderr
     assert "fix: did you mean model=mpt-3" in proc.stderr and "model presets: gpt-375m, gpt-857m," in proc.stderr
-    proc = cli(tmp_path, "cluster=ndv6")
+    proc = cli("train", "cluster=ndv6")
     assert proc.returncode == 2 and "did you mean cluster=ndv5?" in proc.stderr
     assert "_cpu" not in proc.stderr and "_slurm" not in proc.stderr and "_preflight" not in proc.stderr
-    proc = cli(tmp_path, "-m", "checkpoint=sharded,shard")  # each choice of a sweep
+    proc = cli("train", "-m", "checkpoint=sharded,shard")  # each choice of a sweep
     assert proc.returncode == 2 and "did you mean checkpoint=sharded?" in proc.stderr
     assert list(tmp_path.iterdir()) == []
 
 
-def test_hydra_parse_errors_and_unknown_top_level_keys_get_a_key_and_a_fix(tmp_path):
+def test_hydra_parse_errors_and_unknown_top_level_keys_get_a_key_and_a_fix(tmp_path, cli):
     """Hydra's own refusals, before Hydra: our key / problem / fix line, exit 2, not Hydra's advice to add the
     key with `+`."""
-    proc = cli(tmp_path, "tokenizer.name=модель")
+    proc = cli("train", "tokenizer.name=модель")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "LexerNoViableAltException" not in proc.stderr
     assert "error: tokenizer.name: Hydra cannot read" in proc.stderr
     assert """fix: quote the value for Hydra, and the whole for the shell: 'tokenizer.name="модель"'""" in proc.stderr
-    proc = cli(tmp_path, "modle=mpt-125m")
+    proc = cli("train", "modle=mpt-125m")
     assert proc.returncode == 2 and "+modle" not in proc.stderr
     assert "error: modle: is not a key of this config\n  fix: did you mean model? (model=mpt-125m)" in proc.stderr
-    proc = cli(tmp_path, "save_weights_only=true")  # llm-foundry's key, not in this config: added with +
+    proc = cli("train", "save_weights_only=true")  # llm-foundry's key, not in this config: added with +
     assert proc.returncode == 2 and "fix: +save_weights_only=true" in proc.stderr
     assert list(tmp_path.iterdir()) == []
 
 
-def test_each_sweep_point_is_checked_under_its_own_name(tmp_path):
+def test_each_sweep_point_is_checked_under_its_own_name(tmp_path, cli):
     """run_name (and so save_folder) follows each point's overrides: points are resolved as they are composed."""
-    proc = cli(tmp_path, "-m", "cluster=slurm-local", "data=mock", "optimizer.lr=1e-4,2e-4", "plan=json")
+    proc = cli("train", "-m", "cluster=slurm-local", "data=mock", "optimizer.lr=1e-4,2e-4", "plan=json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     names = [p["run_name"] for p in json.loads(proc.stdout)]
     assert len(set(names)) == 2, names
-    bad = cli(tmp_path, "-m", "storage.tier=AMLFS-1", "storage=amlfs", f"storage.root={tmp_path}/data",
+    bad = cli("train", "-m", "storage.tier=AMLFS-1", "storage=amlfs", f"storage.root={tmp_path}/data",
               "storage.mounts=[/]", "optimizer.lr=1e-3,-1")
     keys = [k for level, k, *_ in problems_in(bad.stderr) if level == ERROR]
     assert keys == ["[sweep point #0] storage.tier", "[sweep point #1] optimizer.lr", "[sweep point #1] storage.tier"]
 
 
-def test_help_lists_each_apps_own_groups(tmp_path):
+def test_help_lists_each_apps_own_groups(tmp_path, cli):
     """Training's --help offers its groups and their real choices only; data_prep's offers its `dataset`."""
-    train_help = cli(tmp_path, "--help").stdout
+    train_help = cli("train", "--help").stdout
     groups = train_help.split("== Config groups ==")[1].split("== Config ==")[0]
     assert "cluster: local, ndv4, ndv5, p4d, p5, slurm-local\n" in groups
     assert "model: " in groups and "checkpoint: full, none, sharded" in groups

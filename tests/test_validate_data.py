@@ -3,11 +3,9 @@ from real tokenizer folders and the hub cache, real MDS made by data_prep (the `
 cannot train (sample length, missing or short shards, another tokenizer, raw JSON given as MDS).
 """
 import json
-import subprocess
 
 import pytest
-from paths import PYTHON, ROOT, TOKENIZER, need_shared
-from test_validate import cli, problems_in
+from helpers import TOKENIZER, need_shared, problems_in, run
 
 from train.checks import ERROR, WARNING, Context, check
 from train.config.compose import compose
@@ -49,13 +47,13 @@ def _data(c4_mds, *more):
     return compose(["data=mds", f"tokenizer.name={TOKENIZER}", f"variables.data_local={c4_mds}", *more])
 
 
-def test_sample_length_unlike_max_seq_len_is_a_warning_with_the_fix(c4_mds, tmp_path):
+def test_sample_length_unlike_max_seq_len_is_a_warning_with_the_fix(c4_mds, tmp_path, cli):
     [p] = check(_data(c4_mds, "max_seq_len=64"), Context())  # 128-token samples, half of each dropped
     assert (p.level, p.key) == (WARNING, "max_seq_len") and "50 % of the prepared tokens" in p.problem, p
     assert "max_seq_len=128" in p.fix
     [p] = check(_data(c4_mds, "max_seq_len=256"), Context())
     assert p.level == WARNING and "shorter than max_seq_len=256" in p.problem, p
-    proc = cli(tmp_path, "data=mds", f"tokenizer.name={TOKENIZER}", f"variables.data_local={c4_mds}",
+    proc = cli("train", "data=mds", f"tokenizer.name={TOKENIZER}", f"variables.data_local={c4_mds}",
                "max_seq_len=64", "plan=json")
     assert proc.returncode == 0 and "warning: max_seq_len:" in json.loads(proc.stdout)["warnings"][0]
 
@@ -70,7 +68,7 @@ def _copy(c4_mds, tmp_path):
     return copy, shard
 
 
-def test_an_index_naming_a_missing_or_short_shard_is_refused(c4_mds, tmp_path):
+def test_an_index_naming_a_missing_or_short_shard_is_refused(c4_mds, tmp_path, cli):
     copy, shard = _copy(c4_mds, tmp_path)
     shard.write_bytes(shard.read_bytes()[:100])
     [p] = check(_data(copy), Context())
@@ -78,7 +76,7 @@ def test_an_index_naming_a_missing_or_short_shard_is_refused(c4_mds, tmp_path):
     shard.unlink()
     [p] = check(_data(copy), Context())
     assert p.key == "variables.data_local" and "missing" in p.problem, p
-    proc = cli(tmp_path / "root", "data=mds", f"tokenizer.name={TOKENIZER}", f"variables.data_local={copy}")
+    proc = cli("train", "data=mds", f"tokenizer.name={TOKENIZER}", f"variables.data_local={copy}", root=tmp_path / "root")
     assert proc.returncode == 2 and "error: variables.data_local:" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -104,24 +102,22 @@ def test_data_tokenized_with_another_tokenizer_is_refused(c4_mds, tmp_path):
 
 
 @pytest.mark.e2e  # runs data_prep
-def test_the_fix_for_raw_json_given_as_mds_data_is_a_command_that_works(tmp_path):
+def test_the_fix_for_raw_json_given_as_mds_data_is_a_command_that_works(tmp_path, cli):
     import re
     import shlex
     import shutil
 
-    from paths import C4
+    from helpers import C4
 
     need_shared()
     raw = tmp_path / "raw"
     raw.mkdir()
     shutil.copy(C4 / "c4-train.00000-of-01024.first1000.json.gz", raw)
-    proc = cli(tmp_path / "root", "data=mds", f"tokenizer.name={TOKENIZER}", f"variables.data_local={raw}")
+    proc = cli("train", "data=mds", f"tokenizer.name={TOKENIZER}", f"variables.data_local={raw}", root=tmp_path / "root")
     [fix] = [f for level, k, _, f in problems_in(proc.stderr) if k == "variables.data_local"]
     command = re.search(r"`(python -m data_prep [^`]+)`", fix).group(1)
     words = shlex.split(command)
-    made = subprocess.run([str(PYTHON), *words[1:], "progress=false"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert made.returncode == 0, made.stderr[-2000:]
+    run(*words[1:], "progress=false", check=True, timeout=300)
     assert (tmp_path / "raw-mds" / "train" / "index.json").is_file() and f"variables.data_local={tmp_path}/raw-mds" in fix
 
 

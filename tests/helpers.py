@@ -1,0 +1,130 @@
+"""What the test modules share: where the project and the real test data are, the one way to run a command as a
+user types it (`run`; the `cli` fixture in conftest.py binds it to a test's folder), and the pieces several
+modules read: the problems a refused command prints, a run killed right after a checkpoint, a task PATH without
+Slurm's commands. Tests that need ../shared skip with a message when it is absent."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
+TOKENIZER = SHARED / "tokenizers" / "gpt-neox-20b"
+C4 = SHARED / "c4" / "en"
+C4_FIRST = C4 / "c4-train.00000-of-01024.first1000.json.gz"
+C4_SECOND = C4 / "c4-train.sample2.1000.json.gz"
+SUMMARY = "data_prep_summary.json"  # data_prep's record beside its output
+PYTHON = Path(sys.executable)  # the interpreter running the tests: the checkout's .venv under `make test`
+
+# Inherited settings that would change what a command does: a test runs it as from a clean login shell, even when
+# the suite itself runs inside a Slurm job or a shell with tracking credentials. (SLURM_CONF stays: it names the
+# loopback cluster.)
+_NOT_INHERITED = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+                  "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_PROJECT", "WANDB_API_KEY")
+
+
+def need_shared():
+    if not (TOKENIZER / "tokenizer.json").is_file():
+        pytest.skip(f"real test data not found at {SHARED} (a checkout beside ../shared is needed)")
+
+
+def command_env(root=None, env=None) -> dict:
+    """The environment a command runs with: this one without the settings above, PRETRAIN_ROOT=root when given,
+    then `env` on top."""
+    base = {k: v for k, v in os.environ.items()
+            if k not in _NOT_INHERITED and not (k.startswith("SLURM_") and k != "SLURM_CONF")}
+    if root is not None:
+        base["PRETRAIN_ROOT"] = str(root)
+    return {**base, **(env or {})}
+
+
+def run(*args, root=None, check=None, env=None, cwd=ROOT, timeout=600, **popen) -> subprocess.CompletedProcess:
+    """`python ARGS...` as a user types it, in the checkout: run("-m", "train", "plan=true", root=tmp_path).
+    check=None returns whatever happened, check=True asserts exit 0, an int asserts that exit status; a failed
+    check shows the command and the ends of its stdout and stderr."""
+    cmd = [str(PYTHON), *map(str, args)]
+    proc = subprocess.run(cmd, cwd=cwd, env=command_env(root, env), capture_output=True, text=True,
+                          timeout=timeout, **popen)
+    want = 0 if check is True else check
+    if want is not None and want is not False:
+        assert proc.returncode == want, (f"{' '.join(cmd[1:])}: exit {proc.returncode}, not {want}\n"
+                                         f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def problems_in(stderr: str) -> list:
+    """(level, key, problem line, fix line) for each problem a refused or warned command printed."""
+    from train.checks import ERROR, WARNING
+
+    lines = stderr.strip().splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        for level in (ERROR, WARNING):
+            if line.startswith(f"{level}: "):
+                key = line[len(level) + 2:].split(": ")[0]
+                fix = lines[i + 1] if i + 1 < len(lines) else ""
+                found.append((level, key, line, fix))
+    return found
+
+
+def kill_after_checkpoint(root: Path, args: list, batch: int, env: dict | None = None) -> None:
+    """Start `python ARGS` (PRETRAIN_ROOT=root), SIGKILL its whole process group as soon as the checkpoint at
+    `batch` is complete (composer points its `latest` link at a checkpoint once every file of it is written), as a
+    node loss or a preemption would."""
+    proc = subprocess.Popen([str(PYTHON), *map(str, args)], cwd=ROOT, env=command_env(root, env),
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not any(os.readlink(p).startswith(f"ep0-ba{batch}") for p in root.glob("checkpoints/*/latest-*")
+                  if p.is_symlink()):
+        assert proc.poll() is None and time.time() < deadline, "the run ended before its checkpoint"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for pid in processes_with(f"PRETRAIN_ROOT={root}"):  # ranks that submitit started in sessions of their own
+        os.kill(pid, signal.SIGKILL)
+
+
+def processes_with(variable: str) -> list:
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if variable.encode() in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except OSError:
+            pass
+    return found
+
+
+SLURM_COMMANDS = {"scontrol", "sbatch", "srun", "squeue", "sacct", "scancel", "sinfo", "salloc", "sattach", "sstat",
+                  "sprio", "sshare", "sacctmgr", "strigger", "sbcast", "sdiag", "sreport", "sview"}
+
+
+def task_prolog_without_slurm(folder: Path) -> Path:
+    """An srun task prolog that gives each task a PATH as in a container image without a Slurm client: links to
+    everything in /usr/local/bin and /usr/bin but Slurm's commands. (`srun --export=ALL,PATH=...` does not replace
+    a PATH the environment already has, seen with Slurm 22.05; a task prolog's `export` does.)"""
+    bare = folder / "bin"
+    bare.mkdir(parents=True)
+    for bin_dir in (Path("/usr/local/bin"), Path("/usr/bin")):
+        for cmd in bin_dir.iterdir():
+            if cmd.name not in SLURM_COMMANDS and not (bare / cmd.name).exists():
+                (bare / cmd.name).symlink_to(cmd)
+    prolog = folder / "no-slurm-client.sh"
+    prolog.write_text(f"#!/bin/sh\necho export PATH={bare}\n")
+    prolog.chmod(0o755)
+    return prolog
+
+
+def prep(*overrides: str, check: bool = True, tokenizer: Path = TOKENIZER, env=None) -> subprocess.CompletedProcess:
+    flags = [o for o in overrides if o.startswith("-")]  # Hydra takes -m before the overrides
+    return run("-m", "data_prep", *flags, f"tokenizer={tokenizer}", *[o for o in overrides if not o.startswith("-")],
+               check=check or None, env=env, timeout=300)
+
+
+def tree(folder: Path, skip=(SUMMARY,)) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name not in skip}
