@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from train.checks import checkpoints, fit, foundry_values, node, open_maps, preflight_rules, safety, tracking, values
-from train.checks.core import ERROR, WARNING, ConfigError, Context, Problem, value  # noqa: F401
+from train.checks.core import ERROR, WARNING, ConfigError, Context, Problem, resolved, value  # noqa: F401
 
 RULES = [*safety.RULES, *values.RULES, *foundry_values.RULES, *tracking.RULES, *preflight_rules.RULES, *node.RULES, *fit.RULES,
          *checkpoints.RULES, *open_maps.RULES]
@@ -25,6 +25,7 @@ SOFT_IN_PLAN = {r for r in node.RULES + fit.RULES if r not in node.EVERYWHERE} |
 
 def check(cfg, ctx: Context) -> list:
     """Every problem of one config, errors and warnings, in rule order (each reported once)."""
+    cfg = resolved(cfg)
     found = []
     for rule in RULES:
         try:

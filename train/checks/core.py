@@ -68,6 +68,19 @@ def value(cfg, key: str, default=None):
                           "set the keys it refers to, or give it a value directly") from None
 
 
+def resolved(cfg):
+    """The config with every interpolation resolved once, flags kept. The rules and the plan read hundreds of
+    values, and OmegaConf parses an interpolation again at every read: that was half of a plan's time. A config
+    that does not resolve as a whole is returned as it is, so each rule still names the key it cannot read."""
+    try:
+        out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    except Exception:  # noqa: BLE001 -- any value that does not resolve: the rules report it by key
+        return cfg
+    OmegaConf.set_struct(out, bool(OmegaConf.is_struct(cfg)))
+    OmegaConf.set_readonly(out, bool(OmegaConf.is_readonly(cfg)))
+    return out
+
+
 def close_match(word: str, options) -> str:
     found = difflib.get_close_matches(word, sorted(options), n=1)
     return f"did you mean `{found[0]}`?" if found else ""

@@ -46,10 +46,10 @@ class CheckBeforeWriting(Callback):
         from hydra.core.hydra_config import HydraConfig
 
         from common.compose import without_hydra
-        from train.checks import check, report
+        from train.checks import check, report, resolved
 
         HydraConfig.instance().set_config(config)  # as run_job does next: `${run_id:...}` reads the overrides
-        cfg = without_hydra(config, OmegaConf.select(config, "hydra.run.dir"))
+        cfg = resolved(without_hydra(config, OmegaConf.select(config, "hydra.run.dir")))
         ctx = context(config, cfg, config.hydra.overrides.task, sweep=False)
         problems = _checked(lambda: check(cfg, ctx))
         if not report(problems):
