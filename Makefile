@@ -33,7 +33,7 @@ test: $(STAMP)
 # The fast tier for your own loop (under a minute): config, checks, plan, README lines and data_prep units; no
 # training, no Slurm, no data_prep end-to-end runs (markers in pyproject.toml).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q $(XDIST) -m "not slurm and not train and not e2e" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not slurm and not train and not e2e and not torch" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

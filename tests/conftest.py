@@ -30,14 +30,35 @@ def _slurm_local(command: str, timeout: float) -> subprocess.CompletedProcess:
 
 
 def pytest_collection_modifyitems(items):
-    for item in items:  # a test that needs the cluster is a Slurm test, wherever it lives
-        if "slurm" in getattr(item, "fixturenames", ()):
+    for item in items:
+        if "slurm" in getattr(item, "fixturenames", ()):  # a test that needs the cluster is a Slurm test
             item.add_marker(pytest.mark.slurm)
+        if "cli" in getattr(item, "fixturenames", ()):  # a test that runs a command is an e2e test
+            item.add_marker(pytest.mark.e2e)
         if item.get_closest_marker("slurm"):
             # `make test` runs two workers (pytest-xdist, --dist loadgroup): the Slurm tests one after another on
             # one of them, as they share the loopback cluster's two nodes (a test that sees its job pending or
             # its array's tasks side by side would otherwise see another test's jobs), the rest beside them.
             item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
+# The tiers keep their meaning (pyproject.toml markers): a test runs a command in a process of its own only when
+# marked e2e (or train, slurm), and imports torch into the test process only when marked torch (or train). The fast
+# tier is what is left, so a mark missed would silently slow it down; here it fails the test instead.
+@pytest.fixture(autouse=True)
+def _tier(request):
+    import sys
+
+    import helpers
+
+    marks = {m.name for m in request.node.iter_markers()}
+    helpers.RUNS_COMMANDS = bool(marks & {"e2e", "train", "slurm"})
+    had_torch = "torch" in sys.modules
+    yield
+    helpers.RUNS_COMMANDS = True
+    if not had_torch and "torch" in sys.modules and not marks & {"torch", "train"}:
+        pytest.fail("this test imported torch into the test process: mark it `torch` (pyproject.toml markers)",
+                    pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,13 @@ _NOT_INHERITED = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_
                   "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_PROJECT", "WANDB_API_KEY")
 
 
+RUNS_COMMANDS = True  # False in a test not marked e2e, train or slurm (conftest.py): its run() is refused
+
+
+def _may_run():
+    assert RUNS_COMMANDS, "this test runs a command in a process of its own: mark it e2e (pyproject.toml markers)"
+
+
 def need_shared():
     if not (TOKENIZER / "tokenizer.json").is_file():
         pytest.skip(f"real test data not found at {SHARED} (a checkout beside ../shared is needed)")
@@ -46,6 +53,7 @@ def run(*args, root=None, check=None, env=None, cwd=ROOT, timeout=600, **popen) 
     """`python ARGS...` as a user types it, in the checkout: run("-m", "train", "plan=true", root=tmp_path).
     check=None returns whatever happened, check=True asserts exit 0, an int asserts that exit status; a failed
     check shows the command and the ends of its stdout and stderr."""
+    _may_run()
     cmd = [str(PYTHON), *map(str, args)]
     proc = subprocess.run(cmd, cwd=cwd, env=command_env(root, env), capture_output=True, text=True,
                           timeout=timeout, **popen)
@@ -75,6 +83,7 @@ def kill_after_checkpoint(root: Path, args: list, batch: int, env: dict | None =
     """Start `python ARGS` (PRETRAIN_ROOT=root), SIGKILL its whole process group as soon as the checkpoint at
     `batch` is complete (composer points its `latest` link at a checkpoint once every file of it is written), as a
     node loss or a preemption would."""
+    _may_run()
     proc = subprocess.Popen([str(PYTHON), *map(str, args)], cwd=ROOT, env=command_env(root, env),
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300

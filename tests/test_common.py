@@ -74,10 +74,13 @@ def test_a_forked_worker_leaves_signals_to_the_task():
 
 
 @pytest.mark.parametrize("module", ["train", "data_prep"])
-def test_both_apps_read_the_same_conf(module):
-    from common.paths import CONF, PROJECT
+def test_both_apps_read_the_same_conf(module, cli):
+    """The folder each app's Hydra searches first, as the command itself reports it, is this checkout's conf/."""
+    from common.paths import CONF
 
-    assert (CONF / f"{module}.yaml").is_file() and (PROJECT / module / "__main__.py").is_file()
+    out = cli(module, "--info", "searchpath", check=True).stdout
+    [main] = [line for line in out.splitlines() if line.startswith("| main ")]
+    assert main.split("|")[2].strip() == f"file://{CONF}", out
 
 
 class _Checkpointable:

@@ -5,7 +5,7 @@ import pytest
 
 from data_prep.mds import HASHES, ShardWriter
 
-pytestmark = pytest.mark.e2e  # streaming's writer and reader import torch
+pytestmark = pytest.mark.torch  # streaming's writer and reader import torch
 
 
 @pytest.mark.parametrize("length, compression, size_limit", [

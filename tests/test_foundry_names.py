@@ -8,7 +8,7 @@ import pytest
 
 from train.checks import foundry_names as ours
 
-pytestmark = pytest.mark.train  # imports llm-foundry (and torch)
+pytestmark = pytest.mark.torch  # imports llm-foundry (and torch)
 
 
 def _kwargs(obj):

@@ -220,7 +220,7 @@ def tiny_from(preset: str):
     return MPTForCausalLM(MPTConfig(**kwargs))
 
 
-@pytest.mark.e2e  # imports llm-foundry (~8 s)
+@pytest.mark.torch  # imports llm-foundry (~8 s)
 def test_gpt175b_dropout_lands_in_the_built_model():
     model = tiny_from("gpt175b")
     assert model.transformer.emb_drop.p == MEGATRON["dropout"]
@@ -229,7 +229,7 @@ def test_gpt175b_dropout_lands_in_the_built_model():
         assert block.attn.attn_dropout_p == MEGATRON["dropout"]
 
 
-@pytest.mark.e2e  # imports llm-foundry (~8 s)
+@pytest.mark.torch  # imports llm-foundry (~8 s)
 def test_gpt175b_decays_what_megatron_decays():
     """llm-foundry's build_optimizer with the preset's optimizer config, on a small MPT of the same kind: every
     bias and 1-D parameter (Megatron's rule) in a group without weight decay, every matrix decayed; one step
@@ -259,7 +259,7 @@ def test_gpt175b_decays_what_megatron_decays():
             assert torch.allclose(p, before[name] * (1 - 6.0e-6), rtol=0, atol=1e-9), name
 
 
-@pytest.mark.e2e  # imports llm-foundry (~8 s)
+@pytest.mark.torch  # imports llm-foundry (~8 s)
 def test_gpt175b_lr_holds_at_its_minimum_after_iteration_430000():
     """composer's cosine_with_warmup from the preset, as llm-foundry builds it, over Megatron's iterations: warmup to
     430, cosine to 430,000, then the minimum held to 500,000. With t_max in batches composer refuses it."""
@@ -289,7 +289,7 @@ def test_gpt175b_lr_holds_at_its_minimum_after_iteration_430000():
         in_batches(state)
 
 
-@pytest.mark.e2e  # imports llm-foundry (~8 s)
+@pytest.mark.torch  # imports llm-foundry (~8 s)
 def test_system_check_schedule_is_the_175b_one_in_batches():
     import torch
     from composer.core import State, Timestamp

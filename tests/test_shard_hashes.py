@@ -82,7 +82,7 @@ def test_a_compressed_shard_is_checked_as_its_compressed_file(tmp_path):
     assert [f for _, f, _ in verify(_fcfg(data))] == [str(victim)]
 
 
-@pytest.mark.e2e  # streaming imports torch
+@pytest.mark.torch  # streaming imports torch
 def test_streaming_itself_accepts_the_hashes(tmp_path):
     from streaming import StreamingDataset
 

@@ -49,6 +49,7 @@ def _files(prefix: int) -> list:
     return sorted(p.name for p in SHM.glob(f"{prefix:06}_*"))
 
 
+@pytest.mark.torch  # streaming imports torch
 def test_the_names_are_streamings():
     from streaming.base.constant import SHM_TO_CLEAN
     from streaming.base.shared.prefix import _get_path

@@ -214,6 +214,7 @@ PROBE = ("import atexit, runpy, sys\n"
     ["-m", "logger=wandb", "cluster=slurm-local", "optimizer.lr=1e-4,2e-4", "plan=true"],
     ["logger=mlflow", "--cfg", "job"],
 ], ids=["mlflow-plan", "wandb-sweep-plan", "cfg"])
+@pytest.mark.e2e
 def test_a_look_imports_no_tracker_and_writes_nothing(tmp_path, args):
     root = tmp_path / "root"
     root.mkdir()
