@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -133,18 +134,22 @@ def test_files_that_hold_job_commands_are_not_world_readable(tmp_path, cli):
 
 @pytest.mark.train
 def test_a_second_training_on_a_save_folder_in_use_is_refused_and_the_first_is_intact(tmp_path, cli):
-    args = ["max_duration=1000ba", "save_interval=500ba", "eval_interval=1000ba", "progress_bar=false"]
-    env = command_env(tmp_path / "root")
+    args = ["max_duration=20ba", "save_interval=10ba", "eval_interval=20ba", "progress_bar=false"]
     log = (tmp_path / "first.log").open("w")  # a file: a pipe nobody reads would stall the run
-    first = subprocess.Popen([str(PYTHON), "-m", "train", *args], cwd=ROOT, env=env, stdout=log,
-                             stderr=subprocess.STDOUT)
+    first = subprocess.Popen([str(PYTHON), "-m", "train", *args], cwd=ROOT, env=command_env(tmp_path / "root"),
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.time() + 300
         while not list(tmp_path.glob("root/checkpoints/*/.lock")):
             assert first.poll() is None and time.time() < deadline, "the first run never claimed its folder"
-            time.sleep(0.2)
-        second = cli("train", *args, root=tmp_path / "root")
-        assert first.poll() is None, "the first run ended before the second was refused"
+            time.sleep(0.05)
+        # held still while the second starts (a slow start, a long run), then let go: however short the first run,
+        # the second meets it in the middle
+        os.killpg(first.pid, signal.SIGSTOP)
+        try:
+            second = cli("train", *args, root=tmp_path / "root")
+        finally:
+            os.killpg(first.pid, signal.SIGCONT)
         assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-2000:]
         [lock] = tmp_path.glob("root/checkpoints/*/.lock")
         assert f"error: save_folder: {lock.parent} is in use by another run (host " in second.stderr
@@ -154,9 +159,9 @@ def test_a_second_training_on_a_save_folder_in_use_is_refused_and_the_first_is_i
         first.kill()
     [metrics] = (tmp_path / "root" / "outputs").rglob("metrics.json")
     m = json.loads(metrics.read_text())
-    assert m["batches"] == 1000 and [b for b, _ in m["train_loss"]] == list(range(1, 1001))
+    assert m["batches"] == 20 and [b for b, _ in m["train_loss"]] == list(range(1, 21))
     assert sorted(p.name.split("-")[1] for p in lock.parent.glob("ep*") if not p.name.endswith(".manifest.json")) \
-        == ["ba1000", "ba500"]  # (each with its manifest: train/checkpoint/integrity.py)
+        == ["ba10", "ba20"]  # (each with its manifest: train/checkpoint/integrity.py)
     assert len(list(lock.parent.glob("ep*.manifest.json"))) == 2
 
 
