@@ -107,15 +107,17 @@ def slurm():
 
 @pytest.fixture(scope="session")
 def c4_mds(tmp_path_factory):
-    from helpers import C4, TOKENIZER, need_shared, run
+    from helpers import C4, TOKENIZER, made_once, need_shared, run
 
     need_shared()
-    out = tmp_path_factory.mktemp("c4-mds")
-    for split, name in (("train", "c4-train.00000-of-01024.first1000.json.gz"),
-                        ("val", "c4-train.sample2.1000.json.gz")):
-        run("-m", "data_prep", "dataset=c4", f"input={C4 / name}", f"out_root={out}", f"split={split}",
-            f"tokenizer={TOKENIZER}", "concat_tokens=128", "num_parts=1", "progress=false", check=True, timeout=300)
-    return out
+
+    def make(out):
+        for split, name in (("train", "c4-train.00000-of-01024.first1000.json.gz"),
+                            ("val", "c4-train.sample2.1000.json.gz")):
+            run("-m", "data_prep", "dataset=c4", f"input={C4 / name}", f"out_root={out}", f"split={split}",
+                f"tokenizer={TOKENIZER}", "concat_tokens=128", "num_parts=1", "progress=false", check=True,
+                timeout=300)
+    return made_once(tmp_path_factory, "c4-mds", make)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -34,6 +34,29 @@ def _may_run():
     assert RUNS_COMMANDS, "this test runs a command in a process of its own: mark it e2e (pyproject.toml markers)"
 
 
+def made_once(tmp_path_factory, name: str, make) -> Path:
+    """A folder that many tests only need to exist (a finished run, prepared data), made once for the whole
+    session however many workers run it: the first to ask calls make(folder) under a lock, the others wait for it
+    and read the same folder. Tests copy before they change anything in it."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the session's folder, above each worker's own
+    folder, done = base / f"once-{name}", base / f"once-{name}.done"
+    with open(base / f"once-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            if folder.exists():
+                import shutil
+
+                shutil.rmtree(folder)  # a maker that failed before: again, from nothing
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
+
+
 def need_shared():
     if not (TOKENIZER / "tokenizer.json").is_file():
         pytest.skip(f"real test data not found at {SHARED} (a checkout beside ../shared is needed)")

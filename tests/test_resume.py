@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT, command_env, kill_after_checkpoint, processes_with, run
+from helpers import PYTHON, ROOT, command_env, kill_after_checkpoint, made_once, processes_with, run
 
 pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
 
@@ -45,17 +45,11 @@ def save_folder(root: Path) -> Path:
     return folder
 
 
-_finished = {}
-
-
 def finished(ranks: int, fmt: str, tmp_path_factory) -> Path:
-    """The root of an uninterrupted, finished run (made once per module): the reference and a source of
+    """The root of an uninterrupted, finished run (made once per session): the reference and a source of
     checkpoint folders to damage."""
-    if (ranks, fmt) not in _finished:
-        root = tmp_path_factory.mktemp(f"finished-{fmt}{ranks}")
-        run(*command(ranks, fmt), root=root, check=True)
-        _finished[ranks, fmt] = root
-    return _finished[ranks, fmt]
+    return made_once(tmp_path_factory, f"resume-finished-{fmt}{ranks}",
+                     lambda root: run(*command(ranks, fmt), root=root, check=True))
 
 
 def straight(ranks: int, tmp_path_factory) -> dict:
