@@ -40,9 +40,13 @@ def pytest_collection_modifyitems(items):
             # one of them, as they share the loopback cluster's two nodes (a test that sees its job pending or
             # its array's tasks side by side would otherwise see another test's jobs), the rest beside them.
             item.add_marker(pytest.mark.xdist_group("slurm"))
-    # The Slurm tests first: one after another they are the suite's longest chain, mostly waiting on the cluster
-    # (a time limit, the scheduler's tick), so the other worker's tests fill that wait instead of following it.
-    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)
+    # Longest first. The Slurm tests lead: one after another they are the suite's longest chain, mostly waiting on
+    # the cluster (a time limit, the scheduler's tick), so the other worker's tests fill that wait instead of
+    # following it. Then trainings, then other whole processes, the quick ones last, where they even out the end.
+    def tier(item):
+        marks = {m.name for m in item.iter_markers()}
+        return next((i for i, m in enumerate(("slurm", "train", "e2e", "torch")) if m in marks), 4)
+    items.sort(key=tier)
 
 
 # The tiers keep their meaning (pyproject.toml markers): a test runs a command in a process of its own only when

@@ -57,6 +57,24 @@ def made_once(tmp_path_factory, name: str, make) -> Path:
     return folder
 
 
+# The reference training of the resume matrix and the run promises: evaluations at 10, 20, 30, 40, so every
+# checkpoint after the first holds the report's evaluation history.
+TRAIN_ARGS = ("max_duration=40ba", "save_interval=10ba", "eval_interval=10ba", "progress_bar=false")
+
+
+def train_command(ranks: int, fmt: str, *extra: str) -> list:
+    """`-m train ...` of the reference training at this rank count (2 and more through `-m`) and format."""
+    launch = ["-m", f"cluster.tasks_per_node={ranks}"] if ranks > 1 else []
+    return ["-m", "train", *launch, f"checkpoint={fmt}", *TRAIN_ARGS, *extra]
+
+
+def finished(ranks: int, fmt: str, tmp_path_factory) -> Path:
+    """The root of the reference training run uninterrupted to its end, made once per session: what a resumed
+    run must equal (the checkpoint format does not change training), and checkpoints to damage (copied first)."""
+    return made_once(tmp_path_factory, f"finished-{fmt}{ranks}",
+                     lambda root: run(*train_command(ranks, fmt), root=root, check=True))
+
+
 def need_shared():
     if not (TOKENIZER / "tokenizer.json").is_file():
         pytest.skip(f"real test data not found at {SHARED} (a checkout beside ../shared is needed)")

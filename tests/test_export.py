@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import C4, PYTHON, ROOT, TOKENIZER, command_env, run
+from helpers import C4, PYTHON, ROOT, TOKENIZER, command_env, made_once, run
 
 ARGS = ("data=mds", "max_duration=10ba", "eval_interval=10ba", "save_interval=10ba", "progress_bar=false")
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -34,11 +34,11 @@ def one_rank_args(data) -> tuple:
             "run_name=one")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def one_rank(tmp_path_factory, c4_mds):
     """A 1-rank run with checkpoint=full and export=hf: its root and metrics."""
-    root = tmp_path_factory.mktemp("one")
-    run("-m", "train", *one_rank_args(c4_mds), root=root, check=True, env=OFFLINE)
+    root = made_once(tmp_path_factory, "export-one-rank",
+                     lambda root: run("-m", "train", *one_rank_args(c4_mds), root=root, check=True, env=OFFLINE))
     return root, json.loads((root / "outputs" / "one" / "metrics.json").read_text())
 
 

@@ -16,18 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT, command_env, kill_after_checkpoint, made_once, processes_with, run
+from helpers import PYTHON, ROOT, command_env, finished, kill_after_checkpoint, processes_with, run
+from helpers import train_command as command
 
 pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
-
-# Evaluations at 10, 20, 30, 40: every checkpoint after the first holds the report's evaluation history.
-ARGS = ("max_duration=40ba", "save_interval=10ba", "eval_interval=10ba", "progress_bar=false")
-
-
-def command(ranks: int, fmt: str, *extra: str) -> list:
-    launch = ["-m", f"cluster.tasks_per_node={ranks}"] if ranks > 1 else []
-    return ["-m", "train", *launch, f"checkpoint={fmt}", *ARGS, *extra]
-
 
 def newest_metrics(root: Path) -> dict:
     path = max((root / "outputs").rglob("metrics.json"), key=lambda p: p.stat().st_mtime)
@@ -43,13 +35,6 @@ def task_log(root: Path) -> str:
 def save_folder(root: Path) -> Path:
     [folder] = (root / "checkpoints").iterdir()
     return folder
-
-
-def finished(ranks: int, fmt: str, tmp_path_factory) -> Path:
-    """The root of an uninterrupted, finished run (made once per session): the reference and a source of
-    checkpoint folders to damage."""
-    return made_once(tmp_path_factory, f"resume-finished-{fmt}{ranks}",
-                     lambda root: run(*command(ranks, fmt), root=root, check=True))
 
 
 def straight(ranks: int, tmp_path_factory) -> dict:

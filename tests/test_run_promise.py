@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT, command_env
+from helpers import PYTHON, ROOT, command_env, finished, train_command
 
 pytestmark = pytest.mark.train
 
@@ -102,18 +102,17 @@ def _fill_when(path_glob: str, base: Path, mnt: Path, proc: subprocess.Popen, le
     return filler
 
 
-ARGS = ("max_duration=60ba", "save_interval=20ba", "eval_interval=20ba", "save_num_checkpoints_to_keep=2")
-
-
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_a_full_checkpoint_file_system_is_one_clear_error_and_resuming_after_making_room_is_exact(
-        ranks, tmp_path, tmpfs, cli):
-    launch = ("-m", "cluster.tasks_per_node=2") if ranks > 1 else ()
-    want = (cli("train", *launch, *ARGS, root=tmp_path / "straight", check=True), metrics(tmp_path / "straight"))[1]
+        ranks, tmp_path, tmpfs, tmp_path_factory):
+    want = metrics(finished(ranks, "sharded", tmp_path_factory))  # the same training, uninterrupted
 
-    mnt = tmpfs("ckpt", "24m")  # three checkpoints of ~5.3 MiB at once (2 kept + the next): they fit
+    # up to four checkpoints of ~5.3 MiB (1 rank) to ~6.3 MiB (2 ranks) at once: the 2 kept, the cut-off one set
+    # aside and the next; they fit until another job fills the rest
+    mnt = tmpfs("ckpt", "32m")
     root = tmp_path / "root"
-    cmd = [str(PYTHON), "-m", "train", *launch, *ARGS, f"storage.checkpoint_root={mnt}"]
+    cmd = [str(PYTHON), *train_command(ranks, "sharded", "save_num_checkpoints_to_keep=2",
+                                       f"storage.checkpoint_root={mnt}")]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=command_env(root), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     filler = _fill_when("*/ep0-ba20*.manifest.json", mnt, mnt, proc, leave=1 << 20)  # then another job fills it
@@ -135,7 +134,7 @@ def test_a_full_checkpoint_file_system_is_one_clear_error_and_resuming_after_mak
                            text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     got = metrics(root)
-    assert got["batches"] == 60 and [b for b, _ in got["eval"]] == [20, 40, 60]
+    assert got["batches"] == 40 and [b for b, _ in got["eval"]] == [10, 20, 30, 40]
     assert got["final_train_loss"] == pytest.approx(want["final_train_loss"], rel=1e-6)
     assert got["final_eval"] == pytest.approx(want["final_eval"], rel=1e-6)
 

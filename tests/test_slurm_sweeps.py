@@ -212,7 +212,11 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     probe.chmod(0o755)
     proc = sweep(tmp_path / "slurm", *args, "cluster.timeout_min=1", "cluster.signal_delay_s=20",
                  f'cluster.srun_extra=["--task-prolog={prolog}"]', f"cluster.preflight.node_check={probe}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # on failure, each allocation's story from rank 0's log: starts, signals, requeues, the countdown
+    story = [line for log in (tmp_path / "slurm").rglob("*_0_log.err") for line in log.read_text().splitlines()
+             if any(w in line for w in ("Starting with", "timed-out", "remaining timeouts", "not requeued",
+                                        "resuming from", "[progress] step"))]
+    assert proc.returncode == 0, proc.stderr[-3000:] + "\n".join(story[-60:])
     [row] = summary(tmp_path / "slurm")
     assert row["state"] == "COMPLETED" and row["world_size"] == "2"
     log = Path(row["log"]).read_text() + Path(row["log"].replace("_log.err", "_log.out")).read_text()
