@@ -29,6 +29,7 @@ def _slurm_local(command: str, timeout: float) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (it suffixes each test id with its group)
 def pytest_collection_modifyitems(items):
     for item in items:
         if "slurm" in getattr(item, "fixturenames", ()):  # a test that needs the cluster is a Slurm test
@@ -47,6 +48,17 @@ def pytest_collection_modifyitems(items):
         marks = {m.name for m in item.iter_markers()}
         return next((i for i, m in enumerate(("slurm", "train", "e2e", "torch")) if m in marks), 4)
     items.sort(key=tier)
+
+
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")  # after xdist's own: what it made of ours
+def _grouped_as_asked(config, items):
+    """The Slurm tests share the cluster's two nodes: on two workers they would see each other's jobs pending. That
+    they run on one is pytest-xdist's loadgroup, which groups by a suffix it writes into each test's id; pytest 9.2
+    stopped reading that field (pytest-xdist#1386) and the tests ran side by side, silently. Loud instead."""
+    if config.getvalue("loadgroup"):
+        lost = [i.nodeid for i in items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+        assert not lost, (f"pytest-xdist's loadgroup did not group {lost[0]} (pytest-xdist#1386 with pytest 9.2): "
+                          "use the pytest pinned in requirements.lock")
 
 
 # The tiers keep their meaning (pyproject.toml markers): a test runs a command in a process of its own only when
