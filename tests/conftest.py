@@ -72,9 +72,15 @@ def _tier(request):
 
     marks = {m.name for m in request.node.iter_markers()}
     helpers.RUNS_COMMANDS = bool(marks & {"e2e", "train", "slurm"})
+    # Only a Slurm test reaches the cluster (`make test` exports SLURM_CONF to every worker): a job submitted from
+    # another worker would hold the two nodes while the Slurm tests' own jobs wait, pending, until they time out.
+    # Without SLURM_CONF such a test fails at its sbatch, naming itself.
+    cluster = None if "slurm" in marks else os.environ.pop("SLURM_CONF", None)
     had_torch = "torch" in sys.modules
     yield
     helpers.RUNS_COMMANDS = True
+    if cluster is not None:
+        os.environ["SLURM_CONF"] = cluster
     if not had_torch and "torch" in sys.modules and not marks & {"torch", "train"}:
         pytest.fail("this test imported torch into the test process: mark it `torch` (pyproject.toml markers)",
                     pytrace=False)

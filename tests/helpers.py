@@ -96,13 +96,28 @@ def run(*args, root=None, check=None, env=None, cwd=ROOT, timeout=600, **popen) 
     check shows the command and the ends of its stdout and stderr."""
     _may_run()
     cmd = [str(PYTHON), *map(str, args)]
-    proc = subprocess.run(cmd, cwd=cwd, env=command_env(root, env), capture_output=True, text=True,
-                          timeout=timeout, **popen)
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, env=command_env(root, env), capture_output=True, text=True,
+                              timeout=timeout, **popen)
+    except subprocess.TimeoutExpired as e:  # what it printed, and where a Slurm test's jobs stood
+        out, err = (x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr))
+        raise AssertionError(f"{' '.join(cmd[1:])}: still running after {timeout} s\n{out[-2000:]}\n{err[-2000:]}"
+                             f"{cluster_state()}") from None
     want = 0 if check is True else check
     if want is not None and want is not False:
         assert proc.returncode == want, (f"{' '.join(cmd[1:])}: exit {proc.returncode}, not {want}\n"
                                          f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     return proc
+
+
+def cluster_state() -> str:
+    """The loopback cluster's queue and nodes with the reasons Slurm gives, where SLURM_CONF is set: what a test
+    that waited too long on its jobs shows."""
+    if not os.environ.get("SLURM_CONF"):
+        return ""
+    show = [["squeue", "-o", "%i %j %T %r %M %N"], ["sinfo", "-N", "-o", "%N %T %E"]]
+    return "".join("\n$ " + " ".join(c) + "\n" + subprocess.run(c, capture_output=True, text=True, timeout=30).stdout
+                   for c in show)
 
 
 def problems_in(stderr: str) -> list:
