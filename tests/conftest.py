@@ -81,9 +81,29 @@ def _tier(request):
     helpers.RUNS_COMMANDS = True
     if cluster is not None:
         os.environ["SLURM_CONF"] = cluster
+    if "slurm" in marks and os.environ.get("SLURM_CONF"):
+        _cancel_what_is_left(request.node.nodeid)
     if not had_torch and "torch" in sys.modules and not marks & {"torch", "train"}:
         pytest.fail("this test imported torch into the test process: mark it `torch` (pyproject.toml markers)",
                     pytrace=False)
+
+
+def _cancel_what_is_left(test: str) -> None:
+    """A Slurm test leaves the cluster as it found it: jobs it left (points a test submitted and returned from, a
+    summary job waiting on them) would hold the two nodes while the next test's jobs wait, pending."""
+    import time
+    import warnings
+
+    def queue():
+        return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=60).stdout.split()
+    left = queue()
+    if not left:
+        return
+    warnings.warn(f"{test} left jobs {' '.join(left)} in the queue: cancelled", stacklevel=1)
+    subprocess.run(["scancel", *left], capture_output=True, timeout=60)
+    deadline = time.time() + 120
+    while queue() and time.time() < deadline:
+        time.sleep(1)
 
 
 @pytest.fixture(scope="session")

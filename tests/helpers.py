@@ -135,6 +135,16 @@ def problems_in(stderr: str) -> list:
     return found
 
 
+def wait_for_checkpoint(root: Path, batch: int, proc: subprocess.Popen) -> None:
+    """Until the checkpoint at `batch` of the run under `root` is complete (composer points its `latest` link at a
+    checkpoint once every file of it is written); the command `proc` must not end before."""
+    deadline = time.time() + 300
+    while not any(os.readlink(p).startswith(f"ep0-ba{batch}") for p in root.glob("checkpoints/*/latest-*")
+                  if p.is_symlink()):
+        assert proc.poll() is None and time.time() < deadline, "the run ended before its checkpoint"
+        time.sleep(0.02)
+
+
 def kill_after_checkpoint(root: Path, args: list, batch: int, env: dict | None = None) -> None:
     """Start `python ARGS` (PRETRAIN_ROOT=root), SIGKILL its whole process group as soon as the checkpoint at
     `batch` is complete (composer points its `latest` link at a checkpoint once every file of it is written), as a
@@ -142,11 +152,7 @@ def kill_after_checkpoint(root: Path, args: list, batch: int, env: dict | None =
     _may_run()
     proc = subprocess.Popen([str(PYTHON), *map(str, args)], cwd=ROOT, env=command_env(root, env),
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not any(os.readlink(p).startswith(f"ep0-ba{batch}") for p in root.glob("checkpoints/*/latest-*")
-                  if p.is_symlink()):
-        assert proc.poll() is None and time.time() < deadline, "the run ended before its checkpoint"
-        time.sleep(0.02)
+    wait_for_checkpoint(root, batch, proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     for pid in processes_with(f"PRETRAIN_ROOT={root}"):  # ranks that submitit started in sessions of their own

@@ -1,13 +1,26 @@
 """`python -m train ... -m` on a real Slurm controller (scripts/slurm-local.sh): real jobs, real ranks."""
+import contextlib
 import csv
 import json
+import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT, command_env, run, task_prolog_without_slurm
+from helpers import (
+    PYTHON,
+    ROOT,
+    command_env,
+    finished,
+    processes_with,
+    run,
+    task_prolog_without_slurm,
+    train_command,
+    wait_for_checkpoint,
+)
 from submitit.core.utils import pickle_load
 
 TINY = ("cluster=slurm-local", "data=mock", "progress_bar=false")
@@ -188,21 +201,40 @@ def test_scancel_of_a_running_job_is_reported_as_cancelled(slurm, tmp_path):
     assert "CANCELLED" in stderr
 
 
+def training_ranks(root: Path) -> list:
+    """The pids of the tasks Slurm started for the run under `root` (children of slurmstepd; not srun, nor the
+    processes the tasks started)."""
+    ranks = []
+    for pid in processes_with(f"PRETRAIN_ROOT={root}"):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"submitit.core._submit" in argv and _parent_name(pid) == "slurmstepd":
+            ranks.append(pid)
+    return ranks
+
+
+def _parent_name(pid: int) -> str:
+    try:
+        ppid = next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("PPid:"))
+        return Path(f"/proc/{ppid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_with_the_uninterrupted_loss(
-        slurm, tmp_path):
-    # The default policy of every Slurm preset: 2 ranks, checkpoint=sharded, evaluations between checkpoints.
-    # A 1-minute limit, warned (USR2) 20 s ahead on Slurm's 30 s tick. Measured here: the first allocation trains
-    # up to ~40 of these batches (~0.5-1 s each at 2 ranks), each later one ~30 s, half of it start-up, 5-15
-    # batches; 60 batches took 3 allocations on a quiet machine (more under load). Asserted: at least one
-    # requeue, resumed from a sharded checkpoint saved after evaluations.
-    args = ("max_duration=60ba", "global_train_batch_size=64", "device_train_microbatch_size=16",
-            "save_interval=5ba", "eval_interval=10ba", "eval_subset_num_batches=1", "progress_bar=false",
-            "checkpoint=sharded")
-    straight_log = (tmp_path / "straight.log").open("w")  # a file, not a pipe nobody reads while it runs
-    straight = subprocess.Popen([str(PYTHON), "-m", "train", "-m", "cluster.tasks_per_node=2", *args], cwd=ROOT,
-                                stdout=straight_log, stderr=subprocess.STDOUT,
-                                env=command_env(tmp_path / "straight"))
-    assert straight.wait(timeout=900) == 0, (tmp_path / "straight.log").read_text()[-2000:]
+        slurm, tmp_path, tmp_path_factory):
+    # The default policy of every Slurm preset: 2 ranks, checkpoint=sharded, evaluations between checkpoints; the
+    # resume matrix's reference training (tests/helpers.py), here as a Slurm job that runs out of time once, at a
+    # known point. Once its checkpoint after batch 20 is written its ranks are held still (SIGSTOP) and its time
+    # limit is cut (scontrol) so that Slurm's own warning (USR2, signal_delay_s ahead, on its 30 s tick) comes
+    # within a minute; Slurm continues the ranks (SIGCONT) to deliver it, they answer it, and the batch script on
+    # the host requeues the job. (A fixed 1-minute limit raced the start-up: on a loaded machine every allocation ended
+    # before its first batch, 20 times, and submitit gave up; an unheld job finished its 40 batches before the tick.)
+    # timeout_min <= 10: submitit takes any warning for a time-out (it counts from 80 % of longer limits).
+    want = json.loads(next((finished(2, "sharded", tmp_path_factory) / "outputs").rglob("metrics.json")).read_text())
     # The tasks run as in an image without a Slurm client: no scontrol on their PATH. The preflight's node check
     # (run inside the task by local rank 0, at every start) records what the task's PATH offers.
     prolog = task_prolog_without_slurm(tmp_path / "image")
@@ -210,34 +242,61 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     probe = tmp_path / "probe.sh"
     probe.write_text(f'#!/bin/bash\necho "scontrol=$(command -v scontrol || echo none) PATH=$PATH" >> {seen}\n')
     probe.chmod(0o755)
-    proc = sweep(tmp_path / "slurm", *args, "cluster.timeout_min=1", "cluster.signal_delay_s=20",
-                 f'cluster.srun_extra=["--task-prolog={prolog}"]', f"cluster.preflight.node_check={probe}")
+    root = tmp_path / "slurm"
+    out = (tmp_path / "sweep.log").open("w")  # a file, not a pipe nobody reads while it runs
+    proc = subprocess.Popen([str(PYTHON), *train_command(2, "sharded", *TINY, WAIT, "cluster.timeout_min=10",
+                                                         "cluster.signal_delay_s=90",
+                                                         f'cluster.srun_extra=["--task-prolog={prolog}"]',
+                                                         f"cluster.preflight.node_check={probe}")],
+                            cwd=ROOT, env=command_env(root), stdout=out, stderr=subprocess.STDOUT)
+    ranks = []
+    try:
+        wait_for_checkpoint(root, 20, proc)
+        ranks = training_ranks(root)
+        assert len(ranks) == 2, ranks
+        for pid in ranks:
+            os.kill(pid, signal.SIGSTOP)
+        [job] = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+        ran = subprocess.run(["squeue", "-h", "-j", job, "-o", "%M"], capture_output=True, text=True).stdout.strip()
+        minutes = sum(int(x) * 60 ** i for i, x in enumerate(reversed(ran.split(":")))) // 60 + 2
+        # now 60-120 s left: the first tick with at most 90 s left warns, at least 60 s before the limit
+        subprocess.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"], check=True, timeout=30)
+        deadline = time.time() + 200
+        while "Restarts=0" in subprocess.run(["scontrol", "show", "job", job, "-o"], capture_output=True,
+                                             text=True).stdout:
+            assert proc.poll() is None and time.time() < deadline, (tmp_path / "sweep.log").read_text()[-3000:]
+            time.sleep(0.5)
+        subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"], check=True, timeout=30)
+        proc.wait(timeout=600)
+    finally:
+        proc.kill()
+        for pid in ranks:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
     # on failure, each allocation's story from rank 0's log: starts, signals, requeues, the countdown
-    story = [line for log in (tmp_path / "slurm").rglob("*_0_log.err") for line in log.read_text().splitlines()
+    story = [line for log in root.rglob("*_0_log.err") for line in log.read_text().splitlines()
              if any(w in line for w in ("Starting with", "timed-out", "remaining timeouts", "not requeued",
                                         "resuming from", "[progress] step"))]
-    assert proc.returncode == 0, proc.stderr[-3000:] + "\n".join(story[-60:])
-    [row] = summary(tmp_path / "slurm")
+    assert proc.returncode == 0, (tmp_path / "sweep.log").read_text()[-3000:] + "\n".join(story[-60:])
+    [row] = summary(root)
     assert row["state"] == "COMPLETED" and row["world_size"] == "2"
     log = Path(row["log"]).read_text() + Path(row["log"].replace("_log.err", "_log.out")).read_text()
     starts = log.count("Starting with JobEnvironment")
-    assert "timed-out" in log and starts >= 2, log[-3000:]  # it really hit the limit, and ran again
+    assert "this job is timed-out" in log and starts == 2, log[-3000:]  # it really hit the limit, and ran again
     assert log.count("resuming from") >= 1
     # every requeue came from the batch script on the host; none from the task, which had no scontrol to run
     requeued = f"requeued job {row['job_id']} (from the host; "
     assert log.count(requeued) == starts - 1, log[-3000:]
     assert log.count("asked the batch script to requeue job") == starts - 1
     assert "Requeued job" not in log and "scontrol" not in log, log[-3000:]
-    # every start that reached its preflight saw no scontrol (on a loaded machine an allocation can end before)
+    # every start saw no scontrol
     checks = seen.read_text().splitlines()
-    assert 1 <= len(checks) <= starts and set(checks) == {f"scontrol=none PATH={tmp_path / 'image' / 'bin'}"}
-    [expected] = (tmp_path / "straight" / "outputs").rglob("metrics.json")
-    expected = json.loads(expected.read_text())
-    assert float(row["final_loss"]) == pytest.approx(expected["final_train_loss"], rel=1e-6)
-    [got] = (tmp_path / "slurm" / "outputs").rglob("metrics.json")
+    assert len(checks) == starts and set(checks) == {f"scontrol=none PATH={tmp_path / 'image' / 'bin'}"}
+    assert float(row["final_loss"]) == pytest.approx(want["final_train_loss"], rel=1e-6)
+    [got] = (root / "outputs").rglob("metrics.json")
     got = json.loads(got.read_text())
-    assert [b for b, _ in got["eval"]] == list(range(10, 61, 10))  # every evaluation, across the requeues
-    assert got["final_eval"] == pytest.approx(expected["final_eval"], rel=1e-6)
+    assert [b for b, _ in got["eval"]] == [10, 20, 30, 40]  # every evaluation, across the requeue
+    assert got["final_eval"] == pytest.approx(want["final_eval"], rel=1e-6)
 
 
 def test_data_prep_parts_run_as_a_slurm_array_on_the_cpu_partition(slurm, tmp_path):
