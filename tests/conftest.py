@@ -9,6 +9,8 @@ import os
 import shlex
 import shutil
 import subprocess
+import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -96,9 +98,6 @@ def _tier(request):
 def _cancel_what_is_left(test: str) -> None:
     """A Slurm test leaves the cluster as it found it: jobs it left (points a test submitted and returned from, a
     summary job waiting on them) would hold the two nodes while the next test's jobs wait, pending."""
-    import time
-    import warnings
-
     def queue():
         return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=60).stdout.split()
     left = queue()

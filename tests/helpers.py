@@ -147,8 +147,7 @@ def wait_for_checkpoint(root: Path, batch: int, proc: subprocess.Popen) -> None:
 
 def kill_after_checkpoint(root: Path, args: list, batch: int, env: dict | None = None) -> None:
     """Start `python ARGS` (PRETRAIN_ROOT=root), SIGKILL its whole process group as soon as the checkpoint at
-    `batch` is complete (composer points its `latest` link at a checkpoint once every file of it is written), as a
-    node loss or a preemption would."""
+    `batch` is complete (wait_for_checkpoint), as a node loss or a preemption would."""
     _may_run()
     proc = subprocess.Popen([str(PYTHON), *map(str, args)], cwd=ROOT, env=command_env(root, env),
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
