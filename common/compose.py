@@ -32,7 +32,6 @@ def sweep_points(loader, config: DictConfig, sweep_dir, points: list, first: int
     once per distinct set of them and the second, Hydra's own function, runs on a copy for each point: a
     128-point sweep is composed in seconds. tests/test_compose.py checks the result against Hydra composing
     each point from scratch."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
@@ -41,21 +40,36 @@ def sweep_points(loader, config: DictConfig, sweep_dir, points: list, first: int
     bases = {}
     for num, overrides in enumerate(points, start=first):
         parsed = parser.parse_overrides(overrides)
-        # Hydra's own test for a value override, not a group choice (hydra/_internal/defaults_list.py: Overrides)
-        is_value = [isinstance(o.value(), dict) or not repo.group_exists(o.key_or_group)
-                    for o in parsed]
-        values = [o for o, v in zip(parsed, is_value) if v]
-        groups = tuple(o.input_line for o, v in zip(parsed, is_value) if not v)
+        values, groups = split(repo, parsed)
         if groups not in bases:
             bases[groups] = loader.load_sweep_config(config, list(groups))
-        cfg = copy.deepcopy(bases[groups])
-        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
-        job = cfg.hydra.job
+        cfg = with_values(bases[groups], parsed, values)
         with open_dict(cfg.hydra), read_write(cfg.hydra):
-            cfg.hydra.overrides.task = list(overrides)  # all of them, in the order given, as Hydra keeps them
-            job.override_dirname = get_overrides_dirname(
-                overrides=parsed, kv_sep=job.config.override_dirname.kv_sep,
-                item_sep=job.config.override_dirname.item_sep,
-                exclude_keys=job.config.override_dirname.exclude_keys)
-            job.num = num
+            cfg.hydra.job.num = num
         yield list(overrides), without_hydra(cfg, Path(sweep_dir) / str(cfg.hydra.sweep.subdir), in_place=True)
+
+
+def split(repo, parsed: list) -> tuple[list, tuple]:
+    """(value overrides, group choices' input lines) of parsed overrides, by Hydra's own test for a value override
+    (hydra/_internal/defaults_list.py: Overrides): a dict value, or a key that names no config group."""
+    is_value = [isinstance(o.value(), dict) or not repo.group_exists(o.key_or_group) for o in parsed]
+    return ([o for o, v in zip(parsed, is_value) if v],
+            tuple(o.input_line for o, v in zip(parsed, is_value) if not v))
+
+
+def with_values(base: DictConfig, parsed: list, values: list) -> DictConfig:
+    """A copy of `base` (Hydra's composition of the group choices among `parsed`) with the value overrides applied
+    by Hydra's own function, and Hydra's record of all the overrides, in the order given: what Hydra composes from
+    scratch for `parsed` (ConfigLoaderImpl._load_configuration_impl's second step)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
+
+    cfg = copy.deepcopy(base)
+    ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+    job = cfg.hydra.job
+    with open_dict(cfg.hydra), read_write(cfg.hydra):
+        cfg.hydra.overrides.task = [o.input_line for o in parsed]
+        job.override_dirname = get_overrides_dirname(
+            overrides=parsed, kv_sep=job.config.override_dirname.kv_sep,
+            item_sep=job.config.override_dirname.item_sep,
+            exclude_keys=job.config.override_dirname.exclude_keys)
+    return cfg

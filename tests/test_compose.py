@@ -60,3 +60,78 @@ def test_each_point_equals_hydras_own_composition(master, tmp_path):
     assert len(names) == 2
     assert {c["cluster"]["name"] for _, c in ours} == {"local", "slurm-local"}
     assert all("shuffle_seed" not in c["eval_loader"]["dataset"] for _, c in ours)  # the deletion applied
+
+
+def _from_scratch(overrides: list):
+    """Hydra's compose API over conf/, the whole composition from the files, as the config and its Hydra context."""
+    from hydra import compose as hydra_compose
+    from hydra.core.hydra_config import HydraConfig
+
+    from train.config.compose import open_map_override
+
+    with initialize_config_dir(str(CONF), version_base=None):
+        cfg = hydra_compose("train", overrides=[open_map_override(o) for o in overrides], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    cfg = without_hydra(cfg, OmegaConf.select(cfg, "hydra.run.dir"))
+    return OmegaConf.to_container(cfg, resolve=True), _context()
+
+
+def _context() -> dict:
+    from hydra.core.hydra_config import HydraConfig
+
+    context = OmegaConf.to_container(HydraConfig.get(), resolve=False)
+    for key in ("overrides", "runtime", "job"):
+        assert context[key], key
+    return context
+
+
+# group choices, value overrides, `+` adds, `~` deletions, an open map, a value that names a group's key
+POINTS = [[], ["optimizer.lr=1e-3"], ["model=mpt-125m", "cluster=ndv5", "seed=3"],
+          ["cluster=ndv5", "model=mpt-125m", "optimizer.lr=1e-3", "+variables.tag=a"],
+          ["cluster=slurm-local", "cluster.env.NCCL_DEBUG=WARN", "~eval_loader.dataset.shuffle_seed"],
+          ["checkpoint=full", "save_num_checkpoints_to_keep=3", "max_seq_len=64"], ["optimizer.lr=2e-3"], []]
+
+
+def test_compose_equals_hydras_own_composition_from_scratch_each_time(tmp_path, monkeypatch):
+    """compose() (tests, benchmarks, the status and export commands) composes each set of group choices' defaults
+    tree once per process and applies the value overrides to a copy: each config and its Hydra context (the run name
+    reads the overrides) equal Hydra's composition from the files, called again and in another order."""
+    from train.config.compose import compose, open_map_override
+
+    monkeypatch.setenv("PRETRAIN_ROOT", str(tmp_path))
+    for overrides in [*POINTS, *reversed(POINTS)]:
+        ours = OmegaConf.to_container(compose(overrides), resolve=True)
+        context = _context()
+        assert (ours, context) == _from_scratch(overrides), overrides
+        assert context["overrides"]["task"] == [open_map_override(o) for o in overrides]  # as Hydra was given them
+
+
+def test_compose_sees_a_config_file_added_or_changed_in_a_group(tmp_path, monkeypatch):
+    import uuid
+
+    from train.config.compose import compose
+
+    monkeypatch.setenv("PRETRAIN_ROOT", str(tmp_path))
+    name = f"test-{uuid.uuid4().hex[:8]}"  # an option of its own (conf/local/default.yaml may be a developer's)
+    path = CONF / "local" / f"{name}.yaml"
+    try:
+        path.write_text("# @package _global_\ncluster: {account: first}\n")
+        assert compose([f"local={name}"]).cluster.account == "first"
+        path.write_text("# @package _global_\ncluster: {account: second, partition: p}\n")
+        assert compose([f"local={name}"]).cluster.account == "second"  # changed: composed again
+    finally:
+        path.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("overrides", [["optimizer.lr=1e-3,2e-3"], ["nosuch.key=1"], ["model=nosuch"],
+                                       ["model=mpt-125m", "optimizer.nosuch=1"]])
+def test_compose_refuses_what_hydra_refuses_with_its_message(overrides, tmp_path, monkeypatch):
+    from train.config.compose import compose
+
+    monkeypatch.setenv("PRETRAIN_ROOT", str(tmp_path))
+    compose(["model=mpt-125m"])  # a set of group choices already composed
+    with pytest.raises(Exception) as ours:
+        compose(overrides)
+    with pytest.raises(Exception) as theirs:
+        _from_scratch(overrides)
+    assert (type(ours.value), str(ours.value)) == (type(theirs.value), str(theirs.value))

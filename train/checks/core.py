@@ -1,10 +1,11 @@
 """What every rule shares: a Problem, the Context a rule sees, and reading a value from the config."""
+import copy
 import difflib
 import os
 import re
 from dataclasses import dataclass, field
 
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict, read_write
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from common.errors import ERROR, WARNING, Problem, UserError  # noqa: F401  (the rules import them from here)
@@ -73,7 +74,14 @@ def resolved(cfg):
     values, and OmegaConf parses an interpolation again at every read: that was half of a plan's time. A config
     that does not resolve as a whole is returned as it is, so each rule still names the key it cannot read."""
     try:
-        out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+        # The run's name once: every folder of the run interpolates it, and each read would compute its identity
+        # (train/config/identity.py) again, the most expensive value here.
+        src = cfg
+        if OmegaConf.is_interpolation(cfg, "run_name"):
+            src = copy.deepcopy(cfg)
+            with open_dict(src), read_write(src):
+                src.run_name = cfg.run_name
+        out = OmegaConf.create(OmegaConf.to_container(src, resolve=True))
     except Exception:  # noqa: BLE001 -- any value that does not resolve: the rules report it by key
         return cfg
     OmegaConf.set_struct(out, bool(OmegaConf.is_struct(cfg)))

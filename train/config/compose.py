@@ -64,8 +64,43 @@ def open_map_override(arg: str) -> str:
 
 
 def compose(overrides=(), config_name: str = "train") -> DictConfig:
+    overrides = [recipe_override(open_map_override(o)) for o in overrides]
     with initialize_config_dir(str(CONF), version_base=None):
-        cfg = hydra_compose(config_name, overrides=[recipe_override(open_map_override(o)) for o in overrides],
-                            return_hydra_config=True)
+        cfg = _composed(config_name, overrides)
     HydraConfig.instance().set_config(cfg)  # `hydra.run.dir` holds `${run_name}`, which reads the overrides
-    return without_hydra(cfg, OmegaConf.select(cfg, "hydra.run.dir"))
+    return without_hydra(cfg, OmegaConf.select(cfg, "hydra.run.dir"), in_place=True)
+
+
+# Hydra's composition of each set of group choices this process has composed (its defaults tree: every YAML file
+# read and merged, most of the cost), by what it was composed from.
+_BASES: dict = {}
+_REPOS: dict = {}
+
+
+def _composed(config_name: str, overrides: list) -> DictConfig:
+    """Hydra's composition of `overrides`, in Hydra's two steps (the defaults tree from the group choices, then the
+    value overrides), the first made once per set of group choices in this process, as a sweep's points are
+    (common/compose.py; tests/test_compose.py checks the two against each other). A process that composes many
+    configs (the tests, a benchmark) spends a fifth of the time. Composed from scratch where the first step may
+    read more than conf/: the user's YAML (`yaml=`) and Hydra's own settings (`hydra.searchpath`)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+
+    from common.compose import split, with_values
+
+    loader = GlobalHydra.instance().config_loader()
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    loader.validate_sweep_overrides_legal(parsed, run_mode=RunMode.RUN, from_shell=False)  # as Hydra's compose
+    if any(re.split(r"[./@]", o.key_or_group)[0] in ("yaml", "hydra") for o in parsed):
+        return hydra_compose(config_name, overrides=overrides, return_hydra_config=True)
+    # conf/ as it is now (a test may add a file to a group), and the working directory Hydra records
+    conf = (config_name, os.getcwd(),
+            tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(CONF.rglob("*.yaml"))))
+    if conf not in _REPOS:  # which overrides choose a group (the primary config read for its search path)
+        _REPOS[conf] = loader._parse_overrides_and_create_caching_repo(config_name, [])[1]
+    values, groups = split(_REPOS[conf], parsed)
+    key = (conf, groups)
+    if key not in _BASES:
+        _BASES[key] = hydra_compose(config_name, overrides=list(groups), return_hydra_config=True)
+    return with_values(_BASES[key], parsed, values)

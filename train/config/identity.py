@@ -97,7 +97,10 @@ def _walk(node: DictConfig, prefix: str, out: dict) -> None:
 
 
 def _counted(key: str) -> bool:
-    return not any(key == h or key.startswith(h + ".") for h in HOW_SUB)
+    return key not in HOW_SUB and not key.startswith(_HOW_SUB_PREFIXES)
+
+
+_HOW_SUB_PREFIXES = tuple(h + "." for h in HOW_SUB)
 
 
 # Where the storage is mounted is where, not what: a path under one of these roots is named by the root's key.
