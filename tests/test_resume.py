@@ -78,10 +78,10 @@ def test_killed_after_a_checkpoint_then_finished_the_same_command_resumes_then_d
 
 
 def test_the_same_training_under_another_spelling_and_environment_resumes_the_same_run(tmp_path, tmp_path_factory):
-    """Identity: killed after batch 20 (2-rank sharded, after evaluations); the next command re-spells the
+    """Identity: stopped after batch 20 (2-rank sharded, after evaluations); the next command re-spells the
     learning rate (3e-3 as 0.0030), adds an environment variable and another progress interval: the same run,
     resumed from its checkpoint, ending at the uninterrupted loss."""
-    kill_after_checkpoint(tmp_path, command(2, "sharded"), batch=20)
+    _stopped_copy(2, 20, tmp_path, tmp_path_factory)
     proc = run(*command(2, "sharded", "optimizer.lr=0.0030", "cluster.env.NCCL_DEBUG=INFO",
                                  "console_log_interval=5ba"), root=tmp_path, check=True)
     assert "resuming from" in proc.stderr + task_log(tmp_path)
@@ -95,13 +95,12 @@ def test_world_size_changes_two_to_four_to_two_and_two_to_one_continue_the_loss(
     samples at every world size: streaming's order depends on its canonical nodes, not on the ranks), and the
     run's final loss; both within 1e-5 (measured: equal to 1e-7; the ranks' reductions add in another order)."""
     want = {b: loss for b, loss in straight(2, tmp_path_factory)["train_loss"]}
-    name = ("run_name=resize",)
     two = tmp_path / "two"
-    kill_after_checkpoint(two, command(2, "sharded", *name), batch=20)
+    _stopped_copy(2, 20, two, tmp_path_factory)
 
     one = tmp_path / "one"  # 2 -> 1: the same checkpoint folder continued by a plain one-process run
     shutil.copytree(two / "checkpoints", one / "checkpoints", symlinks=True)
-    proc = run(*command(1, "sharded", *name), root=one, check=True)
+    proc = run(*command(1, "sharded"), root=one, check=True)
     assert "consolidating its shards" in proc.stderr
     got = newest_metrics(one)
     assert got["world_size"] == 1 and got["batches"] == 40
@@ -109,10 +108,10 @@ def test_world_size_changes_two_to_four_to_two_and_two_to_one_continue_the_loss(
     assert got["final_train_loss"] == pytest.approx(want[40], rel=1e-5)
 
     # 2 -> 4, killed after batch 30 (16 samples a batch: 4 per rank at 4 ranks, 8 at 2; no accumulation either way)
-    kill_after_checkpoint(two, command(4, "sharded", *name, "device_train_microbatch_size=4"), batch=30)
+    kill_after_checkpoint(two, command(4, "sharded", "device_train_microbatch_size=4"), batch=30)
     assert sorted(p.name for p in (save_folder(two) / "ep0-ba30").iterdir()) == \
         [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
-    run(*command(2, "sharded", *name), root=two, check=True)  # 4 -> 2
+    run(*command(2, "sharded"), root=two, check=True)  # 4 -> 2
     got = newest_metrics(two)
     assert got["world_size"] == 2 and got["batches"] == 40
     losses = dict(got["train_loss"])
@@ -130,6 +129,23 @@ def _finished_copy(ranks: int, fmt: str, tmp_path: Path, tmp_path_factory) -> tu
     shutil.copytree(src / "checkpoints", root / "checkpoints", symlinks=True)
     (save_folder(root) / "finished.json").unlink()
     return save_folder(root), command(ranks, fmt)
+
+
+def _stopped_copy(ranks: int, batch: int, root: Path, tmp_path_factory) -> Path:
+    """The sharded reference run's checkpoints up to `batch` in `root`, as a run stopped right after that
+    checkpoint leaves its folder (the later ones absent, the `latest` link on it, no finished.json): the same
+    files, byte for byte, as the uninterrupted run wrote them there. The kill itself is the matrix's."""
+    src = finished(ranks, "sharded", tmp_path_factory)
+    shutil.copytree(src / "checkpoints", root / "checkpoints", symlinks=True)
+    folder = save_folder(root)
+    (folder / "finished.json").unlink()
+    for path in folder.glob("ep0-ba*"):
+        if int(path.name.split(".")[0][len("ep0-ba"):]) > batch:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    link = folder / "latest-sharded-rank0"
+    link.unlink()
+    link.symlink_to(f"ep0-ba{batch}")
+    return folder
 
 
 def _files(folder: Path, older_than: str = "~") -> dict:

@@ -2,13 +2,14 @@
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from helpers import C4, PYTHON, ROOT, TOKENIZER, command_env, need_shared
+from helpers import C4, PYTHON, ROOT, TOKENIZER, command_env, finished, need_shared, train_command
 
 pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
 
@@ -101,14 +102,15 @@ def test_trains_on_real_c4_with_the_real_tokenizer(tmp_path, cli):
     assert 0 < m["final_eval"]["eval/LanguageCrossEntropy"] < 11.0  # below ln(50368): it learned something
 
 
-def test_two_local_processes_fsdp2_write_a_sharded_checkpoint(tmp_path, cli):
-    cli("train", "-m", "cluster.tasks_per_node=2", "checkpoint=sharded", "max_duration=20ba", check=True)
-    m = metrics(tmp_path)
-    assert m["world_size"] == 2 and m["batches"] == 20
-    [ckpt_dir] = (tmp_path / "checkpoints").iterdir()
-    shards = sorted(p.name for p in (ckpt_dir / "ep0-ba20").iterdir())
+def test_two_local_processes_fsdp2_write_a_sharded_checkpoint(tmp_path_factory):
+    root = finished(2, "sharded", tmp_path_factory)  # `-m cluster.tasks_per_node=2 checkpoint=sharded` (helpers.py)
+    m = metrics(root)
+    assert m["world_size"] == 2 and m["batches"] == 40
+    [ckpt_dir] = (root / "checkpoints").iterdir()
+    shards = sorted(p.name for p in (ckpt_dir / "ep0-ba40").iterdir())
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
-    assert (ckpt_dir / "latest-sharded-rank0").exists()
+    assert os.readlink(ckpt_dir / "latest-sharded-rank0") == "ep0-ba40"
+    assert (ckpt_dir / "ep0-ba40.manifest.json").is_file()
 
 
 def test_cfg_job_and_help_do_not_import_torch_or_llm_foundry():
@@ -123,11 +125,10 @@ def test_cfg_job_and_help_do_not_import_torch_or_llm_foundry():
         assert "HEAVY []" in out.stdout and answer in out.stdout, out.stdout[-1500:]
 
 
-def test_the_same_command_after_a_finished_run_does_nothing_and_says_so(tmp_path, cli):
-    args = ("max_duration=4ba", "save_interval=4ba", "eval_interval=4ba")
-    cli("train", *args, check=True)
+def test_the_same_command_after_a_finished_run_does_nothing_and_says_so(tmp_path, tmp_path_factory, cli):
+    shutil.copytree(finished(1, "sharded", tmp_path_factory), tmp_path, symlinks=True, dirs_exist_ok=True)
     first = metrics(tmp_path)
-    again = cli("train", *args, check=True)
-    assert "already trained to max_duration=4ba (checkpoint " in again.stderr and "nothing to do" in again.stderr
+    again = cli(*train_command(1, "sharded")[1:], check=True)  # the command that trained it (helpers.py)
+    assert "already trained to max_duration=40ba (checkpoint " in again.stderr and "nothing to do" in again.stderr
     assert f"add run_name={first['run_name']} and a larger max_duration" in again.stderr  # how to go on
     assert metrics(tmp_path)["final_train_loss"] == first["final_train_loss"]
