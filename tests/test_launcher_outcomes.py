@@ -126,6 +126,29 @@ def test_out_of_time_and_not_requeued_says_why_not_what_type(tmp_path):
     assert rank.error == "Job not requeued because: timed-out too many times."
 
 
+def test_out_of_time_while_a_library_imports_says_why_not_the_librarys_wrapper(tmp_path):
+    """Slurm's warning can come while the task still imports llm-foundry: submitit's handler raises inside the
+    import, and transformers' lazy import wraps it in its own error; the traceback submitit stores has both."""
+    import traceback
+
+    from submitit.core.utils import UncompletedJobError
+
+    def importing():
+        try:
+            raise UncompletedJobError("Job not requeued because: timed-out too many times.")
+        except UncompletedJobError as e:
+            raise RuntimeError("Failed to import transformers.models.auto because of the following error (look "
+                               f"up to see its traceback):\n{e}") from e
+    try:
+        importing()
+    except RuntimeError:
+        stored = "[rank0]: " + traceback.format_exc().replace("\n", "\n[rank0]: ")
+    job = StandInJob(tmp_path, "TIMEOUT", num_tasks=1)
+    job.result(0, "error", stored)
+    [rank] = rank_outcomes(job, wait_s=0)
+    assert rank.error == "Job not requeued because: timed-out too many times."
+
+
 def test_a_killed_rank_without_a_result_shows_the_job_state_and_its_last_traceback(tmp_path):
     job = StandInJob(tmp_path, "CANCELLED by 0", num_tasks=1)
     job.log(0, "loading\n" + TRACEBACK)

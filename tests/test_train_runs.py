@@ -2,14 +2,13 @@
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from helpers import C4, PYTHON, ROOT, TOKENIZER, command_env, finished, need_shared, train_command
+from helpers import C4, PYTHON, ROOT, TOKENIZER, command_env, finished, need_shared
 
 pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
 
@@ -123,12 +122,3 @@ def test_cfg_job_and_help_do_not_import_torch_or_llm_foundry():
         out = subprocess.run([str(PYTHON), "-c", probe, *flags], cwd=ROOT, capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         assert "HEAVY []" in out.stdout and answer in out.stdout, out.stdout[-1500:]
-
-
-def test_the_same_command_after_a_finished_run_does_nothing_and_says_so(tmp_path, tmp_path_factory, cli):
-    shutil.copytree(finished(1, "sharded", tmp_path_factory), tmp_path, symlinks=True, dirs_exist_ok=True)
-    first = metrics(tmp_path)
-    again = cli(*train_command(1, "sharded")[1:], check=True)  # the command that trained it (helpers.py)
-    assert "already trained to max_duration=40ba (checkpoint " in again.stderr and "nothing to do" in again.stderr
-    assert f"add run_name={first['run_name']} and a larger max_duration" in again.stderr  # how to go on
-    assert metrics(tmp_path)["final_train_loss"] == first["final_train_loss"]

@@ -77,6 +77,9 @@ def load_result(path: Path):
         return (None, None)
 
 
+UNCOMPLETED = re.compile(r"^(?:\[rank\d+\]: ?)?(?:submitit\.core\.utils\.)?UncompletedJobError: (.+)$", re.M)
+
+
 def rank_outcomes(job, wait_s: float = 15.0) -> list:
     """What each task of an ended job left: its result, or its error and the last lines of its log."""
     tasks = [job.task(k) for k in range(job.num_tasks)]
@@ -94,11 +97,12 @@ def rank_outcomes(job, wait_s: float = 15.0) -> list:
         elif outcome == "success":  # a job started before tasks re-raised their exceptions
             r.error = f"{type(value._return_value).__name__}: {value._return_value}"
         elif outcome == "error":
-            r.error = last_exception(str(value)) or "error"
-            if "UncompletedJobError" in r.error.split(":")[0]:
-                # raised by submitit in the task when it ran out of time (or was preempted) and will not be
-                # requeued: its message says why; its type, internal to submitit, says nothing
-                r.error = r.error.split(": ", 1)[-1]
+            # submitit raises UncompletedJobError in the task when it ran out of time (or was preempted) and will
+            # not be requeued, in whatever the task was doing then: a library that was importing wraps it in its
+            # own error (transformers: "Failed to import ..."). Its message says why the job ended; its type,
+            # internal to submitit, says nothing.
+            why = UNCOMPLETED.findall(str(value))
+            r.error = why[-1].strip() if why else (last_exception(str(value)) or "error")
         else:
             # a rank that died of an error without storing it (its log ends with the traceback), or was killed
             r.error = f"no result (killed, or stopped responding; job {final_state(job)}); " + \

@@ -95,8 +95,7 @@ def _composed(config_name: str, overrides: list) -> DictConfig:
     if any(re.split(r"[./@]", o.key_or_group)[0] in ("yaml", "hydra") for o in parsed):
         return hydra_compose(config_name, overrides=overrides, return_hydra_config=True)
     # conf/ as it is now (a test may add a file to a group), and the working directory Hydra records
-    conf = (config_name, os.getcwd(),
-            tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(CONF.rglob("*.yaml"))))
+    conf = (config_name, os.getcwd(), _files(CONF))
     if conf not in _REPOS:  # which overrides choose a group (the primary config read for its search path)
         _REPOS[conf] = loader._parse_overrides_and_create_caching_repo(config_name, [])[1]
     values, groups = split(_REPOS[conf], parsed)
@@ -104,3 +103,15 @@ def _composed(config_name: str, overrides: list) -> DictConfig:
     if key not in _BASES:
         _BASES[key] = hydra_compose(config_name, overrides=list(groups), return_hydra_config=True)
     return with_values(_BASES[key], parsed, values)
+
+
+def _files(folder) -> tuple:
+    """(path, mtime, size) of each YAML file under folder; one removed while this reads is left out."""
+    found = []
+    for path in sorted(folder.rglob("*.yaml")):
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue
+        found.append((str(path), st.st_mtime_ns, st.st_size))
+    return tuple(found)
