@@ -173,6 +173,13 @@ SLURM_COMMANDS = {"scontrol", "sbatch", "srun", "squeue", "sacct", "scancel", "s
                   "sprio", "sshare", "sacctmgr", "strigger", "sbcast", "sdiag", "sreport", "sview"}
 
 
+def warn_within_a_minute(job: str, elapsed: str) -> None:
+    """Cut the time limit of a job that has run `elapsed` (squeue's %M) so that 60-120 s are left: with
+    cluster.signal_delay_s=90, Slurm's warning comes on its next 30 s tick, at least 60 s before the limit."""
+    minutes = sum(int(x) * 60 ** i for i, x in enumerate(reversed(elapsed.split(":")))) // 60 + 2
+    subprocess.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"], check=True, timeout=30)
+
+
 def task_prolog_without_slurm(folder: Path) -> Path:
     """An srun task prolog that gives each task a PATH as in a container image without a Slurm client: links to
     everything in /usr/local/bin and /usr/bin but Slurm's commands. (`srun --export=ALL,PATH=...` does not replace

@@ -19,6 +19,7 @@ from helpers import (
     task_prolog_without_slurm,
     train_command,
     wait_for_checkpoint,
+    warn_within_a_minute,
 )
 from submitit.core.utils import pickle_load
 
@@ -242,9 +243,7 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
         assert len(ranks) == 2, ranks
         for pid in ranks:
             os.kill(pid, signal.SIGSTOP)
-        minutes = sum(int(x) * 60 ** i for i, x in enumerate(reversed(ran.split(":")))) // 60 + 2
-        # now 60-120 s left: the first tick with at most 90 s left warns, at least 60 s before the limit
-        subprocess.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"], check=True, timeout=30)
+        warn_within_a_minute(job, ran)
         deadline = time.time() + 200
         while "Restarts=0" in subprocess.run(["scontrol", "show", "job", job, "-o"], capture_output=True,
                                              text=True).stdout:

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT, command_env, run
+from helpers import PYTHON, ROOT, command_env, run, warn_within_a_minute
 
 pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
 
@@ -61,25 +61,24 @@ def test_a_job_out_of_time_and_not_requeued_says_why(slurm, tmp_path):
     # No requeue allowed: submitit gives up inside the task at Slurm's warning. The limit is cut once the job
     # trains (its first progress line), so that the warning (signal_delay_s ahead, on Slurm's 30 s tick) comes
     # within a minute, during training: a fixed 1-minute limit raced the start-up on a loaded machine.
-    out = (tmp_path / "sweep.log").open("w")
-    proc = subprocess.Popen([str(PYTHON), "-m", "train", "-m", "progress_bar=false", "checkpoint=none",
-                             "cluster=slurm-local", "cluster.wait=true", "data=mock", "max_duration=100000ba",
-                             "cluster.timeout_min=10", "cluster.signal_delay_s=90", "cluster.max_num_timeout=0"],
-                            cwd=ROOT, env=command_env(tmp_path), stdout=out, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.time() + 300
-        while not any("[progress] step" in log.read_text() for log in tmp_path.rglob("*_0_log.err")):
-            assert proc.poll() is None and time.time() < deadline, (tmp_path / "sweep.log").read_text()[-3000:]
-            time.sleep(0.5)
-        [job, ran] = subprocess.run(["squeue", "-h", "-o", "%i %M"], capture_output=True, text=True,
-                                    timeout=30).stdout.split()
-        minutes = sum(int(x) * 60 ** i for i, x in enumerate(reversed(ran.split(":")))) // 60 + 2
-        subprocess.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"], check=True, timeout=30)
-        proc.wait(timeout=400)
-    finally:
-        proc.kill()
-    proc.stderr = (tmp_path / "sweep.log").read_text()
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    log = tmp_path / "sweep.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([str(PYTHON), "-m", "train", "-m", "progress_bar=false", "checkpoint=none",
+                                 "cluster=slurm-local", "cluster.wait=true", "data=mock", "max_duration=100000ba",
+                                 "cluster.timeout_min=10", "cluster.signal_delay_s=90", "cluster.max_num_timeout=0"],
+                                cwd=ROOT, env=command_env(tmp_path), stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 300
+            while not any("[progress] step" in err.read_text() for err in tmp_path.rglob("*_0_log.err")):
+                assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+                time.sleep(0.5)
+            [job, ran] = subprocess.run(["squeue", "-h", "-o", "%i %M"], capture_output=True, text=True,
+                                        timeout=30).stdout.split()
+            warn_within_a_minute(job, ran)
+            proc.wait(timeout=400)
+        finally:
+            proc.kill()
+    assert proc.returncode == 1, log.read_text()[-3000:]
     sweep_dir, [row], [md] = _summaries(tmp_path)
     assert row["state"] in ("FAILED", "TIMEOUT")
     assert row["error"].startswith("rank 0: Job not requeued because: timed-out too many times."), row["error"]
