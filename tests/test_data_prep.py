@@ -70,6 +70,7 @@ def c4_dataset(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.torch  # reads the shards back with streaming's reader
 def test_round_trip_one_file_decodes_to_the_documents_joined_by_eos(tmp_path):
     prep("dataset=c4", f"input={C4_FIRST}", f"out_root={tmp_path}", "num_parts=1")
     samples = streaming_samples(tmp_path / "train")
@@ -86,6 +87,7 @@ def test_round_trip_one_file_decodes_to_the_documents_joined_by_eos(tmp_path):
     assert joined.startswith(decoded) and len(joined) - len(decoded) < 2048 * 8
 
 
+@pytest.mark.torch  # reads the shards back with streaming's reader
 def test_two_c4_files_every_token_kept_summary_written(c4_dataset):
     samples = streaming_samples(c4_dataset / "train")
     streams = [reference_tokens(texts(f)) for f in sorted(C4.glob("c4-train.*.json.gz"))]
@@ -98,6 +100,7 @@ def test_two_c4_files_every_token_kept_summary_written(c4_dataset):
     assert summary["shards"] >= 3 and summary["this_run"]["tokens_per_second"] > 0
 
 
+@pytest.mark.torch  # reads the shards back with streaming's reader
 def test_llm_foundry_text_loader_reads_the_dataset(c4_dataset):
     script = f"""
 import numpy as np
@@ -127,6 +130,7 @@ def test_parts_dispatched_with_submitit_then_merged_equal_a_single_part(tmp_path
     assert tree(parallel / "train") == tree(single / "train")  # byte for byte, merged index included
 
 
+@pytest.mark.torch  # reads the shards back with streaming's reader
 def test_byte_ranges_of_one_plain_file_lose_and_repeat_no_line(tmp_path):
     big = tmp_path / "in" / "docs.jsonl"
     big.parent.mkdir()
@@ -198,6 +202,7 @@ def corrupt_file(folder: Path) -> tuple[Path, dict[int, str], list[str]]:
     return path, bad, [json.loads(line)["text"] for line in good]
 
 
+@pytest.mark.torch  # reads the shards back with streaming's reader
 def test_corrupt_lines_are_skipped_counted_and_reported_with_file_and_line(tmp_path):
     src, bad, good = corrupt_file(tmp_path)
     proc = prep("dataset=jsonl", f"input={src}", f"out_root={tmp_path / 'out'}", "concat_tokens=256",
@@ -223,6 +228,7 @@ def test_strict_mode_stops_at_the_first_corrupt_line(tmp_path):
     assert not (split / "index.json").exists() and not list(split.glob("block-*")) and not list(split.glob(".tmp-*"))
 
 
+@pytest.mark.torch  # reads the shards back with streaming's reader
 def test_slimpajama_zst_is_read_in_one_pass(tmp_path):
     import zstandard
 
@@ -250,7 +256,8 @@ def _snapshot(folder: Path) -> list[str]:
     return sorted(str(p) for p in folder.rglob("*"))
 
 
-@pytest.mark.parametrize("case", ["missing input", "c4 hub while offline", "unknown dataset", "unwritable out_root", "foreign dataset",
+@pytest.mark.parametrize("case", ["missing input", "c4 hub while offline", "unknown dataset", "unwritable out_root",
+                                  pytest.param("foreign dataset", marks=pytest.mark.torch),  # streaming's writer
                                   "other settings", "missing tokenizer", "model vocab too small", "sweep"])
 def test_bad_input_gives_one_clear_message_and_writes_nothing(tmp_path, case):
     out = tmp_path / "out"

@@ -89,6 +89,7 @@ def test_llm_foundry_converter_output_is_read_from_its_first_sample(tmp_path):
     assert check_index(out) == []
 
 
+@pytest.mark.torch  # streaming's writer
 @pytest.mark.parametrize("columns, value", [
     ({"tokens": "ndarray:int32"}, lambda ids: ids.astype(np.int32)),
     ({"tokens": "ndarray"}, lambda ids: ids.astype(np.int64)),  # dtype stored in each sample
@@ -113,6 +114,7 @@ def test_the_first_sample_of_streaming_mds_writer_output(tmp_path, columns, valu
     assert dataset_facts(tmp_path)["sample_tokens"] == 300 and check_index(tmp_path) == []
 
 
+@pytest.mark.torch  # streaming's writer
 def test_a_folder_without_tokens_says_nothing(tmp_path):
     from streaming import MDSWriter
 
