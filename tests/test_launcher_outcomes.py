@@ -245,6 +245,23 @@ def test_a_running_point_shows_what_its_rank_0_last_wrote(tmp_path):
     assert "checkpoint" not in shown and "error" not in shown  # the files hold every column
 
 
+def test_a_completed_point_shows_the_whole_runs_rates_from_its_metrics(tmp_path):
+    """Once a point completes, tokens/s and MFU are the whole run's (metrics.json), both over the batches alone,
+    never the last progress line's stretch beside the whole run's other figure."""
+    from hydra_plugins.pretrain_launcher.sweep_status import rows
+
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "progress.json").write_text('{"starts": 1, "progress": "step 40/40", "step": 40, "loss": 3.5,'
+                                                  ' "tokens_per_sec": 900.0, "mfu": 0.30, "eta_s": 0}')
+    (tmp_path / "0" / "metrics.json").write_text('{"final_train_loss": 3.4, "tokens_per_sec": 1000.0, "mfu": 0.25,'
+                                                 ' "wall_tokens_per_sec": 800.0}')
+    job = StandInJob(tmp_path / "4242", "COMPLETED")
+    for k in (0, 1):
+        job.result(k, "success", success({"final_train_loss": 3.4}))
+    [row] = rows(manifest(tmp_path), [job])
+    assert (row["state"], row["final_loss"], row["tokens_per_sec"], row["mfu"]) == ("COMPLETED", 3.4, 1000.0, 0.25)
+
+
 def test_a_job_not_yet_in_slurms_accounting_is_pending(tmp_path):
     from hydra_plugins.pretrain_launcher.sweep_status import rows
 

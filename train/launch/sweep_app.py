@@ -140,7 +140,7 @@ class TrainApp(SweepApp):
             "final_loss": metrics.get("final_train_loss") if done else None,
             "eval_loss": (metrics.get("final_eval") or {}).get("eval/LanguageCrossEntropy") if done else None,
             "tokens_per_sec": metrics.get("tokens_per_sec") if done else progress.get("tokens_per_sec"),
-            "mfu": progress.get("mfu"),
+            "mfu": metrics.get("mfu") if done else progress.get("mfu"),  # both over the batches alone
             "eta": "" if eta is None or not going else str(timedelta(seconds=int(eta))),
             "last_progress": "" if age is None or not going else f"{timedelta(seconds=int(age))} ago",
             "world_size": point["world_size"],

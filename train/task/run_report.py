@@ -1,5 +1,5 @@
 """A Composer callback that keeps the loss history, logs the run's progress and writes its report:
-`metrics.json` (final losses, tokens/s) at the end of fit, `loss_curve.png` at every checkpoint and at the
+`metrics.json` (final losses, tokens/s and MFU over the batches, tokens/s over the wall clock) at the end of fit, `loss_curve.png` at every checkpoint and at the
 end, and `progress.json` at every progress line, in the run's output folder.
 
 progress.json is what `python -m train.status` reads to follow a running sweep without parsing logs: the latest
@@ -67,8 +67,11 @@ class RunReport(Callback):
         self.folder = Path(folder)
         self.train = []  # [batch, loss] (loss averaged over ranks)
         self.evals = []  # [batch, {metric: value}]
-        self._t0 = self._tok0 = self._done0 = None
-        self.tokens_per_sec = None
+        self._t0 = self._tok0 = self._done0 = self._s0 = None
+        # this process's rates from the end of its first batch (which carries start-up costs): tokens_per_sec
+        # over the batches alone (data loading and compute, as the progress lines and composer's
+        # throughput/tokens_per_sec count), wall_tokens_per_sec over the wall clock (evaluations and checkpoints in)
+        self.tokens_per_sec = self.wall_tokens_per_sec = None
         self.interval = Time.from_input(interval, TimeUnit.EPOCH)
         if self.interval.unit not in (TimeUnit.BATCH, TimeUnit.EPOCH) or self.interval.value <= 0:
             raise ValueError(f"console_log_interval must be a positive number of batches or epochs "
@@ -118,10 +121,13 @@ class RunReport(Callback):
         if self._batch_t is not None:
             self._train_s += now - self._batch_t
         if self._t0 is None:  # the first batch carries start-up costs; measure from its end
-            self._t0, self._tok0, self._done0 = now, tokens, _done(state)
+            self._t0, self._tok0, self._done0, self._s0 = now, tokens, _done(state), self._train_s
             self._line = (self._train_s, tokens, len(self.train))
-        elif now > self._t0:
-            self.tokens_per_sec = (tokens - self._tok0) / (now - self._t0)
+        else:
+            if now > self._t0:
+                self.wall_tokens_per_sec = (tokens - self._tok0) / (now - self._t0)
+            if self._train_s > self._s0:
+                self.tokens_per_sec = (tokens - self._tok0) / (self._train_s - self._s0)
         batch = int(state.timestamp.batch)
         at_interval = self.interval.unit == TimeUnit.BATCH and batch % int(self.interval.value) == 0
         if at_interval or _done(state) >= 1.0:
@@ -145,8 +151,8 @@ class RunReport(Callback):
         if self._train_s > s_line:
             rate = (tokens - tok_line) / (self._train_s - s_line)
             parts.append(f"{rate:,.0f} tokens/s")
-            if self.peak_flops and self._flops_per_token:
-                mfu = rate * self._flops_per_token / (self.peak_flops * dist.get_world_size())
+            mfu = self._mfu(rate)
+            if mfu is not None:
                 parts.append(f"MFU {100 * mfu:.1f}%")
         done = _done(state)
         if done >= 1.0:
@@ -158,6 +164,12 @@ class RunReport(Callback):
         log.info("[progress] " + ", ".join(parts))
         self._write_status(step=int(state.timestamp.batch), progress=_step(state), loss=loss, tokens_per_sec=rate,
                            mfu=mfu, eta_s=eta)
+
+    def _mfu(self, tokens_per_sec: float | None) -> float | None:
+        """The model FLOPs utilisation of a training rate (all ranks), where the device's peak is known."""
+        if not (tokens_per_sec and self.peak_flops and self._flops_per_token):
+            return None
+        return tokens_per_sec * self._flops_per_token / (self.peak_flops * dist.get_world_size())
 
     def _write_status(self, **fields) -> None:
         """progress.json (rank 0), replaced whole: the status command never reads half of one."""
@@ -210,7 +222,9 @@ class RunReport(Callback):
             "world_size": dist.get_world_size(),
             "final_train_loss": self.train[-1][1] if self.train else None,
             "final_eval": self.evals[-1][1] if self.evals else {},
-            "tokens_per_sec": self.tokens_per_sec,
+            "tokens_per_sec": self.tokens_per_sec,  # the batches alone, as the progress lines
+            "mfu": self._mfu(self.tokens_per_sec),
+            "wall_tokens_per_sec": self.wall_tokens_per_sec,  # evaluations and checkpoints included
             "train_loss": self.train,
             "eval": self.evals,
         }
