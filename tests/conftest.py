@@ -9,6 +9,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -68,13 +69,28 @@ def _grouped_as_asked(config, items):
                           "use the pytest pinned in requirements.lock")
 
 
+class _RefuseTorch:
+    """On a worker that has not imported torch, a test not marked torch or train that imports it (or asks where it
+    is) is refused at that line, and fails even if a library swallowed the refusal: every such test fails, however
+    many and in whatever order they run (after torch is loaded by a marked test, only imports are not seen)."""
+    on, refused = False, None
+
+    def find_spec(self, name, path=None, target=None):
+        if self.on and name.partition(".")[0] == "torch":
+            self.refused = name
+            raise ImportError(f"import of {name} refused: this test imports torch into the test process")
+        return None
+
+
+_REFUSE_TORCH = _RefuseTorch()
+sys.meta_path.insert(0, _REFUSE_TORCH)
+
+
 # The tiers keep their meaning (pyproject.toml markers): a test runs a command in a process of its own only when
 # marked e2e (or train, slurm), and imports torch into the test process only when marked torch (or train). The fast
 # tier is what is left, so a mark missed would silently slow it down; here it fails the test instead.
 @pytest.fixture(autouse=True)
 def _tier(request):
-    import sys
-
     import helpers
 
     marks = {m.name for m in request.node.iter_markers()}
@@ -84,13 +100,15 @@ def _tier(request):
     # Without SLURM_CONF such a test fails at its sbatch, naming itself.
     cluster = None if "slurm" in marks else os.environ.pop("SLURM_CONF", None)
     had_torch = "torch" in sys.modules
+    _REFUSE_TORCH.on, _REFUSE_TORCH.refused = not had_torch and not marks & {"torch", "train"}, None
     yield
+    _REFUSE_TORCH.on = False
     helpers.RUNS_COMMANDS = True
     if cluster is not None:
         os.environ["SLURM_CONF"] = cluster
     if "slurm" in marks and os.environ.get("SLURM_CONF"):
         _cancel_what_is_left(request.node.nodeid)
-    if not had_torch and "torch" in sys.modules and not marks & {"torch", "train"}:
+    if _REFUSE_TORCH.refused or (not had_torch and "torch" in sys.modules and not marks & {"torch", "train"}):
         pytest.fail("this test imported torch into the test process: mark it `torch` (pyproject.toml markers)",
                     pytrace=False)
 
