@@ -320,6 +320,21 @@ def test_a_flipped_block_in_the_newest_checkpoint_is_set_aside_and_the_run_resum
     assert_same_run(newest_metrics(root), straight(ranks, tmp_path_factory))
 
 
+@pytest.mark.parametrize("reader, fmt, ranks", [("train.export", "full", 1), ("train.consolidate", "sharded", 2)])
+def test_a_checkpoint_named_by_its_path_that_does_not_match_its_manifest_is_refused(reader, fmt, ranks, tmp_path,
+                                                                                     tmp_path_factory):
+    """export and consolidate read the one checkpoint they are pointed at: a damaged one is refused naming the
+    file and nothing is written (exit 0 would hand over damaged weights)."""
+    folder, _ = _finished_copy(ranks, fmt, tmp_path, tmp_path_factory)
+    ckpt = _checkpoint(folder, 40)
+    damaged = _largest_file(ckpt)
+    _flip_middle(damaged)
+    out = tmp_path / "out"
+    proc = run("-m", reader, str(ckpt), f"--out={out}", root=tmp_path, check=2)
+    assert f"{damaged} does not match its manifest" in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
 def test_when_no_checkpoint_verifies_the_run_stops_naming_them_and_trains_nothing(tmp_path, tmp_path_factory):
     folder, cmd = _finished_copy(1, "full", tmp_path, tmp_path_factory)
     for batch in (10, 20, 30, 40):

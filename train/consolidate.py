@@ -28,7 +28,7 @@ def main(argv=None) -> int:
         print(f"error: {args.path}: no complete checkpoint there (expected an ep{{E}}-ba{{B}}/ folder with "
               f".metadata, or a save folder holding one)", file=sys.stderr)
         return 2
-    why = resume.problem(ckpt)
+    why = resume.unreadable(ckpt)  # a checkpoint named by its path is verified too: never write damaged weights
     if why:
         print(f"error: {ckpt.path}: {why}", file=sys.stderr)
         return 2

@@ -44,7 +44,7 @@ def locate(arg: str, checkpoint_root: Path | None = None):
         raise UserError("checkpoint", f"{path}: no complete checkpoint there",
                         "give an ep{E}-ba{B}/ folder with .metadata, an ep{E}-ba{B}-rank0.pt file, or a save folder "
                         "holding one")
-    why = resume.problem(ckpt)
+    why = resume.unreadable(ckpt)  # a checkpoint named by its path is verified too: never export damaged weights
     if why:
         raise UserError("checkpoint", f"{ckpt.path}: {why}", "export an older, complete checkpoint of the run")
     return ckpt

@@ -133,6 +133,19 @@ def shard(src: Path, out: Path) -> Path:
     return out
 
 
+def unreadable(ckpt: Checkpoint) -> str | None:
+    """Why one process cannot read this checkpoint as it was written (export, consolidate): incomplete by its
+    structure, or, where it has a manifest, a file that does not match it (train/checkpoint/integrity.py)."""
+    why = problem(ckpt)
+    if why is None:
+        from train.checkpoint import integrity
+
+        manifest = integrity.read_manifest(ckpt.path)
+        if manifest is not None:
+            why = integrity.share_differs(ckpt.path, manifest, world=1, rank=0)
+    return why
+
+
 def newest_complete(folder, reads_sharded: bool | None = None, tidy: bool = False,
                     verify: bool = False) -> Checkpoint | None:
     """The newest complete checkpoint. At equal batch, the format this run reads (`reads_sharded`) comes first.
@@ -148,13 +161,7 @@ def newest_complete(folder, reads_sharded: bool | None = None, tidy: bool = Fals
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     order = sorted(find(folder), key=lambda c: (c.batch, c.sharded == reads_sharded))
     for ckpt in reversed(order):
-        why = problem(ckpt)
-        if why is None and verify:
-            from train.checkpoint import integrity
-
-            manifest = integrity.read_manifest(ckpt.path)
-            if manifest is not None:
-                why = integrity.share_differs(ckpt.path, manifest, world=1, rank=0)
+        why = unreadable(ckpt) if verify else problem(ckpt)
         if why is None:
             return ckpt
         if tidy:
