@@ -38,12 +38,13 @@ def locate(arg: str, checkpoint_root: Path | None = None):
                             "overrides after the run name (storage=amlfs storage.root=...)")
     path = path.resolve()
     [ckpt] = [c for c in resume.find(path.parent) if c.path == path] or [None]
-    if ckpt is None:  # a save folder: its newest complete checkpoint (nothing is moved: a run may be writing)
+    if ckpt is None:  # a save folder: its newest checkpoint that verifies (nothing is moved: a run may be writing)
         ckpt = resume.newest_complete(path, verify=True)
-    if ckpt is None:
-        raise UserError("checkpoint", f"{path}: no complete checkpoint there",
-                        "give an ep{E}-ba{B}/ folder with .metadata, an ep{E}-ba{B}-rank0.pt file, or a save folder "
-                        "holding one")
+        if ckpt is None:
+            raise UserError("checkpoint", f"{path}: no complete checkpoint there",
+                            "give an ep{E}-ba{B}/ folder with .metadata, an ep{E}-ba{B}-rank0.pt file, or a save "
+                            "folder holding one")
+        return ckpt
     why = resume.unreadable(ckpt)  # a checkpoint named by its path is verified too: never export damaged weights
     if why:
         raise UserError("checkpoint", f"{ckpt.path}: {why}", "export an older, complete checkpoint of the run")
