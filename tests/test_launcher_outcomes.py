@@ -47,8 +47,8 @@ class StandInJob:
         path.parent.mkdir(parents=True, exist_ok=True)
         cloudpickle_dump((outcome, value), path)
 
-    def log(self, k, text):
-        path = self.task(k).paths.stderr
+    def log(self, k, text, stream="stderr"):
+        path = getattr(self.task(k).paths, stream)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
 
@@ -147,6 +147,43 @@ def test_out_of_time_while_a_library_imports_says_why_not_the_librarys_wrapper(t
     job.result(0, "error", stored)
     [rank] = rank_outcomes(job, wait_s=0)
     assert rank.error == "Job not requeued because: timed-out too many times."
+
+
+DATALOADER_KILLED = """Traceback (most recent call last):
+  File "/work/train/task/main.py", line 45, in run
+    train(fcfg).close()
+RuntimeError: DataLoader worker (pid 25635) is killed by signal: Terminated.
+"""
+VERDICT = "Job not requeued because: timed-out too many times."
+
+
+@pytest.mark.parametrize("stored", [True, False], ids=["verdict-stored", "killed-before-storing-it"])
+def test_out_of_time_leads_with_submitits_verdict_not_what_followed_from_it(tmp_path, stored):
+    """Rank 0 raises submitit's verdict at Slurm's warning; the step ends, rank 1's dataloader workers die of the
+    SIGTERM and rank 1 stores that, maybe first. When Slurm's time limit comes before rank 0 stores its result
+    (a loaded machine), what is left of the verdict is submitit's line in rank 0's stdout."""
+    import os
+    import time
+
+    from hydra_plugins.pretrain_launcher.sweep_status import rows
+
+    job = StandInJob(tmp_path / "4242", "TIMEOUT")
+    job.log(0, f"submitit WARNING (2026-11-25 18:39:40,070) - Caught signal SIGUSR2 on vm: this job is timed-out.\n"
+               f"submitit INFO (2026-11-25 18:39:40,162) - {VERDICT}\n", stream="stdout")
+    job.log(0, "Traceback (most recent call last):\n  File \"resource_tracker.py\", line 239, in main\n"
+               "KeyError: '/001030_locals'\n")
+    job.result(1, "error", DATALOADER_KILLED)
+    if stored:  # after rank 1's, as a loaded machine may order them: which stored first does not decide
+        job.result(0, "error", 'Traceback (most recent call last):\n  File "x.py", line 1, in f\n'
+                               f"submitit.core.utils.UncompletedJobError: {VERDICT}\n")
+        os.utime(job.task(0).paths.result_pickle, (time.time() + 5,) * 2)
+    [row] = rows(manifest(tmp_path), [job], all_ended=True)
+    assert row["state"] == "TIMEOUT"
+    assert row["error"].startswith(f"rank 0: {VERDICT}"), row["error"]
+    assert row["error"].endswith("rank 1: RuntimeError: DataLoader worker (pid 25635) is killed by signal: "
+                                 "Terminated."), row["error"]
+    if not stored:
+        assert "no result (killed, or stopped responding; job TIMEOUT); KeyError: '/001030_locals'" in row["error"]
 
 
 def test_a_killed_rank_without_a_result_shows_the_job_state_and_its_last_traceback(tmp_path):

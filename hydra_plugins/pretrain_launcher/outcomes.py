@@ -43,6 +43,7 @@ class RankOutcome:
     tail: list           # last lines of its log
     ok: bool = False
     error: str = ""
+    verdict: bool = False  # error is submitit's own word on why the job ended (not requeued): the cause, led with
 
 
 def kill_local_tasks(job) -> None:
@@ -78,6 +79,9 @@ def load_result(path: Path):
 
 
 UNCOMPLETED = re.compile(r"^(?:\[rank\d+\]: ?)?(?:submitit\.core\.utils\.)?UncompletedJobError: (.+)$", re.M)
+# submitit logs its verdict (to the task's stdout) before it raises it: what is left of it when the rank was ended
+# before its result was stored (Slurm's time limit came first)
+LOGGED_VERDICT = re.compile(r"^submitit INFO \([^)]*\) - (Job not requeued because: .+)$", re.M)
 
 
 def rank_outcomes(job, wait_s: float = 15.0) -> list:
@@ -102,13 +106,30 @@ def rank_outcomes(job, wait_s: float = 15.0) -> list:
             # own error (transformers: "Failed to import ..."). Its message says why the job ended; its type,
             # internal to submitit, says nothing.
             why = UNCOMPLETED.findall(str(value))
-            r.error = why[-1].strip() if why else (last_exception(str(value)) or "error")
+            r.error, r.verdict = (why[-1].strip(), True) if why else (last_exception(str(value)) or "error", False)
         else:
             # a rank that died of an error without storing it (its log ends with the traceback), or was killed
+            why = LOGGED_VERDICT.findall(_read(Path(str(t.paths.stdout))))
             r.error = f"no result (killed, or stopped responding; job {final_state(job)}); " + \
                       (last_exception("\n".join(r.tail)) or "last log line: " + (r.tail[-1] if r.tail else "(empty log)"))
+            if why:  # submitit had decided, then the rank was killed before it could store it
+                r.error, r.verdict = f"{why[-1].strip()} ({r.error})", True
         out.append(r)
     return out
+
+
+def first_failure(bad: list):
+    """The rank whose error the summary leads with: submitit's verdict on the job (out of time and not
+    requeued), which the other ranks' errors follow from (srun ends them, their dataloader workers die of the
+    SIGTERM); else the first rank that stored an error; else the first to end."""
+    return min(bad, key=lambda r: (not r.verdict, r.outcome != "error", r.mtime, r.rank))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def rank_errors(bad: list, first) -> str:

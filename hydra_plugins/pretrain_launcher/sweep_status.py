@@ -76,6 +76,7 @@ def rows(manifest: dict, point_jobs: list, wait_s: float = 0, all_ended: bool = 
         SLURM_ENDS,
         ended,
         final_state,
+        first_failure,
         pending_reasons,
         rank_errors,
         rank_outcomes,
@@ -93,7 +94,7 @@ def rows(manifest: dict, point_jobs: list, wait_s: float = 0, all_ended: bool = 
             state = "COMPLETED" if not bad else final_state(job)
             if bad and state not in SLURM_ENDS and (any(r.outcome for r in ranks) or state == "UNKNOWN"):
                 state = "FAILED"  # a rank raised; Slurm's own state is kept where it says more (TIMEOUT, ...)
-            first = min(bad, key=lambda r: (r.outcome != "error", r.mtime, r.rank)) if bad else ranks[0]
+            first = first_failure(bad) if bad else ranks[0]
             error = rank_errors(bad, first)
             log = first.log
         else:
