@@ -67,6 +67,8 @@ CASES = [
     (["~scheduler.t_warmup"], "refused", "scheduler.t_warmup"),
     (["scheduler.alpha_f=2", "plan=true"], "warned", "scheduler.alpha_f"),
     (["max_duration=2ba", "plan=true"], "warned", "scheduler.t_warmup"),
+    # the data
+    (["eval_loader.dataset.split=train", "plan=true"], "warned", "eval_loader.dataset.split"),
     # the model
     (["model.attn_config.attn_impl=foo"], "refused", "model.attn_config.attn_impl"),
     (["model.attn_config.attn_impl=triton"], "refused", "model.attn_config.attn_impl"),

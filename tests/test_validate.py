@@ -448,3 +448,17 @@ def test_attention_dropout_with_torch_attention_is_refused_where_llm_foundry_fai
     assert ("model.attn_config.attn_pdrop", ERROR) in found("model=gpt-375m")
     assert ("model.attn_config.attn_pdrop", ERROR) not in found("model=gpt-375m", "model.attn_config.attn_pdrop=0")
     assert "model.attn_config.attn_pdrop" not in {k for k, _ in found("model=gpt-375m", "cluster=ndv5")}
+
+
+def test_an_evaluation_on_the_training_split_is_a_warning_naming_both_loaders():
+    """Legal in llm-foundry, but the eval loss the summary and an Optuna objective read as held-out would follow
+    the train loss."""
+    def found(*overrides):
+        return [(p.key, p.level, p.problem) for p in check(compose(list(overrides)), Context(mode="plan"))]
+
+    [(key, level, problem)] = found("eval_loader.dataset.split=train")
+    assert (key, level) == ("eval_loader.dataset.split", WARNING)
+    assert "both read split 'train' of " in problem and problem.split(" of ")[1].startswith(
+        str(compose([]).variables.data_local))
+    assert found() == [] and found("eval_loader=null") == []
+    assert found("eval_loader.dataset.local=/elsewhere", "eval_loader.dataset.split=train") == []  # other data

@@ -1,6 +1,7 @@
 """Rules about the config's values alone: what llm-foundry, composer or Slurm would refuse, or what surely fails
 (errors), and what is legal but likely a mistake (warnings). Each rule yields every problem it finds."""
 import os
+from collections.abc import Mapping
 
 from train.checks.core import (
     DURATION,
@@ -158,6 +159,23 @@ def seq_len(cfg, ctx):
                           "max_seq_len unless set)")
 
 
+def held_out(cfg, ctx):
+    """An evaluation on the very data the run trains on: llm-foundry runs it as asked, and its eval loss then follows
+    the train loss, saying nothing of held-out text, while the summary, metrics.json and an Optuna objective read it
+    as the held-out loss. A warning: the data and split may be meant (a memorisation check)."""
+    if not isinstance(value(cfg, "eval_loader"), Mapping):
+        return
+    (remote, local, split), other = [(value(cfg, f"{loader}.dataset.remote"), value(cfg, f"{loader}.dataset.local"),
+                                      value(cfg, f"{loader}.dataset.split")) for loader in ("train_loader", "eval_loader")]
+    # the same split of the same local folder (streaming's cache of a remote, or the data itself) or remote
+    same = [where for where, theirs in ((local, other[1]), (remote, other[0])) if where and where == theirs]
+    if same and split == other[2]:
+        yield Problem("eval_loader.dataset.split", f"evaluates on what it trains on: eval_loader and train_loader both "
+                      f"read split {split!r} of {same[0]}; the eval loss then follows the train loss and measures no "
+                      "held-out text", "eval_loader.dataset.split=val (data_prep makes it from the data set's "
+                      "validation files: split=val)", WARNING)
+
+
 def device(cfg, ctx):
     gpus = value(cfg, "cluster.gpus_per_node") or 0
     name = value(cfg, "cluster.name")
@@ -307,5 +325,5 @@ def slurm_preset_needs_m(cfg, ctx):
                   "need, or cluster=local to train on this machine")
 
 
-RULES = [plan_form, known_keys, resolves, slurm_preset_needs_m, mock_data_only_where_asked, numbers, schedule, seq_len, device, fsdp, checkpoint,
+RULES = [plan_form, known_keys, resolves, slurm_preset_needs_m, mock_data_only_where_asked, numbers, schedule, seq_len, held_out, device, fsdp, checkpoint,
          storage, cluster_figures, batch, export]
