@@ -99,8 +99,8 @@ def _tier(request):
     # another worker would hold the two nodes while the Slurm tests' own jobs wait, pending, until they time out.
     # Without SLURM_CONF such a test fails at its sbatch, naming itself.
     cluster = None if "slurm" in marks else os.environ.pop("SLURM_CONF", None)
-    had_torch = "torch" in sys.modules
-    _REFUSE_TORCH.on, _REFUSE_TORCH.refused = not had_torch and not marks & {"torch", "train"}, None
+    _REFUSE_TORCH.on = "torch" not in sys.modules and not marks & {"torch", "train"}
+    _REFUSE_TORCH.refused = None
     yield
     _REFUSE_TORCH.on = False
     helpers.RUNS_COMMANDS = True
@@ -108,7 +108,7 @@ def _tier(request):
         os.environ["SLURM_CONF"] = cluster
     if "slurm" in marks and os.environ.get("SLURM_CONF"):
         _cancel_what_is_left(request.node.nodeid)
-    if _REFUSE_TORCH.refused or (not had_torch and "torch" in sys.modules and not marks & {"torch", "train"}):
+    if _REFUSE_TORCH.refused:
         pytest.fail("this test imported torch into the test process: mark it `torch` (pyproject.toml markers)",
                     pytrace=False)
 
