@@ -80,18 +80,25 @@ def test_an_index_naming_a_missing_or_short_shard_is_refused(c4_mds, tmp_path, c
     assert proc.returncode == 2 and "error: variables.data_local:" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_data_tokenized_with_another_tokenizer_is_refused(c4_mds, tmp_path):
+def _other_tokenizer(tmp_path):
+    """gpt-neox-20b with two ids swapped: the same size, another meaning."""
     other = tmp_path / "other-tokenizer"
     other.mkdir()
     definition = json.loads((TOKENIZER / "tokenizer.json").read_text())
     vocab = definition["model"]["vocab"]
     a, b = list(vocab)[1000:1002]
-    vocab[a], vocab[b] = vocab[b], vocab[a]  # two ids swapped: same size, other meaning
+    vocab[a], vocab[b] = vocab[b], vocab[a]
     (other / "tokenizer.json").write_text(json.dumps(definition))
+    return other
+
+
+def test_data_tokenized_with_another_tokenizer_is_refused(c4_mds, tmp_path):
+    other = _other_tokenizer(tmp_path)
     found = check(compose(["data=mds", f"tokenizer.name={other}", f"variables.data_local={c4_mds}",
                            "max_seq_len=128"]), Context())
     [p] = [p for p in found if p.key == "tokenizer.name"]
-    assert p.level == ERROR and f"tokenized with {TOKENIZER}, not {other}" in p.problem, p
+    assert p.level == ERROR and f"{c4_mds / 'train'} and {c4_mds / 'val'} were tokenized with {TOKENIZER}, " \
+        f"not {other}" in p.problem, p
     assert f"tokenizer.name={TOKENIZER}" in p.fix
     import shutil
 
@@ -99,6 +106,41 @@ def test_data_tokenized_with_another_tokenizer_is_refused(c4_mds, tmp_path):
     shutil.copytree(TOKENIZER, same)  # the same tokenizer elsewhere is the same tokenizer
     assert check(compose(["data=mds", f"tokenizer.name={same}", f"variables.data_local={c4_mds}",
                           "max_seq_len=128"]), Context()) == []
+
+
+def test_each_loader_is_checked_at_its_own_folder_and_split(c4_mds, tmp_path):
+    """What streaming will open: a loader's own dataset.local (llm-foundry's vocabulary, beside variables.data_local)
+    and split; eval_loader=null (no evaluation, legal in llm-foundry) reads nothing."""
+    assert check(_data(c4_mds, "max_seq_len=128", "eval_loader=null"), Context()) == []  # was: "has no None/index.json"
+    # the loaders given their folder directly, variables.data_local left at a preset's folder that does not exist
+    assert check(compose(["data=c4", f"tokenizer.name={TOKENIZER}", "max_seq_len=128",
+                          f"train_loader.dataset.local={c4_mds}", f"eval_loader.dataset.local={c4_mds}"]), Context()) == []
+    [p] = check(_data(c4_mds, "max_seq_len=128", f"eval_loader.dataset.local={tmp_path / 'nothing'}"), Context())
+    assert (p.key, p.level) == ("eval_loader.dataset.local", ERROR) and "does not exist" in p.problem, p
+    assert "eval_loader.dataset.local at an MDS folder" in p.fix
+    [p] = check(_data(c4_mds, "max_seq_len=128", "eval_loader.dataset.split=val_small"), Context())
+    assert (p.key, p.level) == ("eval_loader.dataset.split", ERROR), p
+    assert "holds no split 'val_small'" in p.problem and "its splits: train, val" in p.problem, p
+    [p] = check(_data(c4_mds, "max_seq_len=128", f"variables.data_local={tmp_path / 'nothing'}"), Context())
+    assert p.key == "variables.data_local" and "does not exist" in p.problem  # said once for both splits
+
+
+@pytest.mark.e2e  # runs data_prep
+def test_a_validation_split_tokenized_with_another_tokenizer_is_refused_naming_it(c4_mds, tmp_path):
+    """The training split matches the run's tokenizer, the validation split was made with another one: the eval
+    loss would be over token ids that mean other words."""
+    import shutil
+
+    from helpers import C4
+
+    other = _other_tokenizer(tmp_path)
+    data = tmp_path / "data"
+    shutil.copytree(c4_mds / "train", data / "train")
+    run("-m", "data_prep", "dataset=c4", f"input={C4 / 'c4-train.sample2.1000.json.gz'}", f"out_root={data}",
+        "split=val", f"tokenizer={other}", "concat_tokens=128", "num_parts=1", "progress=false", check=True, timeout=300)
+    [p] = [p for p in check(_data(data, "max_seq_len=128"), Context()) if p.key == "tokenizer.name"]
+    assert p.level == ERROR and p.problem.startswith(f"{data / 'val'} was tokenized with {other}, not {TOKENIZER}"), p
+    assert f"tokenizer.name={other}" in p.fix
 
 
 @pytest.mark.e2e  # runs data_prep

@@ -6,11 +6,13 @@ import functools
 import os
 import socket
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlparse
 
 from common import image as contract
 from common.paths import PROJECT
+from data_prep import facts
 from data_prep.facts import hub_cache, tokenizer_file
 from train.checks.core import URI, WARNING, Problem, value
 from train.config import vocab
@@ -225,53 +227,84 @@ def vocabulary(cfg, ctx):
                       "of 64)")
 
 
-def _mds_fix(local: Path, split: str, tokenizer: str) -> str:
+def _mds_fix(key: str, local: Path, split: str, tokenizer: str) -> str:
     """Where the data most likely is, or how to make it: a split folder given for the root, raw files given for
     the MDS folder, or nothing there yet."""
     if (local / "index.json").is_file():
-        return f"variables.data_local={local.parent} (the folder holding {local.name}/; each split is a subfolder)"
+        return f"{key}={local.parent} (the folder holding {local.name}/; each split is a subfolder)"
     if local.is_dir() and any(local.iterdir()):
         fresh = local.parent / f"{local.name}-mds"
         return (f"it holds no MDS data: if these are raw JSON lines, make MDS shards beside them with `python -m "
                 f"data_prep dataset=jsonl input={local} out_root={fresh} split={split} tokenizer={tokenizer}` and "
-                f"set variables.data_local={fresh}")
+                f"set {key}={fresh}")
     return (f"make it with `python -m data_prep input=<raw files> out_root={local} split={split} "
-            f"tokenizer={tokenizer}`, or point variables.data_local at an MDS folder (or set variables.data_remote "
+            f"tokenizer={tokenizer}`, or point {key} at an MDS folder (or set variables.data_remote "
             "to stream one)")
 
 
 def data(cfg, ctx):
-    if value(cfg, "data.kind") == "mock" or value(cfg, "variables.data_remote"):
-        return  # mock data is written when the run starts; remote data is streamed into data_local
-    local = Path(str(value(cfg, "variables.data_local"))).expanduser()
-    for num, split_key in enumerate(("train_loader.dataset.split", "eval_loader.dataset.split")):
-        split = value(cfg, split_key)
-        folder = local / str(split)
+    """Each loader's own MDS folder (dataset.local, dataset.split), as streaming will open it: llm-foundry's YAMLs
+    set them through variables.data_local, and a command line may set a loader's directly. A loader that streams
+    from a remote fills its local folder when it starts; eval_loader=null evaluates nothing."""
+    if value(cfg, "data.kind") == "mock":
+        return  # mock data is written when the run starts
+    tokenizer_name = str(value(cfg, "tokenizer.name"))
+    data_local = value(cfg, "variables.data_local")  # unset: named as such (what the loaders' own keys refer to)
+    # this run's tokenizer, by vocabulary (the same tokenizer saved elsewhere is the same), read once if needed
+    ours = functools.cache(lambda: facts.tokenizer_fingerprint(tokenizer_name))
+    checked, missing, other = set(), set(), {}
+    for loader in ("train_loader", "eval_loader"):
+        if value(cfg, f"{loader}.dataset.remote") or not isinstance(value(cfg, loader), Mapping):
+            continue
+        local, split = value(cfg, f"{loader}.dataset.local"), value(cfg, f"{loader}.dataset.split")
+        if not local:
+            continue  # not an MDS loader (llm-foundry's own checks name what it needs)
+        # the key to fix: the one most commands set (variables.data_local), unless this loader was given its own
+        key = "variables.data_local" if local == data_local else f"{loader}.dataset.local"
+        local = Path(str(local)).expanduser()
+        folder = local / str(split) if split else local  # streaming: no split means local is the split folder
+        if folder in checked:
+            continue
+        checked.add(folder)
         if not (folder / "index.json").is_file():
-            where = "does not exist" if not local.exists() else f"has no {split}/index.json"
-            yield Problem("variables.data_local", f"{local} {where} (streaming needs an MDS folder per split)",
-                          _mds_fix(local, split, str(value(cfg, "tokenizer.name"))))
-            return
-        yield from _split_data(cfg, folder, what_it_holds=num == 0)  # the splits were made alike: say it once
+            # (a split folder given for the root holds data_prep's block folders, not splits: _mds_fix says so)
+            splits = sorted(p.parent.name for p in local.glob("*/index.json")) \
+                if split and not (local / "index.json").is_file() else []
+            if splits:  # the data is there, the split is not: the split is what to fix
+                yield Problem(f"{loader}.dataset.split", f"{local} holds no split {split!r} (no {split}/index.json; "
+                              f"its splits: {', '.join(splits)})", f"{loader}.dataset.split=<one of "
+                              f"{', '.join(splits)}>, or make it with `python -m data_prep input=<raw files> "
+                              f"out_root={local} split={split} tokenizer={tokenizer_name}`")
+            elif local not in missing:  # both splits of a folder that is not there: said once
+                missing.add(local)
+                where = "does not exist" if not local.exists() else f"has no {split}/index.json" if split else \
+                    "has no index.json"
+                yield Problem(key, f"{local} {where} (streaming needs an MDS folder per split)",
+                              _mds_fix(key, local, split or "train", tokenizer_name))
+            continue
+        broken = facts.check_index(folder)
+        if broken:
+            yield Problem(key, f"{folder}: " + "; ".join(broken[:3])
+                          + (f" (and {len(broken) - 3} more)" if len(broken) > 3 else "")
+                          + " (streaming would fail to read it)",
+                          "copy the data again (every shard named in index.json, whole), or make it again with "
+                          "data_prep")
+            continue
+        found = facts.dataset_facts(folder)
+        if loader == "train_loader":
+            yield from _sample_length(cfg, folder, found.get("sample_tokens"))
+        # every split's tokenizer: a validation split of other token ids gives an eval loss over other words
+        recorded = found.get("tokenizer_fingerprint")
+        if recorded and ours() and ours() != recorded:
+            other.setdefault(found.get("tokenizer") or "another tokenizer", []).append(str(folder))
+    for used, folders in other.items():
+        yield Problem("tokenizer.name", f"{' and '.join(folders)} {'was' if len(folders) == 1 else 'were'} tokenized "
+                      f"with {used}, not {tokenizer_name}: its token ids mean other words here (and may index "
+                      "outside the embedding)", "tokenizer.name=" + (used if used != "another tokenizer" else
+                      "<the tokenizer data_prep used>") + ", or prepare the data again with this tokenizer")
 
 
-def _split_data(cfg, folder: Path, what_it_holds: bool):
-    try:
-        from data_prep import facts
-    except ImportError:  # pragma: no cover - data_prep ships beside train
-        return
-    problems = facts.check_index(folder)
-    if problems:
-        yield Problem("variables.data_local", f"{folder}: " + "; ".join(problems[:3])
-                      + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
-                      + " (streaming would fail to read it)",
-                      "copy the data again (every shard named in index.json, whole), or make it again with "
-                      "data_prep")
-        return
-    if not what_it_holds:
-        return
-    found = facts.dataset_facts(folder)
-    sample = found.get("sample_tokens")
+def _sample_length(cfg, folder: Path, sample: int | None):
     seq = value(cfg, "max_seq_len")
     if sample and isinstance(seq, int) and sample != seq:
         if sample > seq:
@@ -282,15 +315,6 @@ def _split_data(cfg, folder: Path, what_it_holds: bool):
                     "sequences, not what the plan assumed")
         yield Problem("max_seq_len", f"{folder} holds {what}", f"max_seq_len={sample}, or prepare the data again "
                       f"with concat_tokens={seq}", WARNING)
-    recorded = found.get("tokenizer_fingerprint")
-    if recorded and value(cfg, "data.kind") != "mock":
-        name = str(value(cfg, "tokenizer.name"))
-        ours = facts.tokenizer_fingerprint(name)
-        if ours and ours != recorded:
-            used = found.get("tokenizer") or "another tokenizer"
-            yield Problem("tokenizer.name", f"{folder} was tokenized with {used}, not {name}: its token ids mean "
-                          "other words here (and may index outside the embedding)", f"tokenizer.name={found.get('tokenizer') or '<the tokenizer data_prep used>'}, "
-                          "or prepare the data again with this tokenizer")
 
 
 RULES = [mounts, container, load_path, no_overwrite, tokenizer, vocabulary, data]
