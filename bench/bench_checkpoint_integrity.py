@@ -6,7 +6,8 @@ as a resume does), as ratios from one run on this machine.
     .venv/bin/python bench/bench_checkpoint_integrity.py [--mb 400] [--smoke]
 
 As root the page cache is dropped before the load and before the verification, as a resume on another day finds
-it (the figures say whether it was).
+it (the figures say whether it was); not in --smoke mode, which the test suite runs beside other tests (dropping
+the whole machine's cache, and the sync before it, would stall them, and it, for as long as they write).
 """
 import argparse
 import os
@@ -28,7 +29,7 @@ def _drop_caches() -> bool:
         return False
 
 
-def _rank(rank: int, world: int, folder: str, mb: int, port: int, out) -> None:
+def _rank(rank: int, world: int, folder: str, mb: int, port: int, out, cold: bool) -> None:
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -59,10 +60,10 @@ def _rank(rank: int, world: int, folder: str, mb: int, port: int, out) -> None:
     if rank == 0:
         integrity.write_manifest(folder, {k: v for part in gathered for k, v in part.items()})
     dist.barrier()
-    cold = _drop_caches() if rank == 0 else None
+    cold = _drop_caches() if cold and rank == 0 else None
     timed("load", lambda: dcp.load(state, storage_reader=dcp.FileSystemReader(folder)))
     manifest = integrity.read_manifest(folder)
-    if rank == 0:
+    if cold and rank == 0:
         _drop_caches()
     # a resume: verify (reading the files once), then load (now from the page cache)
     why = timed("verify", lambda: integrity.share_differs(folder, manifest, world, rank))
@@ -71,7 +72,37 @@ def _rank(rank: int, world: int, folder: str, mb: int, port: int, out) -> None:
     if rank == 0:
         size = sum((Path(folder) / n).stat().st_size for n in names)
         out.put({**times, "bytes": size, "cold": cold})
-    dist.destroy_process_group()
+        out.close()
+        out.join_thread()  # the figures are in the pipe
+    # No destroy_process_group(): with torch 2.7 it can deadlock here (~ProcessGroupGloo joins its worker thread
+    # while holding the GIL that thread needs to free the last collective's tensor; seen once in the suite and
+    # once alone), and so can the same destructor at interpreter exit. Nothing is left to flush: leave at once.
+    os._exit(0)
+
+
+def _free_port() -> int:
+    """A port no one listens on now (the OS's choice), for rank 0's store: a fixed or derived one may be taken by
+    another job on the machine, and rank 0 would fail while rank 1 waits for it."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _result(out, procs) -> dict:
+    """Rank 0's figures; a rank that died first is named instead of waiting for figures that will not come."""
+    import queue
+
+    while True:
+        try:
+            return out.get(timeout=1)
+        except queue.Empty:
+            dead = [f"rank {r} exited with {p.exitcode}" for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead:
+                for p in procs:
+                    p.kill()
+                sys.exit(f"bench_checkpoint_integrity: {', '.join(dead)} (its traceback is above)")
 
 
 def main() -> None:
@@ -86,15 +117,15 @@ def main() -> None:
     out = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         folder = str(Path(tmp) / "ep0-ba100")
-        port = 29500 + os.getpid() % 1000
-        procs = [ctx.Process(target=_rank, args=(r, 2, folder, mb, port, out)) for r in range(2)]
+        port = _free_port()
+        procs = [ctx.Process(target=_rank, args=(r, 2, folder, mb, port, out, not args.smoke)) for r in range(2)]
         for p in procs:
             p.start()
-        fig = out.get(timeout=600)
+        fig = _result(out, procs)
         for p in procs:
             p.join()
     gb = fig["bytes"] / 1e9
-    cache = "page cache dropped" if fig["cold"] else "page cache kept (not root)"
+    cache = "page cache dropped" if fig["cold"] else f"page cache kept ({'--smoke' if args.smoke else 'not root'})"
     print(f"2-rank sharded checkpoint, {fig['bytes'] / (1 << 20):.0f} MiB, on this machine ({cache} before load/verify)")
     print(f"  save   {fig['save']:7.3f} s  ({gb / fig['save']:.2f} GB/s)")
     print(f"  hash   {fig['hash']:7.3f} s  = {fig['hash'] / fig['save']:.1%} of the save (each rank its shard, just written)")
