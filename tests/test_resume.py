@@ -357,6 +357,31 @@ def resume_candidates(folder: Path) -> list:
     return resume.find(folder)
 
 
+def test_resuming_on_training_data_made_again_in_its_folder_is_refused_naming_it(tmp_path, tmp_path_factory):
+    """The run is named by its settings and its data by the folder: data made again there (here: other samples,
+    half as many) would go on from streaming's place in the old data and end with exit 0. Stopped (2 ranks, after
+    evaluations) before anything is trained or written, naming the index, both sample counts, and how to go on
+    from its weights."""
+    from train.task.mock_data import write_split
+
+    src = finished(2, "sharded", tmp_path_factory)
+    folder = _stopped_copy(2, 20, tmp_path, tmp_path_factory)
+    [mock] = [p.parent.parent for p in src.rglob("train/index.json") if "checkpoints" not in p.parts]
+    data = tmp_path / mock.relative_to(src)
+    shutil.copytree(mock, data)
+    shutil.rmtree(data / "train")
+    write_split(data / "train", 512, 128, seed=7)
+    before = _files(folder)
+    proc = run(*command(2, "sharded"), root=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    said = proc.stderr + task_log(tmp_path)
+    assert (f"train_loader.dataset: {data / 'train' / 'index.json'} is not the data this run trained on (512 "
+            "samples now, 1024 when the run started;") in said, said[-3000:]
+    assert f"run_name=<a new name> load_path={folder}/ep0-ba20" in said
+    assert "| FAILED |" in proc.stdout and "[progress] step" not in task_log(tmp_path)
+    assert _files(folder) == before  # no checkpoint, and its record still names the data it trained on
+
+
 def test_a_checkpoint_without_its_manifest_resumes_on_its_structure_and_gets_one(tmp_path, tmp_path_factory):
     """A kill between a checkpoint's last file and its manifest (composer's `latest` link already on it), and a
     folder written before manifests existed: the checkpoint is complete by its structure, so the run resumes from

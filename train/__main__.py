@@ -16,7 +16,7 @@ def main(cfg: DictConfig):
     from common.errors import UserError
     from train.checkpoint.resume import FolderInUse
     from train.task.main import run  # the heavy imports (torch, llm-foundry) start here
-    from train.task.shards import DamagedShard, NotMounted
+    from train.task.shards import DamagedShard, NotMounted, OtherData
 
     try:
         return run(cfg)
@@ -28,7 +28,7 @@ def main(cfg: DictConfig):
             raise  # a sweep job: its summary shows the error
         print(err, file=sys.stderr)
         # 2: refused before training (as the checks refuse); 1: a run that stopped (a non-finite loss, a full disk)
-        sys.exit(2 if isinstance(err, (FolderInUse, DamagedShard, NotMounted)) else 1)
+        sys.exit(2 if isinstance(err, (FolderInUse, DamagedShard, NotMounted, OtherData)) else 1)
 
 
 def _dotted_keys(node, prefix="") -> set:

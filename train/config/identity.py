@@ -212,8 +212,8 @@ def read_record(folder) -> dict:
 
 def write_record(folder, run_name: str, model: str | None, ident: dict, **extra) -> None:
     """<save_folder>/identity.json: what this run trains, so that a later command that trains something else
-    with the same model and data can name it; `extra`: what the run keeps about its folder (train/checkpoint/integrity.py:
-    the batch from which its checkpoints have manifests)."""
+    with the same model and data can name it; `extra`: what the run keeps beside it (train_data: its training
+    split's index, which a resume compares, train/task/shards.py)."""
     from common.files import atomic_write
 
     body = {"run_name": run_name, "model": model, **extra, "identity": ident}

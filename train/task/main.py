@@ -130,6 +130,7 @@ def _choose_resume_point(cfg, fcfg) -> None:
 
     from train.checkpoint import integrity, resume
     from train.config import identity
+    from train.task import shards
 
     rank, world = dist.get_global_rank(), dist.get_world_size()
     ours = fcfg.get("autoresume") and not fcfg.get("save_filename") and not fcfg.get("save_latest_filename")
@@ -184,8 +185,12 @@ def _choose_resume_point(cfg, fcfg) -> None:
                             "writing its manifest now", chosen.path)
                 integrity.write_manifest(chosen.path, integrity.hash_files(chosen.path,
                                                                            integrity.files_of(chosen.path)))
+            data = shards.train_data(fcfg)
+            if chosen:  # the data it goes on with is the data it trained on
+                shards.same_train_data((identity.read_record(folder) or {}).get("train_data"), data, chosen.path)
             path = resume.in_format(chosen, reads_sharded) if chosen else None
-            identity.write_record(folder, fcfg.run_name, _model_choice(), identity.identity(cfg))
+            identity.write_record(folder, fcfg.run_name, _model_choice(), identity.identity(cfg),
+                                  **({"train_data": data} if data else {}))
             found = [("load", path)]
         except Exception as err:
             found = [("failed", err)]
