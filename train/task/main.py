@@ -187,7 +187,7 @@ def _choose_resume_point(cfg, fcfg) -> None:
                                                                            integrity.files_of(chosen.path)))
             data = shards.train_data(fcfg)
             if chosen:  # the data it goes on with is the data it trained on
-                shards.same_train_data((identity.read_record(folder) or {}).get("train_data"), data, chosen.path)
+                shards.same_train_data((identity.read_record(folder) or {}).get("train_data"), data, fcfg, chosen.path)
             path = resume.in_format(chosen, reads_sharded) if chosen else None
             identity.write_record(folder, fcfg.run_name, _model_choice(), identity.identity(cfg),
                                   **({"train_data": data} if data else {}))

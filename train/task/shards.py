@@ -81,29 +81,34 @@ class OtherData(UserError):
 
 def train_data(fcfg) -> dict | None:
     """What the training split is, for a resumed run to compare with its start: its index.json's hash (data_prep's
-    index records every shard's size and hash, so equal indexes are equal data) and its sample count. None where
+    index records every shard's size and hash, so equal indexes are equal data) and its sample count; not where it
+    is (the same data on another mount is the same data, as in the run's identity). None where
     the data is streamed from a remote (streaming fetches the index as it starts) or not a local MDS split."""
     import hashlib
 
-    for key, folder in _split_folders(fcfg):
-        if key == "train_loader.dataset":
-            raw = (folder / "index.json").read_bytes()
-            try:
-                samples = sum(int(s.get("samples") or 0) for s in json.loads(raw).get("shards") or [])
-            except (ValueError, AttributeError, TypeError):
-                samples = None
-            return {"index": str(folder / "index.json"), "sha256": hashlib.sha256(raw).hexdigest(), "samples": samples}
-    return None
+    index = _train_index(fcfg)
+    if index is None:
+        return None
+    raw = index.read_bytes()
+    try:
+        samples = sum(int(s.get("samples") or 0) for s in json.loads(raw).get("shards") or [])
+    except (ValueError, AttributeError, TypeError):
+        samples = None
+    return {"sha256": hashlib.sha256(raw).hexdigest(), "samples": samples}
 
 
-def same_train_data(then: dict | None, now: dict | None, checkpoint) -> None:
+def _train_index(fcfg) -> Path | None:
+    return next((folder / "index.json" for key, folder in _split_folders(fcfg) if key == "train_loader.dataset"), None)
+
+
+def same_train_data(then: dict | None, now: dict | None, fcfg, checkpoint) -> None:
     """Stop a resume on other training data. The same run name means the same settings, and the data is named by
     its folder: data made again in that folder (more files, another tokenizer, a wrong copy) would go on from
     streaming's place in the old data (its epoch and sample offset) in other samples, and end with exit 0."""
     if not then or not now or then.get("sha256") == now.get("sha256"):
         return
     counts = f"{now.get('samples')} samples now, {then.get('samples')} when the run started"
-    raise OtherData("train_loader.dataset", f"{now['index']} is not the data this run trained on ({counts}; its "
+    raise OtherData("train_loader.dataset", f"{_train_index(fcfg)} is not the data this run trained on ({counts}; its "
                     f"index.json hashes {now['sha256'][:16]} now, {then['sha256'][:16]} then): resuming from "
                     f"{checkpoint} would go on from its place in the old data, in other samples",
                     "put back the data it trained on; or train on this data from its weights as another run: "
