@@ -109,7 +109,7 @@ def rank_outcomes(job, wait_s: float = 15.0) -> list:
             r.error, r.verdict = (why[-1].strip(), True) if why else (last_exception(str(value)) or "error", False)
         else:
             # a rank that died of an error without storing it (its log ends with the traceback), or was killed
-            why = LOGGED_VERDICT.findall(_read(Path(str(t.paths.stdout))))
+            why = LOGGED_VERDICT.findall(_end_of(Path(str(t.paths.stdout))))  # its last lines: said at the end
             r.error = f"no result (killed, or stopped responding; job {final_state(job)}); " + \
                       (last_exception("\n".join(r.tail)) or "last log line: " + (r.tail[-1] if r.tail else "(empty log)"))
             if why:  # submitit had decided, then the rank was killed before it could store it
@@ -123,13 +123,6 @@ def first_failure(bad: list):
     requeued), which the other ranks' errors follow from (srun ends them, their dataloader workers die of the
     SIGTERM); else the first rank that stored an error; else the first to end."""
     return min(bad, key=lambda r: (not r.verdict, r.outcome != "error", r.mtime, r.rank))
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
 
 
 def rank_errors(bad: list, first) -> str:
@@ -192,15 +185,20 @@ def existing(folder, name: str) -> str:
     return str(Path(folder) / name) if folder and (Path(folder) / name).is_file() else ""
 
 
-def log_tail(path: Path, n: int = 8) -> list:
+def _end_of(path: Path, size: int = 16384) -> str:
+    """The last `size` bytes of a log (a month-long run's may be large); "" if it cannot be read."""
     try:
         with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 16384))
-            lines = f.read().decode(errors="replace").splitlines()
+            f.seek(max(0, f.seek(0, 2) - size))
+            return f.read().decode(errors="replace")
     except OSError:
-        return []
+        return ""
+
+
+def log_tail(path: Path, n: int = 8) -> list:
     own = ("submitit ", "[submitit]")  # submitit's lines about signals and exits: not the rank's own
-    return [line.rstrip() for line in lines if line.strip() and not line.startswith(own[0]) and own[1] not in line][-n:]
+    return [line.rstrip() for line in _end_of(path).splitlines()
+            if line.strip() and not line.startswith(own[0]) and own[1] not in line][-n:]
 
 
 def final_state(job) -> str:

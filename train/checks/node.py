@@ -13,7 +13,6 @@ from urllib.parse import urlparse
 from common import image as contract
 from common.paths import PROJECT
 from data_prep import facts
-from data_prep.facts import hub_cache, tokenizer_file
 from train.checks.core import URI, WARNING, Problem, value
 from train.config import vocab
 from train.launch.executor import topology_file
@@ -203,9 +202,9 @@ def tokenizer(cfg, ctx):
                           "save the whole tokenizer there (tokenizer.save_pretrained(folder) writes tokenizer.json), "
                           "or point at a folder that has it")
         return
-    if tokenizer_file(name):
+    if facts.tokenizer_file(name):
         return  # in the hub cache
-    cache = hub_cache()
+    cache = facts.hub_cache()
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     why = ("HF_HUB_OFFLINE is set" if _offline() else
            f"{endpoint} cannot be reached from {os.uname().nodename}" if not _reachable(endpoint) else None)
