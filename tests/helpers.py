@@ -205,3 +205,18 @@ def prep(*overrides: str, check: bool = True, tokenizer: Path = TOKENIZER, env=N
 def tree(folder: Path, skip=(SUMMARY,)) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
             if p.is_file() and p.name not in skip}
+
+
+def streaming_dataset(local, **kwargs):
+    """streaming's StreamingDataset over `local`, built in the test process under the node-wide lock the product's
+    jobs take while they register streaming's shared memory (train/task/shm_registry.py): built beside a training
+    job of the other worker, both could pick the same prefix (`FileExistsError: '/001771_locals'`, seen in CI)."""
+    from streaming import StreamingDataset
+
+    from train.task import shm_registry
+
+    shm_registry.lead()
+    try:
+        return StreamingDataset(local=str(local), **kwargs)
+    finally:
+        shm_registry.release()

@@ -12,7 +12,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import C4, C4_FIRST, C4_SECOND, ROOT, SHARED, SUMMARY, TOKENIZER, need_shared, prep, tree
+from helpers import (
+    C4,
+    C4_FIRST,
+    C4_SECOND,
+    ROOT,
+    SHARED,
+    SUMMARY,
+    TOKENIZER,
+    need_shared,
+    prep,
+    streaming_dataset,
+    tree,
+)
 
 pytestmark = pytest.mark.e2e  # the tier (pyproject.toml markers)
 
@@ -55,9 +67,7 @@ def expected_samples(per_block: list[np.ndarray], length: int = 2048) -> np.ndar
 
 
 def streaming_samples(split_dir: Path) -> np.ndarray:
-    from streaming import StreamingDataset
-
-    ds = StreamingDataset(local=str(split_dir), shuffle=False, batch_size=1)
+    ds = streaming_dataset(split_dir, shuffle=False, batch_size=1)
     return np.stack([ds[i]["tokens"] for i in range(ds.num_samples)])
 
 

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from helpers import streaming_dataset
 
 from data_prep.mds import HASHES, ShardWriter
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.torch  # streaming's writer and reader import torch
     (70000, None, 1 << 20),     # a uint32 shape
 ])
 def test_shards_and_index_are_byte_identical_to_mdswriter(tmp_path, length, compression, size_limit):
-    from streaming import MDSWriter, StreamingDataset
+    from streaming import MDSWriter
 
     samples = np.random.default_rng(length).integers(0, 50277, (23, length), dtype=np.int32)
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
@@ -33,7 +34,7 @@ def test_shards_and_index_are_byte_identical_to_mdswriter(tmp_path, length, comp
     assert sorted(p.name for p in ours.iterdir()) == names
     for name in names:
         assert (ours / name).read_bytes() == (theirs / name).read_bytes(), name
-    ds = StreamingDataset(local=str(ours), shuffle=False, batch_size=1)
+    ds = streaming_dataset(ours, shuffle=False, batch_size=1)
     assert np.array_equal(np.stack([ds[i]["tokens"] for i in range(ds.num_samples)]), samples)
 
 

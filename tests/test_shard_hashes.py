@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import ROOT, command_env
+from helpers import ROOT, command_env, streaming_dataset
 
 from data_prep.mds import HASHES, ShardWriter
 from train.task import mock_data
@@ -84,10 +84,8 @@ def test_a_compressed_shard_is_checked_as_its_compressed_file(tmp_path):
 
 @pytest.mark.torch  # streaming imports torch
 def test_streaming_itself_accepts_the_hashes(tmp_path):
-    from streaming import StreamingDataset
-
     data = _write(tmp_path / "mds", samples=20)
-    ds = StreamingDataset(local=str(data), shuffle=False, batch_size=1, validate_hash="xxh3_64")
+    ds = streaming_dataset(data, shuffle=False, batch_size=1, validate_hash="xxh3_64")
     assert ds.num_samples == 20 and len(ds[19]["tokens"]) == 64
 
 
