@@ -7,7 +7,7 @@ import json
 import pytest
 from helpers import TOKENIZER, need_shared, problems_in, run
 
-from train.checks import ERROR, WARNING, Context, check
+from train.checks import ERROR, WARNING, Context, Problem, check
 from train.config.compose import compose
 
 
@@ -115,6 +115,12 @@ def test_each_loader_is_checked_at_its_own_folder_and_split(c4_mds, tmp_path):
     # the loaders given their folder directly, variables.data_local left at a preset's folder that does not exist
     assert check(compose(["data=c4", f"tokenizer.name={TOKENIZER}", "max_seq_len=128",
                           f"train_loader.dataset.local={c4_mds}", f"eval_loader.dataset.local={c4_mds}"]), Context()) == []
+    # data=mds (no folder of its own) with only the loaders' folders: variables.data_local is read by nothing
+    loaders = [f"train_loader.dataset.local={c4_mds}", f"eval_loader.dataset.local={c4_mds}"]
+    assert check(compose(["data=mds", f"tokenizer.name={TOKENIZER}", "max_seq_len=128", *loaders]), Context()) == []
+    # ... and one loader left referring to it: the missing value named once (not each key that refers to it)
+    assert check(compose(["data=mds", f"tokenizer.name={TOKENIZER}", "max_seq_len=128", loaders[0]]), Context()) \
+        == [Problem("variables.data_local", "has no value", "pass it on the command line: variables.data_local=<value>")]
     [p] = check(_data(c4_mds, "max_seq_len=128", f"eval_loader.dataset.local={tmp_path / 'nothing'}"), Context())
     assert (p.key, p.level) == ("eval_loader.dataset.local", ERROR) and "does not exist" in p.problem, p
     assert "eval_loader.dataset.local at an MDS folder" in p.fix

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf, open_dict, read_write
-from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
+from omegaconf.errors import InterpolationResolutionError, InterpolationToMissingValueError, MissingMandatoryValue
 
 from common.errors import ERROR, WARNING, Problem, UserError  # noqa: F401  (the rules import them from here)
 
@@ -58,13 +58,29 @@ class Context:
         return str(self.choices.get(name, "?"))
 
 
+def no_value(key: str) -> Problem:
+    return Problem(key, "has no value", f"pass it on the command line: {key}=<value>")
+
+
+_MISSING_BEHIND = re.compile(r"Missing mandatory value: ?(\S+)")
+
+
+def missing_behind(err: InterpolationResolutionError) -> str | None:
+    """The `???` key an interpolation refers to, when that is why it does not resolve (`${variables.data_local}`
+    with no data_local): the key to name, once, rather than each key that refers to it."""
+    found = _MISSING_BEHIND.search(str(err))
+    return found.group(1).rstrip(".,") if found and isinstance(err, InterpolationToMissingValueError) else None
+
+
 def value(cfg, key: str, default=None):
     """The resolved value at a dotted key, turning OmegaConf's errors into ours."""
     try:
         return OmegaConf.select(cfg, key, default=default, throw_on_missing=True)
     except MissingMandatoryValue:
-        raise ConfigError(key, "has no value", f"pass it on the command line: {key}=<value>") from None
+        raise ConfigError(problems=[no_value(key)]) from None
     except InterpolationResolutionError as err:
+        if missing_behind(err):
+            raise ConfigError(problems=[no_value(missing_behind(err))]) from None
         raise ConfigError(key, f"cannot be resolved ({err.__cause__ or err})".splitlines()[0],
                           "set the keys it refers to, or give it a value directly") from None
 

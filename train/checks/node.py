@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlparse
 
+from omegaconf import OmegaConf
+
 from common import image as contract
 from common.paths import PROJECT
 from data_prep import facts
@@ -248,7 +250,9 @@ def data(cfg, ctx):
     if value(cfg, "data.kind") == "mock":
         return  # mock data is written when the run starts
     tokenizer_name = str(value(cfg, "tokenizer.name"))
-    data_local = value(cfg, "variables.data_local")  # unset: named as such (what the loaders' own keys refer to)
+    # what the loaders refer to in llm-foundry's YAMLs: unset is fine where each loader names its own folder (a
+    # loader that refers to it stops at its value below: variables.data_local has no value)
+    data_local = OmegaConf.select(cfg, "variables.data_local", default=None, throw_on_missing=False)
     # this run's tokenizer, by vocabulary (the same tokenizer saved elsewhere is the same), read once if needed
     ours = functools.cache(lambda: facts.tokenizer_fingerprint(tokenizer_name))
     checked, missing, other = set(), set(), {}

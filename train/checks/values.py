@@ -12,6 +12,8 @@ from train.checks.core import (
     close_match,
     is_int,
     is_number,
+    missing_behind,
+    no_value,
     same_or_under,
     value,
 )
@@ -70,6 +72,9 @@ def resolves(cfg, ctx):
             except MissingMandatoryValue:
                 continue  # `???`: the rule that reads it says "has no value"
             except InterpolationResolutionError as err:
+                if missing_behind(err):  # `${variables.data_local}` with no data_local: that key, once
+                    yield no_value(missing_behind(err))
+                    continue
                 raw = OmegaConf.to_container(node, resolve=False)[k]
                 yield Problem(full, f"`{raw}` cannot be resolved: {' '.join(str(err).splitlines()[0].split())}",
                               "set the key it refers to (under `variables:` in your YAML, or on the command line), "
