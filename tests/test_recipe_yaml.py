@@ -132,6 +132,34 @@ def test_bad_yamls_are_refused_in_one_pass_naming_each_key(tmp_path, cli):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "broken.yaml", "list.yaml"]
 
 
+def test_an_eval_loader_list_is_several_evaluators_each_checked_as_the_one_is(tmp_path, c4_mds):
+    """llm-foundry takes `eval_loader` as a list of labelled loaders (it moves the list to `eval_loaders`): such a
+    YAML composes (a list cannot be merged onto conf/train.yaml's mapping: it was refused as `yaml: is not a key`),
+    and each evaluator is checked as the one eval_loader is (its folder, workers, label), keyed by its place."""
+    import yaml
+
+    recipe = yaml.safe_load((YAMLS / "testing.yaml").read_text())
+    one = {**recipe["eval_loader"], "num_workers": 1}
+    recipe["eval_loader"] = [{**one, "label": "c4"},
+                             {**one, "label": "elsewhere", "dataset": {**one["dataset"], "local": str(tmp_path / "no")}},
+                             {**one, "label": "c4", "num_workers": 0}, one]
+    (tmp_path / "multi.yaml").write_text(yaml.safe_dump(recipe))
+    given = [f"yaml={tmp_path / 'multi.yaml'}", "precision=fp32", "train_loader.num_workers=1",
+             f"variables.data_local={c4_mds}", f"tokenizer.name={TOKENIZER}"]
+    cfg = compose(given)
+    assert cfg.eval_loader is None and [e.get("label") for e in cfg.eval_loaders] == ["c4", "elsewhere", "c4", None]
+    found = {(p.key, p.level): p for p in check(cfg, Context())}
+    assert sorted(found) == [("eval_loaders.1.dataset.local", "error"), ("eval_loaders.2.label", "warning"),
+                             ("eval_loaders.2.num_workers", "error"), ("eval_loaders.3.label", "error")], found
+    assert "does not exist" in found["eval_loaders.1.dataset.local", "error"].problem
+    assert "'c4' is also eval_loaders.0's label" in found["eval_loaders.2.label", "warning"].problem
+    assert "llm-foundry refuses an evaluator of several without one" in found["eval_loaders.3.label", "error"].problem
+    # the fixes, in the same keys on the command line
+    fixed = compose([*given, f"eval_loaders.1.dataset.local={c4_mds}", "eval_loaders.2.num_workers=1",
+                     "eval_loaders.2.label=c4_2", "+eval_loaders.3.label=c4_3"])
+    assert check(fixed, Context()) == []
+
+
 @pytest.mark.train
 def test_llm_foundrys_testing_yaml_trains_on_c4_on_cpu(tmp_path, c4_mds, cli):
     """docs/config.md's CPU line for a YAML written for GPUs: its own model, data and schedule, a few batches."""

@@ -2,7 +2,7 @@
 model on CPU (one process, or 2 ranks over gloo through `-m`), real small file systems (tmpfs, mounted here as
 root) filled while a run trains:
 
-- the reported evaluation is the last one (composer evaluates once more after FIT_END);
+- the reported evaluation is the last one (composer evaluates once more after FIT_END), of each evaluator;
 - a non-finite loss stops the run at that step, before its checkpoint (1 rank, and a 2-rank sweep: FAILED);
 - a full checkpoint file system is one error naming the folder, the bytes needed and free, and the fix; after
   making room the same command resumes exactly (1 and 2 ranks);
@@ -11,6 +11,7 @@ root) filled while a run trains:
 """
 import csv
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -36,6 +37,23 @@ def test_the_reported_evaluation_is_the_last_one(tmp_path, cli):
     logged = [line for line in proc.stderr.splitlines() if "[progress] eval at step 5/5" in line]
     assert len(logged) == 1 and f"{got['final_eval']['eval/LanguageCrossEntropy']:.4f}" in logged[0]
     assert f"'eval/LanguageCrossEntropy': {got['final_eval']['eval/LanguageCrossEntropy']}" in proc.stdout
+
+
+def test_with_several_evaluators_each_ones_last_evaluation_is_reported(tmp_path, cli):
+    """llm-foundry's eval_loaders (two labelled evaluators; b shuffles, so their numbers differ): composer ends an
+    evaluation once per evaluator. The history holds each evaluator once per evaluation, never the other's
+    not-yet-computed (NaN) or previous numbers, and the result holds both evaluators' last (it held b's alone)."""
+    loader = ("{{label:{},name:text,dataset:{{local:${{variables.data_local}},split:val,shuffle:{},shuffle_seed:3,"
+              "max_seq_len:${{max_seq_len}}}},drop_last:false,num_workers:1}}")
+    evaluators = f"+eval_loaders=[{loader.format('a', 'false')},{loader.format('b', 'true')}]"
+    cli("train", "max_duration=4ba", "eval_interval=2ba", "save_interval=4ba", "eval_subset_num_batches=1",
+        "eval_loader=null", evaluators, check=True)
+    got = metrics(tmp_path)
+    assert [(b, sorted({k.rsplit("/", 1)[0] for k in v})) for b, v in got["eval"]] == \
+        [(2, ["eval/a"]), (2, ["eval/b"]), (4, ["eval/a"]), (4, ["eval/b"])], got["eval"]
+    assert all(math.isfinite(x) for _, v in got["eval"] for x in v.values())
+    assert got["final_eval"] == {**got["eval"][2][1], **got["eval"][3][1]}
+    assert got["final_eval"]["eval/a/LanguageCrossEntropy"] != got["final_eval"]["eval/b/LanguageCrossEntropy"]
 
 
 def _newest(folder: Path) -> Path:

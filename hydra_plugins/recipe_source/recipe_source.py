@@ -11,7 +11,8 @@ Two things are added, both so the YAML stays the whole recipe:
 - `override /data: mds`: the YAML's `variables.data_local` is an MDS folder (llm-foundry's text loader), not our
   mock data.
 A blank `run_name` (llm-foundry would read $RUN_NAME) is left out, so the run gets our name: the YAML's stem and
-the hash of what it trains (train/config/identity.py).
+the hash of what it trains (train/config/identity.py). An `eval_loader` list (several evaluators, each with a
+label) becomes `eval_loaders`, as llm-foundry itself does.
 """
 from pathlib import Path
 from typing import List, Optional
@@ -72,6 +73,10 @@ class RecipeConfigSource(ConfigSource):
                                   "none (put presets on the command line instead)")
         if blank_run_name(cfg):
             del cfg["run_name"]
+        if OmegaConf.is_list(cfg.get("eval_loader")):
+            # several evaluators: llm-foundry moves an eval_loader list to eval_loaders; so does this, since
+            # conf/train.yaml's eval_loader is a mapping a list cannot be merged onto
+            cfg.eval_loaders, cfg.eval_loader = cfg.eval_loader, None
         cfg.defaults = [{"override /model": None}, {"override /data": "mds"}, "_self_"]
         return ConfigResult(config=cfg, path=f"{SCHEME}://{path.parent}", provider=self.provider,
                             header={"package": "_global_"})

@@ -9,6 +9,7 @@ import re
 
 from train.checks import foundry_names as names
 from train.checks.core import ERROR, WARNING, Problem, close_match, is_int, is_number, value
+from train.config.loaders import eval_keys, loader_keys
 
 # composer's reproducibility.seed_all refuses seeds outside [0, 2^32 - 1] (numpy's range)
 MAX_SEED = 2**32 - 1
@@ -119,9 +120,8 @@ def registries(cfg, ctx):
     yield from _kwargs(cfg, "optimizer", value(cfg, "optimizer.name"), names.OPTIMIZERS, names.OPTIMIZER_EXTRA)
     yield from _named(cfg, "scheduler.name", names.SCHEDULERS, "a scheduler", "schedulers")
     yield from _kwargs(cfg, "scheduler", value(cfg, "scheduler.name"), names.SCHEDULERS)
-    for loader in ("train_loader", "eval_loader"):
-        if hasattr(value(cfg, loader), "keys"):
-            yield from _named(cfg, f"{loader}.name", names.DATALOADERS, "a dataloader", "dataloaders")
+    for loader in loader_keys(cfg):
+        yield from _named(cfg, f"{loader}.name", names.DATALOADERS, "a dataloader", "dataloaders")
     groups = (("callbacks", (*names.CALLBACKS, *names.CALLBACKS_WITH_CONFIG, *names.OUR_CALLBACKS), "callback"),
               ("algorithms", names.ALGORITHMS, "algorithm"), ("loggers", names.LOGGERS, "logger"))
     for key, options, what in groups:
@@ -282,9 +282,7 @@ def durations(cfg, ctx):
 
 
 def workers(cfg, ctx):
-    for loader in ("train_loader", "eval_loader"):
-        if not hasattr(value(cfg, loader), "keys"):
-            continue
+    for loader in loader_keys(cfg):
         n = value(cfg, f"{loader}.num_workers")
         key = f"{loader}.num_workers"
         if n is None:
@@ -359,5 +357,25 @@ def speed_monitor(cfg, ctx):
                       "(composer's SpeedMonitor divides by it)", "e.g. callbacks.speed_monitor.window_size=10")
 
 
+def labels(cfg, ctx):
+    """Several evaluators (eval_loaders, or a YAML's eval_loader list): each needs its own label, which names its
+    metrics (eval/<label>/LanguageCrossEntropy)."""
+    seen = {}
+    for loader in eval_keys(cfg):
+        if not loader.startswith("eval_loaders."):
+            continue
+        label = value(cfg, f"{loader}.label")
+        if label in (None, ""):
+            yield Problem(f"{loader}.label", "is not set: llm-foundry refuses an evaluator of several without one "
+                          "(\"each one must include the `label` attribute\")",
+                          f"e.g. {loader}.label=c4_val (its metrics are reported as eval/<label>/...)")
+        elif label in seen:
+            yield Problem(f"{loader}.label", f"{label!r} is also {seen[label]}'s label: composer keeps one set of "
+                          "metrics per label, so the two evaluations are reported under one name and cannot be told "
+                          "apart", f"give each evaluator its own label, e.g. {loader}.label={label}_2", WARNING)
+        else:
+            seen[label] = loader
+
+
 RULES = [train_config_types, seed, registries, optimizer, scheduler, model, durations, workers, cluster_numbers,
-         algorithms, speed_monitor]
+         algorithms, speed_monitor, labels]

@@ -6,7 +6,6 @@ import functools
 import os
 import socket
 import zipfile
-from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -17,6 +16,7 @@ from common.paths import PROJECT
 from data_prep import facts
 from train.checks.core import URI, WARNING, Problem, value
 from train.config import vocab
+from train.config.loaders import loader_keys
 from train.launch.executor import topology_file
 
 # What AutoTokenizer can build a tokenizer from, beside tokenizer_config.json.
@@ -256,8 +256,8 @@ def data(cfg, ctx):
     # this run's tokenizer, by vocabulary (the same tokenizer saved elsewhere is the same), read once if needed
     ours = functools.cache(lambda: facts.tokenizer_fingerprint(tokenizer_name))
     checked, missing, other = set(), set(), {}
-    for loader in ("train_loader", "eval_loader"):
-        if value(cfg, f"{loader}.dataset.remote") or not isinstance(value(cfg, loader), Mapping):
+    for loader in loader_keys(cfg):
+        if value(cfg, f"{loader}.dataset.remote"):
             continue
         local, split = value(cfg, f"{loader}.dataset.local"), value(cfg, f"{loader}.dataset.split")
         if not local:

@@ -1,7 +1,6 @@
 """Rules about the config's values alone: what llm-foundry, composer or Slurm would refuse, or what surely fails
 (errors), and what is legal but likely a mistake (warnings). Each rule yields every problem it finds."""
 import os
-from collections.abc import Mapping
 
 from train.checks.core import (
     DURATION,
@@ -17,6 +16,7 @@ from train.checks.core import (
     same_or_under,
     value,
 )
+from train.config.loaders import eval_keys, loader_keys
 from train.config.schema import SCHEMAS
 from train.plan import estimate
 
@@ -156,7 +156,7 @@ def seq_len(cfg, ctx):
         yield Problem("model.max_seq_len", f"must be a positive whole number, got {model_len!r}",
                       "leave it to follow max_seq_len")
         return
-    for key in ("max_seq_len", "train_loader.dataset.max_seq_len", "eval_loader.dataset.max_seq_len"):
+    for key in ("max_seq_len", *(f"{loader}.dataset.max_seq_len" for loader in loader_keys(cfg))):
         seq = value(cfg, key)
         if is_int(seq) and seq > model_len:
             yield Problem(key, f"{seq} is above the model's model.max_seq_len={model_len} (MPT refuses longer "
@@ -168,17 +168,19 @@ def held_out(cfg, ctx):
     """An evaluation on the very data the run trains on: llm-foundry runs it as asked, and its eval loss then follows
     the train loss, saying nothing of held-out text, while the summary, metrics.json and an Optuna objective read it
     as the held-out loss. A warning: the data and split may be meant (a memorisation check)."""
-    if not isinstance(value(cfg, "eval_loader"), Mapping):
-        return
-    (remote, local, split), other = [(value(cfg, f"{loader}.dataset.remote"), value(cfg, f"{loader}.dataset.local"),
-                                      value(cfg, f"{loader}.dataset.split")) for loader in ("train_loader", "eval_loader")]
-    # the same split of the same local folder (streaming's cache of a remote, or the data itself) or remote
-    same = [where for where, theirs in ((local, other[1]), (remote, other[0])) if where and where == theirs]
-    if same and split == other[2]:
-        yield Problem("eval_loader.dataset.split", f"evaluates on what it trains on: eval_loader and train_loader both "
-                      f"read split {split!r} of {same[0]}; the eval loss then follows the train loss and measures no "
-                      "held-out text", "eval_loader.dataset.split=val (data_prep makes it from the data set's "
-                      "validation files: split=val)", WARNING)
+    def read(loader):
+        return [value(cfg, f"{loader}.dataset.{k}") for k in ("remote", "local", "split")]
+
+    remote, local, split = read("train_loader")
+    for loader in eval_keys(cfg):
+        other = read(loader)
+        # the same split of the same local folder (streaming's cache of a remote, or the data itself) or remote
+        same = [where for where, theirs in ((local, other[1]), (remote, other[0])) if where and where == theirs]
+        if same and split == other[2]:
+            yield Problem(f"{loader}.dataset.split", f"evaluates on what it trains on: {loader} and train_loader both "
+                          f"read split {split!r} of {same[0]}; the eval loss then follows the train loss and measures "
+                          "no held-out text", f"{loader}.dataset.split=val (data_prep makes it from the data set's "
+                          "validation files: split=val)", WARNING)
 
 
 def device(cfg, ctx):

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from common.errors import UserError
 from common.signals import leave_to_the_task_in_every_fork
+from train.config.loaders import loader_keys
 from train.task import shards
 from train.task.distributed import export_from_submitit
 from train.task.foundry import foundry_config
@@ -39,7 +40,7 @@ def run(cfg: DictConfig) -> dict:
 
     fcfg = foundry_config(cfg)
     short_enough_for_sockets(tempfile.gettempdir(), max(
-        int(OmegaConf.select(fcfg, f"{loader}.num_workers", default=0) or 0) for loader in ("train_loader", "eval_loader")))
+        int(OmegaConf.select(fcfg, f"{loader}.num_workers", default=0) or 0) for loader in loader_keys(fcfg)))
     if dist_env:
         _node_local_cwd(fcfg, dist_env)
     _start_dist(fcfg)
@@ -257,8 +258,8 @@ def _node_local_cwd(fcfg, env: dict) -> None:
     """composer and llm-foundry sync the ranks of a node through signal files in the working directory,
     named alike on every node: in a directory shared by several nodes they collide. Give each node its own,
     after making the config's relative paths absolute."""
-    for key in ("save_folder", "load_path", "variables.data_local", "train_loader.dataset.local",
-                "eval_loader.dataset.local", "tokenizer.name"):
+    for key in ("save_folder", "load_path", "variables.data_local",
+                *(f"{loader}.dataset.local" for loader in loader_keys(fcfg)), "tokenizer.name"):
         value = OmegaConf.select(fcfg, key)
         relative = isinstance(value, str) and "://" not in value and not os.path.isabs(value)
         if relative and (key != "tokenizer.name" or os.path.exists(value)):  # else a hub name

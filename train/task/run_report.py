@@ -192,12 +192,15 @@ class RunReport(Callback):
             self._plot()
 
     def eval_end(self, state: State, logger: Logger) -> None:
-        for label, metrics in state.eval_metrics.items():
-            values = {f"{label}/{name}": float(m.compute()) for name, m in metrics.items()}
-            self.evals.append([int(state.timestamp.batch), values])
-            if dist.get_global_rank() == 0:  # one line per evaluation (composer's console logger is off)
-                shown = ", ".join(f"{k} {v:.4f}" for k, v in values.items())
-                log.info(f"[progress] eval at {_step(state)}: {shown}")
+        # composer fires EVAL_END once per evaluator (llm-foundry's eval_loaders, ICL tasks), with the one that just
+        # ran as the state's dataloader label; state.eval_metrics also holds the others' metrics, not computed yet
+        # in this round (NaN) or left from the one before: only this evaluator's are this evaluation's numbers
+        label = state.dataloader_label
+        values = {f"{label}/{name}": float(m.compute()) for name, m in state.eval_metrics.get(label, {}).items()}
+        self.evals.append([int(state.timestamp.batch), values])
+        if dist.get_global_rank() == 0:  # one line per evaluation (composer's console logger is off)
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in values.items())
+            log.info(f"[progress] eval at {_step(state)}: {shown}")
         if self._fit_ended and dist.get_global_rank() == 0:
             # composer runs the final evaluation after FIT_END: the report's numbers must be the last ones
             self._write_metrics(state)
@@ -221,7 +224,7 @@ class RunReport(Callback):
             "tokens": int(state.timestamp.token),
             "world_size": dist.get_world_size(),
             "final_train_loss": self.train[-1][1] if self.train else None,
-            "final_eval": self.evals[-1][1] if self.evals else {},
+            "final_eval": self._final_eval(state),
             "tokens_per_sec": self.tokens_per_sec,  # the batches alone, as the progress lines
             "mfu": self._mfu(self.tokens_per_sec),
             "wall_tokens_per_sec": self.wall_tokens_per_sec,  # evaluations and checkpoints included
@@ -229,6 +232,15 @@ class RunReport(Callback):
             "eval": self.evals,
         }
         files.atomic_write(self.folder / "metrics.json", json.dumps(summary, indent=1).encode())  # read by summaries
+
+    def _final_eval(self, state: State) -> dict:
+        """Each of this run's evaluators' last numbers (one evaluator: its last evaluation). An evaluator of an
+        earlier start that this run no longer has is history, not a result."""
+        labels = {e.label for e in state.evaluators}
+        latest = {}
+        for _, values in self.evals:
+            latest.update(values)
+        return {k: v for k, v in latest.items() if k.rsplit("/", 1)[0] in labels}
 
     def _plot(self) -> None:
         """loss_curve.png, replaced whole: someone looking at a running job's picture never sees half of one."""
@@ -240,9 +252,13 @@ class RunReport(Callback):
         fig, ax = plt.subplots(figsize=(7, 4))
         if self.train:
             ax.plot(*zip(*self.train), label="train loss")
-        points = [(b, v) for b, m in self.evals for k, v in m.items() if k.endswith("LanguageCrossEntropy")]
-        if points:
-            ax.plot(*zip(*points), "o-", label="eval cross-entropy")
+        curves = {}  # one per evaluator
+        for b, m in self.evals:
+            for k, v in m.items():
+                if k.endswith("LanguageCrossEntropy"):
+                    curves.setdefault(k.rsplit("/", 1)[0], []).append((b, v))
+        for label, points in curves.items():
+            ax.plot(*zip(*points), "o-", label="eval cross-entropy" if len(curves) == 1 else f"{label} cross-entropy")
         ax.set_xlabel("batch")
         ax.set_ylabel("loss")
         ax.legend()

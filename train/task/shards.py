@@ -19,8 +19,11 @@ import sys
 import time
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from common.errors import UserError
 from data_prep.mds import file_hashes
+from train.config.loaders import loader_keys
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +67,9 @@ def _problem(key, problem, fix):
 
 def _split_folders(fcfg) -> list:
     """(key, folder) of each local split the loaders will read, where no remote is streamed into it."""
-    found = []
-    for loader in ("train_loader", "eval_loader"):
-        dataset = (fcfg.get(loader) or {}).get("dataset") or {}
+    found, fcfg = [], fcfg if OmegaConf.is_config(fcfg) else OmegaConf.create(fcfg)
+    for loader in loader_keys(fcfg):
+        dataset = OmegaConf.select(fcfg, f"{loader}.dataset") or {}
         if dataset.get("remote") or not dataset.get("local"):
             continue
         folder = Path(str(dataset["local"])) / str(dataset.get("split") or "")
