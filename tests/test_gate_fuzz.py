@@ -69,6 +69,7 @@ CASES = [
     (["max_duration=2ba", "plan=true"], "warned", "scheduler.t_warmup"),
     # the data
     (["eval_loader.dataset.split=train", "plan=true"], "warned", "eval_loader.dataset.split"),
+    (["-m", "hparams_search=mpt_tiny_lr", "eval_loader=null"], "refused", "objective"),  # Optuna's value: none
     # the model
     (["model.attn_config.attn_impl=foo"], "refused", "model.attn_config.attn_impl"),
     (["model.attn_config.attn_impl=triton"], "refused", "model.attn_config.attn_impl"),

@@ -32,6 +32,25 @@ def test_a_bad_point_of_a_config_grid_refuses_the_sweep_with_every_problem_and_w
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
+def test_an_objective_no_trial_reports_is_refused_before_anything_is_written(tmp_path, cli):
+    """Optuna reads `objective` from each trial's metrics: with eval_loader=null, or several evaluators (metrics
+    eval/<label>/...), the default eval/LanguageCrossEntropy is in none, and every trial would train, then fail."""
+    proc = cli("train", "-m", "hparams_search=mpt_tiny_lr", "eval_loader=null")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "objective: eval/LanguageCrossEntropy is no metric of this run (it evaluates nothing" in proc.stderr
+    evaluators = ("+eval_loaders=[{label:a,name:text,dataset:{local:${variables.data_local},split:val,shuffle:false,"
+                  "max_seq_len:${max_seq_len}},drop_last:false,num_workers:1}]")
+    proc = cli("train", "-m", "hparams_search=mpt_tiny_lr", "eval_loader=null", evaluators)
+    assert proc.returncode == 2 and "fix: objective=eval/a/LanguageCrossEntropy" in proc.stderr, proc.stderr[-2000:]
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+    # the fixes: a metric the run reports (plan=json: checked the same, nothing started)
+    for fix in (["eval_loader=null", "objective=loss/train/total"],
+                ["eval_loader=null", evaluators, "objective=eval/a/LanguageCrossEntropy"]):
+        assert cli("train", "-m", "hparams_search=mpt_tiny_lr", *fix, "plan=json").returncode == 0, fix
+    # a grid sweep reads no result: nothing to refuse
+    assert cli("train", "-m", "eval_loader=null", "seed=1,2", "plan=json").returncode == 0
+
+
 def _trials(sweep_dir: Path) -> dict:
     """Each trial's final evaluation loss, from what its run wrote (metrics.json in its own folder)."""
     out = {}

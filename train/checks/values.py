@@ -332,5 +332,29 @@ def slurm_preset_needs_m(cfg, ctx):
                   "need, or cluster=local to train on this machine")
 
 
+def objective_reported(cfg, ctx):
+    """A sweeper that reads each point's result (Optuna: hparams_search=, or hydra/sweeper=optuna) gets `objective`
+    from the run's final metrics; an evaluation metric of an evaluator this config does not have (eval_loader=null,
+    or several evaluators, whose metrics are eval/<label>/...) is in no trial's metrics: each would train, then
+    fail to give the sweeper its value."""
+    from train.launch.finished import DEFAULT_OBJECTIVE, TRAIN_LOSS
+
+    sweeper = ctx.choices.get("hydra/sweeper")
+    if ctx.mode == "run" or sweeper in (None, "checked", "basic"):  # (the launcher's sweepers that read no result)
+        return
+    name = str(value(cfg, "objective") or DEFAULT_OBJECTIVE)
+    if name == TRAIN_LOSS or not name.startswith("eval") or value(cfg, "icl_tasks"):
+        return  # (ICL evaluators' labels are llm-foundry's to make)
+    labels = ["eval" if k == "eval_loader" else f"eval/{value(cfg, f'{k}.label')}" for k in eval_keys(cfg)]
+    if name.rsplit("/", 1)[0] in labels:
+        return
+    yield Problem("objective", f"{name} is no metric of this run ("
+                  + (f"its evaluators report {', '.join(f'{label}/...' for label in labels)}" if labels else
+                     "it evaluates nothing: eval_loader=null")
+                  + f"): the {sweeper} sweeper would get no value from any trial, each failing after its training",
+                  f"objective={labels[0]}/LanguageCrossEntropy" if labels else
+                  f"objective={TRAIN_LOSS} (the last training loss), or keep an eval_loader")
+
+
 RULES = [plan_form, known_keys, resolves, slurm_preset_needs_m, mock_data_only_where_asked, numbers, schedule, seq_len, held_out, device, fsdp, checkpoint,
-         storage, cluster_figures, batch, export]
+         storage, cluster_figures, batch, export, objective_reported]
