@@ -59,6 +59,14 @@ def test_a_flipped_byte_in_a_val_shard_is_named(tmp_path):
     assert str(victim) in str(caught.value) and "eval_loader.dataset" in str(caught.value)
     # remote data is streaming's to check as it downloads; a folder without hashes is left as it is
     assert verify(_fcfg(data, remote="s3://bucket/c4")) == []
+    # several evaluators (eval_loaders): each one's split is checked, named by its place
+    good = tmp_path / "good"
+    _write(good / "val", samples=10)
+    several = {"train_loader": _fcfg(data)["train_loader"], "eval_loader": None,
+               "eval_loaders": [{"label": "a", "dataset": {"local": str(good), "split": "val"}},
+                                {"label": "b", "dataset": {"local": str(data), "split": "val"}}]}
+    [(key, file, _)] = verify(several)
+    assert (key, file) == ("eval_loaders.1.dataset", str(victim))
 
 
 def test_the_work_is_spread_over_the_ranks(tmp_path):
