@@ -64,10 +64,10 @@ def test_killed_after_a_checkpoint_then_finished_the_same_command_resumes_then_d
     kill_after_checkpoint(tmp_path, cmd, batch=20)
     folder = save_folder(tmp_path)
     assert not any(c.name.startswith("ep0-ba40") for c in folder.iterdir()), "killed too late"
-    if ranks == 1:  # no FSDP in one process: one file, whatever the format
-        assert (folder / "ep0-ba20-rank0.pt").is_file()
-    else:
+    if fmt == "sharded" and ranks > 1:  # a folder of shards
         assert (folder / "ep0-ba20" / ".metadata").is_file()
+    else:  # one file: gathered by rank 0 (full), or no FSDP in one process whatever the format
+        assert (folder / "ep0-ba20-rank0.pt").is_file()
 
     resumed = run(*cmd, root=tmp_path, check=True)  # (a) the same command after SIGKILL
     assert "resuming from" in resumed.stderr + task_log(tmp_path)
