@@ -70,6 +70,7 @@ CASES = [
     # the data
     (["eval_loader.dataset.split=train", "plan=true"], "warned", "eval_loader.dataset.split"),
     (["-m", "hparams_search=mpt_tiny_lr", "eval_loader=null"], "refused", "objective"),  # Optuna's value: none
+    (["data=c4", "variables.data_local=${nope}/c4"], "refused", "variables.data_local"),  # crashed the checks
     # the model
     (["model.attn_config.attn_impl=foo"], "refused", "model.attn_config.attn_impl"),
     (["model.attn_config.attn_impl=triton"], "refused", "model.attn_config.attn_impl"),

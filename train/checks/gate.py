@@ -17,6 +17,8 @@ def context(config: DictConfig, cfg: DictConfig, overrides, sweep: bool):
 
     plan = OmegaConf.select(cfg, "plan", default=None)
     mode = "plan" if plan not in (None, False) else "sweep" if sweep else "run"
+    if OmegaConf.is_config(overrides):  # as typed: `key=${other}` is text here (resolved, it may name no key)
+        overrides = OmegaConf.to_container(overrides, resolve=False)
     return Context(mode=mode, overrides=tuple(overrides), choices=dict(config.hydra.runtime.choices))
 
 

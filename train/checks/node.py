@@ -252,7 +252,10 @@ def data(cfg, ctx):
     tokenizer_name = str(value(cfg, "tokenizer.name"))
     # what the loaders refer to in llm-foundry's YAMLs: unset is fine where each loader names its own folder (a
     # loader that refers to it stops at its value below: variables.data_local has no value)
-    data_local = OmegaConf.select(cfg, "variables.data_local", default=None, throw_on_missing=False)
+    try:
+        data_local = OmegaConf.select(cfg, "variables.data_local", default=None, throw_on_missing=False)
+    except ValueError:  # an interpolation in it that does not resolve: the resolve rule names it
+        data_local = None
     # this run's tokenizer, by vocabulary (the same tokenizer saved elsewhere is the same), read once if needed
     ours = functools.cache(lambda: facts.tokenizer_fingerprint(tokenizer_name))
     checked, missing, other = set(), set(), {}
