@@ -79,8 +79,8 @@ def value(cfg, key: str, default=None):
     except MissingMandatoryValue:
         raise ConfigError(problems=[no_value(key)]) from None
     except InterpolationResolutionError as err:
-        if missing_behind(err):
-            raise ConfigError(problems=[no_value(missing_behind(err))]) from None
+        if missing := missing_behind(err):
+            raise ConfigError(problems=[no_value(missing)]) from None
         raise ConfigError(key, f"cannot be resolved ({err.__cause__ or err})".splitlines()[0],
                           "set the keys it refers to, or give it a value directly") from None
 

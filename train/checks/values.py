@@ -72,8 +72,8 @@ def resolves(cfg, ctx):
             except MissingMandatoryValue:
                 continue  # `???`: the rule that reads it says "has no value"
             except InterpolationResolutionError as err:
-                if missing_behind(err):  # `${variables.data_local}` with no data_local: that key, once
-                    yield no_value(missing_behind(err))
+                if missing := missing_behind(err):  # `${variables.data_local}` with no data_local: that key, once
+                    yield no_value(missing)
                     continue
                 raw = OmegaConf.to_container(node, resolve=False)[k]
                 yield Problem(full, f"`{raw}` cannot be resolved: {' '.join(str(err).splitlines()[0].split())}",
