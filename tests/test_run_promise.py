@@ -54,6 +54,13 @@ def test_with_several_evaluators_each_ones_last_evaluation_is_reported(tmp_path,
     assert all(math.isfinite(x) for _, v in got["eval"] for x in v.values())
     assert got["final_eval"] == {**got["eval"][2][1], **got["eval"][3][1]}
     assert got["final_eval"]["eval/a/LanguageCrossEntropy"] != got["final_eval"]["eval/b/LanguageCrossEntropy"]
+    # a sweep's summary row shows each evaluator's (its eval_loss cell was blank)
+    from train.launch.sweep_app import TrainApp
+
+    report = max((tmp_path / "outputs").rglob("metrics.json")).parent
+    row = TrainApp().columns({"report": str(report), "world_size": 1, "checkpoint": ""}, "COMPLETED")
+    a, b = (got["final_eval"][f"eval/{x}/LanguageCrossEntropy"] for x in "ab")
+    assert row["eval_loss"] == f"a={a:.4g} b={b:.4g}", row
 
 
 def _newest(folder: Path) -> Path:

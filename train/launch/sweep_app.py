@@ -13,6 +13,17 @@ from omegaconf import DictConfig, OmegaConf
 from hydra_plugins.pretrain_launcher.contract import Point, Resources, SweepApp
 
 
+def eval_loss(final_eval: dict) -> float | str | None:
+    """The final evaluation's cross-entropy: a number with one evaluator; with several (llm-foundry's eval_loaders,
+    reported as eval/<label>/LanguageCrossEntropy) each label's, `a=3.26 b=3.3`, so that no evaluator's is left out
+    or passed off as the run's."""
+    if "eval/LanguageCrossEntropy" in final_eval:
+        return final_eval["eval/LanguageCrossEntropy"]
+    labelled = [(k.split("/")[1], v) for k, v in final_eval.items()
+                if k.count("/") == 2 and k.startswith("eval/") and k.endswith("/LanguageCrossEntropy")]
+    return " ".join(f"{label}={v:.4g}" for label, v in labelled) or None
+
+
 class TrainApp(SweepApp):
     status_command = "python -m train.status"
     wait_key = "cluster.wait"
@@ -138,7 +149,7 @@ class TrainApp(SweepApp):
             "step": progress.get("progress") or ("" if "step" not in progress else f"step {progress['step']}"),
             "loss": progress.get("loss"),  # the mean train loss of the latest progress line
             "final_loss": metrics.get("final_train_loss") if done else None,
-            "eval_loss": (metrics.get("final_eval") or {}).get("eval/LanguageCrossEntropy") if done else None,
+            "eval_loss": eval_loss(metrics.get("final_eval") or {}) if done else None,
             "tokens_per_sec": metrics.get("tokens_per_sec") if done else progress.get("tokens_per_sec"),
             "mfu": metrics.get("mfu") if done else progress.get("mfu"),  # both over the batches alone
             "eta": "" if eta is None or not going else str(timedelta(seconds=int(eta))),
