@@ -121,6 +121,11 @@ def test_each_loader_is_checked_at_its_own_folder_and_split(c4_mds, tmp_path):
     # ... and one loader left referring to it: the missing value named once (not each key that refers to it)
     assert check(compose(["data=mds", f"tokenizer.name={TOKENIZER}", "max_seq_len=128", loaders[0]]), Context()) \
         == [Problem("variables.data_local", "has no value", "pass it on the command line: variables.data_local=<value>")]
+    # ... and a value no key resolves: named where it fails, once (each loader referring to it said it again)
+    [p] = check(compose(["data=c4", f"tokenizer.name={TOKENIZER}", "max_seq_len=128",
+                         "variables.data_local=${nope}/c4"]), Context())
+    assert (p.key, p.problem) == ("variables.data_local",
+                                  "`${nope}/c4` cannot be resolved: Interpolation key 'nope' not found"), p
     [p] = check(_data(c4_mds, "max_seq_len=128", f"eval_loader.dataset.local={tmp_path / 'nothing'}"), Context())
     assert (p.key, p.level) == ("eval_loader.dataset.local", ERROR) and "does not exist" in p.problem, p
     assert "eval_loader.dataset.local at an MDS folder" in p.fix

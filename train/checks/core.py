@@ -5,7 +5,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from omegaconf import OmegaConf, open_dict, read_write
+from omegaconf import ListConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import InterpolationResolutionError, InterpolationToMissingValueError, MissingMandatoryValue
 
 from common.errors import ERROR, WARNING, Problem, UserError  # noqa: F401  (the rules import them from here)
@@ -72,6 +72,47 @@ def missing_behind(err: InterpolationResolutionError) -> str | None:
     return found.group(1).rstrip(".,") if found and isinstance(err, InterpolationToMissingValueError) else None
 
 
+# `${a.b}`: a reference to another key (not a resolver such as `${oc.env:X}`, not a relative `${.x}`)
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
+
+
+def _raw(cfg, key: str):
+    parent, _, last = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    return OmegaConf.to_container(node, resolve=False)[int(last) if isinstance(node, ListConfig) else last]
+
+
+def unresolved(cfg, key: str, err: InterpolationResolutionError) -> Problem:
+    """The one problem behind a value that does not resolve, named where it is: the `???` key it refers to, or,
+    following its references (`train_loader.dataset.local: ${variables.data_local}` -> `variables.data_local:
+    ${nope}/c4`), the first key whose own value fails. Every key that refers to it gives this same Problem, so it
+    is said once."""
+    if missing := missing_behind(err):
+        return no_value(missing)
+    seen = {key}
+    while True:
+        try:
+            raw = _raw(cfg, key)
+        except Exception:  # a key inside a value that is not a mapping: name the key as it was read
+            break
+        for ref in _REFERENCE.findall(str(raw)):
+            try:
+                OmegaConf.select(cfg, ref, throw_on_missing=True)
+            except InterpolationResolutionError as inner:
+                if ref not in seen:
+                    key, err = ref, inner
+                    seen.add(ref)
+                    break
+            except Exception:
+                continue
+        else:
+            return Problem(key, f"`{raw}` cannot be resolved: {' '.join(str(err).splitlines()[0].split())}",
+                           "set the key it refers to (under `variables:` in your YAML, or on the command line), "
+                           "or give this key a value")
+    return Problem(key, f"cannot be resolved: {' '.join(str(err).splitlines()[0].split())}",
+                   "set the keys it refers to, or give it a value directly")
+
+
 def value(cfg, key: str, default=None):
     """The resolved value at a dotted key, turning OmegaConf's errors into ours."""
     try:
@@ -79,10 +120,7 @@ def value(cfg, key: str, default=None):
     except MissingMandatoryValue:
         raise ConfigError(problems=[no_value(key)]) from None
     except InterpolationResolutionError as err:
-        if missing := missing_behind(err):
-            raise ConfigError(problems=[no_value(missing)]) from None
-        raise ConfigError(key, f"cannot be resolved ({err.__cause__ or err})".splitlines()[0],
-                          "set the keys it refers to, or give it a value directly") from None
+        raise ConfigError(problems=[unresolved(cfg, key, err)]) from None
 
 
 def resolved(cfg):

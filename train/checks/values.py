@@ -11,9 +11,8 @@ from train.checks.core import (
     close_match,
     is_int,
     is_number,
-    missing_behind,
-    no_value,
     same_or_under,
+    unresolved,
     value,
 )
 from train.config.loaders import eval_keys, loader_keys
@@ -58,7 +57,7 @@ def known_keys(cfg, ctx):
 def resolves(cfg, ctx):
     """Every interpolation resolves (a `${variables.x}` with no x, in a user's YAML or on the command line): llm-foundry
     resolves the whole config when the run starts and would stop there."""
-    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf import DictConfig, ListConfig
     from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
     def walk(node, prefix):
@@ -72,13 +71,7 @@ def resolves(cfg, ctx):
             except MissingMandatoryValue:
                 continue  # `???`: the rule that reads it says "has no value"
             except InterpolationResolutionError as err:
-                if missing := missing_behind(err):  # `${variables.data_local}` with no data_local: that key, once
-                    yield no_value(missing)
-                    continue
-                raw = OmegaConf.to_container(node, resolve=False)[k]
-                yield Problem(full, f"`{raw}` cannot be resolved: {' '.join(str(err).splitlines()[0].split())}",
-                              "set the key it refers to (under `variables:` in your YAML, or on the command line), "
-                              "or give this key a value")
+                yield unresolved(cfg, full, err)  # named where it fails, once for every key that refers to it
                 continue
             if isinstance(child, (DictConfig, ListConfig)):
                 yield from walk(child, full)
