@@ -32,6 +32,23 @@ def test_a_bad_point_of_a_config_grid_refuses_the_sweep_with_every_problem_and_w
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
+def test_hydra_sweeper_basic_is_checked_first_and_a_plan_of_batches_says_it_shows_the_first(tmp_path, cli):
+    """`hydra/sweeper=basic` (Hydra's name for its grid sweeper) checks and plans every point before anything is
+    written, as the default does: Hydra's own wrote multirun.yaml first, so a plan wrote a sweep folder, and with
+    max_batch_size it gave the launcher one batch at a time: the plan said `sweep of 2 points` for 3. A sweeper
+    that does launch in batches (Optuna's trials) gets a plan of its first batch, saying so."""
+    grid = ("-m", "optimizer.lr=1e-3,2e-3,3e-3", "hydra.sweeper.max_batch_size=2", "plan=true")
+    for sweeper in ("hydra/sweeper=basic", "sweeper=checked"):
+        proc = cli("train", *grid, sweeper, check=True)
+        assert "sweep of 3 points:" in proc.stdout and "note:" not in proc.stderr, sweeper
+    proc = cli("train", "-m", "optimizer.lr=1e-3,2e-3", "global_train_batch_size=16,12", "hydra/sweeper=basic")
+    assert proc.returncode == 2 and "error: [sweep point #1] global_train_batch_size" in proc.stderr
+    proc = cli("train", "-m", "hparams_search=mpt_tiny_lr", "plan=json", check=True)
+    assert len(json.loads(proc.stdout)) == 1  # the answer stays one JSON list; the note is a message
+    assert "note: this plan is of the first batch the OptunaSweeper launched (1 point)" in proc.stderr
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
 def test_an_objective_no_trial_reports_is_refused_before_anything_is_written(tmp_path, cli):
     """Optuna reads `objective` from each trial's metrics: with eval_loader=null, or several evaluators (metrics
     eval/<label>/...), the default eval/LanguageCrossEntropy is in none, and every trial would train, then fail."""

@@ -93,6 +93,9 @@ class SweepLauncher(BaseSubmititLauncher):
         self._prepared: dict = {}  # the sweeper's overrides -> (the point's overrides, its checked config)
         self.failed_checks = False  # the app's closing check failed (training: a preflight-only verdict)
         self._points: list = []  # every point launched so far
+        # The sweeper launching a batch it did not give first with all its points (Hydra's basic sweeper with
+        # max_batch_size, Optuna's trials): the app sees that batch alone (a plan says so). None: every point given.
+        self.batch_of: str | None = None
 
     def __getstate__(self) -> dict:
         """What each job's pickle carries of the launcher (the job body is this object): not every point's
@@ -130,6 +133,8 @@ class SweepLauncher(BaseSubmititLauncher):
         return [self._prepared[k] for k in keys]
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        if not all(tuple(o) in self._prepared for o in job_overrides):
+            self.batch_of = self._sweeper()
         configs = self.prepare(job_overrides, initial_job_idx)
         points = []
         for i, (overrides, cfg) in enumerate(configs):

@@ -75,7 +75,11 @@ class TrainApp(SweepApp):
         if ctxs and ctxs[0].mode == "plan":
             from train.plan.forecast_report import print_plans
 
-            print_plans(cfgs, problems)
+            if launcher.batch_of:  # Optuna's trials, or the basic sweeper's max_batch_size: more points come later
+                print(f"note: this plan is of the first batch the {launcher.batch_of} launched ({len(cfgs)} point{'s' * (len(cfgs) != 1)}): "
+                      "it launches the others later, each batch checked as it is launched (the default "
+                      "hydra/sweeper=checked checks and plans every point of a grid at once)", file=sys.stderr)
+            print_plans(cfgs, problems, batch_of=launcher.batch_of)
             sys.exit(0)
         return [(list(c.overrides), cfg) for c, cfg in zip(ctxs, cfgs)]
 

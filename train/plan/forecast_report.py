@@ -207,14 +207,17 @@ def _summary(plans: list) -> str:
     return "\n".join("| " + r + " |" for r in rows)
 
 
-def print_plans(cfgs: list, problems=()) -> list:
+def print_plans(cfgs: list, problems=(), batch_of: str | None = None) -> list:
     """A sweep's plans, one per point. plan=json: one JSON list, one object per point, in point order.
-    problems: the sweep's warnings, each point's named by its key (Problem.at_point)."""
+    problems: the sweep's warnings, each point's named by its key (Problem.at_point). batch_of: the sweeper whose
+    first batch these points are, when it launches more later."""
     prefix = [f"[sweep point #{i}] " for i in range(len(cfgs))]
     plans = [build_plan(cfg, [p for p in problems if p.key.startswith(prefix[i])]) for i, cfg in enumerate(cfgs)]
     if value(cfgs[0], "plan") == "json":
         _emit(to_json(plans))
     else:
         _emit("\n".join(f"=== sweep point #{i} ===\n{render(p)}\n" for i, p in enumerate(plans))
-              + f"\nsweep of {len(plans)} points:\n{_summary(plans)}")
+              + f"\nsweep of {len(plans)} point{'s' * (len(plans) != 1)}"
+              + (f" (the first batch the {batch_of} launched; more come later)" if batch_of else "")
+              + f":\n{_summary(plans)}")
     return plans
