@@ -70,6 +70,12 @@ CASES = [
     # the data
     (["eval_loader.dataset.split=train", "plan=true"], "warned", "eval_loader.dataset.split"),
     (["-m", "hparams_search=mpt_tiny_lr", "eval_loader=null"], "refused", "objective"),  # Optuna's value: none
+    (["-m", "--cfg", "job"], "refused", "-m --cfg"),  # Hydra's ValueError, with a traceback
+    # Optuna's database storage: a traceback after making the database (the pinned Optuna on SQLAlchemy 2)
+    (["-m", "hparams_search=mpt_tiny_lr", "hydra.sweeper.storage=sqlite:///{tmp}/optuna.db"], "refused",
+     "hydra.sweeper.storage"),
+    (["-m", "hparams_search=mpt_tiny_lr", f"hydra.sweeper.storage=postgresql://me:{SECRET}@db/optuna", "plan=true"],
+     "refused", "hydra.sweeper.storage"),
     (["data=c4", "variables.data_local=${nope}/c4"], "refused", "variables.data_local"),  # crashed the checks
     # the model
     (["model.attn_config.attn_impl=foo"], "refused", "model.attn_config.attn_impl"),

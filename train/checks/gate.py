@@ -63,6 +63,17 @@ class CheckBeforeWriting(Callback):
             sys.exit(0)
 
 
+    @_or_stop
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        """What the sweeper itself would fail on when it starts, before it writes anything (the points are checked
+        by the launcher, all at once, before anything is submitted)."""
+        from train.checks import report
+        from train.checks.values import sweeper_storage
+
+        if not report(list(sweeper_storage(config.hydra.sweeper))):
+            sys.exit(2)
+
+
 def _checked(fn):
     """fn(), with a ConfigError (a value missing or unresolvable where checking could not go on) printed as the
     problems it holds, exit 2."""
@@ -291,11 +302,26 @@ def _schema_problems(override, key: str) -> list:
     return found
 
 
+# Hydra's commands: it runs one (ValueError with a traceback for two)
+_COMMANDS = {"-m": "-m", "--multirun": "-m", "-r": "--run", "--run": "--run", "-c": "--cfg", "--cfg": "--cfg",
+             "-i": "--info", "--info": "--info", "-sc": "--shell-completion", "--shell-completion": "--shell-completion"}
+
+
+def _one_command(args: list) -> list:
+    from train.checks import Problem
+
+    given = list(dict.fromkeys(_COMMANDS[a] for a in args if a in _COMMANDS))
+    if len(given) < 2:
+        return []
+    return [Problem(" ".join(given), "Hydra does one of -m, --run, --cfg, --info and --shell-completion at a time",
+                    "`--cfg job` without -m shows one point's config; `-m ... plan=true` plans every point of a sweep")]
+
+
 def before_hydra(args: list) -> None:
     """Refuse, before Hydra reads the command line, what Hydra would refuse with its own words (exit 2, nothing
     written). Anything else is left to Hydra and the checks."""
     from train.checks import report
 
-    problems = hydra_problems(args)
+    problems = _one_command(args) + hydra_problems(args)
     if problems and not report(problems):
         sys.exit(2)

@@ -349,5 +349,17 @@ def objective_reported(cfg, ctx):
                   f"objective={TRAIN_LOSS} (the last training loss), or keep an eval_loader")
 
 
+def sweeper_storage(sweeper):
+    """Optuna's database storage (`hydra.sweeper.storage`) with the pinned packages: hydra-optuna-sweeper 1.3 pins
+    Optuna 2.10, whose RDB storage fails on the SQLAlchemy 2 that MLflow (in llm-foundry's lock) needs: creating
+    the study stops with an AssertionError after making an empty database. The value is not echoed (a database URL
+    may hold a password)."""
+    if str(sweeper.get("_target_", "")).endswith("OptunaSweeper") and sweeper.get("storage") not in (None, ""):
+        yield Problem("hydra.sweeper.storage", "Optuna 2.10 (pinned by hydra-optuna-sweeper 1.3) cannot use a database "
+                      "with SQLAlchemy 2 (pinned for MLflow): the sweep would stop creating its study, after making "
+                      "the database", "hydra.sweeper.storage=null (the study lives in memory for this command; "
+                      "every trial's result stays in its run's metrics.json and the sweep's summary)")
+
+
 RULES = [plan_form, known_keys, resolves, slurm_preset_needs_m, mock_data_only_where_asked, numbers, schedule, seq_len, held_out, device, fsdp, checkpoint,
          storage, cluster_figures, batch, export, objective_reported]
