@@ -71,6 +71,9 @@ CASES = [
     (["eval_loader.dataset.split=train", "plan=true"], "warned", "eval_loader.dataset.split"),
     (["-m", "hparams_search=mpt_tiny_lr", "eval_loader=null"], "refused", "objective"),  # Optuna's value: none
     (["-m", "--cfg", "job"], "refused", "-m --cfg"),  # Hydra's ValueError, with a traceback
+    # one value listed twice: was refused as two points writing one save_folder, the fix naming save_folder
+    (["-m", "seed=1,1"], "refused", "seed"),
+    (["-m", "optimizer.lr=1e-3,0.001", "seed=1,2"], "refused", "optimizer.lr"),
     # Optuna's database storage: a traceback after making the database (the pinned Optuna on SQLAlchemy 2)
     (["-m", "hparams_search=mpt_tiny_lr", "hydra.sweeper.storage=sqlite:///{tmp}/optuna.db"], "refused",
      "hydra.sweeper.storage"),

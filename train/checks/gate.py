@@ -158,6 +158,7 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
                                  f"quote the value for Hydra, and the whole for the shell: '{shown.split('=', 1)[0]}="
                                  f"\"{_raw_value(shown)}\"'" if "=" in arg else f"write it as key=value: {key}=<value>"))
             continue
+        found += _listed_twice(override)
         key = override.key_or_group
         if not key or "/" in key or key.startswith("hydra") or override.package is not None:
             continue
@@ -193,6 +194,30 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
             fix = "see the keys with `python -m train --cfg job`; `+variables.<name>=...` adds a value of your own"
         found.append(Problem(key, "is not a key of this config", fix))
     return found
+
+
+def _listed_twice(override) -> list:
+    """A sweep that lists one value twice (`seed=1,1`, `optimizer.lr=1e-3,0.001`): two points would be one run,
+    trained twice at once in one folder."""
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    from train.checks import Problem
+
+    if not override.is_sweep_override() or not isinstance(override.value(), ChoiceSweep):
+        return []
+    seen, twice = set(), []
+    for v in override.sweep_iterator():
+        same = int(v) if isinstance(v, float) and v.is_integer() else v  # 1e-3 and 0.001, 2 and 2.0: one value
+        key = repr(same)
+        if key in seen and v not in twice:
+            twice.append(v)
+        seen.add(key)
+    if not twice:
+        return []
+    name = override.get_key_element()
+    once = ",".join(dict.fromkeys(str(v) for v in override.sweep_string_iterator()))
+    return [Problem(name, f"the sweep lists {', '.join(map(str, twice))} twice: those points would be one run, "
+                    "trained twice at once in one folder", f"each value once: {name}={once}")]
 
 
 def _recipe_problems(override) -> list:
