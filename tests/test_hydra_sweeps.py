@@ -97,6 +97,23 @@ def test_an_optuna_search_here_gets_each_trials_eval_loss_and_run_again_submits_
         pytest.approx(result["best_value"], rel=1e-6)
 
 
+@pytest.mark.train
+def test_an_optuna_batch_that_proposes_one_trial_twice_trains_it_once_and_tells_both_its_value(tmp_path, cli):
+    """Optuna's sampler over a small space proposes the same trial twice in a batch (n_jobs=2, one value each):
+    one run. The batch was refused as two points writing one save_folder, its plan too, so a search stopped
+    mid-way after the batches before had trained."""
+    line = ("-m", "hparams_search=mpt_tiny_lr", "optimizer.lr=choice(0.002)", "scheduler.t_warmup=choice(2ba)",
+            "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2", *FAST)
+    proc = cli("train", *line, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "1 of this batch's 2 points repeat another: each is launched once" in proc.stderr
+    [sweep_dir] = _sweeps(tmp_path)
+    assert list(_trials(sweep_dir)) == [0]  # one run
+    assert len(list((tmp_path / "checkpoints").iterdir())) == 1
+    result = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert result["best_value"] == pytest.approx(_trials(sweep_dir)[0], rel=1e-6)
+
+
 def test_a_sweeper_that_needs_results_is_refused_a_submit_and_return_sweep(slurm, tmp_path, cli):
     proc = cli("train", "-m", "cluster=slurm-local", "data=mock", "hparams_search=mpt_tiny_lr", timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]

@@ -133,12 +133,29 @@ class SweepLauncher(BaseSubmititLauncher):
         return [self._prepared[k] for k in keys]
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        """One JobReturn per point given, in order. A point given twice in one batch (Optuna's sampler over a
+        small space proposes the same trial twice) is one run: launched once, both get its result (two jobs
+        would train one run at once in one folder)."""
+        keys = [tuple(o) for o in job_overrides]
+        first: dict = {}
+        for i, k in enumerate(keys):
+            first.setdefault(k, i)
+        if len(first) < len(keys):
+            log.info(f"[sweep] {len(keys) - len(first)} of this batch's {len(keys)} points repeat another: each "
+                     "is launched once and gets its result")
+        returns = self._launch([list(k) for k in first], [initial_job_idx + i for i in first.values()])
+        if not returns:
+            return returns
+        by_key = dict(zip(first, returns))
+        return [by_key[k] for k in keys]
+
+    def _launch(self, job_overrides: list, nums: list) -> Sequence[JobReturn]:
         if not all(tuple(o) in self._prepared for o in job_overrides):
             self.batch_of = self._sweeper()
-        configs = self.prepare(job_overrides, initial_job_idx)
+        configs = self.prepare(job_overrides, nums[0] if nums else 0)
         points = []
-        for i, (overrides, cfg) in enumerate(configs):
-            p = Point(initial_job_idx + i, overrides, cfg, self.app.resources(cfg, self.params))
+        for num, (overrides, cfg) in zip(nums, configs):
+            p = Point(num, overrides, cfg, self.app.resources(cfg, self.params))
             p.finished = self.app.finished(cfg)
             points.append(p)
         if not points:
