@@ -137,7 +137,10 @@ CASES = [
     (["device_train_microbatch_size=big"], "refused", "device_train_microbatch_size"),
     (["device_eval_batch_size=0"], "refused", "device_eval_batch_size"),
     (["global_train_batch_size=0"], "refused", "global_train_batch_size"),
-    (["global_train_batch_size=12"], "refused", "global_train_batch_size"),
+    (["-m", "cluster.tasks_per_node=2", "global_train_batch_size=15"], "refused", "global_train_batch_size"),
+    # legal (llm-foundry reduces a microbatch larger than a rank's share; composer trains an uneven last one)
+    (["global_train_batch_size=12", "plan=true"], "warned", "device_train_microbatch_size"),
+    (["global_train_batch_size=4", "plan=true"], "warned", "device_train_microbatch_size"),
     (["global_train_batch_size=1000000000"], "refused", "global_train_batch_size"),
     # workers, timeouts, the cluster
     # a trainer setting that was ours under cluster.: refused, its llm-foundry key as the fix

@@ -23,12 +23,13 @@ def test_a_grid_declared_as_config_is_every_combination_planned_and_nothing_is_w
 
 
 def test_a_bad_point_of_a_config_grid_refuses_the_sweep_with_every_problem_and_writes_nothing(tmp_path, cli):
-    proc = cli("train", "-m", "hparams_search=mpt_tiny_grid", "global_train_batch_size=16,12", timeout=900)
+    proc = cli("train", "-m", "hparams_search=mpt_tiny_grid", "cluster.tasks_per_node=2", "global_train_batch_size=16,15",
+               timeout=900)
     assert proc.returncode == 2
     bad = [line for line in proc.stderr.splitlines() if line.startswith("error: [sweep point #")]
-    # the four points with a batch of 12, each named (the grid's own keys come first in each point)
+    # the four points with a batch of 15 (over 2 ranks), each named (the grid's own keys come first in each point)
     assert [line.split("]")[0] for line in bad] == [f"error: [sweep point #{n}" for n in (1, 3, 5, 7)], proc.stderr
-    assert all("global_train_batch_size: 12 is not divisible" in line for line in bad)
+    assert all("global_train_batch_size: 15 is not divisible" in line for line in bad)
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
@@ -41,7 +42,8 @@ def test_hydra_sweeper_basic_is_checked_first_and_a_plan_of_batches_says_it_show
     for sweeper in ("hydra/sweeper=basic", "sweeper=checked"):
         proc = cli("train", *grid, sweeper, check=True)
         assert "sweep of 3 points:" in proc.stdout and "note:" not in proc.stderr, sweeper
-    proc = cli("train", "-m", "optimizer.lr=1e-3,2e-3", "global_train_batch_size=16,12", "hydra/sweeper=basic")
+    proc = cli("train", "-m", "optimizer.lr=1e-3,2e-3", "cluster.tasks_per_node=2", "global_train_batch_size=16,15",
+               "hydra/sweeper=basic")
     assert proc.returncode == 2 and "error: [sweep point #1] global_train_batch_size" in proc.stderr
     proc = cli("train", "-m", "hparams_search=mpt_tiny_lr", "plan=json", check=True)
     assert len(json.loads(proc.stdout)) == 1  # the answer stays one JSON list; the note is a message

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from helpers import PYTHON, ROOT, TOKENIZER, problems_in
 
-from train.checks import ERROR, WARNING, ConfigError, Context, check, check_points, resolve_all
+from train.checks import ERROR, WARNING, ConfigError, Context, check, check_points, resolve_all, values
 from train.checks.gate import hydra_problems
 from train.config.compose import compose
 
@@ -27,8 +27,8 @@ OFFLINE = {"HF_HUB_OFFLINE": "1"}
 # (id, overrides, key named, words in the message). "{tmp}": the test's scratch folder; "{tok}": the real tokenizer.
 CASES = [
     ("unknown top-level key", ["+save_intervl=100ba"], "save_intervl", "did you mean `save_interval`"),
-    ("batch not divisible (plain run)", ["global_train_batch_size=12"], "global_train_batch_size",
-     "not divisible by world size 1"),
+    ("batch not divisible (2 ranks here)", ["-m", "cluster.tasks_per_node=2", "global_train_batch_size=15"],
+     "global_train_batch_size", "15 is not divisible by world size 2"),
     ("batch not divisible (3 nodes)", ["model=mpt-30b", "cluster=ndv5", "cluster.nodes=3", "plan=true"],
      "global_train_batch_size", "2048 is not divisible by world size 24"),
     ("model does not fit this machine's GPU", ["model=mpt-70b", "cluster=ndv5", "cluster.nodes=1"], "model",
@@ -273,6 +273,27 @@ def test_world_size_plain_run_sweep_and_plan(monkeypatch):
     assert Context(mode="plan").world_size(cfg) == 32
     monkeypatch.setenv("WORLD_SIZE", "16")
     assert Context(mode="run").world_size(cfg) == 16
+
+
+@pytest.mark.parametrize("gbs,mb,ranks,want", [
+    (16, 8, 2, None),  # 8 each, one microbatch
+    (15, 8, 2, ("global_train_batch_size", ERROR, "15 is not divisible by world size 2")),  # llm-foundry's ValueError
+    (8, 8, 2, ("device_train_microbatch_size", WARNING, "llm-foundry reduces it to 4")),  # its warning
+    (24, 8, 2, ("device_train_microbatch_size", WARNING, "ends with a microbatch of 4")),  # composer: 8 + 4
+    (12, 8, 1, ("device_train_microbatch_size", WARNING, "ends with a microbatch of 4")),
+])
+def test_the_batch_is_refused_only_where_llm_foundry_refuses_it(gbs, mb, ranks, want):
+    """llm-foundry splits the global batch evenly across ranks (else ValueError), then reduces a microbatch larger
+    than a rank's share; composer trains an uneven last microbatch (both trained here: 12 at 1 rank, 8 at 2 ranks
+    with microbatch 8). Its own mpt-125m.yaml (256, microbatch 16) on 64 GPUs was refused."""
+    cfg = compose([f"global_train_batch_size={gbs}", f"device_train_microbatch_size={mb}",
+                   f"cluster.tasks_per_node={ranks}"])
+    found = [(p.key, p.level, p.problem) for p in values.batch(cfg, Context(mode="sweep"))]
+    if want is None:
+        assert found == []
+    else:
+        [(key, level, problem)] = found
+        assert (key, level) == want[:2] and want[2] in problem, found
 
 
 def _resolved(overrides):

@@ -245,23 +245,36 @@ def cluster_figures(cfg, ctx):
 
 
 def batch(cfg, ctx):
+    """llm-foundry splits the global batch evenly across the ranks (a ValueError otherwise). Each rank's share is
+    then cut into microbatches: a microbatch larger than the share is reduced to it (llm-foundry's warning), and a
+    share that is no multiple of it ends each step with a smaller one (composer handles both: warnings)."""
     if value(cfg, "cluster.preflight.only"):
         return  # a preflight-only job builds no trainer
     gbs = value(cfg, "global_train_batch_size")
     mb = value(cfg, "device_train_microbatch_size")
     ws = ctx.world_size(cfg)
-    step = ws * (mb if is_int(mb) else 1)
-    if gbs % step == 0:
+    if gbs % ws:
+        lower, upper = gbs // ws * ws, (gbs // ws + 1) * ws
+        tasks = value(cfg, "cluster.tasks_per_node")
+        nodes_ok = [n for n in range(1, 257) if gbs % (n * tasks) == 0]
+        alternatives = f"global_train_batch_size={upper}" + (f" or {lower}" if lower else "")
+        if nodes_ok:
+            alternatives += f", or cluster.nodes in {nodes_ok[:8]} (with -m)"
+        yield Problem("global_train_batch_size", f"{gbs} is not divisible by {ctx.world_words(cfg)} (llm-foundry "
+                      "refuses it: each rank trains an equal share)", alternatives)
         return
-    what = ctx.world_words(cfg) + (f" x device_train_microbatch_size={mb}" if is_int(mb) else "")
-    lower, upper = gbs // step * step, (gbs // step + 1) * step
-    tasks = value(cfg, "cluster.tasks_per_node")
-    nodes_ok = [n for n in range(1, 257) if gbs % (n * tasks * (mb if is_int(mb) else 1)) == 0]
-    alternatives = f"global_train_batch_size={upper}" + (f" or {lower}" if lower else "")
-    if nodes_ok:
-        alternatives += f", or cluster.nodes in {nodes_ok[:8]} (with -m)"
-    yield Problem("global_train_batch_size", f"{gbs} is not divisible by {what} = {step} (llm-foundry refuses it)",
-                  f"{alternatives}, or another device_train_microbatch_size")
+    share = gbs // ws
+    if not is_int(mb) or share % mb == 0:
+        return
+    if mb > share:
+        yield Problem("device_train_microbatch_size", f"{mb} is more than the {share} samples each rank trains per "
+                      f"step ({gbs} over {ctx.world_words(cfg)}): llm-foundry reduces it to {share}",
+                      f"device_train_microbatch_size={share}, or a larger global_train_batch_size", WARNING)
+    else:
+        yield Problem("device_train_microbatch_size", f"{mb} does not divide the {share} samples each rank trains "
+                      f"per step ({gbs} over {ctx.world_words(cfg)}): each step ends with a microbatch of "
+                      f"{share % mb}", f"a device_train_microbatch_size that divides {share}, or global_train_batch_size="
+                      f"{(share // mb + 1) * mb * ws}", WARNING)
 
 
 def storage(cfg, ctx):

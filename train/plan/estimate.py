@@ -195,7 +195,7 @@ def fit(cfg, world: int, device_bytes: int | None = None) -> dict | None:
     model = _plain(_select(cfg, "model"))
     fsdp = _plain(_select(cfg, "fsdp_config")) or None
     fsdp_used = fsdp if world > 1 else None  # llm-foundry drops FSDP with world size 1
-    common = dict(microbatch=_select(cfg, "device_train_microbatch_size"), precision=_select(cfg, "precision"))
+    common = dict(microbatch=microbatch_trained(cfg, world), precision=_select(cfg, "precision"))
     tasks = _select(cfg, "cluster.tasks_per_node")
     mem = memory_per_gpu(model, world_size=world, tasks_per_node=tasks, fsdp=fsdp_used,
                          checkpointing=bool(fsdp_used and fsdp_used.get("activation_checkpointing")), **common)
@@ -210,13 +210,21 @@ def fit(cfg, world: int, device_bytes: int | None = None) -> dict | None:
     }
 
 
+def microbatch_trained(cfg, world: int):
+    """The microbatch a rank trains with: device_train_microbatch_size, reduced by llm-foundry to the rank's share
+    of the global batch when larger ('auto' and fractions as given)."""
+    gbs, mb = _select(cfg, "global_train_batch_size"), _select(cfg, "device_train_microbatch_size")
+    if isinstance(mb, int) and isinstance(gbs, int) and world and gbs % world == 0:
+        return min(mb, gbs // world)
+    return mb
+
+
 def _divides_from(cfg, nodes):
-    """The smallest node count >= nodes at which the global batch splits evenly into microbatches."""
+    """The smallest node count >= nodes at which llm-foundry can split the global batch evenly across the ranks."""
     if nodes is None:
         return None
-    gbs, mb = _select(cfg, "global_train_batch_size"), _select(cfg, "device_train_microbatch_size")
-    step = _select(cfg, "cluster.tasks_per_node") * (mb if isinstance(mb, int) else 1)
+    gbs, tasks = _select(cfg, "global_train_batch_size"), _select(cfg, "cluster.tasks_per_node")
     for n in range(nodes, nodes * 64 + 1):
-        if gbs % (n * step) == 0:
+        if gbs % (n * tasks) == 0:
             return n
     return None

@@ -54,9 +54,10 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
     seq = value(cfg, "max_seq_len")
     per_device = gbs / world
     per_device = int(per_device) if per_device == int(per_device) else per_device
+    mb = estimate.microbatch_trained(cfg, world)  # llm-foundry reduces one larger than a rank's share
     grad_accum = None
-    if isinstance(mb, int) and isinstance(per_device, int) and per_device % mb == 0:
-        grad_accum = per_device // mb
+    if isinstance(mb, int) and isinstance(per_device, int) and mb > 0:
+        grad_accum = -(-per_device // mb)  # a share that is no multiple of it ends each step with a smaller one
     tokens_per_step = gbs * seq
     duration = value(cfg, "max_duration")
     steps, tokens = _steps_and_tokens(duration, tokens_per_step, gbs)
