@@ -138,6 +138,9 @@ CASES = [
     (["device_eval_batch_size=0"], "refused", "device_eval_batch_size"),
     (["global_train_batch_size=0"], "refused", "global_train_batch_size"),
     (["-m", "cluster.tasks_per_node=2", "global_train_batch_size=15"], "refused", "global_train_batch_size"),
+    (["max_duration=1dur"], "refused", "max_duration"),  # composer: "TimeUnit.DURATION is not allowed"
+    (["max_duration=3600sec"], "refused", "max_duration"),  # composer: "Wall clock time not an allowed time unit"
+    (["eval_interval=1.5ba"], "refused", "eval_interval"),  # composer: batches are whole
     # legal (llm-foundry reduces a microbatch larger than a rank's share; composer trains an uneven last one)
     (["global_train_batch_size=12", "plan=true"], "warned", "device_train_microbatch_size"),
     (["global_train_batch_size=4", "plan=true"], "warned", "device_train_microbatch_size"),

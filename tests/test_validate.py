@@ -296,6 +296,16 @@ def test_the_batch_is_refused_only_where_llm_foundry_refuses_it(gbs, mb, ranks, 
         assert (key, level) == want[:2] and want[2] in problem, found
 
 
+@pytest.mark.parametrize("override", ["eval_interval=0.5dur", "save_interval=0.25dur", "eval_interval=2iter",
+                                      "save_interval=600sec", "max_duration=1e3ba", "max_duration=3e4tok",
+                                      "scheduler.t_warmup=0.1dur"])
+def test_a_time_composer_takes_passes(override):
+    """composer's Time strings: intervals take a fraction of max_duration (dur), seconds and iterations, and any
+    count may be written 3e4 (`0.5dur` was refused as "not a duration with a unit")."""
+    found = check(compose([override]), Context())
+    assert not [p for p in found if p.level == ERROR], found
+
+
 def _resolved(overrides):
     cfg = compose(overrides)
     resolve_all(cfg)  # as the launcher does for each point, while its Hydra context is live

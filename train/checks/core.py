@@ -156,13 +156,27 @@ def is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-DURATION = re.compile(r"^\d+(ba|ep|tok|sp|dur)$")
 TIME_UNITS = "ba (batches), ep (epochs), tok (tokens) or sp (samples), e.g. 1000ba"
+# composer's Time.from_timestring: a number (3e4 too), then a unit; a whole number but for dur (a fraction)
+_TIME = re.compile(r"(.+?)(ba|ep|tok|sp|dur|sec|iter)", re.IGNORECASE)
+
+
+def time_of(text) -> tuple | None:
+    """(value, unit) of a time as composer reads it ("100ba", "3e4tok", "0.5dur"), None where it would refuse it."""
+    found = _TIME.fullmatch(text) if isinstance(text, str) else None
+    try:
+        number = float(found.group(1))
+    except (AttributeError, ValueError):
+        return None
+    unit = found.group(2).lower()
+    if unit == "dur":
+        return number, unit
+    return (int(number), unit) if number.is_integer() else None
 
 
 def batches(duration) -> int | None:
-    return int(duration[:-2]) if isinstance(duration, str) and DURATION.match(duration) and \
-        duration.endswith("ba") else None
+    time = time_of(duration)
+    return time[0] if time and time[1] == "ba" else None
 
 
 URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")

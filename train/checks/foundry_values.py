@@ -8,7 +8,7 @@ import math
 import re
 
 from train.checks import foundry_names as names
-from train.checks.core import ERROR, WARNING, Problem, close_match, is_int, is_number, value
+from train.checks.core import ERROR, WARNING, Problem, close_match, is_int, is_number, time_of, value
 from train.config.loaders import eval_keys, loader_keys
 
 # composer's reproducibility.seed_all refuses seeds outside [0, 2^32 - 1] (numpy's range)
@@ -16,7 +16,6 @@ MAX_SEED = 2**32 - 1
 # composer keeps its timestamp (batches, samples, tokens) in int64 tensors; a duration past it cannot be counted
 MAX_COUNT = 2**63 - 1
 # composer's Time strings: a number and a unit (`0.1dur`, `3e4tok`)
-TIME = re.compile(r"^(\d+(\.\d*)?|\.\d+)(e[+-]?\d+)?(ba|ep|tok|sp|dur)$")
 _TIME_UNITS = "ba (batches), ep, tok, sp or dur (a fraction of max_duration), e.g. 100ba or 0.01dur"
 _BOOL_WORDS = {"y", "yes", "on", "true", "n", "no", "off", "false"}  # what OmegaConf's BooleanNode converts
 
@@ -177,7 +176,7 @@ def scheduler(cfg, ctx):
     name = value(cfg, "scheduler.name")
     for key in ("t_warmup", "t_max"):
         v = value(cfg, f"scheduler.{key}")
-        if v is not None and not (isinstance(v, str) and TIME.match(v)):
+        if v is not None and time_of(v) is None:
             yield Problem(f"scheduler.{key}", f"{v!r} is not a composer time (a number and a unit): {name} refuses "
                           "it when it is built", f"use {_TIME_UNITS}")
     for key in ("alpha_f", "alpha_i", "alpha"):
@@ -240,9 +239,8 @@ def model(cfg, ctx):
 
 
 def _max_duration_count(cfg):
-    v = value(cfg, "max_duration")
-    m = re.match(r"^(\d+)(ba|ep|tok|sp)$", v) if isinstance(v, str) else None
-    return (int(m[1]), m[2]) if m else (None, None)
+    time = time_of(value(cfg, "max_duration"))
+    return time if time and time[1] in ("ba", "ep", "tok", "sp") else (None, None)
 
 
 def durations(cfg, ctx):

@@ -3,7 +3,6 @@
 import os
 
 from train.checks.core import (
-    DURATION,
     TIME_UNITS,
     WARNING,
     Problem,
@@ -12,6 +11,7 @@ from train.checks.core import (
     is_int,
     is_number,
     same_or_under,
+    time_of,
     unresolved,
     value,
 )
@@ -102,16 +102,23 @@ def _positive_int(cfg, key, example=8):
         yield Problem(key, f"must be a positive whole number, got {v!r}", f"e.g. {key}={example}")
 
 
-def _duration(cfg, key, zero_means=None):
+def _duration(cfg, key, zero_means=None, interval=True):
+    """A time with a unit, as composer reads it. An interval also takes dur (a fraction of max_duration), sec and
+    iter; max_duration does not (composer: "TimeUnit.DURATION is not allowed", "Wall clock time not an allowed
+    time unit")."""
     v = value(cfg, key)
     if zero_means and (v == 0 or v in ("0ba", "0ep")) and not isinstance(v, bool):
         return  # composer: an interval of 0 never fires
+    time = time_of(v)
     if is_int(v) and v > 0:
         yield Problem(key, f"{v} has no unit (composer would read a bare number as epochs)",
                       f"add one: {key}={v}ba for batches, or {TIME_UNITS}")
-    elif not isinstance(v, str) or not DURATION.match(v):
-        yield Problem(key, f"{v!r} is not a duration with a unit (composer's Time)", f"use {TIME_UNITS}: {key}=1000ba"
-                      + (f", or {key}=0 ({zero_means})" if zero_means else ""))
+    elif time is None or time[0] < 0 or (not interval and time[1] in ("dur", "sec")):  # (0: rules of its own)
+        yield Problem(key, f"{v!r} is not a {'time' if interval else 'duration'} composer takes here (a number "
+                      "and a unit" + ("" if interval else "; not dur or sec, which composer refuses for "
+                                             "max_duration") + ")",
+                      f"use {TIME_UNITS}" + (", or 0.1dur (a fraction of max_duration)" if interval else "")
+                      + f": {key}=1000ba" + (f", or {key}=0 ({zero_means})" if zero_means else ""))
 
 
 def numbers(cfg, ctx):
@@ -122,7 +129,7 @@ def numbers(cfg, ctx):
         yield from _positive_int(cfg, key)
     if value(cfg, "device_train_microbatch_size") != "auto":
         yield from _positive_int(cfg, "device_train_microbatch_size")
-    yield from _duration(cfg, "max_duration")
+    yield from _duration(cfg, "max_duration", interval=False)
     yield from _duration(cfg, "eval_interval", zero_means="never evaluate")
     yield from _duration(cfg, "save_interval")
     lr = value(cfg, "optimizer.lr")
