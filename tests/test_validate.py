@@ -406,6 +406,10 @@ def test_unknown_key_names_the_close_match_and_keeps_a_nonzero_exit(tmp_path, cl
     assert "did you mean save_interval? (save_interval=100ba)" in proc.stderr
     proc = cli("train", "model=mpt-7b", "fsdp_config.sharding_stratgy=FULL_SHARD")
     assert proc.returncode != 0 and "did you mean fsdp_config.sharding_strategy?" in proc.stderr
+    # an llm-foundry key the preset does not set, under one it does: added with +, not "did you mean" its parent
+    proc = cli("train", "model.attn_config.alibi=true")
+    assert proc.returncode != 0 and "fix: +model.attn_config.alibi=true (a key model.attn_config does not set yet" \
+        in proc.stderr, proc.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
 
 

@@ -66,14 +66,23 @@ def suggest_keys(args: list) -> list:
         return []
     finally:
         GlobalHydra.instance().clear()
-    keys = _dotted_keys(OmegaConf.to_container(cfg, resolve=False))
+    tree = OmegaConf.to_container(cfg, resolve=False)
+    keys = _dotted_keys(tree)
     found = []
     for key, val in unknown:
         if key in keys:
             continue
-        match = difflib.get_close_matches(key, sorted(keys), n=1, cutoff=0.6)
-        fix = (f"did you mean {match[0]}? ({match[0]}={val})" if match else
-               "see the keys with `python -m train --cfg job`; `+variables.<name>=...` adds a value of your own")
+        # a misspelt key is close to one beside it (not to its parent: model.attn_config.alibi is no typo of
+        # model.attn_config, it is an llm-foundry key the preset does not set)
+        parent, _, name = key.rpartition(".")
+        beside = {k.rpartition(".")[2]: k for k in keys if k.rpartition(".")[0] == parent}
+        match = [beside[m] for m in difflib.get_close_matches(name, sorted(beside), n=1, cutoff=0.6)]
+        if match:
+            fix = f"did you mean {match[0]}? ({match[0]}={val})"
+        elif parent and isinstance(OmegaConf.select(OmegaConf.create(tree), parent), DictConfig):
+            fix = f"+{key}={val} (a key {parent} does not set yet: Hydra adds one with +)"
+        else:
+            fix = "see the keys with `python -m train --cfg job`; `+variables.<name>=...` adds a value of your own"
         found.append(ConfigError(key, "is not a key of this config", fix))
     return found
 
