@@ -37,6 +37,17 @@ def test_settings_that_keep_nothing_are_refused(override, key, ckpt):
     assert len(bad) == 1 and bad[0].fix
 
 
+def test_keeping_one_checkpoint_is_warned_it_leaves_none_to_fall_back_to():
+    """Resuming sets a damaged newest checkpoint aside and takes the one before (tests/test_resume.py): with one
+    kept there is none, and the run stops."""
+    from train.checks import WARNING
+
+    [p] = keyed(found(["save_num_checkpoints_to_keep=1"]), "save_num_checkpoints_to_keep")
+    assert p.level == WARNING and "none before it" in p.problem and "=2" in p.fix
+    assert not keyed(found(["save_num_checkpoints_to_keep=2"]), "save_num_checkpoints_to_keep")
+    assert not keyed(found(["checkpoint=none", "save_num_checkpoints_to_keep=1"]), "save_num_checkpoints_to_keep")
+
+
 def test_without_checkpoints_an_interval_of_zero_is_nobodys_business():
     assert not keyed(found(["checkpoint=none", "save_interval=0ba"]), "save_interval")
     assert not keyed(found([]), "save_num_checkpoints_to_keep")  # the default run fits

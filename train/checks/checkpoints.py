@@ -31,6 +31,10 @@ def keeps_something(cfg, ctx):
         yield Problem("save_num_checkpoints_to_keep", "0 deletes every checkpoint as soon as it is written "
                       "(composer's rotation keeps none), so nothing can be resumed",
                       "keep some: save_num_checkpoints_to_keep=10 (the default), or -1 for all")
+    elif keep == 1 and is_int(keep):
+        yield Problem("save_num_checkpoints_to_keep", "1 keeps the newest checkpoint alone: if it is found damaged "
+                      "when the run resumes (a flipped block, a file cut short), there is none before it to resume "
+                      "from, and the run stops", "save_num_checkpoints_to_keep=2 or more (the default is 10)", WARNING)
 
 
 def _step_seconds(cfg, world: int) -> float | None:
