@@ -119,7 +119,33 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+# What llm-foundry's converter (and training) call what data_prep reads under another name.
+_THEIR_NAMES = {"max_seq_len": "concat_tokens", "splits": "split", "num_workers": "workers",
+                "data_subset": "dataset.hub.subset", "local": "input", "path": "input"}
+_DATASET_KEYS = ("name", "file_globs", "text_key", "hub")
+
+
+def _unknown_key(cfg: DictConfig) -> None:
+    """A key data_prep does not read would be ignored: Hydra's own advice for an unknown key (`+max_seq_len=4096`)
+    made shards of concat_tokens' default length, exit 0."""
+    import difflib
+
+    from common.paths import CONF
+
+    top = set(OmegaConf.load(CONF / "data_prep.yaml")) - {"defaults", "hydra"} | {"dataset"}
+    unknown = [(str(k), top) for k in cfg if k != "hydra" and k not in top]
+    unknown += [(f"dataset.{k}", {f"dataset.{d}" for d in _DATASET_KEYS}) for k in (cfg.get("dataset") or {})
+                if k not in _DATASET_KEYS]
+    for key, known in unknown:
+        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+        theirs = _THEIR_NAMES.get(key) or (close[0] if close else None)
+        raise DataPrepError(key, "is not a key data_prep reads: it would be ignored",
+                            f"{theirs}=<value>" + (f" (data_prep's name for {key})" if key in _THEIR_NAMES else "")
+                            if theirs else f"its keys: {', '.join(sorted(known))}")
+
+
 def settings_from(cfg: DictConfig) -> Settings:
+    _unknown_key(cfg)
     out_root = cfg.get("out_root")
     if not out_root or not isinstance(out_root, str):
         raise DataPrepError("out_root", "is required", "pass out_root=<folder that will hold the <split>/ dataset>")

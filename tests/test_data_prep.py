@@ -343,3 +343,22 @@ def test_a_local_tokenizer_run_imports_no_torch_transformers_or_llmfoundry(tmp_p
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert "tokenizers" in imported and "numpy" in imported
     assert not imported & {"torch", "transformers", "llmfoundry", "streaming", "datasets"}
+
+
+@pytest.mark.parametrize("override, fix", [
+    ("+max_seq_len=4096", "concat_tokens=<value> (data_prep's name for max_seq_len)"),
+    ("+concat_tokns=4096", "concat_tokens=<value>"),
+    ("+dataset.text_field=content", "dataset.text_key=<value>"),
+])
+def test_a_key_data_prep_does_not_read_is_refused_not_ignored(override, fix, tmp_path):
+    """Hydra's own advice for an unknown key is to add it with +: data_prep then ignored it and made samples of
+    concat_tokens' default length, exit 0."""
+    from data_prep.errors import DataPrepError
+    from data_prep.settings import settings_from
+    from train.config.compose import compose
+
+    cfg = compose(["dataset=c4", f"out_root={tmp_path}", "tokenizer=t", override], config_name="data_prep")
+    with pytest.raises(DataPrepError) as caught:
+        settings_from(cfg)
+    assert caught.value.problems[0].key == override.split("=")[0].lstrip("+") and caught.value.problems[0].fix == fix
+    assert settings_from(compose(["dataset=c4", f"out_root={tmp_path}", "tokenizer=t"], config_name="data_prep"))
