@@ -69,3 +69,15 @@ def test_build_optimizer_still_reads_the_extra_keys():
     source = inspect.getsource(builders._extract_param_groups)
     for key in ours.OPTIMIZER_EXTRA:
         assert f"'{key}'" in source
+
+
+def test_the_text_loaders_dataset_keys_equal_the_pinned_libraries():
+    from llmfoundry.data import utils
+    from llmfoundry.data.text_data import StreamingTextDataset
+    from streaming import StreamingDataset
+
+    params = set(inspect.signature(StreamingTextDataset).parameters) | set(inspect.signature(StreamingDataset).parameters)
+    assert sorted(params) == list(ours.TEXT_DATASET_PARAMS)
+    source = inspect.getsource(utils)
+    for key in ours.TEXT_DATASET_EXTRA:
+        assert f"dataset_cfg.get('{key}'" in source, key

@@ -69,6 +69,7 @@ CASES = [
     (["max_duration=2ba", "plan=true"], "warned", "scheduler.t_warmup"),
     # the data
     (["eval_loader.dataset.split=train", "plan=true"], "warned", "eval_loader.dataset.split"),
+    (["+eval_loader.dataset.shuffle_sed=3", "plan=true"], "warned", "eval_loader.dataset.shuffle_sed"),  # dropped
     (["-m", "hparams_search=mpt_tiny_lr", "eval_loader=null"], "refused", "objective"),  # Optuna's value: none
     (["-m", "--cfg", "job"], "refused", "-m --cfg"),  # Hydra's ValueError, with a traceback
     # one value listed twice: was refused as two points writing one save_folder, the fix naming save_folder

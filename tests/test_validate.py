@@ -306,6 +306,15 @@ def test_a_time_composer_takes_passes(override):
     assert not [p for p in found if p.level == ERROR], found
 
 
+def test_a_dataset_key_llm_foundry_drops_is_warned_with_the_one_meant():
+    """llm-foundry's text loader passes StreamingTextDataset/StreamingDataset only their parameters and drops any
+    other key silently: `shuffle_sed` trained with the default seed, exit 0 (names in foundry_names.py, checked
+    against the pinned libraries by test_foundry_names.py)."""
+    [p] = [p for p in check(compose(["+train_loader.dataset.shuffle_sed=3"]), Context()) if ".dataset." in p.key]
+    assert (p.key, p.level) == ("train_loader.dataset.shuffle_sed", WARNING) and "shuffle_seed" in p.fix, p
+    assert not [p for p in check(compose(["+train_loader.dataset.predownload=8"]), Context()) if ".dataset." in p.key]
+
+
 def _resolved(overrides):
     cfg = compose(overrides)
     resolve_all(cfg)  # as the launcher does for each point, while its Hydra context is live

@@ -23,6 +23,17 @@ SCHEDULERS = {
 }
 
 DATALOADERS = ("contrastive_pairs", "finetuning", "text")
+# What the `text` loader reads of its `dataset:`: the parameters of llm-foundry's StreamingTextDataset and
+# streaming's StreamingDataset (it passes those, and silently drops any other key), and the keys its batch-size and
+# collator helpers read themselves.
+TEXT_DATASET_PARAMS = (
+    "allow_unsafe_types", "batch_size", "batching_method", "cache_limit", "download_retry", "download_timeout",
+    "epoch_size", "keep_zip", "kwargs", "local", "max_seq_len", "num_canonical_nodes", "partition_algo",
+    "predownload", "remote", "replication", "sampling_granularity", "sampling_method", "shuffle", "shuffle_algo",
+    "shuffle_block_size", "shuffle_seed", "split", "stream_config", "stream_name", "streams", "token_encoding_type",
+    "tokenizer", "validate_hash",
+)
+TEXT_DATASET_EXTRA = ("eos_token_id", "bos_token_id", "seq_parallel_replication")  # llmfoundry/data/utils.py
 CALLBACKS = (
     "early_stopper", "env_logging", "eval_output_logging", "fdiff_metrics", "generate_callback", "global_lr_scaling",
     "hf_checkpointer", "kill_loss_spike", "layer_freezing", "load_checkpoint", "loss_perp_v_len", "lr_monitor",

@@ -355,6 +355,24 @@ def speed_monitor(cfg, ctx):
                       "(composer's SpeedMonitor divides by it)", "e.g. callbacks.speed_monitor.window_size=10")
 
 
+def dataset_keys(cfg, ctx):
+    """llm-foundry's text loader passes its dataset the keys StreamingTextDataset or StreamingDataset take and
+    drops any other without a word: a misspelt `shuffle_sed: 3` trains with the default seed."""
+    from train.checks.foundry_names import TEXT_DATASET_EXTRA, TEXT_DATASET_PARAMS
+
+    known = (*TEXT_DATASET_PARAMS, *TEXT_DATASET_EXTRA)
+    for loader in loader_keys(cfg):
+        dataset = value(cfg, f"{loader}.dataset")
+        if value(cfg, f"{loader}.name") != "text" or not hasattr(dataset, "keys"):
+            continue
+        for key in dataset.keys():
+            if key not in known:
+                yield Problem(f"{loader}.dataset.{key}", "is not a setting llm-foundry's text loader reads "
+                              "(StreamingTextDataset's or StreamingDataset's): it is dropped without a word",
+                              close_match(str(key), known) or f"remove it (its settings: {', '.join(known)})",
+                              WARNING)
+
+
 def labels(cfg, ctx):
     """Several evaluators (eval_loaders, or a YAML's eval_loader list): each needs its own label, which names its
     metrics (eval/<label>/LanguageCrossEntropy)."""
@@ -376,4 +394,4 @@ def labels(cfg, ctx):
 
 
 RULES = [train_config_types, seed, registries, optimizer, scheduler, model, durations, workers, cluster_numbers,
-         algorithms, speed_monitor, labels]
+         algorithms, speed_monitor, labels, dataset_keys]
