@@ -81,3 +81,12 @@ def test_the_text_loaders_dataset_keys_equal_the_pinned_libraries():
     source = inspect.getsource(utils)
     for key in ours.TEXT_DATASET_EXTRA:
         assert f"dataset_cfg.get('{key}'" in source, key
+
+
+def test_an_mpt_models_keys_equal_the_pinned_libraries():
+    from llmfoundry.models.mpt import ComposerMPTCausalLM, MPTConfig
+    from transformers import PretrainedConfig
+
+    args = {*inspect.signature(MPTConfig.__init__).parameters, *inspect.signature(ComposerMPTCausalLM.__init__).parameters}
+    assert sorted(args - {"self", "kwargs"} | {"name"}) == list(ours.MPT_MODEL_KEYS)
+    assert sorted(PretrainedConfig().to_dict()) == list(ours.HF_CONFIG_KEYS)

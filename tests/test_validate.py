@@ -315,6 +315,14 @@ def test_a_dataset_key_llm_foundry_drops_is_warned_with_the_one_meant():
     assert not [p for p in check(compose(["+train_loader.dataset.predownload=8"]), Context()) if ".dataset." in p.key]
 
 
+def test_an_mpt_model_key_nothing_reads_is_warned_with_the_one_meant():
+    """MPTConfig (a transformers PretrainedConfig) keeps any key and nothing reads one it does not know:
+    `n_layer=24` trained model.n_layers (2) layers, exit 0."""
+    [p] = [p for p in check(compose(["+model.n_layer=24"]), Context()) if p.key.startswith("model.")]
+    assert (p.key, p.level) == ("model.n_layer", WARNING) and "n_layers" in p.fix, p
+    assert not [p for p in check(compose(["+model.use_cache=true"]), Context()) if p.key.startswith("model.")]
+
+
 def _resolved(overrides):
     cfg = compose(overrides)
     resolve_all(cfg)  # as the launcher does for each point, while its Hydra context is live

@@ -33,6 +33,29 @@ TEXT_DATASET_PARAMS = (
     "shuffle_block_size", "shuffle_seed", "split", "stream_config", "stream_name", "streams", "token_encoding_type",
     "tokenizer", "validate_hash",
 )
+# What an MPT model (`model.name: mpt_causal_lm`) reads of `model:`: MPTConfig's and ComposerMPTCausalLM's
+# arguments, and the attributes every transformers PretrainedConfig keeps. MPTConfig takes any other key too, keeps
+# it, and nothing reads it: `n_layer: 24` trains the default n_layers.
+MPT_MODEL_KEYS = (
+    "additional_train_metrics", "attention_bias", "attn_config", "block_overrides", "d_model", "emb_pdrop",
+    "embedding_fraction", "expansion_ratio", "fc_type", "ffn_config", "final_logit_softcapping", "head_dim",
+    "init_config", "init_device", "learned_pos_emb", "logit_scale", "loss_fn", "max_seq_len", "n_heads", "n_layers",
+    "name", "no_bias", "norm_eps", "norm_type", "resid_pdrop", "tie_word_embeddings", "tokenizer",
+    "use_cache", "use_pad_tok_in_ffn", "use_train_metrics", "vocab_size",
+)
+HF_CONFIG_KEYS = (
+    "_attn_implementation_autoset", "_name_or_path", "add_cross_attention", "architectures", "bad_words_ids",
+    "begin_suppress_tokens", "bos_token_id", "chunk_size_feed_forward", "cross_attention_hidden_size",
+    "decoder_start_token_id", "diversity_penalty", "do_sample", "early_stopping", "encoder_no_repeat_ngram_size",
+    "eos_token_id", "exponential_decay_length_penalty", "finetuning_task", "forced_bos_token_id",
+    "forced_eos_token_id", "id2label", "is_decoder", "is_encoder_decoder", "label2id", "length_penalty",
+    "max_length", "min_length", "model_type", "no_repeat_ngram_size", "num_beam_groups", "num_beams",
+    "num_return_sequences", "output_attentions", "output_hidden_states", "output_scores", "pad_token_id", "prefix",
+    "problem_type", "pruned_heads", "remove_invalid_values", "repetition_penalty", "return_dict",
+    "return_dict_in_generate", "sep_token_id", "suppress_tokens", "task_specific_params", "temperature",
+    "tf_legacy_loss", "tie_encoder_decoder", "tie_word_embeddings", "tokenizer_class", "top_k", "top_p",
+    "torch_dtype", "torchscript", "transformers_version", "typical_p", "use_bfloat16",
+)
 TEXT_DATASET_EXTRA = ("eos_token_id", "bos_token_id", "seq_parallel_replication")  # llmfoundry/data/utils.py
 CALLBACKS = (
     "early_stopper", "env_logging", "eval_output_logging", "fdiff_metrics", "generate_callback", "global_lr_scaling",
