@@ -62,7 +62,6 @@ class CheckBeforeWriting(Callback):
             print_plan(cfg, problems)
             sys.exit(0)
 
-
     @_or_stop
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         """What the sweeper itself would fail on when it starts, before it writes anything (the points are checked
