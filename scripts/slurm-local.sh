@@ -284,6 +284,9 @@ wait_for() {
       return 1
     fi
     for d in "${watch[@]}"; do
+      # no pid file yet: still starting (mariadbd writes its own after its storage engine is up, over a second
+      # on a busy machine; a daemon that dies before then is reported when the wait times out)
+      [[ -s $(pidfile_of "$d") ]] || continue
       live_pid "$d" >/dev/null || { sleep 0.5; live_pid "$d" >/dev/null; } ||
         { err "$d exited while waiting for $what"; return 1; }
     done
@@ -381,6 +384,7 @@ start_mariadb() {
     mariadb-install-db --no-defaults --user=mysql --datadir="$DB/data" --auth-root-authentication-method=socket \
       --skip-test-db >"$LOG/mariadb-install.log" 2>&1 || fail_with_logs "mariadb-install-db failed" "$LOG/mariadb-install.log"
   fi
+  rm -f "$DB/mariadbd.pid"  # one left by a killed run would name a dead process while this one starts
   detach mariadbd --no-defaults --user=mysql --datadir="$DB/data" --socket="$DB_SOCK" \
     --pid-file="$DB/mariadbd.pid" --log-error="$DB/mariadbd.log" --bind-address=127.0.0.1 --port="$DB_PORT" \
     --innodb-buffer-pool-size=256M --innodb-lock-wait-timeout=900 --max-allowed-packet=64M
