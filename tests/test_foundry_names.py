@@ -1,6 +1,7 @@
 """The names and types the login node checks without llm-foundry (train/checks/foundry_names.py) are the pinned
 llm-foundry's own: its registries, its classes' keyword arguments, its TrainConfig's fields and types."""
 import dataclasses
+import importlib
 import inspect
 import typing
 
@@ -90,3 +91,6 @@ def test_an_mpt_models_keys_equal_the_pinned_libraries():
     args = {*inspect.signature(MPTConfig.__init__).parameters, *inspect.signature(ComposerMPTCausalLM.__init__).parameters}
     assert sorted(args - {"self", "kwargs"} | {"name"}) == list(ours.MPT_MODEL_KEYS)
     assert sorted(PretrainedConfig().to_dict()) == list(ours.HF_CONFIG_KEYS)
+    source = inspect.getsource(importlib.import_module("llmfoundry.command_utils.train"))  # the module, not train()
+    for key in ours.MPT_MODEL_EXTRA:
+        assert f"'{key}'" in source, key

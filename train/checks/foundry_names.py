@@ -43,6 +43,7 @@ MPT_MODEL_KEYS = (
     "name", "no_bias", "norm_eps", "norm_type", "resid_pdrop", "tie_word_embeddings", "tokenizer",
     "use_cache", "use_pad_tok_in_ffn", "use_train_metrics", "vocab_size",
 )
+MPT_MODEL_EXTRA = ("master_weights_dtype", "load_in_8bit")  # read by llm-foundry's train command itself
 HF_CONFIG_KEYS = (
     "_attn_implementation_autoset", "_name_or_path", "add_cross_attention", "architectures", "bad_words_ids",
     "begin_suppress_tokens", "bos_token_id", "chunk_size_feed_forward", "cross_attention_hidden_size",

@@ -376,13 +376,13 @@ def dataset_keys(cfg, ctx):
 def model_keys(cfg, ctx):
     """An MPT model's config (transformers' PretrainedConfig) keeps any key it is given and nothing reads one it
     does not know: a misspelt `n_layer: 24` trains model.n_layers layers."""
-    from train.checks.foundry_names import HF_CONFIG_KEYS, MPT_MODEL_KEYS
+    from train.checks.foundry_names import HF_CONFIG_KEYS, MPT_MODEL_EXTRA, MPT_MODEL_KEYS
 
     model = value(cfg, "model")
     if not hasattr(model, "keys") or value(cfg, "model.name") != "mpt_causal_lm":
         return
     for key in model.keys():
-        if key not in MPT_MODEL_KEYS and key not in HF_CONFIG_KEYS:
+        if key not in MPT_MODEL_KEYS and key not in MPT_MODEL_EXTRA and key not in HF_CONFIG_KEYS:
             yield Problem(f"model.{key}", "is not a setting an MPT model reads (MPTConfig keeps it, and nothing uses "
                           "it)", close_match(str(key), MPT_MODEL_KEYS) or "remove it", WARNING)
 
