@@ -21,6 +21,14 @@ import pytest
 # process) oversubscribes them. Measured: two two-rank resume tests side by side, 148 s without, 94 s with.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# Hydra's plugin scan (once per process, when a test first composes or launches in-process) executes every module
+# of hydra_plugins/ again: a class imported before it (TrainApp, bound to the launcher contract's SweepApp) would
+# then not be a subclass of the SweepApp the re-executed contract defines ("not a SweepApp", seen when a test
+# imported the app before another test composed). Every real command scans first; so does each test process.
+from hydra.core.plugins import Plugins  # noqa: E402
+
+Plugins.instance()
+
 _REPO = Path(__file__).resolve().parents[1]
 _SLURM_LOCAL = _REPO / "scripts" / "slurm-local.sh"
 _SLURM_HOWTO = f"start it as root with: sudo bash {_SLURM_LOCAL.relative_to(_REPO)} start"
