@@ -66,8 +66,7 @@ def suggest_keys(args: list) -> list:
         return []
     finally:
         GlobalHydra.instance().clear()
-    tree = OmegaConf.to_container(cfg, resolve=False)
-    keys = _dotted_keys(tree)
+    keys = _dotted_keys(OmegaConf.to_container(cfg, resolve=False))
     found = []
     for key, val in unknown:
         if key in keys:
@@ -79,7 +78,7 @@ def suggest_keys(args: list) -> list:
         match = [beside[m] for m in difflib.get_close_matches(name, sorted(beside), n=1, cutoff=0.6)]
         if match:
             fix = f"did you mean {match[0]}? ({match[0]}={val})"
-        elif parent and isinstance(OmegaConf.select(OmegaConf.create(tree), parent), DictConfig):
+        elif parent and isinstance(OmegaConf.select(cfg, parent), DictConfig):
             fix = f"+{key}={val} (a key {parent} does not set yet: Hydra adds one with +)"
         else:
             fix = "see the keys with `python -m train --cfg job`; `+variables.<name>=...` adds a value of your own"

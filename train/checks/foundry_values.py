@@ -358,9 +358,7 @@ def speed_monitor(cfg, ctx):
 def dataset_keys(cfg, ctx):
     """llm-foundry's text loader passes its dataset the keys StreamingTextDataset or StreamingDataset take and
     drops any other without a word: a misspelt `shuffle_sed: 3` trains with the default seed."""
-    from train.checks.foundry_names import TEXT_DATASET_EXTRA, TEXT_DATASET_PARAMS
-
-    known = (*TEXT_DATASET_PARAMS, *TEXT_DATASET_EXTRA)
+    known = (*names.TEXT_DATASET_PARAMS, *names.TEXT_DATASET_EXTRA)
     for loader in loader_keys(cfg):
         dataset = value(cfg, f"{loader}.dataset")
         if value(cfg, f"{loader}.name") != "text" or not hasattr(dataset, "keys"):
@@ -376,15 +374,14 @@ def dataset_keys(cfg, ctx):
 def model_keys(cfg, ctx):
     """An MPT model's config (transformers' PretrainedConfig) keeps any key it is given and nothing reads one it
     does not know: a misspelt `n_layer: 24` trains model.n_layers layers."""
-    from train.checks.foundry_names import HF_CONFIG_KEYS, MPT_MODEL_EXTRA, MPT_MODEL_KEYS
-
+    known = (*names.MPT_MODEL_KEYS, *names.MPT_MODEL_EXTRA, *names.HF_CONFIG_KEYS)
     model = value(cfg, "model")
     if not hasattr(model, "keys") or value(cfg, "model.name") != "mpt_causal_lm":
         return
     for key in model.keys():
-        if key not in MPT_MODEL_KEYS and key not in MPT_MODEL_EXTRA and key not in HF_CONFIG_KEYS:
+        if key not in known:
             yield Problem(f"model.{key}", "is not a setting an MPT model reads (MPTConfig keeps it, and nothing uses "
-                          "it)", close_match(str(key), MPT_MODEL_KEYS) or "remove it", WARNING)
+                          "it)", close_match(str(key), names.MPT_MODEL_KEYS) or "remove it", WARNING)
 
 
 def labels(cfg, ctx):

@@ -50,8 +50,7 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
     fpt = estimate.flops_per_token(model)
     nodes, tasks = value(cfg, "cluster.nodes"), value(cfg, "cluster.tasks_per_node")
     world = nodes * tasks
-    gbs, mb = value(cfg, "global_train_batch_size"), value(cfg, "device_train_microbatch_size")
-    seq = value(cfg, "max_seq_len")
+    gbs, seq = value(cfg, "global_train_batch_size"), value(cfg, "max_seq_len")
     per_device = gbs / world
     per_device = int(per_device) if per_device == int(per_device) else per_device
     mb = estimate.microbatch_trained(cfg, world)  # llm-foundry reduces one larger than a rank's share
