@@ -322,3 +322,20 @@ def test_the_summary_job_needs_no_slurm_client(tmp_path, outcome, state):
     text = write_summary(tmp_path, manifest(tmp_path), [row])
     assert text.startswith("shared by every point: data=mock\n\n| point | overrides | job_id | state |")
     assert (tmp_path / "summary.md").read_text() == text and (tmp_path / "summary.csv").is_file()
+
+
+def test_an_app_imported_before_hydras_plugin_scan_runs_again_is_still_a_sweep_app():
+    """Hydra's plugin scan executes hydra_plugins/ modules again in place whenever it builds its Plugins singleton
+    (Singleton.set_state does, as a submitted job and Hydra's test fixtures do): the launcher's SweepApp is then
+    a new class, and the training app imported before it was refused as 'not a SweepApp'. A class that is none
+    is still refused."""
+    from hydra.core.singleton import Singleton
+
+    from hydra_plugins.pretrain_launcher import contract
+    from train.launch.sweep_app import TrainApp
+
+    Singleton.set_state(Singleton.get_state())  # a fresh Plugins singleton: the scan runs again
+    assert not issubclass(TrainApp, contract.SweepApp)  # the scan did redefine it: this test reproduces the case
+    assert type(contract.load_app("train.launch.sweep_app.TrainApp")).__name__ == "TrainApp"
+    with pytest.raises(TypeError, match="collections.OrderedDict: not a SweepApp"):
+        contract.load_app("collections.OrderedDict")
