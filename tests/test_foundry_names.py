@@ -94,3 +94,34 @@ def test_an_mpt_models_keys_equal_the_pinned_libraries():
     source = inspect.getsource(importlib.import_module("llmfoundry.command_utils.train"))  # the module, not train()
     for key in ours.MPT_MODEL_EXTRA:
         assert f"'{key}'" in source, key
+
+
+def test_an_mpt_blocks_keyword_arguments_equal_the_pinned_llm_foundry():
+    """What attn_config/ffn_config may hold (the attention class's and FFN builder's arguments, less the required
+    ones the block passes itself), what the block keeps for itself, and what each initialization reads."""
+    from llmfoundry.layers_registry import attention_classes, ffns, param_init_fns
+    from llmfoundry.models.layers.blocks import MPTBlock
+
+    def kept(obj, passed):
+        spec = _kwargs(obj)
+        return None if spec is None else (tuple(sorted(spec[0])), tuple(r for r in spec[1] if r not in passed))
+
+    assert {n: kept(attention_classes.get(n), ("d_model", "n_heads")) for n in attention_classes.get_all()} == \
+        {n: (tuple(sorted(a)), r) for n, (a, r) in ours.ATTENTION_KWARGS.items()}
+    assert {*MPTBlock.args_to_exclude_in_attn_class.fget(None), "attn_type"} == set(ours.ATTENTION_CONFIG_EXTRA)
+    assert {n: kept(ffns.get(n), ("d_model", "expansion_ratio")) for n in ffns.get_all()} == ours.FFN_KWARGS
+    reads = {n: set(inspect.signature(param_init_fns.get(n)).parameters) - {"module", "kwargs"}
+             for n in param_init_fns.get_all()}
+    assert reads == {n: set(keys) for n, keys in ours.PARAM_INIT_FNS.items()}
+
+
+def test_a_key_an_mpt_block_does_not_take_fails_the_build_and_one_its_initialization_ignores_does_not():
+    """Why the first is refused on the login node and the second only warned."""
+    from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
+
+    tiny = dict(d_model=16, n_heads=2, n_layers=1, max_seq_len=8, vocab_size=64, init_device="cpu")
+    for bad in ({"attn_config": {"attn_impl": "torch", "qk_lnorm": True}},
+                {"ffn_config": {"ffn_type": "mptmlp", "expansion": 2}}):
+        with pytest.raises(TypeError, match="unexpected keyword argument"):
+            MPTForCausalLM(MPTConfig(**tiny, **bad))
+    MPTForCausalLM(MPTConfig(**tiny, attn_config={"attn_impl": "torch"}, init_config={"init_std": 0.5}))

@@ -324,6 +324,37 @@ def test_an_mpt_model_key_nothing_reads_is_warned_with_the_one_meant():
         assert not [p for p in check(compose([fine]), Context()) if p.key.startswith("model.")], fine
 
 
+@pytest.mark.parametrize("overrides, key, level, said", [
+    (["+model.attn_config.qk_lnorm=true"], "model.attn_config.qk_lnorm", ERROR, "qk_ln"),
+    (["+model.attn_config.kv_n_heads=1"], "model.attn_config.kv_n_heads", ERROR, "TypeError"),  # multihead's
+    (["+model.attn_config.attn_type=grouped_query_attention"], "model.attn_config.kv_n_heads", ERROR, "divisor"),
+    (["+model.ffn_config.expansion=2"], "model.ffn_config.expansion", ERROR, "expansion_ratio"),
+    (["+model.init_config.init_std=0.02"], "model.init_config.init_std", WARNING, "init_config.name=baseline_"),
+    (["+model.init_config.fan_mod=fan_in"], "model.init_config.fan_mod", WARNING, "fan_mode"),
+    (["+model.init_config.name=kaiming"], "model.init_config.name", ERROR, "kaiming_normal_"),
+])
+def test_a_key_an_mpt_block_cannot_take_is_refused_and_one_its_initialization_ignores_is_warned(overrides, key, level,
+                                                                                                  said):
+    """The attention class and FFN builder take attn_config/ffn_config as keyword arguments: another key was a
+    TypeError when the model was built, after the queue (`qk_lnorm`). The initialization takes any key and reads
+    its own: `init_std` beside MPT's default kaiming_normal_ trained with kaiming's init, exit 0."""
+    found = [p for p in check(compose(overrides), Context()) if p.key.startswith("model.")]
+    assert [(p.key, p.level) for p in found] == [(key, level)] and said in _text(found[0]), found
+
+
+@pytest.mark.parametrize("fine", [["+model.attn_config.qk_ln=true", "+model.attn_config.rope=true"],
+                                  ["+model.attn_config.attn_type=grouped_query_attention",
+                                   "+model.attn_config.kv_n_heads=2"],
+                                  ["+model.init_config.name=baseline_", "+model.init_config.init_std=0.02"],
+                                  ["+model.ffn_config.ffn_type=mptglu", "+model.ffn_config.ffn_hidden_size=64"]])
+def test_what_an_mpt_block_and_its_initialization_read_passes(fine):
+    assert not [p for p in check(compose(fine), Context()) if p.key.startswith("model.")], fine
+
+
+def _text(p) -> str:
+    return f"{p.problem} {p.fix}"
+
+
 def _resolved(overrides):
     cfg = compose(overrides)
     resolve_all(cfg)  # as the launcher does for each point, while its Hydra context is live

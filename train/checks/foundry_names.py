@@ -77,6 +77,36 @@ ATTENTION_CLASSES = ("grouped_query_attention", "multihead_attention", "multique
 NORMS = ("layernorm", "low_precision_layernorm", "low_precision_rmsnorm", "rmsnorm", "triton_rmsnorm")
 FFNS = ("mptglu", "mptmlp", "torch_dmoe")
 FCS = ("torch",)
+# What an MPT block builds from `model.attn_config` and `model.ffn_config`: each attention class and FFN builder
+# takes these keyword arguments (as OPTIMIZERS: name -> (arguments, required ones the block does not pass itself),
+# or None for **kwargs), and any other key is a TypeError when the model is built, on the cluster. The block keeps
+# ATTENTION_CONFIG_EXTRA for itself (blocks.py, args_to_exclude_in_attn_class); build_ffn drops ffn_type.
+_ATTENTION = ("attention_bias", "attn_impl", "attn_logit_softcapping", "attn_pdrop", "attn_temperature_tuning", "bias",
+              "clip_qkv", "d_model", "device", "fc_type", "fused_qkv", "head_dim", "kv_dim")
+_ATTENTION_TAIL = ("n_heads", "nope", "norm_eps", "norm_type", "qk_gn", "qk_ln", "reuse_kv_layer_idx",
+                   "reuse_kv_x_layer_idx", "sliding_window_size", "softmax_scale")
+ATTENTION_KWARGS = {
+    "grouped_query_attention": ((*_ATTENTION, "kv_n_heads", *_ATTENTION_TAIL), ("kv_n_heads",)),
+    "multihead_attention": ((*_ATTENTION, *_ATTENTION_TAIL), ()),
+    "multiquery_attention": ((*_ATTENTION, *_ATTENTION_TAIL), ()),
+}
+ATTENTION_CONFIG_EXTRA = ("alibi", "alibi_bias_max", "attn_type", "attn_uses_sequence_id", "rope", "rope_dail_config",
+                          "rope_hf_config", "rope_impl", "rope_theta")
+_FFN = ("bias", "d_model", "device", "expansion_ratio", "fc_type", "ffn_act_fn", "ffn_hidden_size")
+FFN_KWARGS = {"mptglu": (_FFN, ()), "mptmlp": (_FFN, ()), "torch_dmoe": None}
+# `model.init_config`: `name` picks one of these initializations, which reads the keys listed and takes any other
+# key without a word (**kwargs): `init_std: 0.02` beside kaiming_normal_ (MPT's default) changes nothing.
+_INIT = ("d_model", "emb_init_std", "emb_init_uniform_lim", "init_div_is_residual")
+PARAM_INIT_FNS = {
+    "baseline_": (*_INIT, "init_std", "n_layers"),
+    "default_": (),
+    "kaiming_normal_": (*_INIT, "fan_mode", "init_gain", "init_nonlinearity", "n_layers"),
+    "kaiming_uniform_": (*_INIT, "fan_mode", "init_gain", "init_nonlinearity", "n_layers"),
+    "neox_init_": ("d_model", "emb_init_std", "emb_init_uniform_lim", "n_layers"),
+    "small_init_": (*_INIT, "n_layers"),
+    "xavier_normal_": (*_INIT, "init_gain", "n_layers"),
+    "xavier_uniform_": (*_INIT, "init_gain", "n_layers"),
+}
 
 # TrainConfig's fields and their types ("a|b": a Union; "dict"/"list": any mapping/sequence). llm-foundry builds
 # an OmegaConf structured config from them, which refuses a value of another type (seed=abc, eval_first=maybe).

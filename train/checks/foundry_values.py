@@ -3,6 +3,7 @@
 llm-foundry, composer, torch or streaming refuse once the run has started, or that surely fail (NaN, a negative
 learning rate). Light: the names and types are kept in foundry_names.py (tested against the pinned library), so
 nothing here imports llm-foundry or torch."""
+import difflib
 import logging
 import math
 import re
@@ -96,7 +97,7 @@ def _named(cfg, key: str, options, what: str, registry: str):
                   + f"one of: {', '.join(sorted(options))}")
 
 
-def _kwargs(cfg, key: str, name, known: dict, extra=()):
+def _kwargs(cfg, key: str, name, known: dict, extra=(), example="100ba"):
     """The keyword arguments a registered class takes: another key is a TypeError when it is built."""
     spec = known.get(name)
     node = value(cfg, key)
@@ -111,7 +112,7 @@ def _kwargs(cfg, key: str, name, known: dict, extra=()):
                           "building it would fail with a TypeError", hint or f"remove it (~{key}.{k})")
     for k in required:
         if k not in node.keys():
-            yield Problem(f"{key}.{k}", f"{name} needs it, and it is not set", f"e.g. {key}.{k}=100ba")
+            yield Problem(f"{key}.{k}", f"{name} needs it, and it is not set", f"e.g. {key}.{k}={example}")
 
 
 def registries(cfg, ctx):
@@ -384,6 +385,40 @@ def model_keys(cfg, ctx):
                           "it)", close_match(str(key), names.MPT_MODEL_KEYS) or "remove it", WARNING)
 
 
+def model_parts(cfg, ctx):
+    """An MPT block passes `attn_config` and `ffn_config` to its attention class and FFN builder as keyword
+    arguments: a key they do not take (`qk_lnorm`, `kv_n_heads` with multihead attention) is a TypeError when the
+    model is built, after the queue. `init_config` goes to an initialization that takes any key and reads few."""
+    if value(cfg, "model.name") != "mpt_causal_lm":
+        return
+    # MPTConfig's defaults when a key is not set (llmfoundry/models/utils/config_defaults.py)
+    attn_type = value(cfg, "model.attn_config.attn_type") or "multihead_attention"
+    yield from _kwargs(cfg, "model.attn_config", attn_type, names.ATTENTION_KWARGS, names.ATTENTION_CONFIG_EXTRA,
+                       example="1 (a divisor of model.n_heads)")
+    ffn_type = value(cfg, "model.ffn_config.ffn_type") or "mptmlp"
+    yield from _kwargs(cfg, "model.ffn_config", ffn_type, names.FFN_KWARGS, ("ffn_type",))
+    init = value(cfg, "model.init_config")
+    if not hasattr(init, "keys"):
+        return
+    yield from _named(cfg, "model.init_config.name", names.PARAM_INIT_FNS, "an initialization", "param_init_fns")
+    name = value(cfg, "model.init_config.name") or "kaiming_normal_"
+    reads = names.PARAM_INIT_FNS.get(name)
+    every = sorted({k for keys in names.PARAM_INIT_FNS.values() for k in keys})
+    for key in init.keys() if reads is not None else ():
+        if key == "name" or key in reads:
+            continue
+        readers = [n for n, keys in names.PARAM_INIT_FNS.items() if key in keys]
+        if readers:  # a setting of another initialization (init_std is baseline_'s, kaiming_normal_ ignores it)
+            fix = f"model.init_config.name={readers[0]} to use it, or remove it"
+        else:
+            meant = (difflib.get_close_matches(str(key), every, n=1) or [None])[0]
+            elsewhere = [n for n, keys in names.PARAM_INIT_FNS.items() if meant in keys]
+            fix = f"remove it ({name} reads {', '.join(reads) or 'nothing'})" if meant is None else \
+                f"did you mean `{meant}`?" + ("" if meant in reads else f" (with model.init_config.name={elsewhere[0]})")
+        yield Problem(f"model.init_config.{key}", f"is not read by the {name} initialization (it takes any key and "
+                      "ignores this one)" + (f"; read by {', '.join(readers)}" if readers else ""), fix, WARNING)
+
+
 def labels(cfg, ctx):
     """Several evaluators (eval_loaders, or a YAML's eval_loader list): each needs its own label, which names its
     metrics (eval/<label>/LanguageCrossEntropy)."""
@@ -405,4 +440,4 @@ def labels(cfg, ctx):
 
 
 RULES = [train_config_types, seed, registries, optimizer, scheduler, model, durations, workers, cluster_numbers,
-         algorithms, speed_monitor, labels, dataset_keys, model_keys]
+         algorithms, speed_monitor, labels, dataset_keys, model_keys, model_parts]
