@@ -125,3 +125,21 @@ def test_a_key_an_mpt_block_does_not_take_fails_the_build_and_one_its_initializa
         with pytest.raises(TypeError, match="unexpected keyword argument"):
             MPTForCausalLM(MPTConfig(**tiny, **bad))
     MPTForCausalLM(MPTConfig(**tiny, attn_config={"attn_impl": "torch"}, init_config={"init_std": 0.5}))
+
+
+@pytest.mark.parametrize("text", ["100ba", "3e4tok", "0.5dur", "1ep", "2iter", "1sp", "10sec", "1e3BA", "1h", "45m",
+                                  "1h30m", "10s", "01h", "1h1s", "25h", "90m", "1.5h", "1H", "1.5ba", "ba", "1m30",
+                                  "5ms", "-3ba", "1 ba"])
+def test_the_gates_time_parser_reads_what_composer_reads(text):
+    """core.time_of against composer's Time.from_timestring: wall-clock times ("1h30m": seconds) included, which
+    composer reads first (save_interval=1h was refused as 'not a time')."""
+    from composer.core.time import Time
+
+    from train.checks.core import time_of
+
+    try:
+        time = Time.from_timestring(text)
+        theirs = (time.value, time.unit.value)
+    except (ValueError, TypeError):
+        theirs = None
+    assert time_of(text) == theirs

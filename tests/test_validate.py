@@ -298,7 +298,7 @@ def test_the_batch_is_refused_only_where_llm_foundry_refuses_it(gbs, mb, ranks, 
 
 @pytest.mark.parametrize("override", ["eval_interval=0.5dur", "save_interval=0.25dur", "eval_interval=2iter",
                                       "save_interval=600sec", "max_duration=1e3ba", "max_duration=3e4tok",
-                                      "scheduler.t_warmup=0.1dur"])
+                                      "scheduler.t_warmup=0.1dur", "save_interval=1h", "eval_interval=1h30m"])
 def test_a_time_composer_takes_passes(override):
     """composer's Time strings: intervals take a fraction of max_duration (dur), seconds and iterations, and any
     count may be written 3e4 (`0.5dur` was refused as "not a duration with a unit")."""

@@ -1,5 +1,6 @@
 """What every rule shares: a Problem, the Context a rule sees, and reading a value from the config."""
 import copy
+import datetime
 import difflib
 import os
 import re
@@ -162,7 +163,11 @@ _TIME = re.compile(r"(.+?)(ba|ep|tok|sp|dur|sec|iter)", re.IGNORECASE)
 
 
 def time_of(text) -> tuple | None:
-    """(value, unit) of a time as composer reads it ("100ba", "3e4tok", "0.5dur"), None where it would refuse it."""
+    """(value, unit) of a time as composer reads it ("100ba", "3e4tok", "0.5dur", "1h30m" -> (5400, "sec")), None
+    where it would refuse it."""
+    seconds = _wall_clock(text) if isinstance(text, str) else None
+    if seconds is not None:
+        return seconds, "sec"
     found = _TIME.fullmatch(text) if isinstance(text, str) else None
     try:
         number = float(found.group(1))
@@ -172,6 +177,23 @@ def time_of(text) -> tuple | None:
     if unit == "dur":
         return number, unit
     return (int(number), unit) if number.is_integer() else None
+
+
+def _wall_clock(text: str) -> int | None:
+    """Seconds of a wall-clock time, which composer reads first (Time.from_timedelta): its verify_wct fills in the
+    missing parts ("45m" -> "0h45m0s") and strptime reads "%Hh%Mm%Ss", so hours stop at 23 and minutes at 59."""
+    if not text.strip():
+        return None  # composer reads "" as 0 seconds; here it is a value left empty, refused with the key named
+    filled = text if "h" in text else "0h" + text
+    filled = filled if "m" in filled else filled.replace("h", "h0m")
+    filled = filled if "s" in filled else filled + "0s"
+    if not re.fullmatch(r"(\d+h)?(\d+m)?(\d+s)?", filled):
+        return None
+    try:
+        t = datetime.datetime.strptime(filled, "%Hh%Mm%Ss")
+    except ValueError:
+        return None
+    return t.hour * 3600 + t.minute * 60 + t.second
 
 
 def batches(duration) -> int | None:
