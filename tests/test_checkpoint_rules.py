@@ -70,6 +70,11 @@ def test_a_save_interval_longer_than_the_time_limit_is_warned():
     assert not keyed(found(line, "plan"), "save_interval")
     warned = keyed(found([*line, "save_interval=20000ba", "cluster.timeout_min=240"], "plan"), "save_interval")
     assert len(warned) == 1 and warned[0].level == "warning" and "save_interval=" in warned[0].fix
+    # composer's wall-clock interval compares with no throughput to go on (slurm-local has none)
+    slow = keyed(found(["cluster=slurm-local", "save_interval=3h", "cluster.timeout_min=60"], "plan"), "save_interval")
+    assert len(slow) == 1 and slow[0].level == "warning" and "save_interval=2880sec" in slow[0].fix, slow
+    assert not keyed(found(["cluster=slurm-local", "save_interval=45m", "cluster.timeout_min=60"], "plan"),
+                     "save_interval")
 
 
 @pytest.fixture

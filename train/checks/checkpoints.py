@@ -9,7 +9,7 @@ import math
 import re
 from pathlib import Path
 
-from train.checks.core import ERROR, WARNING, Problem, batches, is_int, value
+from train.checks.core import ERROR, WARNING, Problem, batches, is_int, is_number, time_of, value
 
 
 def _saves_checkpoints(cfg) -> bool:
@@ -56,13 +56,27 @@ def lands_before_the_time_limit(cfg, ctx):
     none by then starts again from batch 0, every time."""
     if not (ctx.slurm and _saves_checkpoints(cfg)):
         return
-    every, limit = batches(value(cfg, "save_interval")), value(cfg, "cluster.timeout_min")
+    every, limit = value(cfg, "save_interval"), value(cfg, "cluster.timeout_min")
+    time = time_of(every)
+    if not (time and time[0] and is_number(limit) and limit > 0):
+        return
+    if time[1] == "sec":  # a wall-clock interval (save_interval=3h) needs no throughput to compare
+        if time[0] > limit * 60:
+            yield Problem("save_interval", f"{every} ({time[0] / 3600:.1f} h) is longer than cluster.timeout_min="
+                          f"{limit} ({limit / 60:.1f} h): each allocation would end before its first checkpoint, "
+                          "and every requeue would start again from the same point",
+                          f"save_interval={int(limit * 0.8 * 60)}sec (about 80% of the time limit), or a longer "
+                          "cluster.timeout_min", WARNING)
+        return
+    if time[1] != "ba":
+        return
     try:
         step_s = _step_seconds(cfg, ctx.world_size(cfg))
     except (TypeError, ValueError, KeyError, ZeroDivisionError):
         return
-    if not (every and limit and step_s):
+    if not step_s:
         return
+    every = time[0]
     first = every * step_s
     if first > limit * 60:
         fits = max(1, int(limit * 60 * 0.8 / step_s))
