@@ -10,6 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from common.errors import Problem
 from data_prep.blocks import (
     PLAN_FILE,
     Block,
@@ -51,12 +52,22 @@ class Job:
 def prepare(cfg: DictConfig) -> Job:
     """Every check that can fail, before anything is written."""
     settings = settings_from(cfg)
+    problems = []
+
+    def check(step, *args):  # the input, the tokenizer and the shard size checked side by side: every problem at once
+        try:
+            return step(*args)
+        except DataPrepError as err:
+            problems.extend(err.problems)
+
     minimum = ShardWriter.min_size_limit(settings.concat_tokens)
     if settings.size_limit < minimum:
-        raise DataPrepError("size_limit", f"{settings.size_limit} bytes cannot hold one sample of "
-                            f"{settings.concat_tokens} tokens", f"use size_limit >= {minimum}")
-    sources = resolve_sources(settings)
-    tokenizer = load_tokenizer(settings)
+        problems.append(Problem("size_limit", f"{settings.size_limit} bytes cannot hold one sample of "
+                                f"{settings.concat_tokens} tokens", f"use size_limit >= {minimum}"))
+    sources = check(resolve_sources, settings)
+    tokenizer = check(load_tokenizer, settings)
+    if problems:
+        raise DataPrepError(problems=problems)
     blocks = make_blocks(sources, settings.block_bytes)
     parts = assign_parts(blocks, settings.num_parts, {s.path: s.size for s in sources})
     plan = plan_document(settings, sources, blocks, tokenizer.fingerprint)

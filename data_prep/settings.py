@@ -125,7 +125,7 @@ _THEIR_NAMES = {"max_seq_len": "concat_tokens", "splits": "split", "num_workers"
 _DATASET_KEYS = ("name", "file_globs", "text_key", "hub")
 
 
-def _unknown_key(cfg: DictConfig) -> None:
+def _unknown_keys(cfg: DictConfig) -> list:
     """A key data_prep does not read would be ignored: Hydra's own advice for an unknown key (`+max_seq_len=4096`)
     made shards of concat_tokens' default length, exit 0."""
     import difflib
@@ -136,58 +136,100 @@ def _unknown_key(cfg: DictConfig) -> None:
     unknown = [(str(k), top) for k in cfg if k != "hydra" and k not in top]
     unknown += [(f"dataset.{k}", {f"dataset.{d}" for d in _DATASET_KEYS}) for k in (cfg.get("dataset") or {})
                 if k not in _DATASET_KEYS]
+    problems = []
     for key, known in unknown:
         close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
         theirs = _THEIR_NAMES.get(key) or (close[0] if close else None)
-        raise DataPrepError(key, "is not a key data_prep reads: it would be ignored",
-                            f"{theirs}=<value>" + (f" (data_prep's name for {key})" if key in _THEIR_NAMES else "")
-                            if theirs else f"its keys: {', '.join(sorted(known))}")
+        problems += DataPrepError(key, "is not a key data_prep reads: it would be ignored",
+                                  f"{theirs}=<value>" + (f" (data_prep's name for {key})" if key in _THEIR_NAMES
+                                                         else "") if theirs else
+                                  f"its keys: {', '.join(sorted(known))}").problems
+    return problems
 
 
-def settings_from(cfg: DictConfig) -> Settings:
-    _unknown_key(cfg)
+def _out_root(cfg: DictConfig) -> Path:
     out_root = cfg.get("out_root")
     if not out_root or not isinstance(out_root, str):
         raise DataPrepError("out_root", "is required", "pass out_root=<folder that will hold the <split>/ dataset>")
+    return Path(os.path.expanduser(out_root)).absolute()
+
+
+def _tokenizer(cfg: DictConfig) -> str:
     tokenizer = cfg.get("tokenizer")
     if not tokenizer or not isinstance(tokenizer, str):
         raise DataPrepError("tokenizer", "is required",
                             "pass tokenizer=<folder containing tokenizer.json> or a hub name such as EleutherAI/gpt-neox-20b")
+    return tokenizer
+
+
+def _split(cfg: DictConfig) -> str:
     split = cfg.get("split")
     if not isinstance(split, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", split) or split in (".", ".."):
         raise DataPrepError("split", f"must be a plain folder name such as train or val, got {split!r}")
-    num_parts = _int(cfg, "num_parts", 1)
+    return split
+
+
+def _part(cfg: DictConfig, num_parts: Optional[int]) -> Optional[int]:
     part = _int(cfg, "part", 0, allow_none=True)
-    if part is not None and part >= num_parts:
+    if part is not None and num_parts is not None and part >= num_parts:
         raise DataPrepError("part", f"is {part} but num_parts={num_parts} (parts are 0..{num_parts - 1})",
                             f"sweep -m part=range(0,{num_parts}) or raise num_parts")
-    workers = _int(cfg, "workers", 1, allow_none=True) or default_workers()
+    return part
+
+
+def _size_limit(cfg: DictConfig) -> int:
     size_limit = _int(cfg, "size_limit", 1)
     if size_limit > MAX_SHARD_BYTES:
         raise DataPrepError("size_limit", f"{size_limit} bytes does not fit MDS's uint32 offsets", "use size_limit <= 4294967295")
+    return size_limit
+
+
+def _strict(cfg: DictConfig) -> bool:
     strict = cfg.get("strict")
     if not isinstance(strict, bool):
         raise DataPrepError("strict", f"must be true or false, got {strict!r}")
+    return strict
+
+
+def _model(cfg: DictConfig) -> Optional[str]:
     model = cfg.get("model_preset")
     if model is not None and not isinstance(model, str):
         raise DataPrepError("model_preset", f"must be a model preset name from conf/model, got {model!r}")
-    return Settings(
-        dataset=_dataset(cfg),
-        inputs=_inputs(cfg.get("input")),
-        out_root=Path(os.path.expanduser(out_root)).absolute(),
-        split=split,
-        tokenizer=tokenizer,
-        concat_tokens=_int(cfg, "concat_tokens", 1),
-        eos_text=_text(cfg, "eos_text"),
-        bos_text=_text(cfg, "bos_text"),
-        compression=_compression(cfg.get("compression")),
-        size_limit=size_limit,
+    return model
+
+
+def settings_from(cfg: DictConfig) -> Settings:
+    """The settings, or a DataPrepError with every problem of them at once (a user fixes them in one go)."""
+    problems = _unknown_keys(cfg)
+
+    def read(parse, *args):
+        try:
+            return parse(*args)
+        except DataPrepError as err:
+            problems.extend(err.problems)
+            return None
+
+    num_parts = read(_int, cfg, "num_parts", 1)
+    fields = dict(
+        dataset=read(_dataset, cfg),
+        inputs=read(_inputs, cfg.get("input")),
+        out_root=read(_out_root, cfg),
+        split=read(_split, cfg),
+        tokenizer=read(_tokenizer, cfg),
+        concat_tokens=read(_int, cfg, "concat_tokens", 1),
+        eos_text=read(_text, cfg, "eos_text"),
+        bos_text=read(_text, cfg, "bos_text"),
+        compression=read(_compression, cfg.get("compression")),
+        size_limit=read(_size_limit, cfg),
         num_parts=num_parts,
-        part=part,
-        workers=workers,
-        strict=strict,
-        block_bytes=_int(cfg, "block_bytes", 1),
-        model=model,
-        model_vocab_size=_int(cfg, "model_vocab_size", 1, allow_none=True),
+        part=read(_part, cfg, num_parts),
+        workers=read(_int, cfg, "workers", 1, True) or default_workers(),
+        strict=read(_strict, cfg),
+        block_bytes=read(_int, cfg, "block_bytes", 1),
+        model=read(_model, cfg),
+        model_vocab_size=read(_int, cfg, "model_vocab_size", 1, True),
         progress=bool(cfg.get("progress", True)),
     )
+    if problems:
+        raise DataPrepError(problems=problems)
+    return Settings(**fields)

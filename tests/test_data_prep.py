@@ -362,3 +362,19 @@ def test_a_key_data_prep_does_not_read_is_refused_not_ignored(override, fix, tmp
         settings_from(cfg)
     assert caught.value.problems[0].key == override.split("=")[0].lstrip("+") and caught.value.problems[0].fix == fix
     assert settings_from(compose(["dataset=c4", f"out_root={tmp_path}", "tokenizer=t"], config_name="data_prep"))
+
+
+def test_every_problem_of_a_data_prep_command_is_reported_in_one_pass_and_nothing_is_written(tmp_path):
+    """data_prep stopped at the first bad setting: a user fixing `split=a/b` then learned of `workers=-1`, then of
+    the tokenizer, one run at a time. Now each is named at once, the input and tokenizer checked side by side."""
+    cmd = [sys.executable, "-m", "data_prep", "dataset=c4", f"input={tmp_path}/missing.json", f"out_root={tmp_path}/out",
+           f"tokenizer={tmp_path}/no-tokenizer", "split=a/b", "workers=-1", "strict=maybe", "+max_seq_len=4096"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    named = [line.split(":")[1].strip() for line in proc.stderr.splitlines() if line.startswith("data_prep: ")]
+    assert named == ["max_seq_len", "split", "workers", "strict"], proc.stderr  # the settings: nothing read yet
+    fixed = [c for c in cmd if c.split("=")[0] not in ("split", "workers", "strict", "+max_seq_len")] + ["size_limit=10"]
+    proc = subprocess.run(fixed, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    named = [line.split(":")[1].strip() for line in proc.stderr.splitlines() if line.startswith("data_prep: ")]
+    assert proc.returncode == 2 and named == ["size_limit", "input", "tokenizer"], proc.stderr
+    assert list(tmp_path.iterdir()) == []
