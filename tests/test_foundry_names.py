@@ -143,3 +143,17 @@ def test_the_gates_time_parser_reads_what_composer_reads(text):
     except (ValueError, TypeError):
         theirs = None
     assert time_of(text) == theirs
+
+
+def test_composers_fsdp_settings_equal_the_pinned_composer():
+    """FSDPConfig keeps any other key and reads none (device_mesh it refuses); FSDP2Config (FSDP_VERSION=2) drops
+    another key with a warning."""
+    from composer.utils.parallelism import FSDP2Config, FSDPConfig
+
+    assert tuple(sorted(f.name for f in dataclasses.fields(FSDPConfig) if f.init)) == ours.FSDP_CONFIG_KEYS
+    assert tuple(sorted(FSDP2Config.settable_attrs())) == ours.FSDP2_CONFIG_KEYS
+    assert FSDPConfig(sharding_strateg="SHARD_GRAD_OP").sharding_strategy == "FULL_SHARD"  # the typo, ignored
+    with pytest.raises(ValueError, match="device mesh"):
+        FSDPConfig(device_mesh=None)
+    with pytest.warns(UserWarning, match="sharding_strateg.*will be ignored"):
+        FSDP2Config.from_compatible_attrs({"sharding_strateg": "FULL_SHARD"})

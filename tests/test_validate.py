@@ -351,6 +351,22 @@ def test_what_an_mpt_block_and_its_initialization_read_passes(fine):
     assert not [p for p in check(compose(fine), Context()) if p.key.startswith("model.")], fine
 
 
+def test_an_fsdp_setting_composer_does_not_read_is_warned_and_a_device_mesh_refused():
+    """composer's FSDPConfig (GPU clusters) keeps any key and reads its own: `sharding_strateg=SHARD_GRAD_OP`
+    trained FULL_SHARD, exit 0. FSDP2 (the CPU clusters) drops it with a warning in the log. FSDPConfig refuses
+    device_mesh (a ValueError when the trainer was built, after the queue)."""
+    def fsdp(overrides):
+        return [(p.key, p.level) for p in check(compose(overrides), Context()) if p.key.startswith("fsdp_config.")]
+
+    typo = "+fsdp_config.sharding_strateg=SHARD_GRAD_OP"
+    assert fsdp(["cluster=ndv5", "data=c4", typo]) == [("fsdp_config.sharding_strateg", WARNING)]
+    assert fsdp([typo]) == [("fsdp_config.sharding_strateg", WARNING)]  # cluster=local: FSDP_VERSION=2
+    assert fsdp(["cluster=ndv5", "data=c4", "+fsdp_config.reshard_after_forward=false"]) == \
+        [("fsdp_config.reshard_after_forward", WARNING)]  # FSDP2's, read by nothing under FSDP1
+    assert fsdp(["cluster=ndv5", "data=c4", "+fsdp_config.device_mesh=null"]) == [("fsdp_config.device_mesh", ERROR)]
+    assert fsdp(["+fsdp_config.reshard_after_forward=false", "fsdp_config.limit_all_gathers=false"]) == []
+
+
 def _text(p) -> str:
     return f"{p.problem} {p.fix}"
 

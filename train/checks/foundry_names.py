@@ -133,3 +133,16 @@ TRAIN_CONFIG = {
     "autoresume": "bool", "profiler": "dict|None", "variables": "dict|None", "n_gpus": "int",
     "device_train_grad_accum": "str|int",
 }
+# composer's FSDP settings (`fsdp_config:`): FSDPConfig's fields, which refuses any other key (a TypeError when the
+# trainer is built); with FSDP_VERSION=2 (the CPU clusters) FSDP2Config's, which drops any other key with a
+# UserWarning in the log.
+FSDP_CONFIG_KEYS = (
+    "activation_checkpointing", "activation_checkpointing_reentrant", "activation_cpu_offload", "auto_wrap",
+    "backward_prefetch", "backward_prefetch_limit", "cpu_offload", "data_parallel_replicate_degree",
+    "data_parallel_shard_degree", "forward_prefetch", "forward_prefetch_limit", "ignored_modules",
+    "keep_low_precision_grads", "limit_all_gathers", "load_monolith_rank0_only", "load_planner", "mixed_precision",
+    "process_group", "save_planner", "sharded_ckpt_prefix_dir", "sharding_strategy", "state_dict_type",
+    "sync_module_states", "te_checkpoint_wrapper", "te_shard_fp8_weight", "use_orig_params", "verbose",
+)
+FSDP2_CONFIG_KEYS = ("activation_checkpointing", "activation_cpu_offload", "device_mesh", "load_monolith_rank0_only",
+                     "mixed_precision", "reshard_after_forward", "state_dict_type", "verbose")

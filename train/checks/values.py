@@ -2,6 +2,7 @@
 (errors), and what is legal but likely a mistake (warnings). Each rule yields every problem it finds."""
 import os
 
+from train.checks import foundry_names as names
 from train.checks.core import (
     TIME_UNITS,
     WARNING,
@@ -214,6 +215,23 @@ def fsdp(cfg, ctx):
             yield Problem("checkpoint", "checkpoint=sharded writes FSDP shards, but FSDP is off (fsdp_config is null)",
                           "use checkpoint=full, or keep fsdp_config (e.g. fsdp_config.sharding_strategy=FULL_SHARD)")
         return
+    # composer's FSDPConfig sets any key it is given and reads its own (a misspelt key changes nothing, without a
+    # word); with FSDP_VERSION=2 (the CPU clusters; composer reads it from the environment) FSDP2Config drops what
+    # it does not know with a warning in the log, FSDP1's settings (the presets') included.
+    fsdp2 = str(value(cfg, "cluster.env.FSDP_VERSION")) == "2"
+    known = {*names.FSDP_CONFIG_KEYS, *names.FSDP2_CONFIG_KEYS} if fsdp2 else set(names.FSDP_CONFIG_KEYS)
+    for key in (config.keys() if hasattr(config, "keys") else ()):
+        if key == "device_mesh" and not fsdp2:
+            yield Problem("fsdp_config.device_mesh", "composer's FSDPConfig refuses it (a ValueError when the trainer "
+                          "is built)", "fsdp_config.data_parallel_shard_degree and/or "
+                          "fsdp_config.data_parallel_replicate_degree")
+        elif key not in known:
+            fsdp2_only = key in names.FSDP2_CONFIG_KEYS
+            yield Problem(f"fsdp_config.{key}", ("is FSDP2's setting, and this cluster trains with FSDP1" if fsdp2_only
+                          else "is not an FSDP setting composer knows") + (": FSDP2Config drops it (a warning in the "
+                          "log)" if fsdp2 else ": FSDPConfig keeps it and nothing reads it"),
+                          "remove it, or cluster.env.FSDP_VERSION=2 (composer's FSDP2)" if fsdp2_only else
+                          close_match(str(key), known) or f"remove it (~fsdp_config.{key})", WARNING)
     strategy = value(cfg, "fsdp_config.sharding_strategy")
     if strategy is not None and strategy not in estimate.SHARDING_STRATEGIES:
         yield Problem("fsdp_config.sharding_strategy", f"{strategy!r} is not an FSDP sharding strategy",
