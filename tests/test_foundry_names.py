@@ -37,6 +37,15 @@ def test_registries_equal_the_pinned_llm_foundry():
     for name, kept in (("optimizers", ours.OPTIMIZERS), ("schedulers", ours.SCHEDULERS)):
         reg = getattr(registry, name)
         assert {n: _kwargs(reg.get(n)) for n in reg.get_all()} == kept, name
+    for name, kept in (("callbacks", ours.CALLBACK_KWARGS), ("loggers", ours.LOGGER_KWARGS),
+                       ("algorithms", ours.ALGORITHM_KWARGS)):
+        reg = getattr(registry, name)
+        assert {n: _kwargs(reg.get(n)) for n in reg.get_all()} == {n: kept[n] for n in reg.get_all()}, name
+    with_config = {n: _kwargs(registry.callbacks_with_config.get(n)) for n in registry.callbacks_with_config.get_all()}
+    # llm-foundry passes these their train_config itself (and refuses one in their keys)
+    assert {n: k and tuple(tuple(a for a in part if a != "train_config") for part in k) for n, k in
+            with_config.items()} == {n: ours.CALLBACK_KWARGS[n] for n in with_config}
+    assert set(ours.CALLBACK_KWARGS) == set(registry.callbacks.get_all()) | set(with_config)
     for name, kept in (("dataloaders", ours.DATALOADERS), ("callbacks", ours.CALLBACKS),
                        ("callbacks_with_config", ours.CALLBACKS_WITH_CONFIG), ("algorithms", ours.ALGORITHMS),
                        ("loggers", ours.LOGGERS), ("models", ours.MODELS)):

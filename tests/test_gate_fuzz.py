@@ -74,6 +74,7 @@ CASES = [
     (["+model.attn_config.qk_lnorm=true"], "refused", "model.attn_config.qk_lnorm"),  # TypeError at model build
     (["+model.init_config.init_std=0.02", "plan=true"], "warned", "model.init_config.init_std"),  # kaiming ignores it
     (["+fsdp_config.sharding_strateg=SHARD_GRAD_OP", "plan=true"], "warned", "fsdp_config.sharding_strateg"),
+    (["+callbacks.speed_monitor.window_sze=10"], "refused", "callbacks.speed_monitor.window_sze"),  # TypeError
     (["-m", "hparams_search=mpt_tiny_lr", "eval_loader=null"], "refused", "objective"),  # Optuna's value: none
     (["-m", "--cfg", "job"], "refused", "-m --cfg"),  # Hydra's ValueError, with a traceback
     # one value listed twice: was refused as two points writing one save_folder, the fix naming save_folder

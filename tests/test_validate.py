@@ -367,6 +367,23 @@ def test_an_fsdp_setting_composer_does_not_read_is_warned_and_a_device_mesh_refu
     assert fsdp(["+fsdp_config.reshard_after_forward=false", "fsdp_config.limit_all_gathers=false"]) == []
 
 
+@pytest.mark.parametrize("override, key, meant", [
+    ("+callbacks.speed_monitor.window_sze=10", "callbacks.speed_monitor.window_sze", "window_size"),
+    ("+algorithms.gradient_clipping.clipping_threshhold=0.5", "algorithms.gradient_clipping.clipping_threshhold",
+     "clipping_threshold"),
+    ("+loggers.wandb.projct=x", "loggers.wandb.projct", "project"),
+    ("+callbacks.scheduled_gc.gen_1_batch_interval=10", "callbacks.scheduled_gc.batch_interval", "needs it"),
+])
+def test_an_argument_a_callback_logger_or_algorithm_does_not_take_is_refused(override, key, meant):
+    """llm-foundry builds each from its registry with the keys given as keyword arguments: another key (or a
+    missing required one) was a TypeError when the trainer was built, after the queue."""
+    found = [p for p in check(compose([override]), Context()) if p.key.split(".")[0] in
+             ("callbacks", "algorithms", "loggers")]
+    assert [(p.key, p.level) for p in found] == [(key, ERROR)] and meant in _text(found[0]), found
+    assert not [p for p in check(compose(["callbacks.speed_monitor.window_size=10", "logger=wandb"]), Context())
+                if p.key.split(".")[0] in ("callbacks", "loggers")]
+
+
 def _text(p) -> str:
     return f"{p.problem} {p.fix}"
 

@@ -146,3 +146,59 @@ FSDP_CONFIG_KEYS = (
 )
 FSDP2_CONFIG_KEYS = ("activation_checkpointing", "activation_cpu_offload", "device_mesh", "load_monolith_rank0_only",
                      "mixed_precision", "reshard_after_forward", "state_dict_type", "verbose")
+# The keyword arguments of each registered callback, logger and algorithm (as OPTIMIZERS; a callback built with the
+# train config gets it from llm-foundry, not from its `callbacks.<name>` keys): another key is a TypeError when the
+# trainer is built, on the cluster.
+CALLBACK_KWARGS = {
+    "async_eval": (("interval", "eval_run_config"), ("interval",)),
+    "curriculum_learning": (("schedule", "duration"), ("schedule", "duration")),
+    "dataset_swap": None,
+    "early_stopper": (("monitor", "dataloader_label", "comp", "min_delta", "patience"), ("monitor",
+        "dataloader_label")),
+    "env_logging": (("workspace_dir", "log_git", "log_nvidia", "log_docker", "log_packages", "log_system", "log_gpu",
+        "log_distributed", "packages_to_log"), ()),
+    "eval_output_logging": None,
+    "fdiff_metrics": (("diff_train_metrics", "diff_eval_metrics"), ()),
+    "generate_callback": None,
+    "global_lr_scaling": None,
+    "hf_checkpointer": (("save_folder", "save_interval", "huggingface_folder_name", "precision", "overwrite",
+        "mlflow_registered_model_name", "mlflow_logging_config", "flatten_imports", "final_register_only",
+        "register_wait_seconds"), ("save_folder", "save_interval")),
+    "kill_loss_spike": None,
+    "layer_freezing": None,
+    "load_checkpoint": (("load_path", "load_weights_only", "strict_model_weights", "ignore_keys", "event"),
+        ("load_path",)),
+    "loss_perp_v_len": None,
+    "lr_monitor": ((), ()),
+    "mbmoe_tok_per_expert": (("log_interval", "log_every_layer", "all_reduce_stats", "normalize"), ()),
+    "memory_monitor": (("memory_keys", "dist_aggregate_batch_interval"), ()),
+    "memory_snapshot": (("skip_batches", "interval", "max_entries", "folder", "filename", "remote_file_name",
+        "overwrite"), ()),
+    "mono_checkpoint_saver": (("save_folder", "batch_interval", "filename", "overwrite", "keep_optimizers"),
+        ("save_folder", "batch_interval")),
+    "nan_monitor": None,
+    "oom_observer": (("max_entries", "folder", "filename", "remote_file_name", "overwrite"), ()),
+    "optimizer_monitor": (("log_optimizer_metrics", "batch_log_interval"), ()),
+    "run_timeout": (("timeout",), ()),
+    "runtime_estimator": (("skip_batches", "time_unit"), ()),
+    "scheduled_gc": (("batch_interval", "gen_1_batch_interval", "eval_keep_disabled"), ("batch_interval",)),
+    "speed_monitor": (("window_size", "gpu_flops_available", "time_unit"), ()),
+    "system_metrics_monitor": (("log_all_data",), ()),
+}
+LOGGER_KWARGS = {
+    "in_memory_logger": ((), ()),
+    "inmemory": ((), ()),
+    "mlflow": (("experiment_name", "run_name", "tags", "tracking_uri", "rank_zero_only", "flush_interval",
+        "model_registry_prefix", "model_registry_uri", "synchronous", "log_system_metrics", "rename_metrics",
+        "ignore_metrics", "ignore_hyperparameters", "run_group", "resume", "logging_buffer_seconds",
+        "log_duplicated_metric_every_n_steps"), ()),
+    "mosaicml": (("log_interval", "ignore_keys", "ignore_exceptions"), ()),
+    "tensorboard": (("log_dir", "flush_interval", "rank_zero_only"), ()),
+    "wandb": (("project", "group", "name", "entity", "tags", "log_artifacts", "rank_zero_only", "init_kwargs"), ()),
+}
+ALGORITHM_KWARGS = {
+    "alibi": (("max_sequence_length", "train_sequence_length_scaling"), ("max_sequence_length",)),
+    "gated_linear_units": (("act_fn", "gated_layer_bias", "non_gated_layer_bias"), ()),
+    "gradient_clipping": (("clipping_type", "clipping_threshold"), ("clipping_type", "clipping_threshold")),
+    "low_precision_layernorm": (("apply_at",), ()),
+}

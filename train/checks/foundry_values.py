@@ -124,6 +124,8 @@ def registries(cfg, ctx):
         yield from _named(cfg, f"{loader}.name", names.DATALOADERS, "a dataloader", "dataloaders")
     groups = (("callbacks", (*names.CALLBACKS, *names.CALLBACKS_WITH_CONFIG, *names.OUR_CALLBACKS), "callback"),
               ("algorithms", names.ALGORITHMS, "algorithm"), ("loggers", names.LOGGERS, "logger"))
+    arguments = {"callbacks": names.CALLBACK_KWARGS, "algorithms": names.ALGORITHM_KWARGS,
+                 "loggers": names.LOGGER_KWARGS}
     for key, options, what in groups:
         node = value(cfg, key)
         for name in (node.keys() if hasattr(node, "keys") else ()):
@@ -131,6 +133,8 @@ def registries(cfg, ctx):
                 hint = close_match(str(name), options)
                 yield Problem(f"{key}.{name}", f"is not a {what} llm-foundry knows (its `{key}` registry would refuse "
                               "it when the run starts)", (hint + " " if hint else "") + f"one of: {', '.join(sorted(options))}")
+            elif hasattr(value(cfg, f"{key}.{name}"), "keys"):
+                yield from _kwargs(cfg, f"{key}.{name}", name, arguments[key], example="<value>")
     yield from _named(cfg, "model.name", names.MODELS, "a model", "models")
     if value(cfg, "model.name") != "mpt_causal_lm":
         return
