@@ -81,6 +81,15 @@ def test_build_optimizer_still_reads_the_extra_keys():
         assert f"'{key}'" in source
 
 
+def test_the_text_loaders_arguments_equal_the_pinned_llm_foundry():
+    from llmfoundry.data.text_data import build_text_dataloader
+
+    accepted, required = _kwargs(build_text_dataloader)
+    passed = ("tokenizer", "device_batch_size")  # by llm-foundry's build_dataloader
+    assert ours.TEXT_LOADER_KWARGS == (tuple(a for a in accepted if a not in passed),
+                                       tuple(r for r in required if r not in passed))
+
+
 def test_the_text_loaders_dataset_keys_equal_the_pinned_libraries():
     from llmfoundry.data import utils
     from llmfoundry.data.text_data import StreamingTextDataset

@@ -384,6 +384,16 @@ def test_an_argument_a_callback_logger_or_algorithm_does_not_take_is_refused(ove
                 if p.key.split(".")[0] in ("callbacks", "loggers")]
 
 
+def test_a_loader_key_the_text_loader_does_not_take_is_refused():
+    """llm-foundry passes a text loader's keys to build_text_dataloader: `num_worker=4` was a TypeError when the
+    run started, after the queue; so was a `label` on a lone eval_loader (only a list of evaluators has it popped)."""
+    found = [(p.key, p.level) for p in check(compose(["+train_loader.num_worker=4", "+eval_loader.label=c4"]),
+                                             Context()) if "_loader" in p.key]
+    assert found == [("train_loader.num_worker", ERROR), ("eval_loader.label", ERROR)], found
+    fine = ["train_loader.num_workers=1", "+train_loader.timeout=60", "+train_loader.pin_memory=false"]
+    assert not [p for p in check(compose(fine), Context()) if "_loader" in p.key]
+
+
 def _text(p) -> str:
     return f"{p.problem} {p.fix}"
 

@@ -23,6 +23,10 @@ SCHEDULERS = {
 }
 
 DATALOADERS = ("contrastive_pairs", "finetuning", "text")
+# What the `text` loader takes besides its name (build_text_dataloader's arguments; llm-foundry passes the tokenizer
+# and batch size itself, and pops an evaluator's `label` where there are several): another key is a TypeError.
+TEXT_LOADER_KWARGS = (("dataset", "drop_last", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers",
+                       "timeout"), ("dataset", "drop_last", "num_workers"))
 # What the `text` loader reads of its `dataset:`: the parameters of llm-foundry's StreamingTextDataset and
 # streaming's StreamingDataset (it passes those, and silently drops any other key), and the keys its batch-size and
 # collator helpers read themselves.

@@ -360,6 +360,16 @@ def speed_monitor(cfg, ctx):
                       "(composer's SpeedMonitor divides by it)", "e.g. callbacks.speed_monitor.window_size=10")
 
 
+def loader_arguments(cfg, ctx):
+    """llm-foundry builds a text loader with its keys as build_text_dataloader's keyword arguments: another key
+    (`num_worker`, or a `label` on a lone eval_loader, which only a list of evaluators pops) is a TypeError."""
+    for loader in loader_keys(cfg):
+        if value(cfg, f"{loader}.name") == "text":
+            label = ("label",) if loader.startswith("eval_loaders.") else ()
+            yield from _kwargs(cfg, loader, "llm-foundry's text loader", {"llm-foundry's text loader":
+                               names.TEXT_LOADER_KWARGS}, label, example="<value>")
+
+
 def dataset_keys(cfg, ctx):
     """llm-foundry's text loader passes its dataset the keys StreamingTextDataset or StreamingDataset take and
     drops any other without a word: a misspelt `shuffle_sed: 3` trains with the default seed."""
@@ -444,4 +454,5 @@ def labels(cfg, ctx):
 
 
 RULES = [train_config_types, seed, registries, optimizer, scheduler, model, durations, workers, cluster_numbers,
-         algorithms, speed_monitor, labels, dataset_keys, model_keys, model_parts]
+         algorithms, speed_monitor, labels, loader_arguments, dataset_keys, model_keys,
+         model_parts]
