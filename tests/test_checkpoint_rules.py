@@ -77,6 +77,19 @@ def test_a_save_interval_longer_than_the_time_limit_is_warned():
                      "save_interval")
 
 
+def test_checkpoints_on_a_folder_each_node_has_its_own_of_are_warned_on_slurm():
+    """A requeued job lands on whichever nodes are free: checkpoints under /tmp stay behind on the old ones, and
+    the run trained again from batch 0 as if new."""
+    line = ["cluster=ndv5", "data=c4", "cluster.nodes=2"]
+    [warned] = keyed(found([*line, "save_folder=/tmp/ckpt"], "plan"), "save_folder")
+    assert warned.level == "warning" and "under /tmp" in warned.problem and "shards" in warned.problem, warned
+    assert not keyed(found([*line, "save_folder=/shared/ckpt"], "plan"), "save_folder")
+    assert not keyed(found([*line, "save_folder=/tmp/ckpt", "cluster.node_local=[]"], "plan"), "save_folder")
+    # the loopback cluster's nodes are this machine; a plain run has no requeue
+    assert not keyed(found(["cluster=slurm-local", "save_folder=/tmp/ckpt"], "plan"), "save_folder")
+    assert not keyed(found(["save_folder=/tmp/ckpt"], "plan"), "save_folder")
+
+
 @pytest.fixture
 def tiny_fs(tmp_path):
     if os.geteuid() != 0:

@@ -9,7 +9,18 @@ import math
 import re
 from pathlib import Path
 
-from train.checks.core import ERROR, WARNING, Problem, batches, is_int, is_number, time_of, value
+from train.checks.core import (
+    ERROR,
+    URI,
+    WARNING,
+    Problem,
+    batches,
+    is_int,
+    is_number,
+    same_or_under,
+    time_of,
+    value,
+)
 
 
 def _saves_checkpoints(cfg) -> bool:
@@ -85,6 +96,24 @@ def lands_before_the_time_limit(cfg, ctx):
                       "allocation would end before its first checkpoint, and every requeue would start again from "
                       "the same point", f"save_interval={fits}ba (about 80% of the time limit), or a longer "
                       "cluster.timeout_min", WARNING)
+
+
+def outlives_the_node(cfg, ctx):
+    """A Slurm job is requeued (at its time limit, on preemption, by the host-side requeue) onto whichever nodes
+    are free, and resumes from the checkpoints in save_folder: under a folder each node has its own of (/tmp),
+    the new nodes find none, and the run trains again from batch 0 as if it were new."""
+    if not (ctx.slurm and _saves_checkpoints(cfg)):
+        return
+    folder = str(value(cfg, "save_folder"))
+    local = [str(p) for p in value(cfg, "cluster.node_local") or ()]
+    under = next((p for p in local if same_or_under(folder, p)), None) if not URI.match(folder) else None
+    if under:
+        yield Problem("save_folder", f"{folder} is under {under}, which each node of cluster={ctx.group('cluster')} "
+                      "has its own of (cluster.node_local): a requeued job on other nodes would find no checkpoint "
+                      "and train again from batch 0" + (", and each node would keep only its own ranks' shards"
+                      if value(cfg, "cluster.nodes") != 1 else ""),
+                      "a storage preset on a shared file system (storage=amlfs, fsx, blob), or storage.checkpoint_root="
+                      "<a folder every node mounts>", WARNING)
 
 
 def checkpoints_kept(cfg, peak: bool = False) -> tuple[int | None, int | None]:
@@ -179,4 +208,4 @@ def earlier_runs(cfg, ctx):
                       "start afresh, nothing to do", WARNING)
 
 
-RULES = [keeps_something, lands_before_the_time_limit, fits_on_the_storage, earlier_runs]
+RULES = [keeps_something, outlives_the_node, lands_before_the_time_limit, fits_on_the_storage, earlier_runs]

@@ -74,6 +74,8 @@ class Cluster:
     # Strings, as the environment holds them: `cluster.env.NCCL_IB_TIMEOUT=22` arrives as "22".
     env: Dict[str, str] = field(default_factory=dict)
     preflight: Preflight = field(default_factory=Preflight)
+    # folders each node has its own of: checkpoints written there stay on the node that wrote them
+    node_local: List[str] = field(default_factory=list)
 
 
 @dataclass
