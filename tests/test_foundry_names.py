@@ -175,3 +175,35 @@ def test_composers_fsdp_settings_equal_the_pinned_composer():
         FSDPConfig(device_mesh=None)
     with pytest.warns(UserWarning, match="sharding_strateg.*will be ignored"):
         FSDP2Config.from_compatible_attrs({"sharding_strateg": "FULL_SHARD"})
+
+
+def test_each_setting_the_gate_calls_a_change_of_shape_changes_an_mpts_weights():
+    """train/checks/checkpoints.py refuses continuing a run whose checkpoint holds a model of another shape: each
+    of its SHAPE_KEYS changes the names or sizes of the weights (so torch's load of the other refuses it)."""
+    from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
+
+    from train.checks.checkpoints import SHAPE_KEYS
+
+    base = dict(d_model=16, n_heads=2, n_layers=1, max_seq_len=8, vocab_size=64, expansion_ratio=4, no_bias=False,
+                learned_pos_emb=True, tie_word_embeddings=True, init_device="cpu",
+                ffn_config={"ffn_type": "mptmlp"}, attn_config={"attn_impl": "torch"})
+    changed = {"model.d_model": {"d_model": 32}, "model.n_layers": {"n_layers": 2}, "model.vocab_size": {"vocab_size": 72},
+               "model.expansion_ratio": {"expansion_ratio": 2}, "model.no_bias": {"no_bias": True},
+               "model.learned_pos_emb": {"learned_pos_emb": False},
+               "model.tie_word_embeddings": {"tie_word_embeddings": False},
+               "model.ffn_config.ffn_type": {"ffn_config": {"ffn_type": "mptglu"}},
+               "model.ffn_config.ffn_hidden_size": {"ffn_config": {"ffn_type": "mptmlp", "ffn_hidden_size": 24}},
+               "model.attn_config.attn_type": {"attn_config": {"attn_impl": "torch", "kv_n_heads": 1,
+                                                               "attn_type": "grouped_query_attention"}},
+               "model.attn_config.qk_ln": {"attn_config": {"attn_impl": "torch", "qk_ln": True}},
+               "model.attn_config.qk_gn": {"attn_config": {"attn_impl": "torch", "qk_gn": True}},
+               "model.attn_config.fused_qkv": {"attn_config": {"attn_impl": "torch", "fused_qkv": False}}}
+    assert set(changed) == set(SHAPE_KEYS) - {"model.name"}
+
+    def shapes(**kw):
+        return {k: tuple(v.shape) for k, v in MPTForCausalLM(MPTConfig(**{**base, **kw})).state_dict().items()}
+
+    before = shapes()
+    for key, kw in changed.items():
+        assert shapes(**kw) != before, key
+    assert shapes(attn_config={"attn_impl": "torch", "attn_pdrop": 0.0}, emb_pdrop=0.1) == before  # not a shape

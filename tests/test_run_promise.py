@@ -178,3 +178,23 @@ def test_a_full_outputs_file_system_never_stops_training_and_names_the_metrics_f
     assert _newest(folder).name.startswith("ep0-ba40")  # trained to the end, every checkpoint written
     [line] = [x for x in err.splitlines() if x.startswith("error: ")]
     assert "metrics.json: no space left on its file system" in line and "Traceback" not in err
+
+
+def test_continuing_a_run_by_name_with_a_model_of_another_shape_is_refused_before_anything_changes(
+        tmp_path, tmp_path_factory):
+    """run_name=<a run> model.n_layers=3 (the run trained 2) rewrote the run's record, then failed loading its
+    checkpoint with a KeyError traceback, after the queue. Now refused by the key, the record untouched; another
+    changed setting (the learning rate) continues the run, said once."""
+    from helpers import run
+
+    root = tmp_path / "root"
+    shutil.copytree(finished(1, "sharded", tmp_path_factory), root, symlinks=True)
+    [folder] = (root / "checkpoints").iterdir()
+    record = (folder / "identity.json").read_text()
+    line = [*train_command(1, "sharded"), f"run_name={folder.name}"]
+    proc = run(*line, "model.n_layers=3", root=root, check=2)
+    assert "error: model.n_layers: " in proc.stderr and "model.n_layers=2 there, 3 here" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and (folder / "identity.json").read_text() == record
+    plan = run(*line, "optimizer.lr=0.5", "plan=true", root=root, check=True)
+    assert "warning: run_name: " in plan.stderr and "optimizer.lr: 0.003 there, 0.5 here" in plan.stderr
+    assert "warning: run_name: " not in run(*line, "max_duration=80ba", "plan=true", root=root, check=True).stderr

@@ -208,4 +208,48 @@ def earlier_runs(cfg, ctx):
                       "start afresh, nothing to do", WARNING)
 
 
-RULES = [keeps_something, outlives_the_node, lands_before_the_time_limit, fits_on_the_storage, earlier_runs]
+# Settings that change the shapes or names of a model's weights: a checkpoint of one does not load into the other
+# (torch refuses missing, unexpected or differently sized weights). Checked against llm-foundry's MPT in
+# tests/test_foundry_names.py.
+SHAPE_KEYS = ("model.name", "model.d_model", "model.n_layers", "model.vocab_size", "model.expansion_ratio",
+              "model.no_bias", "model.learned_pos_emb", "model.tie_word_embeddings", "model.ffn_config.ffn_type",
+              "model.ffn_config.ffn_hidden_size", "model.attn_config.attn_type", "model.attn_config.qk_ln",
+              "model.attn_config.qk_gn", "model.attn_config.fused_qkv")
+
+
+def continued_run(cfg, ctx):
+    """run_name=<a run with checkpoints> continues it from its newest one, under this command's settings: a model
+    of another shape cannot load it (a KeyError traceback after the queue, having rewritten the run's record);
+    other changed settings are what the user asked for, said once so that it is not a surprise."""
+    folder = value(cfg, "save_folder")
+    if not folder or not ctx.given("run_name") or "://" in str(folder):
+        return
+    from train.checkpoint.resume import find
+    from train.config.identity import identity, read_record
+
+    found, record = find(folder), read_record(folder) or {}
+    theirs = record.get("identity")
+    if not found or not isinstance(theirs, dict):
+        return
+    ours = identity(cfg)
+    differs = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours))
+               if theirs.get(k) != ours.get(k) and k != "max_duration"}  # a longer run: what run_name= is for
+    # keys both sides name: a record written by an earlier version may lack one, which is no evidence of a change
+    shape = {k: v for k, v in differs.items() if k in SHAPE_KEYS and k in theirs and k in ours}
+    where = f"{folder} (up to batch {found[-1].batch})"
+    if shape:
+        shown = "; ".join(f"{k}={t!r} there, {o!r} here" for k, (t, o) in shape.items())
+        yield Problem(next(iter(shape)), f"run_name={value(cfg, 'run_name')} continues the checkpoints in {where}, "
+                      f"whose model has another shape: {shown}; loading them would fail (torch refuses missing, "
+                      "unexpected or differently sized weights)", "keep the run's model settings to continue it, or "
+                      "drop run_name= to train this model as a new run")
+    elif differs:
+        shown = "; ".join(f"{k}: {t!r} there, {o!r} here" for k, (t, o) in list(differs.items())[:4])
+        more = f" (and {len(differs) - 4} more)" if len(differs) > 4 else ""
+        yield Problem("run_name", f"{value(cfg, 'run_name')} goes on from {where} with settings it did not train "
+                      f"with: {shown}{more}", "to train these settings from step 0 instead, drop run_name= (a new "
+                      "run is named after them)", WARNING)
+
+
+RULES = [keeps_something, outlives_the_node, lands_before_the_time_limit, fits_on_the_storage, earlier_runs,
+         continued_run]
