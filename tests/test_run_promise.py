@@ -198,3 +198,13 @@ def test_continuing_a_run_by_name_with_a_model_of_another_shape_is_refused_befor
     plan = run(*line, "optimizer.lr=0.5", "plan=true", root=root, check=True)
     assert "warning: run_name: " in plan.stderr and "optimizer.lr: 0.003 there, 0.5 here" in plan.stderr
     assert "warning: run_name: " not in run(*line, "max_duration=80ba", "plan=true", root=root, check=True).stderr
+    # its weights loaded into a model of another shape: the same refusal (the run's record names the model)
+    from train.checkpoint.resume import find
+
+    grown = ["-m", "train", f"load_path={find(folder)[-1].path}", "+load_weights_only=true", "model.n_layers=3",
+             "run_name=grown"]
+    proc = run(*grown, root=root, check=2)
+    assert "error: load_path: " in proc.stderr and "model.n_layers=2 there, 3 here" in proc.stderr, proc.stderr
+    assert not (root / "checkpoints" / "grown").exists()
+    assert "load_path" not in run(*grown, "+load_strict_model_weights=false", "plan=true", root=root,
+                                  check=True).stderr  # the weights that match: a grown model, as asked

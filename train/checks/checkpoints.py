@@ -217,12 +217,20 @@ SHAPE_KEYS = ("model.name", "model.d_model", "model.n_layers", "model.vocab_size
               "model.attn_config.qk_gn", "model.attn_config.fused_qkv")
 
 
+def other_shape(theirs: dict, ours: dict) -> str:
+    """The model settings of two identities that make their weights of other shapes, as `key=a there, b here`;
+    "" when none does. Only keys both name: a record written by an earlier version may lack one, which is no
+    evidence of a change."""
+    return "; ".join(f"{k}={theirs[k]!r} there, {ours[k]!r} here" for k in SHAPE_KEYS
+                     if k in theirs and k in ours and theirs[k] != ours[k])
+
+
 def continued_run(cfg, ctx):
     """run_name=<a run with checkpoints> continues it from its newest one, under this command's settings: a model
     of another shape cannot load it (a KeyError traceback after the queue, having rewritten the run's record);
     other changed settings are what the user asked for, said once so that it is not a surprise."""
     folder = value(cfg, "save_folder")
-    if not folder or not ctx.given("run_name") or "://" in str(folder):
+    if not folder or not (ctx.given("run_name") or ctx.given("save_folder")) or "://" in str(folder):
         return
     from train.checkpoint.resume import find
     from train.config.identity import identity, read_record
@@ -234,21 +242,19 @@ def continued_run(cfg, ctx):
     ours = identity(cfg)
     differs = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours))
                if theirs.get(k) != ours.get(k) and k != "max_duration"}  # a longer run: what run_name= is for
-    # keys both sides name: a record written by an earlier version may lack one, which is no evidence of a change
-    shape = {k: v for k, v in differs.items() if k in SHAPE_KEYS and k in theirs and k in ours}
+    shape = other_shape(theirs, ours)
     where = f"{folder} (up to batch {found[-1].batch})"
+    given = "run_name" if ctx.given("run_name") else "save_folder"
     if shape:
-        shown = "; ".join(f"{k}={t!r} there, {o!r} here" for k, (t, o) in shape.items())
-        yield Problem(next(iter(shape)), f"run_name={value(cfg, 'run_name')} continues the checkpoints in {where}, "
-                      f"whose model has another shape: {shown}; loading them would fail (torch refuses missing, "
-                      "unexpected or differently sized weights)", "keep the run's model settings to continue it, or "
-                      "drop run_name= to train this model as a new run")
+        yield Problem(shape.split("=")[0], f"the checkpoints this command continues ({given}=), in {where}, hold a "
+                      f"model of another shape: {shape}; loading them would fail (torch refuses missing, unexpected "
+                      "or differently sized weights)", "keep the run's model settings to continue it, or drop "
+                      f"{given}= to train this model as a new run")
     elif differs:
         shown = "; ".join(f"{k}: {t!r} there, {o!r} here" for k, (t, o) in list(differs.items())[:4])
         more = f" (and {len(differs) - 4} more)" if len(differs) > 4 else ""
-        yield Problem("run_name", f"{value(cfg, 'run_name')} goes on from {where} with settings it did not train "
-                      f"with: {shown}{more}", "to train these settings from step 0 instead, drop run_name= (a new "
-                      "run is named after them)", WARNING)
+        yield Problem(given, f"the run in {where} goes on with settings it did not train with: {shown}{more}", f"to train these settings from step 0 instead, drop {given}= (a new run is "
+                      "named after them)", WARNING)
 
 
 RULES = [keeps_something, outlives_the_node, lands_before_the_time_limit, fits_on_the_storage, earlier_runs,

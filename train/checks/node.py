@@ -152,6 +152,19 @@ def load_path(cfg, ctx):
     why = not_a_checkpoint(local)
     if why:
         yield Problem("load_path", f"{path} {why}", _LOAD_FIX)
+        return
+    # a checkpoint of one of our runs: its folder records the model it holds
+    from train.checks.checkpoints import other_shape
+    from train.config.identity import identity, read_record
+
+    theirs = (read_record(local.parent) or {}).get("identity")
+    partial = value(cfg, "load_strict_model_weights") is False or value(cfg, "load_ignore_keys")
+    shape = other_shape(theirs, identity(cfg)) if isinstance(theirs, dict) and not partial else ""
+    if shape:
+        yield Problem("load_path", f"{path} holds a model of another shape than this one ({shape}, as "
+                      f"{local.parent / 'identity.json'} records): loading it would fail (torch refuses missing, "
+                      "unexpected or differently sized weights)", "the model settings of the run that wrote it; or "
+                      "+load_strict_model_weights=false to load the weights that match (a grown model)")
 
 
 def no_overwrite(cfg, ctx):
