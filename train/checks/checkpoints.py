@@ -226,35 +226,23 @@ def other_shape(theirs: dict, ours: dict) -> str:
 
 
 def continued_run(cfg, ctx):
-    """run_name=<a run with checkpoints> continues it from its newest one, under this command's settings: a model
-    of another shape cannot load it (a KeyError traceback after the queue, having rewritten the run's record);
-    other changed settings are what the user asked for, said once so that it is not a surprise."""
+    """run_name=<a run with checkpoints> (or its save_folder) continues it from its newest checkpoint under this
+    command's settings, as asked (earlier_runs suggests it): but a model of another shape cannot load it (a KeyError
+    traceback after the queue, having rewritten the run's record)."""
     folder = value(cfg, "save_folder")
     if not folder or not (ctx.given("run_name") or ctx.given("save_folder")) or "://" in str(folder):
         return
     from train.checkpoint.resume import find
     from train.config.identity import identity, read_record
 
-    found, record = find(folder), read_record(folder) or {}
-    theirs = record.get("identity")
-    if not found or not isinstance(theirs, dict):
-        return
-    ours = identity(cfg)
-    differs = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours))
-               if theirs.get(k) != ours.get(k) and k != "max_duration"}  # a longer run: what run_name= is for
-    shape = other_shape(theirs, ours)
-    where = f"{folder} (up to batch {found[-1].batch})"
-    given = "run_name" if ctx.given("run_name") else "save_folder"
+    found, theirs = find(folder), (read_record(folder) or {}).get("identity")
+    shape = other_shape(theirs, identity(cfg)) if found and isinstance(theirs, dict) else ""
     if shape:
-        yield Problem(shape.split("=")[0], f"the checkpoints this command continues ({given}=), in {where}, hold a "
-                      f"model of another shape: {shape}; loading them would fail (torch refuses missing, unexpected "
-                      "or differently sized weights)", "keep the run's model settings to continue it, or drop "
-                      f"{given}= to train this model as a new run")
-    elif differs:
-        shown = "; ".join(f"{k}: {t!r} there, {o!r} here" for k, (t, o) in list(differs.items())[:4])
-        more = f" (and {len(differs) - 4} more)" if len(differs) > 4 else ""
-        yield Problem(given, f"the run in {where} goes on with settings it did not train with: {shown}{more}", f"to train these settings from step 0 instead, drop {given}= (a new run is "
-                      "named after them)", WARNING)
+        given = "run_name" if ctx.given("run_name") else "save_folder"
+        yield Problem(shape.split("=")[0], f"the checkpoints this command continues ({given}=), in {folder} (up to "
+                      f"batch {found[-1].batch}), hold a model of another shape: {shape}; loading them would fail "
+                      "(torch refuses missing, unexpected or differently sized weights)", "keep the run's model "
+                      f"settings to continue it, or drop {given}= to train this model as a new run")
 
 
 RULES = [keeps_something, outlives_the_node, lands_before_the_time_limit, fits_on_the_storage, earlier_runs,
