@@ -23,7 +23,7 @@ from data_prep.blocks import (
     write_plan,
 )
 from data_prep.encode import EncoderPool
-from data_prep.errors import DataPrepError
+from data_prep.errors import DataPrepError, gather
 from data_prep.inputs import Source, resolve_sources
 from data_prep.lock import OutRootLock
 from data_prep.mds import ShardWriter
@@ -52,20 +52,13 @@ class Job:
 def prepare(cfg: DictConfig) -> Job:
     """Every check that can fail, before anything is written."""
     settings = settings_from(cfg)
-    problems = []
-
-    def check(step, *args):  # the input, the tokenizer and the shard size checked side by side: every problem at once
-        try:
-            return step(*args)
-        except DataPrepError as err:
-            problems.extend(err.problems)
-
+    problems = []  # the shard size, the input and the tokenizer checked side by side: every problem at once
     minimum = ShardWriter.min_size_limit(settings.concat_tokens)
     if settings.size_limit < minimum:
         problems.append(Problem("size_limit", f"{settings.size_limit} bytes cannot hold one sample of "
                                 f"{settings.concat_tokens} tokens", f"use size_limit >= {minimum}"))
-    sources = check(resolve_sources, settings)
-    tokenizer = check(load_tokenizer, settings)
+    sources = gather(problems, resolve_sources, settings)
+    tokenizer = gather(problems, load_tokenizer, settings)
     if problems:
         raise DataPrepError(problems=problems)
     blocks = make_blocks(sources, settings.block_bytes)

@@ -17,6 +17,16 @@ class DataPrepError(UserError):
     prefix = "data_prep"
 
 
+def gather(problems: list, step, *args):
+    """step(*args), or None with its DataPrepError's problems added to `problems`: each check runs, and every
+    problem is reported at once."""
+    try:
+        return step(*args)
+    except DataPrepError as err:
+        problems.extend(err.problems)
+        return None
+
+
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full file system, or the user's quota on it
 RERUN = "run the same command again (finished blocks are kept)"
 

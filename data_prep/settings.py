@@ -9,7 +9,8 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from data_prep.errors import DataPrepError
+from common.errors import Problem
+from data_prep.errors import DataPrepError, gather
 
 # MDS stores sample byte offsets as uint32, so a shard can never reach 4 GiB (streaming enforces the same).
 MAX_SHARD_BYTES = 2**32 - 1
@@ -140,10 +141,9 @@ def _unknown_keys(cfg: DictConfig) -> list:
     for key, known in unknown:
         close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
         theirs = _THEIR_NAMES.get(key) or (close[0] if close else None)
-        problems += DataPrepError(key, "is not a key data_prep reads: it would be ignored",
-                                  f"{theirs}=<value>" + (f" (data_prep's name for {key})" if key in _THEIR_NAMES
-                                                         else "") if theirs else
-                                  f"its keys: {', '.join(sorted(known))}").problems
+        problems.append(Problem(key, "is not a key data_prep reads: it would be ignored",
+                                f"{theirs}=<value>" + (f" (data_prep's name for {key})" if key in _THEIR_NAMES
+                                                       else "") if theirs else f"its keys: {', '.join(sorted(known))}"))
     return problems
 
 
@@ -203,11 +203,7 @@ def settings_from(cfg: DictConfig) -> Settings:
     problems = _unknown_keys(cfg)
 
     def read(parse, *args):
-        try:
-            return parse(*args)
-        except DataPrepError as err:
-            problems.extend(err.problems)
-            return None
+        return gather(problems, parse, *args)
 
     num_parts = read(_int, cfg, "num_parts", 1)
     fields = dict(

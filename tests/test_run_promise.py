@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT, command_env, finished, train_command
+from helpers import PYTHON, ROOT, command_env, finished, run, train_command
 
 pytestmark = pytest.mark.train
 
@@ -185,8 +185,6 @@ def test_continuing_a_run_by_name_with_a_model_of_another_shape_is_refused_befor
     """run_name=<a run> model.n_layers=3 (the run trained 2) rewrote the run's record, then failed loading its
     checkpoint with a KeyError traceback, after the queue. Now refused by the key, the record untouched; another
     changed setting (the learning rate) continues the run, as asked."""
-    from helpers import run
-
     root = tmp_path / "root"
     shutil.copytree(finished(1, "sharded", tmp_path_factory), root, symlinks=True)
     [folder] = (root / "checkpoints").iterdir()

@@ -339,7 +339,7 @@ def test_a_key_an_mpt_block_cannot_take_is_refused_and_one_its_initialization_ig
     TypeError when the model was built, after the queue (`qk_lnorm`). The initialization takes any key and reads
     its own: `init_std` beside MPT's default kaiming_normal_ trained with kaiming's init, exit 0."""
     found = [p for p in check(compose(overrides), Context()) if p.key.startswith("model.")]
-    assert [(p.key, p.level) for p in found] == [(key, level)] and said in _text(found[0]), found
+    assert [(p.key, p.level) for p in found] == [(key, level)] and said in str(found[0]), found
 
 
 @pytest.mark.parametrize("fine", [["+model.attn_config.qk_ln=true", "+model.attn_config.rope=true"],
@@ -379,7 +379,7 @@ def test_an_argument_a_callback_logger_or_algorithm_does_not_take_is_refused(ove
     missing required one) was a TypeError when the trainer was built, after the queue."""
     found = [p for p in check(compose([override]), Context()) if p.key.split(".")[0] in
              ("callbacks", "algorithms", "loggers")]
-    assert [(p.key, p.level) for p in found] == [(key, ERROR)] and meant in _text(found[0]), found
+    assert [(p.key, p.level) for p in found] == [(key, ERROR)] and meant in str(found[0]), found
     assert not [p for p in check(compose(["callbacks.speed_monitor.window_size=10", "logger=wandb"]), Context())
                 if p.key.split(".")[0] in ("callbacks", "loggers")]
 
@@ -392,10 +392,6 @@ def test_a_loader_key_the_text_loader_does_not_take_is_refused():
     assert found == [("train_loader.num_worker", ERROR), ("eval_loader.label", ERROR)], found
     fine = ["train_loader.num_workers=1", "+train_loader.timeout=60", "+train_loader.pin_memory=false"]
     assert not [p for p in check(compose(fine), Context()) if "_loader" in p.key]
-
-
-def _text(p) -> str:
-    return f"{p.problem} {p.fix}"
 
 
 def _resolved(overrides):

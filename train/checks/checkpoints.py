@@ -87,11 +87,10 @@ def lands_before_the_time_limit(cfg, ctx):
         return
     if not step_s:
         return
-    every = time[0]
-    first = every * step_s
+    first = time[0] * step_s
     if first > limit * 60:
         fits = max(1, int(limit * 60 * 0.8 / step_s))
-        yield Problem("save_interval", f"{every}ba is about {first / 3600:.1f} h at the plan's "
+        yield Problem("save_interval", f"{time[0]}ba is about {first / 3600:.1f} h at the plan's "
                       f"{step_s:.1f} s/step, longer than cluster.timeout_min={limit} ({limit / 60:.1f} h): each "
                       "allocation would end before its first checkpoint, and every requeue would start again from "
                       "the same point", f"save_interval={fits}ba (about 80% of the time limit), or a longer "

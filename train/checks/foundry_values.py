@@ -418,17 +418,20 @@ def model_parts(cfg, ctx):
     name = value(cfg, "model.init_config.name") or "kaiming_normal_"
     reads = names.PARAM_INIT_FNS.get(name)
     every = sorted({k for keys in names.PARAM_INIT_FNS.values() for k in keys})
+
+    def read_by(key):
+        return [n for n, keys in names.PARAM_INIT_FNS.items() if key in keys]
+
     for key in init.keys() if reads is not None else ():
         if key == "name" or key in reads:
             continue
-        readers = [n for n, keys in names.PARAM_INIT_FNS.items() if key in keys]
+        readers = read_by(key)
         if readers:  # a setting of another initialization (init_std is baseline_'s, kaiming_normal_ ignores it)
             fix = f"model.init_config.name={readers[0]} to use it, or remove it"
         else:
             meant = (difflib.get_close_matches(str(key), every, n=1) or [None])[0]
-            elsewhere = [n for n, keys in names.PARAM_INIT_FNS.items() if meant in keys]
             fix = f"remove it ({name} reads {', '.join(reads) or 'nothing'})" if meant is None else \
-                f"did you mean `{meant}`?" + ("" if meant in reads else f" (with model.init_config.name={elsewhere[0]})")
+                f"did you mean `{meant}`?" + ("" if meant in reads else f" (with model.init_config.name={read_by(meant)[0]})")
         yield Problem(f"model.init_config.{key}", f"is not read by the {name} initialization (it takes any key and "
                       "ignores this one)" + (f"; read by {', '.join(readers)}" if readers else ""), fix, WARNING)
 
