@@ -177,6 +177,24 @@ def test_composers_fsdp_settings_equal_the_pinned_composer():
         FSDP2Config.from_compatible_attrs({"sharding_strateg": "FULL_SHARD"})
 
 
+
+def test_tensor_parallel_settings_equal_the_pinned_libraries():
+    """llm-foundry pops `strategy` (its tp_strategies registry) and passes the rest with its layer plan to
+    composer's TPConfig, which refuses another key; it needs strategy and tensor_parallel_degree."""
+    from composer.utils.parallelism import TPConfig
+    from llmfoundry.registry import tp_strategies
+    from llmfoundry.utils.config_utils import process_init_device
+
+    assert tuple(sorted(tp_strategies.get_all())) == ours.TP_STRATEGIES
+    fields = {f.name for f in dataclasses.fields(TPConfig) if f.init}
+    assert tuple(sorted(fields - {"layer_plan"} | {"strategy"})) == ours.TP_CONFIG_KEYS
+    with pytest.raises(TypeError, match="tensor_parallel_degre"):
+        TPConfig(tensor_parallel_degre=2, layer_plan={})
+    with pytest.raises(TypeError, match="layer_plan"):
+        TPConfig(**{"tensor_parallel_degree": 2, "layer_plan": {}}, layer_plan={})
+    with pytest.raises(ValueError, match="requires 'strategy' and 'tensor_parallel_degree'"):
+        process_init_device({}, None, {"strategy": "ffn"})
+
 def test_each_setting_the_gate_calls_a_change_of_shape_changes_an_mpts_weights():
     """train/checks/checkpoints.py refuses continuing a run whose checkpoint holds a model of another shape: each
     of its SHAPE_KEYS changes the names or sizes of the weights (so torch's load of the other refuses it)."""

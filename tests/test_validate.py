@@ -367,6 +367,30 @@ def test_an_fsdp_setting_composer_does_not_read_is_warned_and_a_device_mesh_refu
     assert fsdp(["+fsdp_config.reshard_after_forward=false", "fsdp_config.limit_all_gathers=false"]) == []
 
 
+
+def test_a_tensor_parallel_setting_llm_foundry_or_composer_refuses_is_named_and_one_rank_warned():
+    """llm-foundry reads tp_config as the model and the trainer are built, on every rank after the queue: a
+    missing strategy or degree is its ValueError, an unknown strategy its registry's error, another key composer's
+    TPConfig's TypeError, tensor parallelism without FSDP composer's ValueError. At one rank llm-foundry drops it."""
+    def tp(overrides, mode="sweep"):
+        found = check(compose(["cluster.tasks_per_node=2", *overrides]), Context(mode=mode))
+        return sorted((p.key, p.level) for p in found if p.key.startswith("tp_config") or "use_orig" in p.key)
+
+    good = ["+tp_config.strategy=ffn", "+tp_config.tensor_parallel_degree=2"]
+    assert tp(good) == []
+    assert tp(["+tp_config.strategy=ffnn", "+tp_config.tensor_parallel_degre=2"]) == [
+        ("tp_config.strategy", ERROR), ("tp_config.tensor_parallel_degre", ERROR),
+        ("tp_config.tensor_parallel_degree", ERROR)]
+    assert tp([*good, "+tp_config.layer_plan=x"]) == [("tp_config.layer_plan", ERROR)]  # llm-foundry passes its own
+    assert tp([*good, "fsdp_config=null", "checkpoint=full"]) == [("tp_config", ERROR)]
+    assert tp([*good, "+fsdp_config.use_orig_params=false"]) == [("fsdp_config.use_orig_params", ERROR)]
+    assert tp(["+tp_config.strategy=ffn", "+tp_config.tensor_parallel_degree=1"]) == \
+        [("tp_config.tensor_parallel_degree", WARNING)]
+    assert tp(["+tp_config.strategy=ffn", "+tp_config.tensor_parallel_degree=0"]) == \
+        [("tp_config.tensor_parallel_degree", ERROR)]
+    assert tp(["+tp_config.strategy=ffnn"], mode="run") == [("tp_config", WARNING)]  # a plain run: one rank
+
+
 @pytest.mark.parametrize("override, key, meant", [
     ("+callbacks.speed_monitor.window_sze=10", "callbacks.speed_monitor.window_sze", "window_size"),
     ("+algorithms.gradient_clipping.clipping_threshhold=0.5", "algorithms.gradient_clipping.clipping_threshhold",

@@ -150,6 +150,11 @@ FSDP_CONFIG_KEYS = (
 )
 FSDP2_CONFIG_KEYS = ("activation_checkpointing", "activation_cpu_offload", "device_mesh", "load_monolith_rank0_only",
                      "mixed_precision", "reshard_after_forward", "state_dict_type", "verbose")
+# Tensor parallelism (`tp_config:`): llm-foundry pops `strategy` (a name in its `tp_strategies` registry), builds
+# the layer plan from it and passes the rest to composer's TPConfig with that plan: TPConfig's fields but
+# layer_plan, and any other key is a TypeError when the trainer is built.
+TP_STRATEGIES = ("ffn",)
+TP_CONFIG_KEYS = ("device_mesh", "strategy", "tensor_parallel_degree")
 # The keyword arguments of each registered callback, logger and algorithm (as OPTIMIZERS; a callback built with the
 # train config gets it from llm-foundry, not from its `callbacks.<name>` keys): another key is a TypeError when the
 # trainer is built, on the cluster.

@@ -456,6 +456,44 @@ def labels(cfg, ctx):
             seen[label] = loader
 
 
+
+def tensor_parallel(cfg, ctx):
+    """tp_config: what llm-foundry and composer refuse as they build the model and the trainer, on every rank."""
+    tp = value(cfg, "tp_config")
+    if not hasattr(tp, "keys"):
+        return
+    if ctx.world_size(cfg) == 1:
+        yield Problem("tp_config", f"llm-foundry drops it at one rank ({ctx.world_words(cfg)}): nothing is split",
+                      "remove it (~tp_config), or train on several ranks", WARNING)
+        return
+    for key in tp.keys():
+        if key not in names.TP_CONFIG_KEYS:
+            yield Problem(f"tp_config.{key}", "is not a setting of composer's TPConfig (llm-foundry passes it "
+                          "device_mesh and tensor_parallel_degree, and the layer plan it builds from strategy): "
+                          "building the trainer would fail with a TypeError",
+                          close_match(str(key), names.TP_CONFIG_KEYS) or f"remove it (~tp_config.{key})")
+    for key, example in (("strategy", "ffn"), ("tensor_parallel_degree", "2")):
+        if key not in tp.keys():
+            yield Problem(f"tp_config.{key}", "llm-foundry needs it with tp_config (a ValueError as the model is "
+                          "built)", f"+tp_config.{key}={example}")
+    yield from _named(cfg, "tp_config.strategy", names.TP_STRATEGIES, "a tensor parallel strategy", "tp_strategies")
+    degree = value(cfg, "tp_config.tensor_parallel_degree")
+    if degree == 1:
+        yield Problem("tp_config.tensor_parallel_degree", "1 splits nothing: composer drops tensor parallelism "
+                      "(a warning in the log)", "tp_config.tensor_parallel_degree=2 (or more), or ~tp_config",
+                      WARNING)
+    elif degree is not None and not (is_int(degree) and (degree > 1 or degree == -1)):
+        yield Problem("tp_config.tensor_parallel_degree", f"{degree!r} is not a count of ranks (composer builds a "
+                      "device mesh of it)", "e.g. tp_config.tensor_parallel_degree=2 (-1: the ranks FSDP leaves)")
+    if not value(cfg, "fsdp_config"):
+        yield Problem("tp_config", "composer's tensor parallelism needs FSDP, and fsdp_config is null (a ValueError "
+                      "when the trainer is built)", "keep an fsdp_config (e.g. fsdp_config.sharding_strategy="
+                      "FULL_SHARD), or ~tp_config")
+    elif value(cfg, "fsdp_config.use_orig_params") is False:
+        yield Problem("fsdp_config.use_orig_params", "composer's tensor parallelism needs use_orig_params=true (a "
+                      "ValueError when the trainer is built)", "fsdp_config.use_orig_params=true, or ~tp_config")
+
+
 RULES = [train_config_types, seed, registries, optimizer, scheduler, model, durations, workers, cluster_numbers,
          algorithms, speed_monitor, labels, loader_arguments, dataset_keys, model_keys,
-         model_parts]
+         model_parts, tensor_parallel]
