@@ -195,6 +195,19 @@ def test_tensor_parallel_settings_equal_the_pinned_libraries():
     with pytest.raises(ValueError, match="requires 'strategy' and 'tensor_parallel_degree'"):
         process_init_device({}, None, {"strategy": "ffn"})
 
+
+def test_the_shape_an_mpt_takes_for_a_key_left_out_equals_the_pinned_llm_foundry():
+    """A continued run's record holds the model keys its config had; one it left out is MPT's default."""
+    from llmfoundry.models.mpt import MPTConfig
+
+    from train.checks.checkpoints import MPT_SHAPE_DEFAULTS, SHAPE_KEYS
+
+    mpt = MPTConfig()
+    parts = {"model": vars(mpt), "model.attn_config": mpt.attn_config, "model.ffn_config": mpt.ffn_config}
+    assert MPT_SHAPE_DEFAULTS == {k: parts[k.rsplit(".", 1)[0]][k.rsplit(".", 1)[1]] for k in SHAPE_KEYS
+                                  if k not in ("model.name", "model.ffn_config.ffn_hidden_size")}
+    assert "ffn_hidden_size" not in mpt.ffn_config  # derived from expansion_ratio: no default of its own
+
 def test_each_setting_the_gate_calls_a_change_of_shape_changes_an_mpts_weights():
     """train/checks/checkpoints.py refuses continuing a run whose checkpoint holds a model of another shape: each
     of its SHAPE_KEYS changes the names or sizes of the weights (so torch's load of the other refuses it)."""

@@ -183,8 +183,8 @@ def test_a_full_outputs_file_system_never_stops_training_and_names_the_metrics_f
 def test_continuing_a_run_by_name_with_a_model_of_another_shape_is_refused_before_anything_changes(
         tmp_path, tmp_path_factory):
     """run_name=<a run> model.n_layers=3 (the run trained 2) rewrote the run's record, then failed loading its
-    checkpoint with a KeyError traceback, after the queue. Now refused by the key, the record untouched; another
-    changed setting (the learning rate) continues the run, as asked."""
+    checkpoint with a KeyError traceback, after the queue. Now refused by the key, the record untouched (a key the run
+    left at MPT's default as well); another changed setting (the learning rate) continues the run, as asked."""
     root = tmp_path / "root"
     shutil.copytree(finished(1, "sharded", tmp_path_factory), root, symlinks=True)
     [folder] = (root / "checkpoints").iterdir()
@@ -193,6 +193,11 @@ def test_continuing_a_run_by_name_with_a_model_of_another_shape_is_refused_befor
     proc = run(*line, "model.n_layers=3", root=root, check=2)
     assert "error: model.n_layers: " in proc.stderr and "model.n_layers=2 there, 3 here" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and (folder / "identity.json").read_text() == record
+    # a shape key the run left at MPT's default (no_bias: false), added with `+`
+    proc = run(*line, "+model.no_bias=true", root=root, check=2)
+    assert "model.no_bias=False there, True here" in proc.stderr, proc.stderr
+    assert "model.no_bias" not in run(*line, "+model.no_bias=false", "plan=true", root=root,
+                                      check=True).stderr  # the default spelled out: the same model
     plan = run(*line, "optimizer.lr=0.5", "max_duration=80ba", "plan=true", root=root, check=True)
     assert "model.n_layers" not in plan.stderr  # other settings: continued under them, as run_name= asks
     # its weights loaded into a model of another shape: the same refusal (the run's record names the model)

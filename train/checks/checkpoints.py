@@ -216,12 +216,32 @@ SHAPE_KEYS = ("model.name", "model.d_model", "model.n_layers", "model.vocab_size
               "model.attn_config.qk_gn", "model.attn_config.fused_qkv")
 
 
+# What an MPT takes for a shape key its config leaves out (llm-foundry's MPTConfig and its attn_config and
+# ffn_config defaults; tests/test_foundry_names.py compares them): a run that never named no_bias trained biases.
+# ffn_hidden_size has none (expansion_ratio x d_model): a record that lacks it is compared by those two.
+MPT_SHAPE_DEFAULTS = {"model.d_model": 2048, "model.n_layers": 24, "model.vocab_size": 50368,
+                      "model.expansion_ratio": 4, "model.no_bias": False, "model.learned_pos_emb": True,
+                      "model.tie_word_embeddings": True, "model.ffn_config.ffn_type": "mptmlp",
+                      "model.attn_config.attn_type": "multihead_attention", "model.attn_config.qk_ln": False,
+                      "model.attn_config.qk_gn": False, "model.attn_config.fused_qkv": True}
+
+
 def other_shape(theirs: dict, ours: dict) -> str:
     """The model settings of two identities that make their weights of other shapes, as `key=a there, b here`;
-    "" when none does. Only keys both name: a record written by an earlier version may lack one, which is no
-    evidence of a change."""
-    return "; ".join(f"{k}={theirs[k]!r} there, {ours[k]!r} here" for k in SHAPE_KEYS
-                     if k in theirs and k in ours and theirs[k] != ours[k])
+    "" when none does. A key one of them leaves out is MPT's default for both MPTs (a record holds every model key
+    its run's config had: `+model.no_bias=true` on a run that left it out is a change); otherwise only keys
+    both name are compared."""
+    mpt = theirs.get("model.name") == ours.get("model.name") == "mpt_causal_lm"
+    defaults = MPT_SHAPE_DEFAULTS if mpt else {}
+    changed = []
+    for k in SHAPE_KEYS:
+        there, here = theirs.get(k, defaults.get(k, _UNSET)), ours.get(k, defaults.get(k, _UNSET))
+        if there is not _UNSET and here is not _UNSET and there != here:
+            changed.append(f"{k}={there!r} there, {here!r} here")
+    return "; ".join(changed)
+
+
+_UNSET = object()
 
 
 def continued_run(cfg, ctx):
