@@ -208,6 +208,18 @@ def test_the_shape_an_mpt_takes_for_a_key_left_out_equals_the_pinned_llm_foundry
                                   if k not in ("model.name", "model.ffn_config.ffn_hidden_size")}
     assert "ffn_hidden_size" not in mpt.ffn_config  # derived from expansion_ratio: no default of its own
 
+
+def test_the_icl_task_settings_equal_the_pinned_llm_foundry():
+    """build_icl_evaluators passes a task's keys but its own to the task type's icl_datasets class: another key is
+    a TypeError (raised at the call, before any file is read)."""
+    from llmfoundry.registry import icl_datasets
+
+    assert {n: set(_kwargs(icl_datasets.get(n))[0]) for n in icl_datasets.get_all()} == \
+        {n: set(kept) for n, kept in ours.ICL_TASK_KWARGS.items()}
+    with pytest.raises(TypeError, match="continuation_delimiterr"):
+        icl_datasets.get("language_modeling")(dataset_uri="x.jsonl", tokenizer=None, max_seq_len=8, pad_tok_id=0,
+                                              num_fewshot=0, destination_path="x", continuation_delimiterr=" ")
+
 def test_each_setting_the_gate_calls_a_change_of_shape_changes_an_mpts_weights():
     """train/checks/checkpoints.py refuses continuing a run whose checkpoint holds a model of another shape: each
     of its SHAPE_KEYS changes the names or sizes of the weights (so torch's load of the other refuses it)."""

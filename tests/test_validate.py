@@ -391,6 +391,32 @@ def test_a_tensor_parallel_setting_llm_foundry_or_composer_refuses_is_named_and_
     assert tp(["+tp_config.strategy=ffnn"], mode="run") == [("tp_config", WARNING)]  # a plain run: one rank
 
 
+
+def test_an_icl_task_llm_foundry_cannot_build_is_named_inline_or_in_its_file(tmp_path):
+    """llm-foundry builds the ICL evaluators as the trainer is built, on every rank after the queue: a task without
+    its required keys (an AssertionError), of an unknown type, with a key its dataset does not take (a TypeError),
+    a shot count that is not a list, a task file or a local dataset file that is not there."""
+    task_file = tmp_path / "lambada.jsonl"
+    task_file.write_text('{"context": "a", "continuation": "b"}\n')
+
+    def icl(overrides):
+        found = check(compose(overrides), Context())
+        return sorted((p.key, p.level) for p in found if p.key.startswith("icl_tasks"))
+
+    good = f"{{label: lambada, dataset_uri: {task_file}, icl_task_type: language_modeling, num_fewshot: [0, 1]}}"
+    assert icl([f"+icl_tasks=[{good}]"]) == []
+    bad = ("{label: x, dataset_uri: /nowhere/x.jsonl, icl_task_type: language_modeling, num_fewshot: 0, "
+           "continuation_delimiterr: ' '}")
+    assert icl([f"+icl_tasks=[{good}, {bad}, {{label: y, icl_task_type: language_modelling, num_fewshot: [0]}}]"]) == [
+        ("icl_tasks[1].continuation_delimiterr", ERROR), ("icl_tasks[1].dataset_uri", ERROR),
+        ("icl_tasks[1].num_fewshot", ERROR), ("icl_tasks[2].dataset_uri", ERROR),
+        ("icl_tasks[2].icl_task_type", ERROR)]
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text(f"icl_tasks:\n- {good}\n- {{label: z, dataset_uri: {task_file}, icl_task_type: schema, "
+                     "num_fewshot: [0], num_beams: 4}\n")
+    assert icl([f"+icl_tasks={tasks}"]) == [(f"icl_tasks ({tasks})[1].num_beams", ERROR)]
+    assert icl([f"+icl_tasks={tmp_path / 'none.yaml'}"]) == [("icl_tasks", ERROR)]
+
 @pytest.mark.parametrize("override, key, meant", [
     ("+callbacks.speed_monitor.window_sze=10", "callbacks.speed_monitor.window_sze", "window_size"),
     ("+algorithms.gradient_clipping.clipping_threshhold=0.5", "algorithms.gradient_clipping.clipping_threshhold",

@@ -208,7 +208,8 @@ def earlier_runs(cfg, ctx):
 
 
 # Settings that change the shapes or names of a model's weights: a checkpoint of one does not load into the other
-# (torch refuses missing, unexpected or differently sized weights). Checked against llm-foundry's MPT in
+# (torch refuses missing or differently sized weights, and leaves out without a word those the model lacks:
+# `+model.no_bias=true` on a run with biases resumed and trained on, exit 0). Checked against llm-foundry's MPT in
 # tests/test_foundry_names.py.
 SHAPE_KEYS = ("model.name", "model.d_model", "model.n_layers", "model.vocab_size", "model.expansion_ratio",
               "model.no_bias", "model.learned_pos_emb", "model.tie_word_embeddings", "model.ffn_config.ffn_type",
@@ -260,7 +261,7 @@ def continued_run(cfg, ctx):
         given = "run_name" if ctx.given("run_name") else "save_folder"
         yield Problem(shape.split("=")[0], f"the checkpoints this command continues ({given}=), in {folder} (up to "
                       f"batch {found[-1].batch}), hold a model of another shape: {shape}; loading them would fail "
-                      "(torch refuses missing, unexpected or differently sized weights)", "keep the run's model "
+                      "(torch refuses missing or differently sized weights) or leave weights out", "keep the run's model "
                       f"settings to continue it, or drop {given}= to train this model as a new run")
 
 

@@ -150,6 +150,24 @@ FSDP_CONFIG_KEYS = (
 )
 FSDP2_CONFIG_KEYS = ("activation_checkpointing", "activation_cpu_offload", "device_mesh", "load_monolith_rank0_only",
                      "mixed_precision", "reshard_after_forward", "state_dict_type", "verbose")
+# In-context learning tasks (`icl_tasks:`, a list, or the path of a YAML file holding one): llm-foundry's
+# build_icl_evaluators reads ICL_TASK_OWN itself and passes every other key of a task to its `icl_datasets` class
+# (by icl_task_type) as a keyword argument, with the tokenizer, pad id, shot count and paths it adds: another key is
+# a TypeError as the trainer is built. It asserts ICL_TASK_REQUIRED.
+ICL_TASK_OWN = ("label", "metric_names", "icl_task_type", "batch_size", "has_categories", "question_prelimiter")
+ICL_TASK_REQUIRED = ("label", "dataset_uri", "icl_task_type", "num_fewshot")
+_ICL_COMMON = ("dataset_uri", "tokenizer", "max_seq_len", "pad_tok_id", "num_fewshot", "destination_path",
+               "fewshot_random_seed", "prompt_string", "example_delimiter", "continuation_delimiter", "prelimiter",
+               "strip_dataset", "padding_size", "hf_loading_vars", "hf_parsing_map", "generation_kwargs")
+ICL_TASK_KWARGS = {
+    "generation_task_with_answers": (*_ICL_COMMON, "context_key", "answer_key", "base_batch", "batch_mapping",
+                                     "cot_delimiter", "early_stopping_criteria", "do_normalization"),
+    "language_modeling": (*_ICL_COMMON, "context_key", "tokenize_labels", "static_keys", "list_keys"),
+    "multiple_choice": (*_ICL_COMMON, "context_key", "tensor_keys", "answer_key", "tokenize_labels", "batch_mapping",
+                        "list_keys", "choices_key", "static_keys", "list_of_tensors_keys", "list_of_tuples_keys",
+                        "list_of_primitives"),
+    "schema": (*_ICL_COMMON, "answer_key", "tokenize_labels", "batch_mapping", "list_keys", "choices_key"),
+}
 # Tensor parallelism (`tp_config:`): llm-foundry pops `strategy` (a name in its `tp_strategies` registry), builds
 # the layer plan from it and passes the rest to composer's TPConfig with that plan: TPConfig's fields but
 # layer_plan, and any other key is a TypeError when the trainer is built.

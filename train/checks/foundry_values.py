@@ -8,6 +8,8 @@ import logging
 import math
 import re
 
+from omegaconf import ListConfig, OmegaConf
+
 from train.checks import foundry_names as names
 from train.checks.core import ERROR, WARNING, Problem, close_match, is_int, is_number, time_of, value
 from train.config.loaders import eval_keys, loader_keys
@@ -494,6 +496,58 @@ def tensor_parallel(cfg, ctx):
                       "ValueError when the trainer is built)", "fsdp_config.use_orig_params=true, or ~tp_config")
 
 
+
+_ICL_FIX = {"label": "a name for the task's metrics (label: lambada)",
+            "dataset_uri": "the task's .jsonl file (a local path, or a URI: s3://..., hf://...)",
+            "icl_task_type": "one of: " + ", ".join(sorted(names.ICL_TASK_KWARGS)),
+            "num_fewshot": "the shot counts to evaluate (num_fewshot: [0])"}
+
+
+def icl_task(task, where: str):
+    """One in-context learning task (plain containers) as llm-foundry's build_icl_evaluators reads it, as the trainer
+    is built on every rank: `where` names it (`icl_tasks[0]`)."""
+    if not isinstance(task, dict):
+        yield Problem(where, f"{task!r} is not a task (llm-foundry asserts each is a mapping)",
+                      "label, dataset_uri, icl_task_type and num_fewshot keys")
+        return
+    for key in names.ICL_TASK_REQUIRED:
+        if task.get(key) is None:
+            yield Problem(f"{where}.{key}", "llm-foundry needs it for each ICL task (an AssertionError as the trainer "
+                          "is built)", _ICL_FIX[key])
+    kind = task.get("icl_task_type")
+    if kind is not None and kind not in names.ICL_TASK_KWARGS:
+        hint = close_match(str(kind), names.ICL_TASK_KWARGS)
+        yield Problem(f"{where}.icl_task_type", f"{kind!r} is not an ICL task type llm-foundry knows (its "
+                      "`icl_datasets` registry)", (hint + " " if hint else "") + "one of: "
+                      + ", ".join(sorted(names.ICL_TASK_KWARGS)))
+    shots = task.get("num_fewshot")
+    if shots is not None and not isinstance(shots, list):
+        yield Problem(f"{where}.num_fewshot", f"{shots!r} is not a list (llm-foundry evaluates each shot count in "
+                      "it: a TypeError as the trainer is built)", f"{where}.num_fewshot=[{shots}]")
+    if "num_beams" in task:
+        yield Problem(f"{where}.num_beams", "llm-foundry refuses it at the top of a task (a ValueError)",
+                      f"{where}.generation_kwargs.num_beams")
+    if "question_prelimiter" in task and "prelimiter" in task:
+        yield Problem(f"{where}.question_prelimiter", "names the same argument as prelimiter, which is also set "
+                      "(llm-foundry's ValueError)", "keep one of them")
+    accepted = names.ICL_TASK_KWARGS.get(kind)
+    for key in (task.keys() if accepted else ()):
+        if key not in accepted and key not in names.ICL_TASK_OWN and key != "num_beams":
+            options = (*accepted, *names.ICL_TASK_OWN)
+            yield Problem(f"{where}.{key}", f"is not a setting of a {kind} task (llm-foundry passes it to the "
+                          "task's dataset: a TypeError as the trainer is built)",
+                          close_match(str(key), options) or f"remove it (~{where}.{key})")
+
+
+def icl_tasks(cfg, ctx):
+    """An inline `icl_tasks` list (a path to a file of them: node.py reads it)."""
+    tasks = value(cfg, "icl_tasks")
+    if not isinstance(tasks, ListConfig):
+        return
+    for i, task in enumerate(OmegaConf.to_container(tasks, resolve=True)):
+        yield from icl_task(task, f"icl_tasks[{i}]")
+
+
 RULES = [train_config_types, seed, registries, optimizer, scheduler, model, durations, workers, cluster_numbers,
          algorithms, speed_monitor, labels, loader_arguments, dataset_keys, model_keys,
-         model_parts, tensor_parallel]
+         model_parts, tensor_parallel, icl_tasks]

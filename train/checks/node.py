@@ -9,7 +9,7 @@ import zipfile
 from pathlib import Path
 from urllib.parse import urlparse
 
-from omegaconf import OmegaConf
+from omegaconf import ListConfig, OmegaConf
 
 from common import image as contract
 from common.paths import PROJECT
@@ -162,10 +162,47 @@ def load_path(cfg, ctx):
     shape = other_shape(theirs, identity(cfg)) if isinstance(theirs, dict) and not partial else ""
     if shape:
         yield Problem("load_path", f"{path} holds a model of another shape than this one ({shape}, as "
-                      f"{local.parent / 'identity.json'} records): loading it would fail (torch refuses missing, "
-                      "unexpected or differently sized weights)", "the model settings of the run that wrote it; or "
+                      f"{local.parent / 'identity.json'} records): loading it would fail (torch refuses missing or "
+                      "differently sized weights) or leave weights out", "the model settings of the run that wrote it; or "
                       "+load_strict_model_weights=false to load the weights that match (a grown model)")
 
+
+
+def icl_files(cfg, ctx):
+    """The in-context learning tasks' files, which llm-foundry opens as the trainer is built on every rank: the
+    YAML file `icl_tasks` names (its tasks are then checked as an inline list is: foundry_values.icl_task), and each
+    task's local `dataset_uri`."""
+    from train.checks.foundry_values import icl_task
+
+    tasks = value(cfg, "icl_tasks")
+    where = "icl_tasks"
+    if isinstance(tasks, str):
+        if URI.match(tasks):
+            return
+        path = Path(os.path.expanduser(tasks))
+        try:
+            tasks = OmegaConf.to_container(OmegaConf.load(path).icl_tasks, resolve=True)
+        except Exception as err:  # missing, unreadable, not YAML, or no icl_tasks list in it
+            yield Problem("icl_tasks", f"cannot read a list of tasks from {tasks} ({type(err).__name__}: {err}); "
+                          "llm-foundry opens it as the trainer is built", "the path of a YAML file with an "
+                          "`icl_tasks:` list (as llm-foundry's scripts/eval/yamls/tasks_v0.3.yaml)")
+            return
+        if not isinstance(tasks, list):
+            yield Problem("icl_tasks", f"{path}: its icl_tasks is not a list of tasks", "icl_tasks: [{label: ..., "
+                          "dataset_uri: ..., icl_task_type: ..., num_fewshot: [0]}, ...]")
+            return
+        where = f"icl_tasks ({path})"
+        for i, task in enumerate(tasks):
+            yield from icl_task(task, f"{where}[{i}]")
+    elif isinstance(tasks, ListConfig):
+        tasks = OmegaConf.to_container(tasks, resolve=True)
+    else:
+        return
+    for i, task in enumerate(tasks):
+        uri = task.get("dataset_uri") if isinstance(task, dict) else None
+        if isinstance(uri, str) and not URI.match(uri) and not Path(os.path.expanduser(uri)).is_file():
+            yield Problem(f"{where}[{i}].dataset_uri", f"{uri} is not a file (llm-foundry reads the task from it as "
+                          "the trainer is built)", "the path of the task's .jsonl file, or a URI (s3://..., hf://...)")
 
 def no_overwrite(cfg, ctx):
     """A run that does not resume must not start over the checkpoints of an earlier run: composer refuses a
@@ -336,7 +373,7 @@ def _sample_length(cfg, folder: Path, sample: int | None):
                       f"with concat_tokens={seq}", WARNING)
 
 
-RULES = [mounts, container, load_path, no_overwrite, tokenizer, vocabulary, data]
+RULES = [mounts, container, load_path, icl_files, no_overwrite, tokenizer, vocabulary, data]
 # Rules that hold whatever node they run on: not softened in a plan.
 EVERYWHERE = {vocabulary}
 
