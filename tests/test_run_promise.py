@@ -210,3 +210,18 @@ def test_continuing_a_run_by_name_with_a_model_of_another_shape_is_refused_befor
     assert not (root / "checkpoints" / "grown").exists()
     assert "load_path" not in run(*grown, "+load_strict_model_weights=false", "plan=true", root=root,
                                   check=True).stderr  # the weights that match: a grown model, as asked
+
+
+def test_a_two_rank_sharded_checkpoint_as_load_path_into_a_model_of_another_shape_is_refused(tmp_path_factory,
+                                                                                             tmp_path):
+    """The same refusal for a sharded checkpoint (a folder of shards, `ep0-ba40/`) of a 2-rank run: its run's
+    record is beside the folder, and the model given here has fewer layers."""
+    src = finished(2, "sharded", tmp_path_factory)
+    [folder] = (src / "checkpoints").iterdir()
+    shards = folder / "ep0-ba40"
+    assert (shards / ".metadata").is_file() and (folder / "identity.json").is_file()
+    line = ["-m", "train", f"load_path={shards}", "+load_weights_only=true", "run_name=smaller"]
+    proc = run(*line, "model.n_layers=1", root=tmp_path, check=2)
+    assert "error: load_path: " in proc.stderr and "model.n_layers=2 there, 1 here" in proc.stderr, proc.stderr
+    assert not (tmp_path / "checkpoints" / "smaller").exists()
+    assert "load_path" not in run(*line, "plan=true", root=tmp_path, check=True).stderr  # the same shape loads
