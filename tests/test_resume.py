@@ -5,7 +5,7 @@ matrix: checkpoint format {sharded, full} x ranks {1, 2}, each with evaluations 
 resumed after (a) SIGKILL right after a checkpoint and (b) the run finished. At one rank there is no FSDP, so
 both formats write the same single `.pt` file per checkpoint (only composer's `latest` link is named after the
 format, and the resume choice reads content, not links): one rank is run with the default format, `sharded`, and
-asserted to write that file; the 1-rank `full` checkpoints are read and exported in test_export.py. Then world-size changes, and the
+asserted to write that file; the 1-rank `full` checkpoints are read and exported in test_export.py. Then world-size changes (sharded 2->4->2 and 2->1, full 2->1), and the
 states an interrupted write leaves on disk. The uninterrupted run of each rank count is the reference. (One
 module for the whole matrix, so its shared reference runs are made once: hence its length.)
 """
@@ -131,6 +131,21 @@ def test_world_size_changes_two_to_four_to_two_and_two_to_one_continue_the_loss(
     assert got["final_train_loss"] == pytest.approx(want[40], rel=1e-5)
 
 
+def test_a_full_checkpoint_of_two_ranks_continues_at_one_rank_with_the_uninterrupted_loss(tmp_path, tmp_path_factory):
+    """The world-size change of the other format: a 2-rank run's full checkpoint (one file, gathered by rank 0),
+    stopped after batch 20, continued by a plain one-process run (no FSDP). Compared as the sharded changes are:
+    the first batch after the resume and the final loss, with the uninterrupted 2-rank run's."""
+    want = {b: loss for b, loss in straight(2, tmp_path_factory)["train_loss"]}
+    folder = _stopped_copy(2, 20, tmp_path, tmp_path_factory, fmt="full")
+    assert (folder / "ep0-ba20-rank0.pt").is_file() and not list(folder.glob("ep0-ba30*"))
+    proc = run(*command(1, "full"), root=tmp_path, check=True)
+    assert "resuming from" in proc.stderr and "ep0-ba20-rank0.pt" in proc.stderr
+    got = newest_metrics(tmp_path)
+    assert got["world_size"] == 1 and got["batches"] == 40
+    assert dict(got["train_loss"])[21] == pytest.approx(want[21], rel=1e-5)
+    assert got["final_train_loss"] == pytest.approx(want[40], rel=1e-5)
+
+
 def _finished_copy(ranks: int, fmt: str, tmp_path: Path, tmp_path_factory) -> tuple[Path, list]:
     """A finished run's checkpoints (10, 20, 30, 40) in a fresh root, and the command that made them. Without its
     finished.json: these tests damage or cut the newest checkpoint as a run stopped before its end leaves it
@@ -142,20 +157,22 @@ def _finished_copy(ranks: int, fmt: str, tmp_path: Path, tmp_path_factory) -> tu
     return save_folder(root), command(ranks, fmt)
 
 
-def _stopped_copy(ranks: int, batch: int, root: Path, tmp_path_factory) -> Path:
-    """The sharded reference run's checkpoints up to `batch` in `root`, as a run stopped right after that
-    checkpoint leaves its folder (the later ones absent, the `latest` link on it, no finished.json): the same
-    files, byte for byte, as the uninterrupted run wrote them there. The kill itself is the matrix's."""
-    src = finished(ranks, "sharded", tmp_path_factory)
+def _stopped_copy(ranks: int, batch: int, root: Path, tmp_path_factory, fmt: str = "sharded") -> Path:
+    """The reference run's checkpoints up to `batch` in `root`, as a run stopped right after that checkpoint
+    leaves its folder (the later ones absent, the `latest` link on it, no finished.json): the same files, byte for
+    byte, as the uninterrupted run wrote them there. The kill itself is the matrix's."""
+    src = finished(ranks, fmt, tmp_path_factory)
     shutil.copytree(src / "checkpoints", root / "checkpoints", symlinks=True)
     folder = save_folder(root)
     (folder / "finished.json").unlink()
     for path in folder.glob("ep0-ba*"):
-        if int(path.name.split(".")[0][len("ep0-ba"):]) > batch:
+        if int(path.name.split(".")[0].split("-rank")[0][len("ep0-ba"):]) > batch:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-    link = folder / "latest-sharded-rank0"
+    [link] = folder.glob("latest-*")
+    # a folder of shards, or rank 0's one file
+    target = next(p for p in (folder / f"ep0-ba{batch}", folder / f"ep0-ba{batch}-rank0.pt") if p.exists())
     link.unlink()
-    link.symlink_to(f"ep0-ba{batch}")
+    link.symlink_to(target.name)
     return folder
 
 
