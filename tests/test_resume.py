@@ -88,6 +88,26 @@ def test_killed_after_a_checkpoint_then_finished_the_same_command_resumes_then_d
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file() and p.name != ".lock"} == before
 
 
+def test_killed_after_a_checkpoint_with_no_evaluation_since_the_last_resumes_to_the_same_run(tmp_path,
+                                                                                             tmp_path_factory):
+    """The matrix's other side of "after an evaluation": evaluations every 20 batches, checkpoints every 10, the
+    2-rank sharded run killed right after its checkpoint at batch 30 (the last evaluation at 20). The same command
+    resumes it: the training equals the uninterrupted run's (evaluating does not change it), and the evaluation
+    history is the one this command asked for, its last one the uninterrupted run's at batch 40."""
+    want = straight(2, tmp_path_factory)
+    cmd = command(2, "sharded", "eval_interval=20ba")
+    kill_after_checkpoint(tmp_path, cmd, batch=30)
+    assert not (save_folder(tmp_path) / "ep0-ba40").exists(), "killed too late"
+    resumed = run(*cmd, root=tmp_path, check=True)
+    said = resumed.stderr + task_log(tmp_path)
+    assert "resuming from" in said and "ep0-ba30" in said
+    got = newest_metrics(tmp_path)
+    assert got["batches"] == 40 and [b for b, _ in got["train_loss"]] == list(range(1, 41))
+    assert got["final_train_loss"] == pytest.approx(want["final_train_loss"], rel=1e-6)
+    assert [b for b, _ in got["eval"]] == [20, 40]
+    assert got["final_eval"] == pytest.approx(want["final_eval"], rel=1e-6)
+
+
 def test_the_same_training_under_another_spelling_and_environment_resumes_the_same_run(tmp_path, tmp_path_factory):
     """Identity: stopped after batch 20 (2-rank sharded, after evaluations); the next command re-spells the
     learning rate (3e-3 as 0.0030), adds an environment variable and another progress interval: the same run,
