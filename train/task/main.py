@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from common.errors import UserError
 from common.signals import leave_to_the_task_in_every_fork
@@ -258,17 +258,31 @@ def _node_local_cwd(fcfg, env: dict) -> None:
     """composer and llm-foundry sync the ranks of a node through signal files in the working directory,
     named alike on every node: in a directory shared by several nodes they collide. Give each node its own,
     after making the config's relative paths absolute."""
-    for key in ("save_folder", "load_path", "variables.data_local",
+    for key in ("save_folder", "load_path", "variables.data_local", "eval_gauntlet",
                 *(f"{loader}.dataset.local" for loader in loader_keys(fcfg)), "tokenizer.name"):
         value = OmegaConf.select(fcfg, key)
-        relative = isinstance(value, str) and "://" not in value and not os.path.isabs(value)
-        if relative and (key != "tokenizer.name" or os.path.exists(value)):  # else a hub name
+        if _relative(value) and (key != "tokenizer.name" or os.path.exists(value)):  # else a hub name
             OmegaConf.update(fcfg, key, os.path.abspath(value))
+    # ICL tasks: a file of them is read here, so that each task's dataset_uri (relative to the working directory,
+    # as llm-foundry opens it) can be made absolute too; llm-foundry reads the same list from the file.
+    tasks = OmegaConf.select(fcfg, "icl_tasks")
+    if isinstance(tasks, str) and "://" not in tasks:
+        tasks = OmegaConf.load(tasks).icl_tasks
+    if isinstance(tasks, ListConfig):
+        for task in tasks:
+            if isinstance(task, DictConfig) and _relative(task.get("dataset_uri")):
+                task.dataset_uri = os.path.abspath(task.dataset_uri)
+        OmegaConf.update(fcfg, "icl_tasks", tasks, merge=False)
     job = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or env["MASTER_PORT"]
     scratch = private_dir(Path(tempfile.gettempdir()) / f"pretrain-{os.getuid()}-{job}-node{env['NODE_RANK']}")
     os.chdir(scratch)
     if env["LOCAL_RANK"] == "0":  # the node's ranks share it; the last to need it removes it
         atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+
+
+def _relative(value) -> bool:
+    """A relative path (not a URI): relative to the working directory the task leaves."""
+    return isinstance(value, str) and "://" not in value and not os.path.isabs(value)
 
 
 # A socket's path holds at most 107 bytes (sun_path). Loader workers hand each batch to their rank over a socket
