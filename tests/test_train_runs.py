@@ -126,10 +126,12 @@ def test_cfg_job_and_help_do_not_import_torch_or_llm_foundry():
         assert "HEAVY []" in out.stdout and answer in out.stdout, out.stdout[-1500:]
 
 
-def test_icl_tasks_named_relative_to_the_working_directory_evaluate_inside_a_job(tmp_path, cli):
-    """A job's task leaves the working directory for a node-local one (ranks of a node sync through files there):
-    a relative icl_tasks file, and the relative dataset_uri in it (llm-foundry opens both from the working
-    directory), failed the job with FileNotFoundError after the queue. Both are made absolute before it leaves."""
+def test_paths_relative_to_the_working_directory_hold_inside_a_job(tmp_path, cli):
+    """A job's task leaves the working directory for a node-local scratch folder (ranks of a node sync through
+    files there), removed at its end. A relative icl_tasks file and the relative dataset_uri in it (llm-foundry opens
+    both from the working directory) failed the job with FileNotFoundError after the queue; the Hugging Face folders
+    of a relative storage.output_root were written into the scratch folder and removed with it, exit 0. All are made
+    absolute before the task leaves."""
     work = tmp_path / "work"
     (work / "tasks").mkdir(parents=True)
     (work / "tasks" / "lm.jsonl").write_text(json.dumps({"context": "the cat sat on the", "continuation": " mat"})
@@ -137,5 +139,8 @@ def test_icl_tasks_named_relative_to_the_working_directory_evaluate_inside_a_job
     (work / "tasks" / "tasks.yaml").write_text("icl_tasks:\n- {label: lm, dataset_uri: tasks/lm.jsonl, "
                                                "icl_task_type: language_modeling, num_fewshot: [0]}\n")
     cli("train", "-m", "max_duration=2ba", "eval_interval=2ba", "save_interval=2ba", "progress_bar=false",
-        "+icl_tasks=tasks/tasks.yaml", cwd=work, check=True)
-    assert "lm/0-shot/InContextLearningLMAccuracy" in metrics(tmp_path)["final_eval"]
+        "+icl_tasks=tasks/tasks.yaml", "export=hf", "storage.output_root=out", cwd=work, check=True)
+    [found] = (work / "out").rglob("metrics.json")
+    assert "lm/0-shot/InContextLearningLMAccuracy" in json.loads(found.read_text())["final_eval"]
+    [exported] = (work / "out").glob("*/huggingface/ba2")
+    assert (exported / "config.json").is_file() and list(exported.glob("*.safetensors"))

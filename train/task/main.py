@@ -259,6 +259,7 @@ def _node_local_cwd(fcfg, env: dict) -> None:
     named alike on every node: in a directory shared by several nodes they collide. Give each node its own,
     after making the config's relative paths absolute."""
     for key in ("save_folder", "load_path", "variables.data_local", "eval_gauntlet",
+                "callbacks.hf_checkpointer.save_folder",  # else the Hugging Face folders go with the scratch folder
                 *(f"{loader}.dataset.local" for loader in loader_keys(fcfg)), "tokenizer.name"):
         value = OmegaConf.select(fcfg, key)
         if _relative(value) and (key != "tokenizer.name" or os.path.exists(value)):  # else a hub name
