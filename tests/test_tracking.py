@@ -196,6 +196,10 @@ def test_every_logger_composes_to_llm_foundry_keys_and_a_tracking_location():
     # no MLFLOW_TRACKING_URI: a file store beside the outputs, not the working directory (a -m task's is removed)
     if "MLFLOW_TRACKING_URI" not in os.environ:
         assert cfg.loggers.mlflow.tracking_uri == f"file://{cfg.storage.output_root}/mlruns"
+        # a relative output root too: `file://out/mlruns` is host `out`, path /mlruns, to MLflow
+        cfg = compose(["logger=mlflow", "storage.output_root=out"])
+        resolve_all(cfg)
+        assert cfg.loggers.mlflow.tracking_uri == f"file://{Path('out').resolve()}/mlruns"
     assert cfg.loggers.mlflow.run_name == cfg.run_name and cfg.loggers.mlflow.resume is True
     cfg = compose(["logger=wandb"])
     resolve_all(cfg)
