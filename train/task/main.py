@@ -258,9 +258,10 @@ def _node_local_cwd(fcfg, env: dict) -> None:
     """composer and llm-foundry sync the ranks of a node through signal files in the working directory,
     named alike on every node: in a directory shared by several nodes they collide. Give each node its own,
     after making the config's relative paths absolute."""
-    for key in ("save_folder", "load_path", "variables.data_local", "eval_gauntlet",
+    for key in ("save_folder", "load_path", "variables.data_local", "variables.data_remote", "eval_gauntlet",
                 "callbacks.hf_checkpointer.save_folder",  # else the Hugging Face folders go with the scratch folder
-                *(f"{loader}.dataset.local" for loader in loader_keys(fcfg)), "tokenizer.name"):
+                *(f"{loader}.dataset.{where}" for loader in loader_keys(fcfg) for where in ("local", "remote")),
+                "tokenizer.name"):
         value = OmegaConf.select(fcfg, key)
         if _relative(value) and (key != "tokenizer.name" or os.path.exists(value)):  # else a hub name
             OmegaConf.update(fcfg, key, os.path.abspath(value))
