@@ -56,6 +56,7 @@ CASES = [
     ("max_duration with a bad unit", ["max_duration=10xx"], "max_duration", "not a duration"),
     ("eval_interval not a duration", ["eval_interval=often"], "eval_interval", "eval_interval=0 (never evaluate)"),
     ("nodes=0", ["cluster.nodes=0"], "cluster.nodes", "positive whole number"),
+    ("code_paths as one string", ["+code_paths=my_code.py"], "code_paths", "is not a list or null"),
     ("tasks_per_node=0", ["cluster=slurm-local", "cluster.tasks_per_node=0"], "cluster.tasks_per_node",
      "positive whole number"),
     ("microbatch 0", ["device_train_microbatch_size=0"], "device_train_microbatch_size", "positive whole number"),
@@ -416,6 +417,15 @@ def test_an_icl_task_llm_foundry_cannot_build_is_named_inline_or_in_its_file(tmp
                      "num_fewshot: [0], num_beams: 4}\n")
     assert icl([f"+icl_tasks={tasks}"]) == [(f"icl_tasks ({tasks})[1].num_beams", ERROR)]
     assert icl([f"+icl_tasks={tmp_path / 'none.yaml'}"]) == [("icl_tasks", ERROR)]
+
+    def gauntlet(path):
+        return [p for p in check(compose([f"+icl_tasks={tasks}", f"+eval_gauntlet={path}"]), Context())
+                if p.key == "eval_gauntlet"]
+
+    [missing] = gauntlet(tmp_path / "g.yaml")  # llm-foundry opens it as a local file
+    assert missing.level == ERROR and "is not a file" in str(missing)
+    (tmp_path / "g.yaml").write_text("eval_gauntlet: {weighting: EQUAL, subtract_random_baseline: true}\n")
+    assert gauntlet(tmp_path / "g.yaml") == []  # a path is what llm-foundry takes as well as the mapping
 
 @pytest.mark.parametrize("override, key, meant", [
     ("+callbacks.speed_monitor.window_sze=10", "callbacks.speed_monitor.window_sze", "window_size"),

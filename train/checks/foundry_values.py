@@ -50,13 +50,17 @@ def _is_a(v, kind: str) -> bool:
     if kind == "dict":
         return isinstance(v, dict) or hasattr(v, "keys")
     if kind == "list":
-        return isinstance(v, (list, tuple)) or (hasattr(v, "__len__") and hasattr(v, "index"))
+        return isinstance(v, (list, tuple)) or (hasattr(v, "__len__") and hasattr(v, "index") and not isinstance(v, str))
     return True
 
 
 _EXAMPLES = {"seed": "seed=17", "eval_first": "eval_first=true", "progress_bar": "progress_bar=true",
              "max_duration": "max_duration=1000ba", "dist_timeout": "dist_timeout=600",
              "python_log_level": "python_log_level=info"}
+
+
+# Keys llm-foundry takes as a value or as the path of a YAML file holding it (config_utils: `icl_tasks_str`).
+_FILE_OR_VALUE = ("icl_tasks", "eval_gauntlet")
 
 
 def train_config_types(cfg, ctx):
@@ -66,6 +70,8 @@ def train_config_types(cfg, ctx):
         if key not in cfg:
             continue
         v = value(cfg, key)
+        if key in _FILE_OR_VALUE and isinstance(v, str):
+            continue  # a file's path: llm-foundry moves it to `<key>_str` before its TrainConfig reads it
         kinds = spec.split("|")
         if any(_is_a(v, k) for k in kinds):
             continue
@@ -458,7 +464,6 @@ def labels(cfg, ctx):
             seen[label] = loader
 
 
-
 def tensor_parallel(cfg, ctx):
     """tp_config: what llm-foundry and composer refuse as they build the model and the trainer, on every rank."""
     tp = value(cfg, "tp_config")
@@ -494,7 +499,6 @@ def tensor_parallel(cfg, ctx):
     elif value(cfg, "fsdp_config.use_orig_params") is False:
         yield Problem("fsdp_config.use_orig_params", "composer's tensor parallelism needs use_orig_params=true (a "
                       "ValueError when the trainer is built)", "fsdp_config.use_orig_params=true, or ~tp_config")
-
 
 
 _ICL_FIX = {"label": "a name for the task's metrics (label: lambada)",

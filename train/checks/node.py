@@ -167,13 +167,17 @@ def load_path(cfg, ctx):
                       "+load_strict_model_weights=false to load the weights that match (a grown model)")
 
 
-
 def icl_files(cfg, ctx):
     """The in-context learning tasks' files, which llm-foundry opens as the trainer is built on every rank: the
-    YAML file `icl_tasks` names (its tasks are then checked as an inline list is: foundry_values.icl_task), and each
-    task's local `dataset_uri`."""
+    YAML file `icl_tasks` names (its tasks are then checked as an inline list is: foundry_values.icl_task), each
+    task's local `dataset_uri`, and the `eval_gauntlet` file."""
     from train.checks.foundry_values import icl_task
 
+    gauntlet = value(cfg, "eval_gauntlet")
+    if isinstance(gauntlet, str) and not Path(os.path.expanduser(gauntlet)).is_file():
+        yield Problem("eval_gauntlet", f"{gauntlet} is not a file (llm-foundry opens it, a local file only, as the "
+                      "trainer is built)", "the path of a YAML file with an `eval_gauntlet:` section (as "
+                      "llm-foundry's scripts/eval/yamls/eval_gauntlet_v0.3.yaml)")
     tasks = value(cfg, "icl_tasks")
     where = "icl_tasks"
     if isinstance(tasks, str):
@@ -203,6 +207,7 @@ def icl_files(cfg, ctx):
         if isinstance(uri, str) and not URI.match(uri) and not Path(os.path.expanduser(uri)).is_file():
             yield Problem(f"{where}[{i}].dataset_uri", f"{uri} is not a file (llm-foundry reads the task from it as "
                           "the trainer is built)", "the path of the task's .jsonl file, or a URI (s3://..., hf://...)")
+
 
 def no_overwrite(cfg, ctx):
     """A run that does not resume must not start over the checkpoints of an earlier run: composer refuses a
