@@ -75,6 +75,10 @@ CASES = [
     (["+model.init_config.init_std=0.02", "plan=true"], "warned", "model.init_config.init_std"),  # kaiming ignores it
     (["+fsdp_config.sharding_strateg=SHARD_GRAD_OP", "plan=true"], "warned", "fsdp_config.sharding_strateg"),
     (["+callbacks.speed_monitor.window_sze=10"], "refused", "callbacks.speed_monitor.window_sze"),  # TypeError
+    (["+icl_tasks=[{label: x, dataset_uri: x.jsonl, icl_task_type: language_modeling, num_fewshot: 0}]"],
+     "refused", "icl_tasks[0].num_fewshot"),  # list(0): a TypeError as the evaluators are built
+    (["-m", "cluster.tasks_per_node=2", "+tp_config.strategy=ffn", "+tp_config.tensor_parallel_degre=2"],
+     "refused", "tp_config.tensor_parallel_degre"),  # TPConfig's TypeError
     (["-m", "hparams_search=mpt_tiny_lr", "eval_loader=null"], "refused", "objective"),  # Optuna's value: none
     (["-m", "--cfg", "job"], "refused", "-m --cfg"),  # Hydra's ValueError, with a traceback
     # one value listed twice: was refused as two points writing one save_folder, the fix naming save_folder
