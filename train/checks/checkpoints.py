@@ -225,6 +225,7 @@ MPT_SHAPE_DEFAULTS = {"model.d_model": 2048, "model.n_layers": 24, "model.vocab_
                       "model.tie_word_embeddings": True, "model.ffn_config.ffn_type": "mptmlp",
                       "model.attn_config.attn_type": "multihead_attention", "model.attn_config.qk_ln": False,
                       "model.attn_config.qk_gn": False, "model.attn_config.fused_qkv": True}
+_UNSET = object()  # a key neither named nor defaulted: not compared
 
 
 def other_shape(theirs: dict, ours: dict) -> str:
@@ -240,9 +241,6 @@ def other_shape(theirs: dict, ours: dict) -> str:
         if there is not _UNSET and here is not _UNSET and there != here:
             changed.append(f"{k}={there!r} there, {here!r} here")
     return "; ".join(changed)
-
-
-_UNSET = object()
 
 
 def continued_run(cfg, ctx):

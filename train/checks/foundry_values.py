@@ -50,7 +50,7 @@ def _is_a(v, kind: str) -> bool:
     if kind == "dict":
         return isinstance(v, dict) or hasattr(v, "keys")
     if kind == "list":
-        return isinstance(v, (list, tuple)) or (hasattr(v, "__len__") and hasattr(v, "index") and not isinstance(v, str))
+        return not isinstance(v, str) and hasattr(v, "__len__") and hasattr(v, "index")  # list, tuple, ListConfig
     return True
 
 
