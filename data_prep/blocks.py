@@ -143,7 +143,9 @@ def check_out_root(settings: Settings, plan: dict) -> None:
                 raise DataPrepError("out_root", f"{split_dir} holds another dataset made with different settings: "
                                     + "; ".join(diffs),
                                     "choose a new out_root (or split), or delete that folder to start over")
-        elif any(p.name != LOCK_FOLDER for p in split_dir.iterdir()):  # a run that locked, not yet planned
+        # a run that locked, not yet planned; or another part of this run writing the plan this instant (its
+        # temporary file, common.files.temp_name): seen as "files data_prep did not write" by a Slurm array's part
+        elif any(p.name != LOCK_FOLDER and not p.name.startswith(f".{PLAN_FILE}.tmp-") for p in split_dir.iterdir()):
             what = "an MDS dataset" if (split_dir / "index.json").exists() else "files"
             raise DataPrepError("out_root", f"{split_dir} already holds {what} that data_prep did not write",
                                 "choose a new out_root (or split), or empty that folder")

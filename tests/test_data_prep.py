@@ -268,6 +268,24 @@ def test_slimpajama_zst_is_read_in_one_pass(tmp_path):
     assert np.array_equal(samples, expected_samples([reference_tokens(docs)]))
 
 
+def test_a_part_that_finds_another_part_writing_the_plan_goes_on(tmp_path):
+    """Parts of a Slurm array start together: one part found the plan's temporary file that another was writing
+    that instant (a file not yet renamed to data_prep_plan.json) and refused the folder as holding "files that
+    data_prep did not write" (seen in a full run: a part FAILED, the array incomplete). Another file still is."""
+    need_shared()
+    split = tmp_path / "out" / "train"
+    split.mkdir(parents=True)
+    (split / ".data_prep_plan.json.tmp-othernode-4242").write_text("{")
+    args = ["dataset=c4", f"input={C4_FIRST}", f"out_root={tmp_path / 'out'}", "progress=false"]
+    prep(*args)
+    assert (split / "index.json").is_file()
+    other = tmp_path / "other" / "train"
+    other.mkdir(parents=True)
+    (other / "notes.txt").write_text("mine")
+    proc = prep("dataset=c4", f"input={C4_FIRST}", f"out_root={tmp_path / 'other'}", check=False)
+    assert proc.returncode == 2 and "data_prep did not write" in proc.stderr
+
+
 def _snapshot(folder: Path) -> list[str]:
     return sorted(str(p) for p in folder.rglob("*"))
 
