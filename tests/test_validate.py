@@ -417,6 +417,9 @@ def test_an_icl_task_llm_foundry_cannot_build_is_named_inline_or_in_its_file(tmp
                      "num_fewshot: [0], num_beams: 4}\n")
     assert icl([f"+icl_tasks={tasks}"]) == [(f"icl_tasks ({tasks})[1].num_beams", ERROR)]
     assert icl([f"+icl_tasks={tmp_path / 'none.yaml'}"]) == [("icl_tasks", ERROR)]
+    # llm-foundry opens a string icl_tasks with open(): a URI there fails as the trainer is built
+    [uri] = [p for p in check(compose(["+icl_tasks=s3://bucket/tasks.yaml"]), Context()) if p.key == "icl_tasks"]
+    assert uri.level == ERROR and "open()" in str(uri)
 
     def gauntlet(path):
         return [p for p in check(compose([f"+icl_tasks={tasks}", f"+eval_gauntlet={path}"]), Context())

@@ -181,7 +181,11 @@ def icl_files(cfg, ctx):
     tasks = value(cfg, "icl_tasks")
     where = "icl_tasks"
     if isinstance(tasks, str):
-        if URI.match(tasks):
+        if URI.match(tasks):  # a task's dataset_uri may be remote; the file of tasks is opened with open()
+            yield Problem("icl_tasks", f"{tasks} is a URI; llm-foundry opens the file of tasks with open() as the "
+                          "trainer is built (a local file only, as eval_gauntlet's)", "download it and give its "
+                          "local path, or list the tasks inline: icl_tasks=[{label: ..., dataset_uri: s3://..., "
+                          "icl_task_type: ..., num_fewshot: [0]}]")
             return
         path = Path(os.path.expanduser(tasks))
         try:
