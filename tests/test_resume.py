@@ -5,7 +5,7 @@ matrix: checkpoint format {sharded, full} x ranks {1, 2}, each with evaluations 
 resumed after (a) SIGKILL right after a checkpoint and (b) the run finished. At one rank there is no FSDP, so
 both formats write the same single `.pt` file per checkpoint (only composer's `latest` link is named after the
 format, and the resume choice reads content, not links): one rank is run with the default format, `sharded`, and
-asserted to write that file; the 1-rank `full` checkpoints are read and exported in test_export.py. Then world-size changes (sharded 2->4->2 and 2->1, full 2->1), and the
+asserted to write that file; the 1-rank `full` checkpoints are read and exported in test_export.py. Then world-size changes (sharded 2->4->2 and 2->1, full 2->4->1), and the
 states an interrupted write leaves on disk. The uninterrupted run of each rank count is the reference. (One
 module for the whole matrix, so its shared reference runs are made once: hence its length.)
 """
@@ -151,18 +151,24 @@ def test_world_size_changes_two_to_four_to_two_and_two_to_one_continue_the_loss(
     assert got["final_train_loss"] == pytest.approx(want[40], rel=1e-5)
 
 
-def test_a_full_checkpoint_of_two_ranks_continues_at_one_rank_with_the_uninterrupted_loss(tmp_path, tmp_path_factory):
-    """The world-size change of the other format: a 2-rank run's full checkpoint (one file, gathered by rank 0),
-    stopped after batch 20, continued by a plain one-process run (no FSDP). Compared as the sharded changes are:
-    the first batch after the resume and the final loss, with the uninterrupted 2-rank run's."""
+def test_a_full_checkpoint_continues_from_two_ranks_at_four_then_at_one_with_the_uninterrupted_loss(
+        tmp_path, tmp_path_factory):
+    """The world-size changes of the other format: a 2-rank run's full checkpoint (one file, gathered by rank 0),
+    stopped after batch 20, continued at 4 ranks (each loads rank 0's file and takes its shards) and killed after
+    batch 30, then finished by a plain one-process run (no FSDP). Compared as the sharded changes are: the first
+    batch after each resume and the final loss, with the uninterrupted 2-rank run's."""
     want = {b: loss for b, loss in straight(2, tmp_path_factory)["train_loss"]}
     folder = _stopped_copy(2, 20, tmp_path, tmp_path_factory, fmt="full")
     assert (folder / "ep0-ba20-rank0.pt").is_file() and not list(folder.glob("ep0-ba30*"))
+    kill_after_checkpoint(tmp_path, command(4, "full", "device_train_microbatch_size=4"), batch=30)
+    assert (folder / "ep0-ba30-rank0.pt").is_file()  # rank 0's one file, whatever the world size
     proc = run(*command(1, "full"), root=tmp_path, check=True)
-    assert "resuming from" in proc.stderr and "ep0-ba20-rank0.pt" in proc.stderr
+    assert "resuming from" in proc.stderr and "ep0-ba30-rank0.pt" in proc.stderr
     got = newest_metrics(tmp_path)
     assert got["world_size"] == 1 and got["batches"] == 40
-    assert dict(got["train_loss"])[21] == pytest.approx(want[21], rel=1e-5)
+    losses = dict(got["train_loss"])  # the history came through the checkpoints: 21-30 are the 4-rank attempt's
+    assert losses[21] == pytest.approx(want[21], rel=1e-5)  # first batch at 4 ranks
+    assert losses[31] == pytest.approx(want[31], rel=1e-5)  # first batch at one rank
     assert got["final_train_loss"] == pytest.approx(want[40], rel=1e-5)
 
 
