@@ -144,3 +144,37 @@ def test_paths_relative_to_the_working_directory_hold_inside_a_job(tmp_path, cli
     assert "lm/0-shot/InContextLearningLMAccuracy" in json.loads(found.read_text())["final_eval"]
     [exported] = (work / "out").glob("*/huggingface/ba2")
     assert (exported / "config.json").is_file() and list(exported.glob("*.safetensors"))
+
+
+def test_every_relative_path_of_the_config_is_absolute_before_the_task_leaves_the_working_directory(
+        tmp_path, monkeypatch):
+    """The key list behind the job above, key by key (the job covers two of them end to end): each relative path a
+    config holds is made absolute against the working directory the command ran in; URIs, absolute paths and a hub
+    tokenizer name stay as they are."""
+    from omegaconf import OmegaConf
+
+    from train.task.main import _node_local_cwd
+
+    work = tmp_path / "work"
+    (work / "tok").mkdir(parents=True)
+    (tmp_path / "scratch").mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "scratch"))
+    monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
+    rel = {"save_folder": "ckpt", "load_path": "old/ep0-ba10-rank0.pt", "variables.data_local": "data",
+           "variables.data_remote": "mirror", "eval_gauntlet": "g.yaml",
+           "callbacks.hf_checkpointer.save_folder": "out/hf", "train_loader.dataset.local": "cache/train",
+           "train_loader.dataset.remote": "mds/c4", "eval_loader.dataset.local": "cache/val",
+           "eval_loader.dataset.remote": "mds/c4-val", "tokenizer.name": "tok"}
+    kept = {"tokenizer.name": "EleutherAI/gpt-neox-20b", "train_loader.dataset.remote": "s3://bucket/c4",
+            "eval_loader.dataset.remote": str(tmp_path / "val")}
+    for values, expect in ((rel, {k: str(work / v) for k, v in rel.items()}), (kept, kept)):
+        cfg = OmegaConf.create({})
+        for key, val in values.items():
+            OmegaConf.update(cfg, key, val, force_add=True)
+        OmegaConf.update(cfg, "eval_loader.name", "text", force_add=True)
+        OmegaConf.update(cfg, "train_loader.name", "text", force_add=True)
+        monkeypatch.chdir(work)
+        _node_local_cwd(cfg, {"MASTER_PORT": "29500", "NODE_RANK": "0", "LOCAL_RANK": "1"})
+        assert {k: OmegaConf.select(cfg, k) for k in values} == expect
+        assert Path.cwd().parent == tmp_path / "scratch"  # left for the node's own folder
