@@ -187,6 +187,10 @@ def test_plan_shows_the_exported_models_size(tmp_path, cli):
     assert gpu["export"] == "hf" and gpu["export_precision"] == "bfloat16"
     assert gpu["export_bytes"] == 2 * gpu["params"]
     assert gpu["export_folder"].endswith(f"/outputs/{gpu['run_name']}/huggingface/ba{{B}}")
+    # hf_checkpointer's own keys set directly: the folder it writes, not export.folder's
+    moved = plan("export=hf", "callbacks.hf_checkpointer.save_folder=/data/hf",
+                 'callbacks.hf_checkpointer.huggingface_folder_name="step{batch}"')
+    assert moved["export_folder"] == "/data/hf/huggingface/step{B}"
     cpu = plan("export=hf")
     assert cpu["export_precision"] == "float32" and cpu["export_bytes"] == 4 * cpu["params"]
     none = plan()

@@ -188,6 +188,14 @@ def _preflight(cfg, nodes: int, tasks: int) -> dict:
 EXPORT_BYTES_PER_PARAM = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+def _hf_folder(cfg) -> str:
+    """Where hf_checkpointer writes, from its own keys (a command line may set them directly, past export.*):
+    <save_folder>/huggingface/<huggingface_folder_name>, its {batch} shown as {B}."""
+    folder = value(cfg, "callbacks.hf_checkpointer.save_folder") or value(cfg, "export.folder")
+    name = value(cfg, "callbacks.hf_checkpointer.huggingface_folder_name") or "ba{batch}"
+    return f"{folder}/huggingface/{str(name).replace('{batch}', '{B}')}"
+
+
 def _export(cfg, params: int) -> dict:
     """The Hugging Face folder's weights on disk: export=hf at its precision; otherwise what `python -m
     train.export` writes by default (float32). Tied embeddings are stored once, as counted in params."""
@@ -195,5 +203,5 @@ def _export(cfg, params: int) -> dict:
     precision = value(cfg, "export.precision") if hf else "float32"
     per_param = EXPORT_BYTES_PER_PARAM.get(precision)
     return {"export": "hf" if hf else "none", "export_precision": precision,
-            "export_folder": f"{value(cfg, 'export.folder')}/huggingface/ba{{B}}" if hf else None,
+            "export_folder": _hf_folder(cfg) if hf else None,
             "export_bytes": per_param * params if per_param else None}
