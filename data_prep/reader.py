@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import zlib
 from typing import BinaryIO, Iterator
 
@@ -23,11 +24,40 @@ def _open_stream(path: str, codec: str, raw: BinaryIO) -> BinaryIO:
     if codec == "gzip":
         return gzip.GzipFile(fileobj=raw, mode="rb")
     if codec == "zstd":
+        return _ZstdFrames(raw)
+    return raw
+
+
+class _ZstdFrames:
+    """The frames of a .zst file (SlimPajama's may hold several) as one stream, like zstandard's stream_reader
+    with read_across_frames, which ends quietly where a frame is cut short: a partly downloaded file lost its
+    tail's documents without a word. A frame unfinished at the end of the file is an EOFError here, as gzip's."""
+
+    def __init__(self, raw: BinaryIO):
         import zstandard
 
-        # SlimPajama's .jsonl.zst may hold several frames; read them all as one stream.
-        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-    return raw
+        self._raw, self._new = raw, zstandard.ZstdDecompressor().decompressobj
+        self._frame = None  # the frame being decompressed; None between frames
+        self._out, self._pos = b"", 0
+
+    def read(self, size: int) -> bytes:
+        while self._pos >= len(self._out):
+            data = self._raw.read(1 << 20)
+            if not data:
+                if self._frame is not None:
+                    raise EOFError("the file ends inside a zstd frame (cut short)")
+                return b""
+            out = []
+            while data:
+                self._frame = self._frame or self._new()
+                out.append(self._frame.decompress(data))
+                data = self._frame.unused_data if self._frame.eof else b""
+                if self._frame.eof:
+                    self._frame = None
+            self._out, self._pos = b"".join(out), 0
+        piece = self._out[self._pos:self._pos + size]
+        self._pos += len(piece)
+        return piece
 
 
 class BlockReader:
@@ -46,6 +76,9 @@ class BlockReader:
         try:
             path = open_local(Source(block.path, 0, 0, block.codec))
             with open(path, "rb", buffering=0) as raw:
+                if block.codec != "plain" and os.fstat(raw.fileno()).st_size == 0:
+                    # no compressor writes 0 bytes (an empty gzip is 20); a download that failed does
+                    raise EOFError(f"0 bytes: not a {block.codec} file")
                 if block.codec != "plain":
                     yield from self._whole(_open_stream(path, block.codec, io.BufferedReader(raw, 1 << 20)), raw)
                 else:

@@ -251,17 +251,23 @@ def test_an_empty_newest_file_beside_a_link_to_the_previous_resumes_from_the_pre
 
 def test_a_complete_checkpoint_newer_than_the_link_is_used(tmp_path, tmp_path_factory):
     """2-rank sharded: killed after the newest checkpoint's files, before the link moved to it. The rerun finds
-    the final checkpoint by content: nothing to do, nothing written."""
+    that checkpoint by content, not by the link. It is the final one and the run never reached its end (no
+    finished.json: its end-of-fit work never ran), so it is set aside and the last batches are trained again from
+    the one before (with its finished.json, the final checkpoint is resumed from and there is nothing to do:
+    test_a_checkpoint_without_its_manifest_resumes_on_its_structure_and_gets_one)."""
     folder, cmd = _finished_copy(2, "sharded", tmp_path, tmp_path_factory)
     link = folder / "latest-sharded-rank0"
     link.unlink()
     link.symlink_to("ep0-ba30")
-    before = _files(folder)
+    older = _files(folder, "ep0-ba40")
     root = folder.parents[1]
 
     run(*cmd, root=root, check=True)
-    assert "nothing to do" in task_log(root)
-    assert _files(folder) == before
+    log = task_log(root)
+    assert "ep0-ba40 cannot be resumed from: it is the final one (batch 40)" in log
+    assert "resuming from " + str(folder / "ep0-ba30") in log
+    assert _files(folder, "ep0-ba40") == older
+    assert_same_run(newest_metrics(root), straight(2, tmp_path_factory))
 
 
 def test_consolidate_a_sharded_checkpoint_into_one_file_that_load_path_continues(tmp_path, tmp_path_factory):
@@ -440,6 +446,8 @@ def test_a_checkpoint_without_its_manifest_resumes_on_its_structure_and_gets_one
     folder written before manifests existed: the checkpoint is complete by its structure, so the run resumes from
     it (here: the final one, nothing to do) instead of losing it, and writes its manifest."""
     folder, cmd = _finished_copy(1, "sharded", tmp_path, tmp_path_factory)
+    done = save_folder(finished(1, "sharded", tmp_path_factory)) / "finished.json"
+    shutil.copy(done, folder)  # the run reached its end: its final checkpoint is resumed from (nothing to do)
     manifest = folder / "ep0-ba40-rank0.pt.manifest.json"
     written = manifest.read_text()
     manifest.unlink()
@@ -450,6 +458,7 @@ def test_a_checkpoint_without_its_manifest_resumes_on_its_structure_and_gets_one
     assert json.loads(manifest.read_text())["files"] == json.loads(written)["files"]  # the same hashes again
 
     older, _ = _finished_copy(1, "sharded", tmp_path / "older", tmp_path_factory)
+    shutil.copy(done, older)
     for made in [*older.glob("*.manifest.json"), older / "identity.json"]:
         made.unlink()
     again = run(*cmd, root=older.parents[1], check=True)

@@ -39,6 +39,41 @@ def test_the_reported_evaluation_is_the_last_one(tmp_path, cli):
     assert f"'eval/LanguageCrossEntropy': {got['final_eval']['eval/LanguageCrossEntropy']}" in proc.stdout
 
 
+def test_a_kill_during_the_final_evaluation_is_followed_by_a_rerun_that_reports_the_final_evaluation(tmp_path):
+    """max_duration=20ba, eval_interval=15ba: composer writes the final checkpoint (batch 20), then metrics.json at
+    FIT_END, then evaluates at 20. Killed in that evaluation (as soon as metrics.json appears; batch size 1 over
+    the whole validation split makes it last), the same command again found the final checkpoint, had nothing to
+    train, and reported the evaluation at 15 as the final one, exit 0. It now sets that checkpoint aside, trains
+    batches 11-20 again from the one before, and evaluates at the end."""
+    args = ["-m", "train", "max_duration=20ba", "eval_interval=15ba", "save_interval=10ba",
+            "device_eval_batch_size=1", "eval_subset_num_batches=-1", "progress_bar=false"]
+    proc = subprocess.Popen([str(PYTHON), *args], cwd=ROOT, env=command_env(tmp_path), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not list((tmp_path / "outputs").rglob("metrics.json")):
+        assert proc.poll() is None and time.time() < deadline, "the run ended before its final evaluation"
+        time.sleep(0.02)
+    os.killpg(proc.pid, 9)
+    proc.wait()
+    [folder] = (tmp_path / "checkpoints").iterdir()
+    assert (folder / "ep0-ba20-rank0.pt").is_file() and not (folder / "finished.json").exists()
+    assert [b for b, _ in metrics(tmp_path)["eval"]] == [15]  # killed in the evaluation at 20
+
+    again = run(*args, root=tmp_path, check=True)
+    assert "nothing to do" not in again.stderr
+    assert "ep0-ba20-rank0.pt cannot be resumed from: it is the final one (batch 20) of a run that stopped " \
+        "before its end" in again.stderr
+    assert f"resuming from {folder / 'ep0-ba10-rank0.pt'}" in again.stderr
+    got = metrics(tmp_path)
+    assert got["batches"] == 20 and [b for b, _ in got["eval"]] == [15, 20]
+    assert got["final_eval"] == got["eval"][-1][1]
+    assert f"'eval/LanguageCrossEntropy': {got['final_eval']['eval/LanguageCrossEntropy']}" in again.stdout
+    assert (folder / "finished.json").is_file() and [p.name.split(".")[0] for p in (folder / "set-aside").iterdir()
+                                                     if not p.name.endswith(".json")] == ["ep0-ba20-rank0"]
+    # and once finished, the same command has nothing to do
+    assert "nothing to do" in run(*args, root=tmp_path, check=True).stderr
+
+
 def test_with_several_evaluators_each_ones_last_evaluation_is_reported(tmp_path, cli):
     """llm-foundry's eval_loaders (two labelled evaluators; b shuffles, so their numbers differ): composer ends an
     evaluation once per evaluator. The history holds each evaluator once per evaluation, never the other's

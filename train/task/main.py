@@ -157,18 +157,25 @@ def _choose_resume_point(cfg, fcfg) -> None:
                    ("verify", ckpt, manifest)]
         dist.broadcast_object_list(box)
         kind = box[0][0]
-        if kind in ("none", "unhashed"):
-            chosen = box[0][1] if kind == "unhashed" else None
+        if kind == "none":
             break
+        ckpt = box[0][1]
         if kind == "verify":
-            ckpt, manifest = box[0][1], box[0][2]
-            whys = [w for w in dist.all_gather_object(integrity.share_differs(ckpt.path, manifest, world, rank)) if w]
-            if not whys:
-                chosen = ckpt
-                break
-            rejected.append((ckpt.path, whys[0]))
-            if rank == 0:
-                resume.set_aside(ckpt, whys[0])
+            whys = [w for w in dist.all_gather_object(integrity.share_differs(ckpt.path, box[0][2], world, rank))
+                    if w]
+            if whys:
+                rejected.append((ckpt.path, whys[0]))
+                if rank == 0:
+                    resume.set_aside(ckpt, whys[0])
+                continue
+        redo = [_end_not_reached(ckpt, fcfg) if rank == 0 else None]
+        dist.broadcast_object_list(redo)
+        if not redo[0]:
+            chosen = ckpt
+            break
+        if rank == 0:  # every format of that batch (a consolidated file beside its shards), or it is chosen next
+            for same in [c for c in resume.find(folder) if c.batch == ckpt.batch]:
+                resume.set_aside(same, redo[0])
     if rejected and chosen is None:
         raise integrity.RunStopped("save_folder", f"no checkpoint in {folder} matches its manifest: " + "; ".join(
             f"{p.name}: {why}" for p, why in rejected) + f" (set aside in {Path(folder) / resume.SET_ASIDE}, "
@@ -205,6 +212,32 @@ def _choose_resume_point(cfg, fcfg) -> None:
         log.info("resuming from %s", path)
     if ours:
         fcfg.autoresume = False  # the choice is made; composer must not follow a stale link instead
+
+
+def _end_not_reached(ckpt, fcfg) -> str | None:
+    """Why the run must not resume from `ckpt`, its final checkpoint, though the file is sound: the run stopped
+    after it and before its end (no finished.json for this max_duration). composer writes the final checkpoint
+    before what comes at the end of fit: the evaluation at the last batch when max_duration is not a multiple of
+    eval_interval, the Hugging Face export, metrics.json and the trackers' last numbers. Resuming from it would
+    find nothing to train and report the evaluation before as the final one, exit 0. The batches since the
+    checkpoint before are trained again instead (at most save_interval). None: resume from it."""
+    import re
+
+    from train.checkpoint import resume
+    from train.launch import finished
+
+    whole = re.fullmatch(r"(\d+)ba", str(fcfg.get("max_duration")).strip())
+    if not whole or ckpt.batch < int(whole[1]) or finished.read(fcfg):
+        return None  # not the final one (a unit other than batches is not compared), or the run did finish
+    if not any(c.batch < ckpt.batch and resume.problem(c) is None for c in resume.find(ckpt.path.parent)):
+        log.warning("the run stopped after its final checkpoint %s and before its end (no %s): its final "
+                    "evaluation, export and report may be missing, and no earlier checkpoint is left to train its "
+                    "last batches again from; the numbers printed are those of the last evaluation it recorded",
+                    ckpt.path, finished.FILE)
+        return None
+    return (f"it is the final one (batch {ckpt.batch}) of a run that stopped before its end (no {finished.FILE}): "
+            "what comes after it (the evaluation at the end, the export, the report) never ran, and resuming from "
+            "it would skip them; the last batches are trained again from the checkpoint before")
 
 
 def _model_choice() -> str | None:
