@@ -63,8 +63,8 @@ def _check_line(line: bytes) -> tuple[str | None, str]:
         return None, f"missing {_TEXT_KEY!r} field (has {fields or 'no fields'})"
     if not isinstance(text, str):
         return None, f"{_TEXT_KEY!r} is not a string"
-    if not text or text.isspace():
-        return None, "empty document"
+    # an empty or blank document is encoded as llm-foundry's converter encodes it (its bos/eos alone, or the
+    # spaces' ids): dropping it shifted every later sample (SlimPajama's sample holds one "\n" document)
     if b"\\ud" in line or b"\\uD" in line:
         # JSON may escape half a surrogate pair, which is not text and which the tokenizer cannot take.
         try:
