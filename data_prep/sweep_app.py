@@ -3,12 +3,15 @@
 as processes here (the default, data_prep_local). Resources come from `hydra.launcher.*` (data_prep has no
 cluster group). The output does not depend on how the parts ran: the last part to finish merges.
 """
+import logging
 import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.pretrain_launcher.contract import Resources, SweepApp, params_resources
+
+log = logging.getLogger(__name__)
 
 
 class DataPrepApp(SweepApp):
@@ -25,17 +28,25 @@ class DataPrepApp(SweepApp):
         from data_prep.errors import DataPrepError
         from data_prep.settings import settings_from
 
-        out, problems = [], []
+        out, problems, parts = [], [], {}
         for overrides, cfg in sweep_points(launcher.hydra_context.config_loader, launcher.config,
                                            launcher.config.hydra.sweep.dir, job_overrides, first):
             OmegaConf.resolve(cfg)
             try:
-                settings_from(cfg)
+                s = settings_from(cfg)
+                parts.setdefault((str(s.split_dir), s.num_parts), set()).add(s.part)
             except DataPrepError as err:
                 problems += [p.at_point(first + len(out)) for p in err.problems]
             out.append((overrides, cfg))
         if problems:
             raise DataPrepError(problems=problems)
+        for (split_dir, num_parts), ran in parts.items():
+            left = sorted(set(range(num_parts)) - ran) if None not in ran else []
+            if left:  # legal (another sweep may run them), but this one cannot merge the dataset
+                log.warning(f"data_prep: warning: part: this sweep runs part {', '.join(map(str, sorted(ran)))} of "
+                            f"num_parts={num_parts} for {split_dir}; part {', '.join(map(str, left))} not: the "
+                            f"dataset is merged only once every part has run (part=range(0,{num_parts}), or the same "
+                            "command without -m afterwards, which writes what is missing and merges)")
         return out
 
     def resources(self, cfg: DictConfig, params) -> Resources:
@@ -76,8 +87,13 @@ class DataPrepApp(SweepApp):
             split_dir = Path(done[0]["dataset"])
             if not missing_blocks(split_dir):
                 print_summary(json.loads((split_dir / SUMMARY_FILE).read_text()))
-        elif all(row["state"] == "COMPLETED" for row in rows):
-            print("data_prep: every part finished but none merged: run the same command without -m to merge",
+                return False
+        if all(row["state"] == "COMPLETED" for row in rows):
+            # the parts ran, yet no dataset: parts of num_parts were not in this sweep (warned at submission)
+            print("data_prep: the sweep's parts finished, but the dataset is not merged: some of its blocks were "
+                  "not written (parts of num_parts that were not in this sweep; see `python -m data_prep.status`). "
+                  "Run those parts, or the same command without -m (it writes what is missing, then merges)",
                   file=sys.stderr)
+            return True  # no dataset: not exit 0
         return False
 

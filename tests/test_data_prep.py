@@ -146,6 +146,21 @@ def test_parts_dispatched_with_submitit_then_merged_equal_a_single_part(tmp_path
     assert tree(parallel / "train") == tree(single / "train")  # byte for byte, merged index included
 
 
+def test_a_sweep_of_some_of_the_parts_says_so_and_does_not_end_as_if_the_dataset_were_made(tmp_path):
+    """`-m part=0` of num_parts=2: legal (the other part may run in another sweep), warned at submission; at its
+    end no dataset exists, which it said as "every part finished", exit 0. Then the same command without -m
+    writes the missing part and merges, byte for byte as a single run."""
+    single, some = tmp_path / "single", tmp_path / "some"
+    prep("dataset=c4", f"input={C4}", f"out_root={single}", "num_parts=1", "progress=false")
+    proc = prep("dataset=c4", f"input={C4}", f"out_root={some}", "num_parts=2", "progress=false", "-m", "part=0",
+                check=False)
+    assert "this sweep runs part 0 of num_parts=2" in proc.stderr and "part 1 not" in proc.stderr
+    assert proc.returncode != 0 and "the dataset is not merged" in proc.stderr
+    assert "every part finished" not in proc.stderr and not (some / "train" / "index.json").exists()
+    prep("dataset=c4", f"input={C4}", f"out_root={some}", "num_parts=2", "progress=false")
+    assert tree(some / "train") == tree(single / "train")
+
+
 @pytest.mark.torch  # reads the shards back with streaming's reader
 def test_byte_ranges_of_one_plain_file_lose_and_repeat_no_line(tmp_path):
     big = tmp_path / "in" / "docs.jsonl"
