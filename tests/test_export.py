@@ -194,6 +194,10 @@ def test_the_default_run_exports_samples_and_generates_with_plain_transformers(t
     assert folder.startswith(str(tmp_path / "lustre" / "outputs" / name))
     sample = cli("train.sample", name, "The weather today is", "--max-new-tokens=8", storage, root=elsewhere, check=True, env=OFFLINE)
     assert sample.stdout.startswith("The weather today is")
+    [data] = (tmp_path / "lustre" / "datasets").iterdir()  # the mock data the run trained on
+    scored = cli("train.evaluate", name, f"--data={data}", "--batches=1", storage, root=elsewhere, check=True,
+                 env=OFFLINE)
+    assert scored.stdout.startswith("cross-entropy ") and f"\nmodel {folder}\n" in scored.stdout  # what was scored
     code = ("import sys\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
             "t = AutoTokenizer.from_pretrained(sys.argv[1])\n"
             "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)\n"
@@ -203,6 +207,27 @@ def test_the_default_run_exports_samples_and_generates_with_plain_transformers(t
                          env={**os.environ, **OFFLINE})
     assert gen.returncode == 0, gen.stderr[-3000:]
     assert int(gen.stdout.strip().splitlines()[-1]) == len(b"The weather today is") + 5
+
+
+def test_a_run_named_whose_newest_export_is_older_than_its_checkpoints_is_warned(tmp_path, caplog):
+    """`train.evaluate <run>` / `train.sample <run>` take the run's newest export: after the run trained on past
+    it (continued to a longer max_duration without export=hf), that is older weights than the run's, which
+    scored without a word. Named by its folder, the folder is what is meant: nothing to warn."""
+    from train.hf_model import find_folder
+
+    export = tmp_path / "outputs" / "r" / "huggingface" / "ba40"
+    export.mkdir(parents=True)
+    (export / "config.json").write_text("{}")
+    (tmp_path / "checkpoints" / "r").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "r" / "ep0-ba40-rank0.pt").write_bytes(b"")
+    assert find_folder("r", tmp_path / "outputs", tmp_path / "checkpoints") == export and not caplog.records
+    (tmp_path / "checkpoints" / "r" / "ep0-ba60-rank0.pt").write_bytes(b"")
+    assert find_folder("r", tmp_path / "outputs", tmp_path / "checkpoints") == export
+    [warned] = caplog.records
+    assert "newest export, of batch 40; the run trained on to batch 60" in warned.getMessage()
+    assert "python -m train.export r" in warned.getMessage()
+    caplog.clear()
+    assert find_folder(str(export), tmp_path / "outputs", tmp_path / "checkpoints") == export and not caplog.records
 
 
 def test_status_and_export_look_on_the_storage_the_training_command_named(tmp_path):

@@ -106,17 +106,18 @@ def main(argv=None) -> int:
             raise UserError(problems=problems)
         from train import hf_model
 
-        folder = hf_model.find_folder(args.model, roots(storage)[1])
+        folder = hf_model.find_folder(args.model, *reversed(roots(storage)))
         if args.icl_tasks:
             result = icl(folder, args.icl_tasks.resolve(), args.icl_type, args.max_seq_len or _model_seq(folder),
                          args.batch_size, args.fewshot, args.icl_delimiter)
-            text = "\n".join(f"{k} {v:.4f}" for k, v in result.items())
+            text = "\n".join(f"{k} {v:.4f}" for k, v in result.items()) + f"\nmodel {folder}"
         else:
             model, tokenizer = hf_model.load(folder)
             result = cross_entropy(model, tokenizer, args.data.resolve(), args.split,
                                    args.max_seq_len or model.config.max_seq_len, args.batch_size, args.batches)
             text = (f"cross-entropy {result['cross_entropy']:.4f}  perplexity {result['perplexity']:.2f}  "
-                    f"({result['samples']} samples, {result['tokens']:,} tokens of {result['data']})")
+                    f"({result['samples']} samples, {result['tokens']:,} tokens of {result['data']})\n"
+                    f"model {folder}")
     except UserError as err:
         print(err, file=sys.stderr)
         return 2

@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     try:
         from train import hf_model
 
-        folder = hf_model.find_folder(args.model, roots(storage)[1])
+        folder = hf_model.find_folder(args.model, *reversed(roots(storage)))
         log.info("sampling from %s", folder)
         model, tokenizer = hf_model.load(folder)
     except UserError as err:
