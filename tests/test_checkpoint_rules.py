@@ -48,6 +48,15 @@ def test_keeping_one_checkpoint_is_warned_it_leaves_none_to_fall_back_to():
     assert not keyed(found(["checkpoint=none", "save_num_checkpoints_to_keep=1"]), "save_num_checkpoints_to_keep")
 
 
+def test_weights_only_checkpoints_that_a_restart_cannot_resume_from_are_refused():
+    """`+save_weights_only=true`: measured, the run trained and exited 0, and the same command again resumed from
+    its final checkpoint at batch 0 and failed with composer's FileExistsError traceback (as any requeue would)."""
+    [p] = keyed(errors(found(["+save_weights_only=true"])), "save_weights_only")
+    assert "cannot resume from" in p.problem and "export=hf" in p.fix
+    assert not keyed(found(["+save_weights_only=true", "autoresume=false"]), "save_weights_only")
+    assert not keyed(found(["+save_weights_only=false"]), "save_weights_only")
+
+
 def test_without_checkpoints_an_interval_of_zero_is_nobodys_business():
     assert not keyed(found(["checkpoint=none", "save_interval=0ba"]), "save_interval")
     assert not keyed(found([]), "save_num_checkpoints_to_keep")  # the default run fits

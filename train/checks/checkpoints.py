@@ -37,6 +37,13 @@ def keeps_something(cfg, ctx):
                       f"checkpoint={ctx.group('checkpoint')} promises a run that resumes",
                       "a positive interval, e.g. save_interval=1000ba; or checkpoint=none for a run that keeps "
                       "nothing")
+    if value(cfg, "save_weights_only") is True and value(cfg, "autoresume"):
+        yield Problem("save_weights_only", "true writes checkpoints without the optimizer, scheduler, data position "
+                      "or timestamp, which a run cannot resume from: the first restart (a requeue, a preemption, the "
+                      "same command again) starts at batch 0 beside them and fails (composer: FileExistsError "
+                      "'... may conflict with a future checkpoint of the current run')",
+                      "remove it (export=hf writes the weights alone, in a Hugging Face folder, at the end); or "
+                      "autoresume=false for a run that is never restarted")
     keep = value(cfg, "save_num_checkpoints_to_keep")
     if keep == 0 and is_int(keep):
         yield Problem("save_num_checkpoints_to_keep", "0 deletes every checkpoint as soon as it is written "
