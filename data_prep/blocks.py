@@ -98,10 +98,21 @@ def _differences(old: dict, new: dict) -> list[str]:
     diffs = [f"{k}: {old.get('settings', {}).get(k)!r} then, {v!r} now"
              for k, v in new["settings"].items() if old.get("settings", {}).get(k) != v]
     if old.get("sources") != new["sources"]:
-        diffs.append("the input files (or their sizes/modification times) changed")
+        diffs.append("the input files changed: " + _source_changes(old.get("sources") or [], new["sources"]))
     if not diffs and old != new:
         diffs.append("the plan format changed")
     return diffs
+
+
+def _source_changes(old: list, new: list) -> str:
+    """Which input files differ, the first few named: added, gone, or another size or modification time."""
+    was, now = {s["path"]: s for s in old}, {s["path"]: s for s in new}
+    changes = [f"{p} added" for p in now if p not in was] + [f"{p} gone" for p in was if p not in now]
+    for p in (p for p in now if p in was and now[p] != was[p]):
+        changes.append(f"{p}: {was[p]['size']:,} bytes then, {now[p]['size']:,} now" if now[p]["size"] !=
+                       was[p]["size"] else f"{p}: modified since (same size)")
+    changes = changes or ["their order"]
+    return "; ".join(changes[:3]) + (f" (and {len(changes) - 3} more)" if len(changes) > 3 else "")
 
 
 def _probe_writable(folder: Path, key: str = "out_root") -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from dataclasses import dataclass
 
@@ -89,11 +90,14 @@ def _require_hub(repo: str) -> None:
 def resolve_sources(settings: Settings) -> list[Source]:
     if not settings.inputs:
         return _hub_sources(settings)
-    seen: dict[str, Source] = {}
+    seen: dict[str, Source] = {}  # by the file itself: a link to a file already given is that file, read once
     for item in settings.inputs:
         for path in _expand(item, settings):
             source = _local(path)
-            seen.setdefault(source.path, source)
+            first = seen.setdefault(os.path.realpath(source.path), source)
+            if first is not source and first.path != source.path:
+                logging.getLogger(__name__).warning(f"data_prep: warning: input: {source.path} is {first.path} "
+                                                    "(a link to it): read once")
     return list(seen.values())
 
 

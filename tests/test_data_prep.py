@@ -146,6 +146,17 @@ def test_parts_dispatched_with_submitit_then_merged_equal_a_single_part(tmp_path
     assert tree(parallel / "train") == tree(single / "train")  # byte for byte, merged index included
 
 
+def test_a_file_given_again_through_a_link_is_read_once_and_said_so(tmp_path):
+    """The same file named twice was read once; through a link (a staging folder of links) it was read twice,
+    doubling its documents without a word."""
+    link = tmp_path / "staged" / C4_FIRST.name
+    link.parent.mkdir()
+    link.symlink_to(C4_FIRST)
+    proc = prep("dataset=c4", f"input=[{C4_FIRST},{link}]", f"out_root={tmp_path / 'out'}", "progress=false")
+    assert f"input: {link} is {C4_FIRST} (a link to it): read once" in proc.stderr
+    assert json.loads((tmp_path / "out" / "train" / SUMMARY).read_text())["docs"] == 1000
+
+
 def test_a_sweep_of_some_of_the_parts_says_so_and_does_not_end_as_if_the_dataset_were_made(tmp_path):
     """`-m part=0` of num_parts=2: legal (the other part may run in another sweep), warned at submission; at its
     end no dataset exists, which it said as "every part finished", exit 0. Then the same command without -m
@@ -306,7 +317,8 @@ def _snapshot(folder: Path) -> list[str]:
 
 @pytest.mark.parametrize("case", ["missing input", "c4 hub while offline", "unknown dataset", "unwritable out_root",
                                   pytest.param("foreign dataset", marks=pytest.mark.torch),  # streaming's writer
-                                  "other settings", "missing tokenizer", "model vocab too small", "sweep"])
+                                  "other settings", "missing tokenizer", "model vocab too small", "sweep",
+                                  "swept input", "input added"])
 def test_bad_input_gives_one_clear_message_and_writes_nothing(tmp_path, case):
     out = tmp_path / "out"
     args = ["dataset=c4", f"input={C4_FIRST}", f"out_root={out}"]
@@ -339,6 +351,12 @@ def test_bad_input_gives_one_clear_message_and_writes_nothing(tmp_path, case):
     elif case == "sweep":  # validated once before any job is launched
         args[1], expect = f"input={tmp_path / 'nope.json.gz'}", "input"
         args += ["-m", "part=0,1", "num_parts=2"]
+    elif case == "input added":  # the file named (it said only "the input files ... changed")
+        prep(*args, "progress=false")
+        args[1], expect = f"input=[{C4_FIRST},{C4_SECOND}]", f"the input files changed: {C4_SECOND} added"
+    elif case == "swept input":  # was "input: is required" (the common check saw no input at all)
+        args[1], expect = f"input={C4_FIRST},{C4_SECOND}", "input: is swept (-m input=A,B)"
+        args += ["-m"]
     before = _snapshot(tmp_path)
     proc = prep(*args, check=False, env=env)
     assert proc.returncode != 0

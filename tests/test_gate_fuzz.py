@@ -67,6 +67,10 @@ CASES = [
     (["~scheduler.t_warmup"], "refused", "scheduler.t_warmup"),
     (["scheduler.alpha_f=2", "plan=true"], "warned", "scheduler.alpha_f"),
     (["max_duration=2ba", "plan=true"], "warned", "scheduler.t_warmup"),
+    # the export: its keys without the group did nothing, without a word
+    (["export.interval=10ba", "plan=true"], "warned", "export.interval"),
+    (["export.format=hf"], "refused", "export.format"),  # was "precision None"
+    (["+save_weights_only=true"], "refused", "save_weights_only"),  # its checkpoints cannot be resumed from
     # the data
     (["eval_loader.dataset.split=train", "plan=true"], "warned", "eval_loader.dataset.split"),
     (["+eval_loader.dataset.shuffle_sed=3", "plan=true"], "warned", "eval_loader.dataset.shuffle_sed"),  # dropped

@@ -44,6 +44,10 @@ def test_default_run_trains_evaluates_checkpoints_and_plots(tmp_path, cli):
         ["step 10/40", "step 20/40", "step 30/40", "step 40/40"], proc.stderr[-3000:]
     assert all(re.search(r", loss \d+\.\d{4}, [\d,]+ tokens/s, ETA \d+:\d\d:\d\d$", line) for line in progress), progress
     assert progress[-1].endswith("ETA 0:00:00") and "MFU" not in progress[0]  # no peak FLOP/s known on CPU
+    # each line's loss: the mean over its batches, the first line's from batch 1 (it left batch 1 out)
+    history = [loss for _, loss in metrics(tmp_path)["train_loss"]]
+    assert [line.split("loss ")[1].split(",")[0] for line in progress] == \
+        [f"{sum(history[i:i + 10]) / 10:.4f}" for i in (0, 10, 20, 30)]
     evals = [line for line in proc.stderr.splitlines() if "[progress] eval at step" in line]
     assert [line.split("eval at ")[1].split(":")[0] for line in evals] == ["step 20/40", "step 40/40"]
     assert "Train loss/train/total" not in proc.stderr and "ba/s" not in proc.stderr

@@ -4,6 +4,7 @@ import os
 
 from train.checks import foundry_names as names
 from train.checks.core import (
+    ERROR,
     TIME_UNITS,
     WARNING,
     Problem,
@@ -341,8 +342,17 @@ EXPORT_PRECISIONS = ("float32", "bfloat16", "float16")  # llm-foundry's hf_check
 
 
 def export(cfg, ctx):
-    """export=hf: llm-foundry's hf_checkpointer would fail only at the end of training on these."""
-    if value(cfg, "export.format") != "hf":
+    """export=hf: llm-foundry's hf_checkpointer would fail only at the end of training on these. Without the group,
+    export.* keys set on the command line do nothing (its callback is what the group adds): said, not ignored."""
+    fmt = value(cfg, "export.format")
+    if fmt != "hf" or value(cfg, "callbacks.hf_checkpointer") is None:
+        given = [k for k in ("precision", "interval", "folder") if value(cfg, f"export.{k}") is not None]
+        if fmt != "none" or given:
+            key = "export.format" if fmt != "none" else f"export.{given[0]}"
+            yield Problem(key, f"{', '.join(f'export.{k}' for k in given) or f'export.format={fmt}'} "
+                          f"without export=hf: no Hugging Face export is made (the export group adds llm-foundry's "
+                          "hf_checkpointer; its keys alone do nothing)", "add export=hf (the config group), e.g. "
+                          "`export=hf export.interval=1000ba`", ERROR if fmt != "none" else WARNING)
         return
     v = value(cfg, "export.precision")
     if v not in EXPORT_PRECISIONS:

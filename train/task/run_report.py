@@ -122,7 +122,8 @@ class RunReport(Callback):
             self._train_s += now - self._batch_t
         if self._t0 is None:  # the first batch carries start-up costs; measure from its end
             self._t0, self._tok0, self._done0, self._s0 = now, tokens, _done(state), self._train_s
-            self._line = (self._train_s, tokens, len(self.train))
+            # the rate from this batch's end; the mean loss from this start's first batch (its loss included)
+            self._line = (self._train_s, tokens, len(self.train) - (loss is not None))
         else:
             if now > self._t0:
                 self.wall_tokens_per_sec = (tokens - self._tok0) / (now - self._t0)
