@@ -501,3 +501,20 @@ def test_the_choice_by_content_on_made_up_folders(tmp_path):
     shard = sharded / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[:-1])
     assert resume.problem(resume.find(folder)[-1]).startswith("shard __0_0.distcp is truncated")
+
+
+def test_a_manifest_of_another_checkpoint_beside_a_file_checkpoint_does_not_verify_it(tmp_path):
+    """A one-file checkpoint whose manifest is another checkpoint's (copied or renamed beside it): the manifest's
+    files were hashed, those of the other checkpoint, and it verified, whatever its own content."""
+    import shutil as sh
+
+    from train.checkpoint import integrity
+
+    older, newer = tmp_path / "ep0-ba20-rank0.pt", tmp_path / "ep0-ba40-rank0.pt"
+    older.write_bytes(b"twenty" * 100)
+    newer.write_bytes(b"forty!" * 100)
+    integrity.write_manifest(older, integrity.hash_files(older, integrity.files_of(older)))
+    assert integrity.share_differs(older, integrity.read_manifest(older), 1, 0) is None
+    sh.copy(integrity.manifest_path(older), integrity.manifest_path(newer))
+    why = integrity.share_differs(newer, integrity.read_manifest(newer), 1, 0)
+    assert why == f"{newer} is not in its manifest"

@@ -164,7 +164,7 @@ def share_differs(ckpt, manifest: dict, world: int, rank: int) -> str | None:
             return f"{path} is missing (its manifest lists it)"
         if path.stat().st_size != entry["bytes"]:
             return f"{path} has {path.stat().st_size} bytes, its manifest says {entry['bytes']}"
-    if rank == 0 and Path(ckpt).is_dir():
+    if rank == 0:  # a manifest of another checkpoint (copied or renamed beside this one) lists other files
         extra = set(files_of(ckpt)) - set(manifest["files"])
         if extra:
             return f"{base / sorted(extra)[0]} is not in its manifest"
