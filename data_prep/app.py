@@ -68,6 +68,16 @@ def prepare(cfg: DictConfig) -> Job:
     return Job(settings, tokenizer, sources, blocks, parts, plan)
 
 
+def with_encoder(job: Job) -> Job:
+    """The job with the encoder that tokenizes (its tables built and cached): after prepare's checks, for a run
+    that writes; the check before a sweep's launch needs none."""
+    from dataclasses import replace
+
+    from data_prep.tokenizer import with_encoder as tokenizer_with_encoder
+
+    return replace(job, tokenizer=tokenizer_with_encoder(job.tokenizer))
+
+
 def missing_blocks(split_dir: Path) -> list[str]:
     """Folders of planned blocks that are not complete (every block, when there is no plan yet)."""
     try:
@@ -113,6 +123,7 @@ def _run_locked(job: Job, lock: OutRootLock, mine: list[Block], started: float) 
     s, split_dir = job.settings, job.settings.split_dir
     # Again under the lock: a run that finished between prepare() and now may have left a dataset here.
     check_out_root(s, job.plan)
+    job = with_encoder(job)  # every check passed: the fast encoder's tables may be built (and cached) now
     write_plan(split_dir, job.plan)
 
     todo = [b for b in mine if not is_complete(split_dir, b)]

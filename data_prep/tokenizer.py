@@ -5,7 +5,7 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer
@@ -34,8 +34,10 @@ class LoadedTokenizer:
     vocab_size: int  # largest id + 1
     bos_ids: tuple[int, ...]
     eos_ids: tuple[int, ...]
-    fast: FastEncoder | None = None  # the same ids as `tokenizer`, faster (data_prep/fast_bpe.py)
+    fast: FastEncoder | None = None  # the same ids as `tokenizer`, faster (data_prep/fast_bpe.py): with_encoder
     encoder: str = "tokenizers"  # which encoder tokenizes, and why, for the log and the summary
+    definition: bytes = field(default=b"", repr=False)  # tokenizer.json, for the fast encoder
+    parsed: dict | None = field(default=None, repr=False)
 
 
 def _fast_encoder(tok: Tokenizer, definition: bytes, parsed: dict | None = None) -> tuple[FastEncoder | None, str]:
@@ -182,6 +184,13 @@ def load_tokenizer(settings: Settings) -> LoadedTokenizer:
         if len(ids) > 1:
             log.warning(f"data_prep: note: {key} tokenizes to {len(ids)} tokens {list(ids)}, not one special "
                         "token")
-    fast, encoder = _fast_encoder(tok, definition, parsed if isinstance(parsed, dict) else None)
+    return LoadedTokenizer(tok, fingerprint, vocab, vocab_size, bos, eos, definition=definition,
+                           parsed=parsed if isinstance(parsed, dict) else None)
+
+
+def with_encoder(loaded: LoadedTokenizer) -> LoadedTokenizer:
+    """The tokenizer with the encoder that will tokenize: the fast one builds (and caches) its tables, so it comes
+    after every check: a refused run writes nothing, not even the cache."""
+    fast, encoder = _fast_encoder(loaded.tokenizer, loaded.definition, loaded.parsed)
     log.info(f"data_prep: encoder: {encoder}")
-    return LoadedTokenizer(tok, fingerprint, vocab, vocab_size, bos, eos, fast, encoder)
+    return replace(loaded, fast=fast, encoder=encoder)

@@ -358,7 +358,8 @@ def test_bad_input_gives_one_clear_message_and_writes_nothing(tmp_path, case):
         args[1], expect = f"input={C4_FIRST},{C4_SECOND}", "input: is swept (-m input=A,B)"
         args += ["-m"]
     before = _snapshot(tmp_path)
-    proc = prep(*args, check=False, env=env)
+    # an empty tokenizer cache of its own (in tmp_path): a refused run builds no encoder tables into it either
+    proc = prep(*args, check=False, env={**env, "DATA_PREP_CACHE": str(tmp_path / "cache")})
     assert proc.returncode != 0
     assert expect in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
