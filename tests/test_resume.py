@@ -518,3 +518,22 @@ def test_a_manifest_of_another_checkpoint_beside_a_file_checkpoint_does_not_veri
     sh.copy(integrity.manifest_path(older), integrity.manifest_path(newer))
     why = integrity.share_differs(newer, integrity.read_manifest(newer), 1, 0)
     assert why == f"{newer} is not in its manifest"
+
+
+def test_every_kept_checkpoint_has_its_manifest_and_a_shorter_max_duration_rolls_nothing_back(tmp_path):
+    """Twelve checkpoints in one process (composer keeps ten): each kept one has its manifest, none is left of
+    the ones composer deleted. (The manifests were found by the count of composer's saved list, which stops at
+    ten: from the eleventh on, none was written and nothing was verified.) Then the run named with a shorter
+    max_duration than it trained to: nothing to do, nothing set aside (not its final checkpoint, which a run
+    stopped before its end would have trained again)."""
+    cmd = ["-m", "train", "max_duration=24ba", "save_interval=2ba", "eval_interval=12ba", "progress_bar=false"]
+    run(*cmd, root=tmp_path, check=True)
+    folder = save_folder(tmp_path)
+    kept = sorted(p.name for p in folder.glob("ep0-ba*") if not p.name.endswith(".json"))
+    assert len(kept) == 10 and "ep0-ba24-rank0.pt" in kept
+    assert sorted(p.name for p in folder.glob("*.manifest.json")) == sorted(f"{k}.manifest.json" for k in kept)
+    before = _files(folder, "f")  # the checkpoints and their manifests (each start records identity.json)
+    again = run(*cmd, "max_duration=20ba", f"run_name={folder.name}", root=tmp_path, check=True)
+    assert "nothing to do" in again.stderr and "cannot be resumed from" not in again.stderr
+    assert not (folder / "set-aside").exists() and _files(folder, "f") == before
+    assert json.loads((folder / "finished.json").read_text())["max_duration"] == "24ba"

@@ -227,8 +227,15 @@ def _end_not_reached(ckpt, fcfg) -> str | None:
     from train.launch import finished
 
     whole = re.fullmatch(r"(\d+)ba", str(fcfg.get("max_duration")).strip())
-    if not whole or ckpt.batch < int(whole[1]) or finished.read(fcfg):
-        return None  # not the final one (a unit other than batches is not compared), or the run did finish
+    if not whole or ckpt.batch != int(whole[1]):
+        return None  # not this command's final one (past it: the run was trained longer; nothing to do), or a
+        # unit other than batches, not compared
+    try:  # the run reached its end at this batch or later (continued to a longer max_duration since): finished
+        ended = json.loads((ckpt.path.parent / finished.FILE).read_text())["max_duration"]
+        if int(re.fullmatch(r"(\d+)ba", str(ended).strip())[1]) >= ckpt.batch:
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no finished.json (or not in batches): the end did not run
     if not any(c.batch < ckpt.batch and resume.problem(c) is None for c in resume.find(ckpt.path.parent)):
         log.warning("the run stopped after its final checkpoint %s and before its end (no %s): its final "
                     "evaluation, export and report may be missing, and no earlier checkpoint is left to train its "

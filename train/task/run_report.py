@@ -40,7 +40,13 @@ class Manifests(Callback):
     every rank, its manifest (train/checkpoint/integrity.py). No state of its own in checkpoints."""
 
     def __init__(self, saver, saves):
-        self.saver, self.saves, self._seen = saver, saves, len(saver.saved_checkpoints)
+        self.saver, self.saves, self._seen = saver, saves, self._newest(saver)
+
+    @staticmethod
+    def _newest(saver):
+        # by the newest path, not the count: composer trims saved_checkpoints to save_num_checkpoints_to_keep, so
+        # from the 11th checkpoint on (the default keeps 10) the count stopped growing and none got its manifest
+        return saver.saved_checkpoints[-1] if saver.saved_checkpoints else None
 
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         self._after_save(state, Event.BATCH_CHECKPOINT)
@@ -52,10 +58,11 @@ class Manifests(Callback):
         if not self.saves(state, event):
             return
         ckpt = None
-        if dist.get_global_rank() == 0 and len(self.saver.saved_checkpoints) > self._seen:
-            saved = Path(self.saver.saved_checkpoints[-1])
+        newest = self._newest(self.saver)
+        if dist.get_global_rank() == 0 and newest is not None and newest != self._seen:
+            saved = Path(newest)
             ckpt = saved.parent if saved.name.startswith("__") else saved  # a sharded folder, or the one file
-        self._seen = len(self.saver.saved_checkpoints)
+        self._seen = newest
         integrity.manifest_collectively(ckpt, dist.get_world_size(), dist.get_global_rank())
 
 
