@@ -1,6 +1,7 @@
 """Sweeps are Hydra's: a grid declared as config (the basic sweeper's `hydra.sweeper.params`) and an Optuna search
 (conf/hparams_search/) go through the same launcher, every point checked before anything is written, each
 point's objective returned to the sweeper, and a sweep run again submits nothing for the points that finished."""
+import csv
 import json
 from pathlib import Path
 
@@ -89,12 +90,18 @@ def test_an_optuna_search_here_gets_each_trials_eval_loss_and_run_again_submits_
     result = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     # what Optuna was told is what each run reported: the best value is the smaller of the two eval losses
     assert result["best_value"] == pytest.approx(min(trials.values()), rel=1e-6)
-    # the same search again: the seeded sampler proposes the same trials, which are the same runs, finished
+    # the same search again: the seeded sampler proposes the same trials, which are the same runs, finished; their
+    # first sweep's folder (their reports) moved away: the rows show the numbers finished.json kept (were blank)
+    moved = tmp_path / "moved"
+    sweep_dir.rename(moved)
     again = cli("train", *line, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count(": nothing to submit") == 2 and "-> job" not in again.stdout, again.stdout
     newest = _sweeps(tmp_path)[-1]
     assert newest != sweep_dir and not (newest / ".submitit").exists()  # no job at all
+    rows = list(csv.DictReader((newest / "summary.csv").open()))
+    assert sorted(float(r["eval_loss"]) for r in rows) == pytest.approx(sorted(trials.values()), rel=1e-4), rows
+    assert all(r["state"] == "COMPLETED" and r["world_size"] == "1" for r in rows), rows
     assert yaml.safe_load((newest / "optimization_results.yaml").read_text())["best_value"] == \
         pytest.approx(result["best_value"], rel=1e-6)
 

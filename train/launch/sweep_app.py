@@ -122,12 +122,14 @@ class TrainApp(SweepApp):
         """What the status needs of a point besides its job: its shape and folders."""
         cfg = point.cfg
         c = cfg.cluster
-        report = OmegaConf.select(cfg, "callbacks.run_report.folder")
-        if point.finished is not None:  # nothing submitted: the row shows what the finished run left
-            report = point.finished.get("report") or report
-        return {"world_size": c.nodes * c.tasks_per_node, "checkpoint": cfg.save_folder,
+        report, world, done = OmegaConf.select(cfg, "callbacks.run_report.folder"), c.nodes * c.tasks_per_node, {}
+        if point.finished is not None:  # nothing submitted: the row shows what the finished run left, and its
+            # numbers from finished.json where its report folder is gone; its world size, not this command's
+            report, done = point.finished.get("report") or report, point.finished.get("value") or {}
+            world = done.get("world_size") or world
+        return {"world_size": world, "checkpoint": cfg.save_folder,
                 # train/task/run_report.py writes progress.json, metrics.json and the loss curve there
-                "report": report,
+                "report": report, **({"finished": done} if done else {}),
                 # said once the point is submitted: where what the job is for will be
                 **({"note": f"preflight table: {report}/preflight.json (and in its log; `python -m train.status` "
                             "shows the verdict)"} if c.preflight.only else {})}
@@ -141,6 +143,9 @@ class TrainApp(SweepApp):
 
         report = Path(point["report"])
         progress, metrics = read_json(report / "progress.json"), read_json(report / "metrics.json")
+        if not metrics and point.get("finished"):  # a run finished earlier whose report folder is gone
+            metrics = point["finished"]
+            progress = progress or ({"progress": f"step {metrics['batches']}"} if metrics.get("batches") else {})
         done = state == "COMPLETED"
         eta = progress.get("eta_s")
         try:  # how long ago rank 0 last wrote a progress line: a point that stopped moving shows it
