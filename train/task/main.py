@@ -216,7 +216,7 @@ def _choose_resume_point(cfg, fcfg) -> None:
 
 def _end_not_reached(ckpt, fcfg) -> str | None:
     """Why the run must not resume from `ckpt`, its final checkpoint, though the file is sound: the run stopped
-    after it and before its end (no finished.json for this max_duration). composer writes the final checkpoint
+    after it and before its end (no finished.json of this batch or later). composer writes the final checkpoint
     before what comes at the end of fit: the evaluation at the last batch when max_duration is not a multiple of
     eval_interval, the Hugging Face export, metrics.json and the trackers' last numbers. Resuming from it would
     find nothing to train and report the evaluation before as the final one, exit 0. The batches since the
