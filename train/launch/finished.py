@@ -39,15 +39,26 @@ def read(cfg: DictConfig) -> dict | None:
     if OmegaConf.select(cfg, "cluster.preflight.only", default=False):
         return None
     folder = _folder(OmegaConf.select(cfg, "save_folder"))
+    body = _body(folder)
+    if body is None or body.get("max_duration") != str(cfg.max_duration):
+        return None
+    return {"where": str(folder / FILE), "report": body.get("report"), "value": body.get("metrics") or {}}
+
+
+def reached(save_folder) -> str | None:
+    """The max_duration the run of this save folder last finished at (whatever this command asks), or None."""
+    body = _body(_folder(save_folder))
+    return body.get("max_duration") if body else None
+
+
+def _body(folder: Path | None) -> dict | None:
     if folder is None:
         return None
     try:
         body = json.loads((folder / FILE).read_text())
     except (OSError, ValueError):
         return None
-    if body.get("max_duration") != str(cfg.max_duration):
-        return None
-    return {"where": str(folder / FILE), "report": body.get("report"), "value": body.get("metrics") or {}}
+    return body if isinstance(body, dict) else None
 
 
 def objective(cfg: DictConfig, metrics) -> float:

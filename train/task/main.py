@@ -221,21 +221,16 @@ def _end_not_reached(ckpt, fcfg) -> str | None:
     eval_interval, the Hugging Face export, metrics.json and the trackers' last numbers. Resuming from it would
     find nothing to train and report the evaluation before as the final one, exit 0. The batches since the
     checkpoint before are trained again instead (at most save_interval). None: resume from it."""
-    import re
-
     from train.checkpoint import resume
+    from train.checks.core import batches
     from train.launch import finished
 
-    whole = re.fullmatch(r"(\d+)ba", str(fcfg.get("max_duration")).strip())
-    if not whole or ckpt.batch != int(whole[1]):
+    if batches(str(fcfg.get("max_duration")).strip()) != ckpt.batch:
         return None  # not this command's final one (past it: the run was trained longer; nothing to do), or a
         # unit other than batches, not compared
-    try:  # the run reached its end at this batch or later (continued to a longer max_duration since): finished
-        ended = json.loads((ckpt.path.parent / finished.FILE).read_text())["max_duration"]
-        if int(re.fullmatch(r"(\d+)ba", str(ended).strip())[1]) >= ckpt.batch:
-            return None
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # no finished.json (or not in batches): the end did not run
+    ended = batches(str(finished.reached(ckpt.path.parent)).strip())  # None: no finished.json, or not in batches
+    if ended is not None and ended >= ckpt.batch:
+        return None  # the run reached its end at this batch or later (continued to a longer max_duration since)
     if not any(c.batch < ckpt.batch and resume.problem(c) is None for c in resume.find(ckpt.path.parent)):
         log.warning("the run stopped after its final checkpoint %s and before its end (no %s): its final "
                     "evaluation, export and report may be missing, and no earlier checkpoint is left to train its "
