@@ -5,7 +5,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -31,7 +31,7 @@ from data_prep.merge import all_complete, merge
 from data_prep.part import RunStats, is_complete, run_blocks
 from data_prep.progress import Progress, print_skipped, print_summary, summarize
 from data_prep.settings import Settings, settings_from
-from data_prep.tokenizer import LoadedTokenizer, load_tokenizer
+from data_prep.tokenizer import LoadedTokenizer, load_tokenizer, with_encoder
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +67,6 @@ def prepare(cfg: DictConfig) -> Job:
     check_out_root(settings, plan)
     return Job(settings, tokenizer, sources, blocks, parts, plan)
 
-
-def with_encoder(job: Job) -> Job:
-    """The job with the encoder that tokenizes (its tables built and cached): after prepare's checks, for a run
-    that writes; the check before a sweep's launch needs none."""
-    from dataclasses import replace
-
-    from data_prep.tokenizer import with_encoder as tokenizer_with_encoder
-
-    return replace(job, tokenizer=tokenizer_with_encoder(job.tokenizer))
 
 
 def missing_blocks(split_dir: Path) -> list[str]:
@@ -123,7 +114,9 @@ def _run_locked(job: Job, lock: OutRootLock, mine: list[Block], started: float) 
     s, split_dir = job.settings, job.settings.split_dir
     # Again under the lock: a run that finished between prepare() and now may have left a dataset here.
     check_out_root(s, job.plan)
-    job = with_encoder(job)  # every check passed: the fast encoder's tables may be built (and cached) now
+    # every check passed: the fast encoder's tables may be built (and cached) now; the check before a sweep's
+    # launch (prepare alone) builds none
+    job = replace(job, tokenizer=with_encoder(job.tokenizer))
     write_plan(split_dir, job.plan)
 
     todo = [b for b in mine if not is_complete(split_dir, b)]
