@@ -34,3 +34,42 @@ def export_from_submitit() -> dict:
     env = {k: str(v) for k, v in env.items()}
     os.environ.update(env)
     return env
+
+
+def gloo_reduce_scatter_averages() -> None:
+    """Make a reduce-scatter asked to average over gloo average. torch 2.7's gloo sums instead, without a word
+    (pytorch/pytorch#162338), and FSDP2 asks for the average of fp32 gradients: every CPU run of more than one
+    rank trained on gradients world_size times too large. AdamW hides most of it; gradient clipping (the default
+    norm 1.0) does not: 2 ranks and 1 rank parted at the first step whose gradient norm fell under the threshold.
+    Checked by one reduce-scatter at the start (every rank, all alike), so a torch that averages is left alone;
+    where gloo sums, that process's reduce-scatters with AVG on a gloo group become SUM and a division by the
+    group's size (the average asked for, as NCCL computes it). Other backends and ops are untouched."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() < 2 or dist.get_backend() != "gloo":
+        return
+    if getattr(dist.reduce_scatter_tensor, "averages_over_gloo", False):
+        return  # already in place (a second start in this process)
+    world = dist.get_world_size()
+    probe = torch.empty(1)
+    dist.reduce_scatter_tensor(probe, torch.ones(world), op=dist.ReduceOp.AVG)
+    if probe.item() == 1.0:
+        return  # this torch averages
+    if probe.item() != float(world):
+        raise RuntimeError(f"gloo's reduce-scatter with AVG of ones over {world} ranks gave {probe.item()}: "
+                           "neither the average (1) nor the sum; the gradients of FSDP2 would be wrong")
+    summing = dist.reduce_scatter_tensor
+
+    def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        if op != dist.ReduceOp.AVG or dist.get_backend(group) != "gloo":
+            return summing(output, input, op=op, group=group, async_op=async_op)
+        if async_op:  # the division would have to wait for the work: not needed by FSDP2 on CPU
+            raise NotImplementedError("an asynchronous reduce-scatter with AVG over gloo (gloo would sum, "
+                                      "pytorch/pytorch#162338)")
+        work = summing(output, input, op=dist.ReduceOp.SUM, group=group)
+        output.div_(dist.get_world_size(group))
+        return work
+
+    reduce_scatter_tensor.averages_over_gloo = True
+    dist.reduce_scatter_tensor = reduce_scatter_tensor

@@ -17,7 +17,7 @@ from common.errors import UserError
 from common.signals import leave_to_the_task_in_every_fork
 from train.config.loaders import loader_keys
 from train.task import shards
-from train.task.distributed import export_from_submitit
+from train.task.distributed import export_from_submitit, gloo_reduce_scatter_averages
 from train.task.foundry import foundry_config
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,7 @@ def _start_dist(fcfg) -> None:
     from composer.utils import dist, get_device
 
     dist.initialize_dist(get_device(None), timeout=float(fcfg.get("dist_timeout") or 600.0))
+    gloo_reduce_scatter_averages()  # FSDP2's gradients on CPU: the mean over the ranks, not their sum
 
 
 def _choose_resume_point(cfg, fcfg) -> None:
