@@ -215,6 +215,29 @@ def test_a_full_outputs_file_system_never_stops_training_and_names_the_metrics_f
     assert "metrics.json: no space left on its file system" in line and "Traceback" not in err
 
 
+def test_the_plan_of_a_finished_run_says_it_trains_and_submits_nothing(tmp_path, tmp_path_factory):
+    """A plan of a run that reached its max_duration planned it as if it would train (and, under `-m`, showed the
+    sbatch it would submit), while the same command trains nothing and `-m` submits nothing for it. Now the plan
+    says so, names finished.json, and the sweep's table says which points it would submit; nothing written."""
+    root = tmp_path / "root"
+    shutil.copytree(finished(1, "sharded", tmp_path_factory), root, symlinks=True)
+    [folder] = (root / "checkpoints").iterdir()
+    before = sorted(str(p) for p in root.rglob("*"))
+    plan = run(*train_command(1, "sharded"), "plan=true", root=root, check=True).stdout
+    assert (f"finished    this run reached max_duration 40ba earlier ({folder / 'finished.json'}): the same command "
+            "trains nothing") in plan and f"run_name={folder.name} and a larger max_duration" in plan, plan
+    assert json.loads(run(*train_command(1, "sharded"), "plan=json", root=root, check=True).stdout)["finished"] == \
+        str(folder / "finished.json")
+    longer = run(*train_command(1, "sharded"), f"run_name={folder.name}", "max_duration=60ba", "plan=true",
+                 root=root, check=True).stdout
+    assert "finished " not in longer  # continued to 60ba: it would train
+    sweep = run(*[a for a in train_command(1, "sharded") if a != "max_duration=40ba"], "-m",
+                "max_duration=40ba,50ba", "plan=true", root=root, check=True).stdout
+    rows = [line.split(" | ") for line in sweep.splitlines() if line.startswith("| 0 |") or line.startswith("| 1 |")]
+    assert [r[-1] for r in rows] == ["no: finished earlier |", "yes |"], sweep
+    assert sorted(str(p) for p in root.rglob("*")) == before
+
+
 def test_continuing_a_run_by_name_with_a_model_of_another_shape_is_refused_before_anything_changes(
         tmp_path, tmp_path_factory):
     """run_name=<a run> model.n_layers=3 (the run trained 2) rewrote the run's record, then failed loading its

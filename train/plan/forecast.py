@@ -44,6 +44,7 @@ def _submitit_folder() -> str:
 def build_plan(cfg: DictConfig, problems=()) -> dict:
     """Every figure of the plan, as plain JSON-able values. problems: the checks' warnings, reported with it."""
     from train.launch.executor import sbatch_script
+    from train.launch.finished import read as read_finished
 
     model = OmegaConf.to_container(value(cfg, "model"), resolve=True)
     params = estimate.param_count(model)
@@ -170,6 +171,9 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
         "sweep_waits": bool(cfg.cluster.name == "local" or cfg.cluster.wait),
         "summary_partition": None if cfg.cluster.name == "local" else (cfg.cluster.summary_partition
                                                                        or cfg.cluster.partition),
+        # the run of this config finished earlier (its finished.json at this max_duration): the command would
+        # train nothing, and `-m` would submit nothing for it (train/launch/finished.py)
+        "finished": (read_finished(cfg) or {}).get("where"),
         "warnings": [str(p) for p in problems],
     }
     return plan

@@ -76,6 +76,10 @@ def _flop(n) -> str:
 def render(p: dict) -> str:
     out = [f"plan for {p['run_name']} (nothing started or submitted)", ""]
     add = out.append
+    if p["finished"]:
+        add(f"finished    this run reached max_duration {p['max_duration']} earlier ({p['finished']}): the same "
+            "command trains nothing, and `-m` submits nothing for it (to train it longer: "
+            f"run_name={p['run_name']} and a larger max_duration)")
     m = p["model"]
     add(f"model       {_big(p['params'])} parameters (d_model {m['d_model']}, {m['n_layers']} layers, "
         f"{m['n_heads']} heads, vocab {m['vocab_size']}, seq {m['max_seq_len']})")
@@ -195,7 +199,8 @@ def print_plan(cfg: DictConfig, problems=()) -> dict:
 
 
 def _summary(plans: list) -> str:
-    cols = ("point", "nodes", "world", "grad_accum", "mem/GPU", "fits", "min_nodes", "ckpt write", "s/step", "days")
+    cols = ("point", "nodes", "world", "grad_accum", "mem/GPU", "fits", "min_nodes", "ckpt write", "s/step", "days",
+            "submits")
     rows = [" | ".join(cols), " | ".join("---" for _ in cols)]
     for i, p in enumerate(plans):
         mem = _size(p["memory_per_gpu_bytes"]) if p["memory_per_gpu_bytes"] is not None else "-"
@@ -203,7 +208,8 @@ def _summary(plans: list) -> str:
             i, p["nodes"], p["world_size"], p["grad_accum"], mem, p["fits"], p["min_nodes"],
             _duration_words(p["checkpoint_write_seconds"]),
             f"{p['step_seconds']:.2f}" if p["step_seconds"] else "-",
-            f"{p['train_days']:.1f}" if p["train_days"] else "-")))
+            f"{p['train_days']:.1f}" if p["train_days"] else "-",
+            "no: finished earlier" if p["finished"] else "yes")))
     return "\n".join("| " + r + " |" for r in rows)
 
 
