@@ -6,6 +6,7 @@ import os
 import pytest
 from helpers import SHARED, TOKENIZER, need_shared
 from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
 
 from train.checks import Context, check, errors
 from train.config.compose import command_line, compose
@@ -61,6 +62,51 @@ def test_the_yaml_is_over_our_groups_and_the_command_line_over_the_yaml():
     assert cli_cfg.precision == "fp32" and cli_cfg.eval_interval == "2000ba"
     # a blank run_name (llm-foundry would read $RUN_NAME) gets our name: the YAML's stem and what it trains
     assert cfg.run_name.startswith("mpt-30b-")
+
+
+# A recipe that leaves to llm-foundry what llm-foundry has defaults for: no alpha_f, weight_decay, betas,
+# algorithms, shuffle_seed, seed, eval_loader, eval_interval or fsdp_config.
+MINIMAL = """
+variables: {data_local: /tmp/nowhere-c4, max_seq_len: 128, global_seed: 42}
+max_seq_len: ${variables.max_seq_len}
+model: {name: mpt_causal_lm, d_model: 64, n_heads: 2, n_layers: 2, max_seq_len: "${variables.max_seq_len}"}
+tokenizer: {name: EleutherAI/gpt-neox-20b}
+train_loader:
+  name: text
+  dataset: {local: "${variables.data_local}", split: train, shuffle: true, max_seq_len: "${variables.max_seq_len}"}
+  drop_last: true
+scheduler: {name: constant_with_warmup, t_warmup: 2ba}
+optimizer: {name: decoupled_lionw, lr: 1.0e-4}
+max_duration: 6ba
+global_train_batch_size: 8
+device_train_microbatch_size: 8
+device_eval_batch_size: 8
+"""
+
+
+def test_what_the_yaml_leaves_out_is_llm_foundrys_default_not_ours(tmp_path):
+    """Our presets' shared recipe (conf/recipe/mpt.yaml) filled every key a YAML left out: measured, a YAML without
+    alpha_f, weight_decay, algorithms, shuffle_seed or eval_loader trained with alpha_f 0.1 (composer's default
+    0.0), gradient clipping, seed 42 from variables.global_seed (llm-foundry's 17: nothing reads the variable),
+    another data order, and an evaluation of the whole val split; a Lion or constant_with_warmup recipe was
+    refused over Adam's eps and cosine's alpha_f it never wrote. Now the YAML is the whole recipe."""
+    (tmp_path / "mine.yaml").write_text(MINIMAL)
+    cfg, ctx = _composed(f"yaml={tmp_path / 'mine.yaml'}")
+    assert dict(cfg.scheduler) == {"name": "constant_with_warmup", "t_warmup": "2ba"}
+    assert dict(cfg.optimizer) == {"name": "decoupled_lionw", "lr": 1.0e-4}
+    for absent in ("algorithms", "seed", "eval_interval", "eval_first", "eval_subset_num_batches",
+                   "train_loader.dataset.shuffle_seed", "model.vocab_size", "model.expansion_ratio"):
+        assert OmegaConf.select(cfg, absent, default="absent") == "absent", absent
+    assert cfg.eval_loader is None and cfg.fsdp_config is None  # no evaluation, no FSDP: as llm-foundry reads it
+    assert ctx.choices["checkpoint"] == "full"  # without FSDP composer writes one file
+    assert not errors(check(cfg, ctx)), [str(p) for p in errors(check(cfg, ctx))]
+    # the cluster's knobs still go beneath it (a CPU's attention and loss), and the command line over it, keys
+    # the YAML left out included, without Hydra's `+`, as llm-foundry's command line takes them
+    assert cfg.model.attn_config.attn_impl == "torch" and cfg.model.loss_fn == "torch_crossentropy"
+    args = command_line([f"yaml={tmp_path / 'mine.yaml'}", "eval_interval=2ba", "seed=5", "model.n_layers=3"])
+    assert args[1:] == ["++eval_interval=2ba", "++seed=5", "model.n_layers=3"]
+    over, _ = _composed(*args)
+    assert (over.eval_interval, over.seed, over.model.n_layers) == ("2ba", 5, 3)
 
 
 def test_variables_change_everything_that_reads_them_as_in_llm_foundry():

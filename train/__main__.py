@@ -56,7 +56,7 @@ def suggest_keys(args: list) -> list:
     pairs = [a.split("=", 1) for a in args if "=" in a and not a.startswith("-")]
     choices = [f"{k}={v}" for k, v in pairs if k in groups]
     unknown = [(k.lstrip("~"), v) for k, v in pairs
-               if not k.startswith("+") and "/" not in k and k not in groups and not k.startswith("hydra")]
+               if not k.startswith("+") and "/" not in k and k not in groups | {"yaml"} and not k.startswith("hydra")]
     if not unknown:
         return []
     GlobalHydra.instance().clear()

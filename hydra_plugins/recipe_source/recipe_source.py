@@ -5,11 +5,19 @@ named by its path (train/config/compose.py makes it absolute before Hydra reads 
 composes again finds the same file). The file is read as llm-foundry reads it (its keys, `variables:` and
 interpolations) and placed at the top of the config, after our groups and before the command line.
 
-Two things are added, both so the YAML stays the whole recipe:
+What is added keeps the YAML the whole recipe: a key it leaves out is llm-foundry's default, as if
+llm-foundry read the file, not a value of ours.
+- `override /recipe: null`: the MPT recipe our presets share (conf/recipe/mpt.yaml: scheduler, optimizer,
+  clipping, loaders, evaluation, FSDP) does not apply. Measured before: a YAML without `alpha_f`, `weight_decay`,
+  `algorithms`, `shuffle_seed` or `eval_loader` trained with ours (alpha_f 0.1 against composer's 0.0, clipping
+  it never asked for, another data order, an evaluation of the whole val split), exit 0.
 - `override /model: null`: our model presets do not apply (a preset key the YAML leaves out, such as mpt-tiny's
   save_interval, would otherwise leak in); `model=<preset>` on the command line still picks one beneath it.
-- `override /data: mds`: the YAML's `variables.data_local` is an MDS folder (llm-foundry's text loader), not our
-  mock data.
+- `override /data: _recipe`: the YAML's `variables.data_local` is an MDS folder (llm-foundry's text loader), not
+  our mock data; its model's vocab_size is its own (data=mds would size it from the tokenizer).
+- A YAML without `eval_loader` (or `fsdp_config`) gets `null` there: no evaluation (no FSDP), as in llm-foundry,
+  whatever our groups set inside them (a CPU cluster's loader workers, the checkpoint group's state_dict_type);
+  without FSDP the default checkpoint is `checkpoint=full` (one file, what composer writes then).
 A blank `run_name` (llm-foundry would read $RUN_NAME) is left out, so the run gets our name: the YAML's stem and
 the hash of what it trains (train/config/identity.py). An `eval_loader` list (several evaluators, each with a
 label) becomes `eval_loaders`, as llm-foundry itself does.
@@ -77,7 +85,14 @@ class RecipeConfigSource(ConfigSource):
             # several evaluators: llm-foundry moves an eval_loader list to eval_loaders; so does this, since
             # conf/train.yaml's eval_loader is a mapping a list cannot be merged onto
             cfg.eval_loaders, cfg.eval_loader = cfg.eval_loader, None
-        cfg.defaults = [{"override /model": None}, {"override /data": "mds"}, "_self_"]
+        for section in ("eval_loader", "fsdp_config"):  # absent: llm-foundry's None, not our groups' keys in it
+            if section not in cfg and not (section == "eval_loader" and "eval_loaders" in cfg):
+                cfg[section] = None
+        if "eval_loaders" in cfg and "eval_loader" not in cfg:
+            cfg.eval_loader = None
+        cfg.defaults = [{"override /recipe": None}, {"override /model": None}, {"override /data": "_recipe"},
+                        # without FSDP composer writes one file: checkpoint=sharded would be refused
+                        *([{"override /checkpoint": "full"}] if cfg.fsdp_config is None else []), "_self_"]
         return ConfigResult(config=cfg, path=f"{SCHEME}://{path.parent}", provider=self.provider,
                             header={"package": "_global_"})
 

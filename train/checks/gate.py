@@ -94,12 +94,16 @@ _INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "search
 
 
 def _app_shape(config_name: str = "train"):
-    """(the app's config groups -> their public presets, the top-level keys of its config), from conf/ alone."""
+    """(the app's config groups -> their public presets, the top-level keys of its config), from conf/ alone: the
+    primary config's keys and those of the recipe presets (conf/recipe/, which hold llm-foundry's training keys)."""
     from omegaconf import OmegaConf
 
     from common.paths import CONF
 
     primary = OmegaConf.to_container(OmegaConf.load(CONF / f"{config_name}.yaml"), resolve=False)
+    if config_name == "train":
+        for recipe in sorted((CONF / "recipe").glob("*.yaml")):
+            primary = {**OmegaConf.to_container(OmegaConf.load(recipe), resolve=False), **primary}
     groups = {}
     for entry in primary.get("defaults") or []:
         if isinstance(entry, dict):
@@ -213,7 +217,7 @@ def _listed_twice(override) -> list:
         seen.add(key)
     if not twice:
         return []
-    name = override.get_key_element()
+    name = override.get_key_element().lstrip("+~")  # `seed=1,1` is `++seed` on its way to Hydra
     once = ",".join(dict.fromkeys(str(v) for v in override.sweep_string_iterator()))
     return [Problem(name, f"the sweep lists {', '.join(map(str, twice))} twice: those points would be one run, "
                     "trained twice at once in one folder", f"each value once: {name}={once}")]

@@ -280,6 +280,10 @@ def vocabulary(cfg, ctx):
     name = "mock" if value(cfg, "data.kind") == "mock" else str(value(cfg, "tokenizer.name"))
     size, source = (vocab.MOCK_IDS, "the mock byte tokenizer") if name == "mock" else vocab.tokenizer_ids(name)
     model_vocab = value(cfg, "model.vocab_size")
+    if model_vocab is None and value(cfg, "model.name") == "mpt_causal_lm":  # left out: MPTConfig's default
+        from train.checks.checkpoints import MPT_SHAPE_DEFAULTS
+
+        model_vocab = MPT_SHAPE_DEFAULTS["model.vocab_size"]
     if size is not None and isinstance(model_vocab, int) and size > model_vocab:
         yield Problem("model.vocab_size", f"{model_vocab} is smaller than the tokenizer's {size} ids ({source}): "
                       "token ids past it would index outside the embedding (an IndexError, a device-side assert on "

@@ -128,11 +128,14 @@ def numbers(cfg, ctx):
     yield from _positive_int(cfg, "cluster.tasks_per_node", 8)
     for key in ("max_seq_len", "global_train_batch_size", "model.d_model", "model.n_heads", "model.n_layers",
                 "model.vocab_size", "device_eval_batch_size"):
+        if key == "model.vocab_size" and value(cfg, key) is None:
+            continue  # left out (a YAML's choice): MPTConfig's default (train/checks/checkpoints.py)
         yield from _positive_int(cfg, key)
     if value(cfg, "device_train_microbatch_size") != "auto":
         yield from _positive_int(cfg, "device_train_microbatch_size")
     yield from _duration(cfg, "max_duration", interval=False)
-    yield from _duration(cfg, "eval_interval", zero_means="never evaluate")
+    if value(cfg, "eval_interval") is not None:  # absent (a YAML's choice): llm-foundry's default, every epoch
+        yield from _duration(cfg, "eval_interval", zero_means="never evaluate")
     yield from _duration(cfg, "save_interval")
     lr = value(cfg, "optimizer.lr")
     if not is_number(lr) or lr <= 0:

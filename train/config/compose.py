@@ -35,7 +35,21 @@ def command_line(args: list) -> list:
         if not after_flag and not arg.startswith("-") and "=" not in arg and arg.endswith((".yaml", ".yml")):
             arg = f"yaml={arg}"
         out.append(arg if after_flag else recipe_override(open_map_override(arg)))
+    if any(a.startswith("yaml=") for a in out):  # a YAML may leave out any key llm-foundry has a default for
+        out = [a if i > 0 and out[i - 1] in FLAGS_WITH_VALUE else foundry_key_override(a) for i, a in enumerate(out)]
     return flags + out
+
+
+def foundry_key_override(arg: str) -> str:
+    """With a user's YAML, `eval_interval=2000ba`, `seed=42`: a top-level key of llm-foundry's TrainConfig is set as
+    llm-foundry's own command line sets it, added where the YAML left it to llm-foundry's default or replaced where
+    it is set: Hydra's `++`, instead of its "Key ... is not in struct". (`model` is our preset group.)"""
+    key, eq, _ = arg.partition("=")
+    if not eq or not re.fullmatch(r"[a-z_]+", key) or key == "model":
+        return arg
+    from train.checks.values import FOUNDRY_KEYS
+
+    return "++" + arg if key in FOUNDRY_KEYS else arg
 
 
 def recipe_override(arg: str) -> str:
