@@ -62,6 +62,10 @@ def test_the_yaml_is_over_our_groups_and_the_command_line_over_the_yaml():
     assert cli_cfg.precision == "fp32" and cli_cfg.eval_interval == "2000ba"
     # a blank run_name (llm-foundry would read $RUN_NAME) gets our name: the YAML's stem and what it trains
     assert cfg.run_name.startswith("mpt-30b-")
+    # its `run_name: ${variables.run_name}` takes the variable given on the command line, as in llm-foundry (it was
+    # dropped when the file was read: the run went on under our name)
+    named, _ = _composed(f"yaml={path}", "variables.run_name=my-exp-1")
+    assert named.run_name == "my-exp-1" and named.save_folder.endswith("/my-exp-1")
 
 
 # A recipe that leaves to llm-foundry what llm-foundry has defaults for: no alpha_f, weight_decay, betas,

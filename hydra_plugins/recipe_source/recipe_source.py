@@ -18,8 +18,9 @@ llm-foundry read the file, not a value of ours.
 - A YAML without `eval_loader` (or `fsdp_config`) gets `null` there: no evaluation (no FSDP), as in llm-foundry,
   whatever our groups set inside them (a CPU cluster's loader workers, the checkpoint group's state_dict_type);
   without FSDP the default checkpoint is `checkpoint=full` (one file, what composer writes then).
-A blank `run_name` (llm-foundry would read $RUN_NAME) is left out, so the run gets our name: the YAML's stem and
-the hash of what it trains (train/config/identity.py). An `eval_loader` list (several evaluators, each with a
+A blank `run_name` (llm-foundry would read $RUN_NAME) gets our name: the YAML's stem and the hash of what it
+trains (train/config/identity.py); `run_name: ${variables.run_name}` still takes the variable when the command line
+gives it (`variables.run_name=my-run`), as in llm-foundry. An `eval_loader` list (several evaluators, each with a
 label) becomes `eval_loaders`, as llm-foundry itself does.
 """
 from pathlib import Path
@@ -30,6 +31,8 @@ from hydra.plugins.config_source import ConfigLoadError, ConfigResult, ConfigSou
 from omegaconf import OmegaConf
 
 GROUP = "yaml"
+VARIABLE_RUN_NAME = "${variables.run_name}"
+OUR_RUN_NAME = "${run_id:${hydra:runtime.choices.model},${hydra:runtime.choices.yaml}}"  # conf/train.yaml's
 SCHEME = "recipe"
 
 
@@ -48,7 +51,7 @@ def blank_run_name(cfg) -> bool:
     raw = OmegaConf.to_container(cfg, resolve=False).get("run_name")
     if raw in (None, ""):
         return True
-    if raw == "${variables.run_name}":
+    if raw == VARIABLE_RUN_NAME:
         return OmegaConf.select(cfg, "variables.run_name", default=None, throw_on_missing=False) in (None, "")
     return False
 
@@ -80,7 +83,12 @@ class RecipeConfigSource(ConfigSource):
             raise ConfigLoadError(f"yaml={path}: has a `defaults:` key, which is Hydra's; llm-foundry's YAMLs have "
                                   "none (put presets on the command line instead)")
         if blank_run_name(cfg):
-            del cfg["run_name"]
+            if OmegaConf.to_container(cfg, resolve=False).get("run_name") == VARIABLE_RUN_NAME:
+                # llm-foundry's YAMLs: the variable names the run when it is given (variables.run_name=my-run on
+                # the command line, as with llm-foundry), else our name
+                cfg.run_name = "${given_or:${oc.select:variables.run_name,null}," + OUR_RUN_NAME + "}"
+            else:
+                del cfg["run_name"]
         if OmegaConf.is_list(cfg.get("eval_loader")):
             # several evaluators: llm-foundry moves an eval_loader list to eval_loaders; so does this, since
             # conf/train.yaml's eval_loader is a mapping a list cannot be merged onto

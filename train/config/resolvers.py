@@ -9,6 +9,12 @@ def subdir(root, name):
     return None if root in (None, "", "null") else f"{root}/{name}"
 
 
+def given_or(value, otherwise):
+    """`value` unless it is blank (null or ""): a YAML's `run_name: ${variables.run_name}` with the variable given
+    on the command line, else our name (hydra_plugins/recipe_source/)."""
+    return otherwise if value in (None, "") else value
+
+
 def vocab_size(tokenizer_name) -> int:
     from train.config.vocab import vocab_size as size
 
@@ -21,6 +27,7 @@ def register_resolvers() -> None:
     register()
     from train.config.identity import run_id  # the run's name: what it trains (train/config/identity.py)
 
-    for name, fn in {"run_id": run_id, "subdir": subdir, "abspath": os.path.abspath, "vocab_size": vocab_size}.items():
+    for name, fn in {"run_id": run_id, "subdir": subdir, "abspath": os.path.abspath, "vocab_size": vocab_size,
+                     "given_or": given_or}.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
