@@ -113,6 +113,21 @@ def test_what_the_yaml_leaves_out_is_llm_foundrys_default_not_ours(tmp_path):
     assert (over.eval_interval, over.seed, over.model.n_layers) == ("2ba", 5, 3)
 
 
+def test_composers_run_name_placeholder_in_save_folder_is_the_runs_own_folder(tmp_path):
+    """`save_folder: ./{run_name}/checkpoints` (llm-foundry's YAMLs): composer fills it; this tool read it as a
+    folder named `{run_name}`, so every run of the YAML shared one finished.json: measured, a sweep point with
+    another learning rate found the first run's and reported its numbers as its own, nothing trained, exit 0."""
+    (tmp_path / "mine.yaml").write_text(MINIMAL + f"save_folder: {tmp_path}/{{run_name}}/ckpt\n")
+    cfg, ctx = _composed(f"yaml={tmp_path / 'mine.yaml'}")
+    other, _ = _composed(f"yaml={tmp_path / 'mine.yaml'}", "optimizer.lr=2e-4")
+    assert cfg.save_folder == f"{tmp_path}/{cfg.run_name}/ckpt" and other.save_folder != cfg.save_folder
+    assert command_line(["save_folder=/c/{run_name}/x"]) == ["save_folder=/c/${run_name}/x"]
+    # composer's per-rank placeholders would give each rank a folder of its own: refused
+    (tmp_path / "rank.yaml").write_text(MINIMAL + f"save_folder: {tmp_path}/{{rank}}/ckpt\n")
+    cfg, ctx = _composed(f"yaml={tmp_path / 'rank.yaml'}")
+    assert [p.key for p in errors(check(cfg, ctx))] == ["save_folder"]
+
+
 def test_variables_change_everything_that_reads_them_as_in_llm_foundry():
     path = YAMLS / "mpt-30b.yaml"
     base, _ = _composed(f"yaml={path}")

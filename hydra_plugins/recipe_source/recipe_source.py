@@ -21,7 +21,8 @@ llm-foundry read the file, not a value of ours.
 A blank `run_name` (llm-foundry would read $RUN_NAME) gets our name: the YAML's stem and the hash of what it
 trains (train/config/identity.py); `run_name: ${variables.run_name}` still takes the variable when the command line
 gives it (`variables.run_name=my-run`), as in llm-foundry. An `eval_loader` list (several evaluators, each with a
-label) becomes `eval_loaders`, as llm-foundry itself does.
+label) becomes `eval_loaders`, as llm-foundry itself does. A `{run_name}` in `save_folder` (composer's placeholder)
+becomes `${run_name}`: the same folder, seen by every reader here.
 """
 from pathlib import Path
 from typing import List, Optional
@@ -89,6 +90,10 @@ class RecipeConfigSource(ConfigSource):
                 cfg.run_name = "${given_or:${oc.select:variables.run_name,null}," + OUR_RUN_NAME + "}"
             else:
                 del cfg["run_name"]
+        if isinstance(cfg.get("save_folder"), str):  # `./{run_name}/checkpoints`: composer's placeholder
+            from train.config.compose import run_name_placeholder
+
+            cfg.save_folder = run_name_placeholder(cfg.save_folder)
         if OmegaConf.is_list(cfg.get("eval_loader")):
             # several evaluators: llm-foundry moves an eval_loader list to eval_loaders; so does this, since
             # conf/train.yaml's eval_loader is a mapping a list cannot be merged onto

@@ -1,6 +1,7 @@
 """Rules about the config's values alone: what llm-foundry, composer or Slurm would refuse, or what surely fails
 (errors), and what is legal but likely a mistake (warnings). Each rule yields every problem it finds."""
 import os
+import re
 
 from train.checks import foundry_names as names
 from train.checks.core import (
@@ -252,6 +253,13 @@ def checkpoint(cfg, ctx):
         yield Problem("autoresume", "autoresume needs a save_folder to find its checkpoints in, and there is none "
                       "(composer refuses it)", "pick a checkpoint group with a folder (checkpoint=sharded), or "
                       "autoresume=false")
+    folder = value(cfg, "save_folder")
+    placeholder = re.search(r"\{(rank|local_rank|world_size|local_world_size|node_rank)\}", str(folder or ""))
+    if placeholder and "://" not in str(folder):
+        yield Problem("save_folder", f"{folder} holds composer's {placeholder.group()}, which it fills per rank: "
+                      "each rank would keep its own folder, and a resume, a check or an export of this tool reads "
+                      "one", "leave it out (composer's sharded checkpoints already keep a file per rank); "
+                      "{run_name} is filled with the run's name")
     keep = value(cfg, "save_num_checkpoints_to_keep")
     if keep is not None and (not is_int(keep) or keep < -1):
         yield Problem("save_num_checkpoints_to_keep", f"{keep!r} is not -1 (keep all) or a count",

@@ -34,7 +34,7 @@ def command_line(args: list) -> list:
         after_flag = i > 0 and rest[i - 1] in FLAGS_WITH_VALUE
         if not after_flag and not arg.startswith("-") and "=" not in arg and arg.endswith((".yaml", ".yml")):
             arg = f"yaml={arg}"
-        out.append(arg if after_flag else recipe_override(open_map_override(arg)))
+        out.append(arg if after_flag else recipe_override(open_map_override(save_folder_override(arg))))
     if any(a.startswith("yaml=") for a in out):  # a YAML may leave out any key llm-foundry has a default for
         out = [a if i > 0 and out[i - 1] in FLAGS_WITH_VALUE else foundry_key_override(a) for i, a in enumerate(out)]
     return flags + out
@@ -50,6 +50,15 @@ def foundry_key_override(arg: str) -> str:
     from train.checks.values import FOUNDRY_KEYS
 
     return "++" + arg if key in FOUNDRY_KEYS else arg
+
+
+RUN_NAME_PLACEHOLDER = re.compile(r"(?<!\$)\{run_name\}")
+
+
+def run_name_placeholder(path):
+    """composer fills `{run_name}` in save_folder itself (llm-foundry's YAMLs: `./{run_name}/checkpoints`): the same
+    folder as `${run_name}`, which every reader of the folder here resolves (resume, finished.json, status)."""
+    return RUN_NAME_PLACEHOLDER.sub("${run_name}", path) if isinstance(path, str) else path
 
 
 def recipe_override(arg: str) -> str:
@@ -69,6 +78,10 @@ def _quoted(path: str) -> str:
     return "'" + path.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def save_folder_override(arg: str) -> str:
+    return run_name_placeholder(arg) if arg.split("=", 1)[0].lstrip("+") == "save_folder" else arg
+
+
 def open_map_override(arg: str) -> str:
     key = arg.split("=", 1)[0]
     if "=" in arg and not arg.startswith(("+", "~", "-")) and any(
@@ -78,7 +91,7 @@ def open_map_override(arg: str) -> str:
 
 
 def compose(overrides=(), config_name: str = "train") -> DictConfig:
-    overrides = [recipe_override(open_map_override(o)) for o in overrides]
+    overrides = [recipe_override(open_map_override(save_folder_override(o))) for o in overrides]
     with initialize_config_dir(str(CONF), version_base=None):
         cfg = _composed(config_name, overrides)
     HydraConfig.instance().set_config(cfg)  # `hydra.run.dir` holds `${run_name}`, which reads the overrides
