@@ -251,23 +251,39 @@ def other_shape(theirs: dict, ours: dict) -> str:
 
 
 def continued_run(cfg, ctx):
-    """run_name=<a run with checkpoints> (or its save_folder) continues it from its newest checkpoint under this
-    command's settings, as asked (earlier_runs suggests it): but a model of another shape cannot load it (a KeyError
-    traceback after the queue, having rewritten the run's record)."""
+    """run_name=<a run with checkpoints> (or its save_folder, given here or fixed in a YAML) continues it from its
+    newest checkpoint under this command's settings, as asked (earlier_runs suggests it) and as composer's
+    autoresume does: but a model of another shape cannot load it (a KeyError traceback after the queue, having
+    rewritten the run's record), and other settings are said, key by key (a YAML's fixed save_folder is shared by
+    every variant of it: one continued another's run without a word)."""
     folder = value(cfg, "save_folder")
-    if not folder or not (ctx.given("run_name") or ctx.given("save_folder")) or "://" in str(folder):
+    fixed = folder != value(cfg, "checkpoint.folder")  # not the checkpoint group's folder of this run's name
+    if not folder or not (ctx.given("run_name") or fixed) or "://" in str(folder):
         return
     from train.checkpoint.resume import find
     from train.config.identity import identity, read_record
 
     found, theirs = find(folder), (read_record(folder) or {}).get("identity")
-    shape = other_shape(theirs, identity(cfg)) if found and isinstance(theirs, dict) else ""
+    if not found or not isinstance(theirs, dict):
+        return
+    ours = identity(cfg)
+    shape = other_shape(theirs, ours)
+    given = "run_name" if ctx.given("run_name") else "save_folder"
     if shape:
-        given = "run_name" if ctx.given("run_name") else "save_folder"
         yield Problem(shape.split("=")[0], f"the checkpoints this command continues ({given}=), in {folder} (up to "
                       f"batch {found[-1].batch}), hold a model of another shape: {shape}; loading them would fail "
                       "(torch refuses missing or differently sized weights) or leave weights out", "keep the run's model "
                       f"settings to continue it, or drop {given}= to train this model as a new run")
+        return
+    # keys both name (a default spelled out on one side is no change); max_duration: a longer run is what
+    # run_name= is for
+    other = [f"{k}={theirs[k]!r} there, {ours[k]!r} here" for k in sorted(set(theirs) & set(ours))
+             if theirs[k] != ours[k] and k != "max_duration"]
+    if other:
+        yield Problem(given, f"continues the run in {folder} (up to batch {found[-1].batch}) under other settings: "
+                      + "; ".join(other[:6]) + (f"; and {len(other) - 6} more" if len(other) > 6 else ""),
+                      "as asked, if it is (composer's autoresume does the same); to train these settings as a run of "
+                      f"their own, give it another {given}", WARNING)
 
 
 RULES = [keeps_something, outlives_the_node, lands_before_the_time_limit, fits_on_the_storage, earlier_runs,
