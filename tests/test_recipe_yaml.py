@@ -128,6 +128,16 @@ def test_composers_run_name_placeholder_in_save_folder_is_the_runs_own_folder(tm
     assert [p.key for p in errors(check(cfg, ctx))] == ["save_folder"]
 
 
+def test_a_model_other_than_mpt_is_refused_by_its_name_once(tmp_path):
+    """An hf_causal_lm recipe got four errors about MPT keys it has no reason to set (`model.d_model: has no
+    value`, the MPT defaults of our presets leaking into it); now one, naming model.name and why."""
+    hf = "model: {name: hf_causal_lm, pretrained_model_name_or_path: gpt2, pretrained: false}"
+    (tmp_path / "hf.yaml").write_text("\n".join(hf if line.startswith("model:") else line
+                                                for line in MINIMAL.splitlines()))
+    cfg, ctx = _composed(f"yaml={tmp_path / 'hf.yaml'}")
+    assert [(p.key, p.problem.split(":")[0]) for p in errors(check(cfg, ctx))] == [("model.name", "'hf_causal_lm'")]
+
+
 def test_variables_change_everything_that_reads_them_as_in_llm_foundry():
     path = YAMLS / "mpt-30b.yaml"
     base, _ = _composed(f"yaml={path}")

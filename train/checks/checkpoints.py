@@ -254,8 +254,8 @@ def continued_run(cfg, ctx):
     """run_name=<a run with checkpoints> (or its save_folder, given here or fixed in a YAML) continues it from its
     newest checkpoint under this command's settings, as asked (earlier_runs suggests it) and as composer's
     autoresume does: but a model of another shape cannot load it (a KeyError traceback after the queue, having
-    rewritten the run's record), and other settings are said, key by key (a YAML's fixed save_folder is shared by
-    every variant of it: one continued another's run without a word)."""
+    rewritten the run's record). A save_folder fixed in a YAML (not asked for on the command line) is shared by
+    every variant of it: one continued another's run without a word; other settings are said there, key by key."""
     folder = value(cfg, "save_folder")
     fixed = folder != value(cfg, "checkpoint.folder")  # not the checkpoint group's folder of this run's name
     if not folder or not (ctx.given("run_name") or fixed) or "://" in str(folder):
@@ -279,11 +279,11 @@ def continued_run(cfg, ctx):
     # run_name= is for
     other = [f"{k}={theirs[k]!r} there, {ours[k]!r} here" for k in sorted(set(theirs) & set(ours))
              if theirs[k] != ours[k] and k != "max_duration"]
-    if other:
-        yield Problem(given, f"continues the run in {folder} (up to batch {found[-1].batch}) under other settings: "
+    if other and not (ctx.given("run_name") or ctx.given("save_folder")):  # asked on the command line: as asked
+        yield Problem("save_folder", f"continues the run in {folder} (up to batch {found[-1].batch}) under other settings: "
                       + "; ".join(other[:6]) + (f"; and {len(other) - 6} more" if len(other) > 6 else ""),
-                      "as asked, if it is (composer's autoresume does the same); to train these settings as a run of "
-                      f"their own, give it another {given}", WARNING)
+                      "composer's autoresume does the same; to train these settings as a run of their own, leave "
+                      "save_folder to the checkpoint group or put ${run_name} in it", WARNING)
 
 
 RULES = [keeps_something, outlives_the_node, lands_before_the_time_limit, fits_on_the_storage, earlier_runs,

@@ -127,8 +127,16 @@ def _duration(cfg, key, zero_means=None, interval=True):
 def numbers(cfg, ctx):
     yield from _positive_int(cfg, "cluster.nodes", 1)
     yield from _positive_int(cfg, "cluster.tasks_per_node", 8)
+    mpt = value(cfg, "model.name") == "mpt_causal_lm"
+    if not mpt and value(cfg, "model.name") in names.MODELS:  # a YAML's hf_causal_lm: four "no value" errors before
+        yield Problem("model.name", f"{value(cfg, 'model.name')!r}: this tool plans, checks, resumes and exports "
+                      "llm-foundry's MPT (mpt_causal_lm) only: the memory and FLOP figures, the checkpoint shape "
+                      "checks and the Hugging Face export are MPT's", "model.name=mpt_causal_lm with MPT's keys "
+                      "(d_model, n_heads, n_layers), or train this model with llm-foundry's own scripts")
     for key in ("max_seq_len", "global_train_batch_size", "model.d_model", "model.n_heads", "model.n_layers",
                 "model.vocab_size", "device_eval_batch_size"):
+        if key.startswith("model.") and not mpt:
+            continue
         if key == "model.vocab_size" and value(cfg, key) is None:
             continue  # left out (a YAML's choice): MPTConfig's default (train/checks/checkpoints.py)
         yield from _positive_int(cfg, key)
@@ -157,6 +165,8 @@ def schedule(cfg, ctx):
 
 
 def seq_len(cfg, ctx):
+    if value(cfg, "model.name") != "mpt_causal_lm":
+        return  # refused as a model this tool does not plan (numbers)
     model_len = value(cfg, "model.max_seq_len")
     if not is_int(model_len) or model_len <= 0:
         yield Problem("model.max_seq_len", f"must be a positive whole number, got {model_len!r}",
