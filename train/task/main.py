@@ -91,7 +91,9 @@ def run(cfg: DictConfig) -> dict:
                     f"{fcfg.load_path}): nothing to do. To train this run longer, add run_name={fcfg.run_name} and "
                     f"a larger max_duration to the command (the run name is kept, so it resumes from this "
                     f"checkpoint; the LR schedule follows the new max_duration). To start afresh, pass another "
-                    f"run_name.")
+                    f"run_name. The numbers printed are that run's, from its own evaluation settings (settings of "
+                    f"evaluation do not make another run): to score it under others, python -m train.evaluate "
+                    f"{fcfg.run_name} --data <MDS folder>.")
     metrics = _read(report / "metrics.json")
     if int(os.environ.get("RANK", 0)) == 0:
         from train.launch import finished
