@@ -128,6 +128,17 @@ def test_composers_run_name_placeholder_in_save_folder_is_the_runs_own_folder(tm
     assert [p.key for p in errors(check(cfg, ctx))] == ["save_folder"]
 
 
+def test_a_data_preset_beneath_a_yaml_with_its_own_data_folder_is_warned(tmp_path):
+    """`data=c4` with a YAML that sets variables.data_local: the YAML's folder trains (groups go beneath it), the
+    preset typed on the command line did nothing, without a word. Warned now; not when the folder is given."""
+    (tmp_path / "mine.yaml").write_text(MINIMAL)
+    cfg, ctx = _composed(f"yaml={tmp_path / 'mine.yaml'}", "data=c4")
+    [warned] = [p for p in check(cfg, ctx) if p.key == "data"]
+    assert warned.level == "warning" and "variables.data_local (/tmp/nowhere-c4) is what trains" in warned.problem
+    cfg, ctx = _composed(f"yaml={tmp_path / 'mine.yaml'}", "data=c4", "variables.data_local=/tmp/other")
+    assert not [p for p in check(cfg, ctx) if p.key == "data"]
+
+
 def test_a_model_other_than_mpt_is_refused_by_its_name_once(tmp_path):
     """An hf_causal_lm recipe got four errors about MPT keys it has no reason to set (`model.d_model: has no
     value`, the MPT defaults of our presets leaking into it); now one, naming model.name and why."""

@@ -430,5 +430,26 @@ def sweeper_storage(sweeper):
                       "every trial's result stays in its run's metrics.json and the sweep's summary)")
 
 
+def data_beneath_the_yaml(cfg, ctx):
+    """`data=c4` with a YAML that names its own data folder: the group goes beneath the YAML (docs/config.md), so
+    the YAML's variables.data_local trains, and the preset chosen on the command line did nothing, without a word."""
+    chosen, path = ctx.given("data"), ctx.choices.get("yaml")
+    if not chosen or not path or chosen == "_recipe" or ctx.given("variables.data_local"):
+        return
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.recipe_source.recipe_source import recipe_file
+
+    try:
+        theirs = OmegaConf.select(OmegaConf.load(recipe_file(path)), "variables.data_local", default=None)
+    except Exception:
+        return
+    if theirs is not None:
+        yield Problem("data", f"data={chosen} goes beneath your YAML, whose variables.data_local ({theirs}) is what "
+                      "trains: the preset's folder is not read", f"variables.data_local=<the folder> on the command line "
+                      f"to train on another (data={chosen}'s: {value(cfg, 'storage.data_local_root')}/{chosen}), "
+                      "or leave data= out", WARNING)
+
+
 RULES = [plan_form, known_keys, resolves, slurm_preset_needs_m, mock_data_only_where_asked, numbers, schedule, seq_len, held_out, device, fsdp, checkpoint,
-         storage, cluster_figures, batch, export, objective_reported]
+         storage, cluster_figures, batch, export, objective_reported, data_beneath_the_yaml]
