@@ -374,13 +374,17 @@ def data(cfg, ctx):
 
 
 def _sample_length(cfg, folder: Path, sample: int | None):
-    seq = value(cfg, "max_seq_len")
+    # the length the text loader cuts samples to is its dataset's max_seq_len (a YAML's interpolates
+    # variables.max_seq_len, so a top-level max_seq_len= does not reach it); the top-level one where it is unset
+    cut = value(cfg, "train_loader.dataset.max_seq_len")
+    key = "train_loader.dataset.max_seq_len" if cut is not None and cut != value(cfg, "max_seq_len") else "max_seq_len"
+    seq = value(cfg, key)
     if sample and isinstance(seq, int) and sample != seq:
         if sample > seq:
-            what = (f"samples of {sample} tokens; max_seq_len={seq} keeps the first {seq} of each and drops the "
+            what = (f"samples of {sample} tokens; {key}={seq} keeps the first {seq} of each and drops the "
                     f"rest ({100 * (sample - seq) // sample} % of the prepared tokens never trained on)")
         else:
-            what = (f"samples of {sample} tokens, shorter than max_seq_len={seq}: the run trains on {sample}-token "
+            what = (f"samples of {sample} tokens, shorter than {key}={seq}: the run trains on {sample}-token "
                     "sequences, not what the plan assumed")
         yield Problem("max_seq_len", f"{folder} holds {what}", f"max_seq_len={sample}, or prepare the data again "
                       f"with concat_tokens={seq}", WARNING)
