@@ -99,10 +99,8 @@ class RecipeConfigSource(ConfigSource):
             # conf/train.yaml's eval_loader is a mapping a list cannot be merged onto
             cfg.eval_loaders, cfg.eval_loader = cfg.eval_loader, None
         for section in ("eval_loader", "fsdp_config"):  # absent: llm-foundry's None, not our groups' keys in it
-            if section not in cfg and not (section == "eval_loader" and "eval_loaders" in cfg):
+            if section not in cfg:  # (eval_loaders alone: eval_loader None too, as llm-foundry wants it)
                 cfg[section] = None
-        if "eval_loaders" in cfg and "eval_loader" not in cfg:
-            cfg.eval_loader = None
         cfg.defaults = [{"override /recipe": None}, {"override /model": None}, {"override /data": "_recipe"},
                         # without FSDP composer writes one file: checkpoint=sharded would be refused
                         *([{"override /checkpoint": "full"}] if cfg.fsdp_config is None else []), "_self_"]
