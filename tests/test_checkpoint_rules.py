@@ -115,6 +115,9 @@ def test_kept_checkpoints_that_cannot_fit_are_refused_and_a_plan_warns(tiny_fs, 
     line = ["save_num_checkpoints_to_keep=-1", "max_duration=400ba"]  # 20 checkpoints of ~5 MiB on 4 MiB
     bad = keyed(errors(found(line)), "save_num_checkpoints_to_keep")
     assert len(bad) == 1 and str(tiny_fs) in bad[0].problem and "storage" in bad[0].fix
+    # not one ~5 MiB checkpoint fits in 4 MiB: said so (the fix offered save_num_checkpoints_to_keep=-1, which
+    # keeps every one)
+    assert "not one checkpoint fits" in bad[0].fix and "=-1" not in bad[0].fix, bad[0].fix
     assert keyed(found(line, "plan"), "save_num_checkpoints_to_keep")[0].level == "warning"
 
 

@@ -178,9 +178,10 @@ def fits_on_the_storage(cfg, ctx):
         from train.plan.forecast_report import _size
 
         keep = value(cfg, "save_num_checkpoints_to_keep")
+        # room for `fewer` kept plus the next one written; under 1 none can be kept (-1 would keep every one)
         fewer = int(have // (need // kept)) - 1 if kept else 0
         fix = (f"keep fewer (save_num_checkpoints_to_keep={fewer}, now {keep}), a longer save_interval, or "
-               if fewer else "not one checkpoint fits: ") + "a storage with room (storage.root=...)"
+               if fewer >= 1 else "not one checkpoint fits beside the next: ") + "a storage with room (storage.root=...)"
         yield Problem("save_num_checkpoints_to_keep",
                       f"{kept} checkpoints on disk at once (save_num_checkpoints_to_keep={keep}, and the next "
                       f"one written before the oldest is deleted) need {_size(need)}, and {root} has {_size(have)} "
