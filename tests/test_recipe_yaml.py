@@ -107,10 +107,15 @@ def test_what_the_yaml_leaves_out_is_llm_foundrys_default_not_ours(tmp_path):
     # the cluster's knobs still go beneath it (a CPU's attention and loss), and the command line over it, keys
     # the YAML left out included, without Hydra's `+`, as llm-foundry's command line takes them
     assert cfg.model.attn_config.attn_impl == "torch" and cfg.model.loss_fn == "torch_crossentropy"
-    args = command_line([f"yaml={tmp_path / 'mine.yaml'}", "eval_interval=2ba", "seed=5", "model.n_layers=3"])
-    assert args[1:] == ["++eval_interval=2ba", "++seed=5", "model.n_layers=3"]
-    over, _ = _composed(*args)
-    assert (over.eval_interval, over.seed, over.model.n_layers) == ("2ba", 5, 3)
+    args = command_line([f"yaml={tmp_path / 'mine.yaml'}", "eval_interval=2ba", "seed=5", "model.n_layers=3",
+                         "scheduler.alpha_f=0.5", "cluster.nodes=1"])
+    assert args[1:] == ["++eval_interval=2ba", "++seed=5", "++model.n_layers=3", "++scheduler.alpha_f=0.5",
+                        "cluster.nodes=1"]
+    over, ctx = _composed(*args)
+    assert (over.eval_interval, over.seed, over.model.n_layers, over.scheduler.alpha_f) == ("2ba", 5, 3, 0.5)
+    # a misspelt one is added too, and refused by what it configures, as before
+    typo, ctx = _composed(*command_line([f"yaml={tmp_path / 'mine.yaml'}", "optimizer.lrr=1e-3"]))
+    assert [p.key for p in errors(check(typo, ctx))] == ["optimizer.lrr"]
 
 
 def test_composers_run_name_placeholder_in_save_folder_is_the_runs_own_folder(tmp_path):

@@ -41,15 +41,16 @@ def command_line(args: list) -> list:
 
 
 def foundry_key_override(arg: str) -> str:
-    """With a user's YAML, `eval_interval=2000ba`, `seed=42`: a top-level key of llm-foundry's TrainConfig is set as
-    llm-foundry's own command line sets it, added where the YAML left it to llm-foundry's default or replaced where
-    it is set: Hydra's `++`, instead of its "Key ... is not in struct". (`model` is our preset group.)"""
+    """With a user's YAML, `eval_interval=2000ba`, `scheduler.alpha_f=0.0`: a key in llm-foundry's TrainConfig is
+    set as llm-foundry's own command line sets it, added where the YAML left it to llm-foundry's default or
+    replaced where it is set: Hydra's `++`, instead of its "Key ... is not in struct" (a misspelt key is still
+    refused or warned by the checks, by the arguments of what it configures). (`model=` is our preset group.)"""
     key, eq, _ = arg.partition("=")
-    if not eq or not re.fullmatch(r"[a-z_]+", key) or key == "model":
+    if not eq or not re.fullmatch(r"[a-z_]+(\.[A-Za-z0-9_]+)*", key) or key == "model":
         return arg
     from train.checks.values import FOUNDRY_KEYS
 
-    return "++" + arg if key in FOUNDRY_KEYS else arg
+    return "++" + arg if key.split(".")[0] in FOUNDRY_KEYS else arg
 
 
 RUN_NAME_PLACEHOLDER = re.compile(r"(?<!\$)\{run_name\}")
