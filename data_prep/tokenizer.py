@@ -122,7 +122,8 @@ def _preset_vocab(name: str, seen: tuple = ()) -> int | None:
 
 
 def model_vocab_size(settings: Settings) -> int | None:
-    """The vocab of the model the data is for: given directly, or as train.yaml + conf/model/<preset> set it.
+    """The vocab of the model the data is for: given directly, or as conf/recipe/mpt.yaml (the recipe every model
+    preset shares) + conf/model/<preset> set it.
 
     Read from the YAML files rather than composed with Hydra, so that data_prep does not depend on the
     training app's plugins and resolvers.
@@ -131,7 +132,7 @@ def model_vocab_size(settings: Settings) -> int | None:
         return settings.model_vocab_size
     size = _preset_vocab(settings.model)
     if size is None:
-        size = OmegaConf.select(OmegaConf.load(CONF / "train.yaml"), "model.vocab_size",
+        size = OmegaConf.select(OmegaConf.load(CONF / "recipe" / "mpt.yaml"), "model.vocab_size",
                                 throw_on_resolution_failure=False)
     if not isinstance(size, int) or isinstance(size, bool):
         raise DataPrepError("model_preset", f"cannot find an integer model.vocab_size for preset {settings.model!r}",

@@ -29,7 +29,7 @@ def cross_entropy(model, tokenizer, data: Path, split: str, max_seq_len: int, ba
     from composer.metrics.nlp import LanguageCrossEntropy
     from llmfoundry.data.text_data import build_text_dataloader
 
-    # As the trainer's eval_loader (conf/train.yaml): the split in order, no shuffling, every sample kept.
+    # As the trainer's eval_loader (conf/recipe/mpt.yaml): the split in order, no shuffling, every sample kept.
     # One process reads it; no worker processes are needed for a few batches.
     spec = build_text_dataloader(tokenizer, batch_size, dataset={
         "local": str(data), "remote": None, "split": split, "shuffle": False, "max_seq_len": max_seq_len},

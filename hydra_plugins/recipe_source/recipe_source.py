@@ -96,7 +96,7 @@ class RecipeConfigSource(ConfigSource):
             cfg.save_folder = run_name_placeholder(cfg.save_folder)
         if OmegaConf.is_list(cfg.get("eval_loader")):
             # several evaluators: llm-foundry moves an eval_loader list to eval_loaders; so does this, since
-            # conf/train.yaml's eval_loader is a mapping a list cannot be merged onto
+            # a cluster's eval_loader knobs are a mapping a list cannot be merged onto
             cfg.eval_loaders, cfg.eval_loader = cfg.eval_loader, None
         for section in ("eval_loader", "fsdp_config"):  # absent: llm-foundry's None, not our groups' keys in it
             if section not in cfg:  # (eval_loaders alone: eval_loader None too, as llm-foundry wants it)
