@@ -21,6 +21,7 @@ from train.checks.core import (
     time_of,
     value,
 )
+from train.plan.estimate import MPT_VOCAB
 
 
 def _saves_checkpoints(cfg) -> bool:
@@ -228,7 +229,7 @@ SHAPE_KEYS = ("model.name", "model.d_model", "model.n_layers", "model.vocab_size
 # What an MPT takes for a shape key its config leaves out (llm-foundry's MPTConfig and its attn_config and
 # ffn_config defaults; tests/test_foundry_names.py compares them): a run that never named no_bias trained biases.
 # ffn_hidden_size has none (expansion_ratio x d_model): a record that lacks it is compared by those two.
-MPT_SHAPE_DEFAULTS = {"model.d_model": 2048, "model.n_layers": 24, "model.vocab_size": 50368,
+MPT_SHAPE_DEFAULTS = {"model.d_model": 2048, "model.n_layers": 24, "model.vocab_size": MPT_VOCAB,
                       "model.expansion_ratio": 4, "model.no_bias": False, "model.learned_pos_emb": True,
                       "model.tie_word_embeddings": True, "model.ffn_config.ffn_type": "mptmlp",
                       "model.attn_config.attn_type": "multihead_attention", "model.attn_config.qk_ln": False,

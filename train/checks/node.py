@@ -281,9 +281,9 @@ def vocabulary(cfg, ctx):
     size, source = (vocab.MOCK_IDS, "the mock byte tokenizer") if name == "mock" else vocab.tokenizer_ids(name)
     model_vocab = value(cfg, "model.vocab_size")
     if model_vocab is None and value(cfg, "model.name") == "mpt_causal_lm":  # left out: MPTConfig's default
-        from train.checks.checkpoints import MPT_SHAPE_DEFAULTS
+        from train.plan.estimate import MPT_VOCAB
 
-        model_vocab = MPT_SHAPE_DEFAULTS["model.vocab_size"]
+        model_vocab = MPT_VOCAB
     if size is not None and isinstance(model_vocab, int) and size > model_vocab:
         yield Problem("model.vocab_size", f"{model_vocab} is smaller than the tokenizer's {size} ids ({source}): "
                       "token ids past it would index outside the embedding (an IndexError, a device-side assert on "
@@ -376,9 +376,8 @@ def data(cfg, ctx):
 def _sample_length(cfg, folder: Path, sample: int | None):
     # the length the text loader cuts samples to is its dataset's max_seq_len (a YAML's interpolates
     # variables.max_seq_len, so a top-level max_seq_len= does not reach it); the top-level one where it is unset
-    cut = value(cfg, "train_loader.dataset.max_seq_len")
-    key = "train_loader.dataset.max_seq_len" if cut is not None and cut != value(cfg, "max_seq_len") else "max_seq_len"
-    seq = value(cfg, key)
+    top, cut = value(cfg, "max_seq_len"), value(cfg, "train_loader.dataset.max_seq_len")
+    key, seq = ("train_loader.dataset.max_seq_len", cut) if cut is not None and cut != top else ("max_seq_len", top)
     if sample and isinstance(seq, int) and sample != seq:
         if sample > seq:
             what = (f"samples of {sample} tokens; {key}={seq} keeps the first {seq} of each and drops the "

@@ -34,10 +34,16 @@ def command_line(args: list) -> list:
         after_flag = i > 0 and rest[i - 1] in FLAGS_WITH_VALUE
         if not after_flag and not arg.startswith("-") and "=" not in arg and arg.endswith((".yaml", ".yml")):
             arg = f"yaml={arg}"
-        out.append(arg if after_flag else recipe_override(open_map_override(save_folder_override(arg))))
+        out.append(arg if after_flag else as_hydra_reads(arg))
     if any(a.startswith("yaml=") for a in out):  # a YAML may leave out any key llm-foundry has a default for
         out = [a if i > 0 and out[i - 1] in FLAGS_WITH_VALUE else foundry_key_override(a) for i, a in enumerate(out)]
     return flags + out
+
+
+def as_hydra_reads(arg: str) -> str:
+    """One override as Hydra should read it (command_line, compose): composer's {run_name} in save_folder, our
+    open maps, a YAML's path."""
+    return recipe_override(open_map_override(save_folder_override(arg)))
 
 
 def foundry_key_override(arg: str) -> str:
@@ -92,7 +98,7 @@ def open_map_override(arg: str) -> str:
 
 
 def compose(overrides=(), config_name: str = "train") -> DictConfig:
-    overrides = [recipe_override(open_map_override(save_folder_override(o))) for o in overrides]
+    overrides = [as_hydra_reads(o) for o in overrides]
     with initialize_config_dir(str(CONF), version_base=None):
         cfg = _composed(config_name, overrides)
     HydraConfig.instance().set_config(cfg)  # `hydra.run.dir` holds `${run_name}`, which reads the overrides

@@ -34,6 +34,10 @@ SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_S
 MPT_VOCAB = 50368  # MPTConfig's vocab_size, where a model (a YAML's) leaves it out
 
 
+def vocab_size(model) -> int:
+    return _get(model, "vocab_size", MPT_VOCAB)
+
+
 def _get(node, key, default=None):
     try:
         v = node.get(key, default)
@@ -53,7 +57,7 @@ def block_params(model) -> int:
 def embedding_params(model) -> int:
     d = model["d_model"]
     pos = model["max_seq_len"] * d if _get(model, "learned_pos_emb", True) else 0
-    return _get(model, "vocab_size", MPT_VOCAB) * d + pos
+    return vocab_size(model) * d + pos
 
 
 def param_count(model) -> int:
@@ -88,7 +92,7 @@ def activation_bytes(model, microbatch: int, act_bytes: int, checkpointing: bool
         layer_part = tokens * d * act_bytes * (layers * ACT_ELEMENTS_CHECKPOINTED + ACT_ELEMENTS_PER_LAYER)
     else:
         layer_part = tokens * d * act_bytes * layers * ACT_ELEMENTS_PER_LAYER
-    logits = tokens * _get(model, "vocab_size", MPT_VOCAB) * (act_bytes + 4)
+    logits = tokens * vocab_size(model) * (act_bytes + 4)
     return layer_part + logits
 
 
