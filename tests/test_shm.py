@@ -161,3 +161,78 @@ def test_an_unreadable_python_process_of_this_user_stops_the_cleanup(tmp_path, m
 def test_which_unreadable_processes_count(tmp_path, argv0, python):
     (tmp_path / "cmdline").write_bytes(argv0 + b"\0x\0")
     assert shm_registry._python(tmp_path) is python
+
+
+# Two ranks of one job on one node register one dataset's prefix while a third job's shared memory goes away
+# between their scans (it ended). Each rank runs streaming's own get_shm_prefix, as StreamingDataset calls it,
+# scanning from a high base (other tests and runs use the low prefixes; the walk itself is streaming's).
+RANK = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    import torch.distributed as dist
+    from streaming.base import dataset
+    from streaming.base.shared import prefix as shared
+    from streaming.base.world import World
+
+    base, gone, ready, fix = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4] == "fix"
+
+    def from_base():
+        n = base
+        while True:
+            yield n
+            n += 1
+
+    shared._each_prefix_int = from_base
+    dist.init_process_group("gloo", init_method=os.environ["INIT"], rank=int(os.environ["RANK"]), world_size=2)
+    if fix:
+        from train.task import shm_registry
+        shm_registry.agree_on_prefixes()
+    if os.environ["RANK"] == "1":  # the leader has scanned; the other job ends; then this rank scans
+        while not ready.exists():
+            time.sleep(0.05)
+        time.sleep(1.0)
+        gone.unlink()
+    else:
+        ready.touch()
+    try:
+        prefix, shm = dataset.get_shm_prefix(["/data/train"], [None], World.detect())
+        print("prefix", prefix, flush=True)
+        dist.barrier()
+        if os.environ["RANK"] == "0":
+            shm.cleanup()
+    except RuntimeError as err:
+        print(err, flush=True)
+        sys.exit(3)
+""")
+
+
+@needs_shm
+@pytest.mark.torch
+@pytest.mark.parametrize("fix", [True, False])
+def test_the_ranks_of_a_job_take_their_leaders_prefix(tmp_path, fix):
+    """streaming 0.12 has every rank scan the registry on its own (base/shared/prefix.py) and the followers open
+    the prefix they found: where another job's shared memory went away between the leader's scan and a
+    follower's, they part ("shared memory prefix=378 was not registered by local leader", seen with two 2-rank
+    runs on one machine). With agree_on_prefixes every rank takes its local leader's number."""
+    import socket
+
+    base = random.randrange(900000, 990000, 10)
+    other = SHM / f"{base:06}_epoch_data"  # another job's, at the first prefix free of `locals`
+    other.write_bytes(b"\0" * 64)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "INIT": f"tcp://127.0.0.1:{port}", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    try:
+        ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(base), str(other), str(tmp_path / "ready"),
+                                   "fix" if fix else "as-is"], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+        out = [p.communicate(timeout=120)[0] for p in ranks]
+    finally:
+        for p in SHM.glob(f"{base // 10:05}*"):
+            p.unlink(missing_ok=True)
+    if fix:
+        assert [p.returncode for p in ranks] == [0, 0], out
+        assert all(f"prefix {base + 1}" in o for o in out), out  # the leader found `base` taken when it scanned
+    else:  # streaming as it is: the follower found `base` free and looks for a registration there
+        assert ranks[1].returncode == 3 and f"prefix={base} was not registered by local leader" in out[1], out
