@@ -138,3 +138,25 @@ def test_compose_refuses_what_hydra_refuses_with_its_message(overrides, tmp_path
     with pytest.raises(Exception) as theirs:
         _from_scratch(overrides)
     assert (type(ours.value), str(ours.value)) == (type(theirs.value), str(theirs.value))
+
+
+def test_an_interpolation_parsed_once_reads_the_same_after_others(tmp_path):
+    """Each `${...}` text is parsed once per process (train/config/resolvers.py): a tree made earlier, read again
+    after the grammar's lexer has gone through other texts, gives what a first parse gives; a text that does
+    not parse is refused each time, not remembered as something else."""
+    import omegaconf.base
+    from omegaconf.errors import GrammarParseError
+
+    cfg = OmegaConf.create({"a": "${b}-x", "b": 1, "c": "${a}/${b}${oc.env:NO_SUCH_VAR_HERE,d}", "e": "${oc.select:b}"})
+    first = OmegaConf.to_container(cfg, resolve=True)
+    before = omegaconf.base.parse.cache_info()
+    OmegaConf.to_container(OmegaConf.create({f"k{i}": f"${{b}}{i}:${{c}}" for i in range(50)}
+                                            | {"b": "y", "c": "z"}), resolve=True)
+    cfg.b = 2  # the same texts, other values
+    again = OmegaConf.to_container(cfg, resolve=True)
+    assert first == {"a": "1-x", "b": 1, "c": "1-x/1d", "e": 1}
+    assert again == {"a": "2-x", "b": 2, "c": "2-x/2d", "e": 2}
+    assert omegaconf.base.parse.cache_info().hits > before.hits  # read from the cache, and still right
+    for _ in range(2):
+        with pytest.raises(GrammarParseError):
+            _ = OmegaConf.create({"bad": "${b"}).bad
