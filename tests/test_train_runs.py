@@ -182,3 +182,25 @@ def test_every_relative_path_of_the_config_is_absolute_before_the_task_leaves_th
         _node_local_cwd(cfg, {"MASTER_PORT": "29500", "NODE_RANK": "0", "LOCAL_RANK": "1"})
         assert {k: OmegaConf.select(cfg, k) for k in values} == expect
         assert Path.cwd().parent == tmp_path / "scratch"  # left for the node's own folder
+
+
+@pytest.mark.torch
+def test_composers_record_names_the_cpu_as_py_cpuinfo_does_without_its_process(monkeypatch):
+    """The task reads the CPU's name for composer's environment record from /proc/cpuinfo (train/task/main.py):
+    the name py-cpuinfo's probe process gives, and no process started for it."""
+    import subprocess as sp
+
+    import cpuinfo
+    from composer.utils import collect_env
+
+    from train.task.main import _cpu_model_from_proc
+
+    want = str(cpuinfo.get_cpu_info().get("brand_raw", "CPU"))
+    monkeypatch.setattr(collect_env, "get_cpu_model", collect_env.get_cpu_model)  # restored after the test
+    _cpu_model_from_proc()
+
+    def no_process(*args, **kwargs):
+        raise AssertionError(f"a process started: {args}")
+
+    monkeypatch.setattr(sp, "Popen", no_process)
+    assert collect_env.get_composer_env_dict()["cpu_model"] == want

@@ -107,7 +107,21 @@ def run(cfg: DictConfig) -> dict:
               f"checkpoints: {fcfg.save_folder or 'none (checkpoint=none)'}\n"
               f"loss curve:  {report / 'loss_curve.png'}\nmetrics:     {report / 'metrics.json'}",
               flush=True)  # the run's answer: stdout
+    _end_without_teardown_collections()
     return metrics
+
+
+def _end_without_teardown_collections() -> None:
+    """The run is done and everything it writes is closed: collect what is garbage now (its finalizers run, as at
+    exit), then keep the cyclic GC off the rest. A process that imported composer and llm-foundry (~5,000 modules)
+    otherwise spends 1.5-2 s at exit with the GC walking every object while Python tears the modules down: from
+    the answer printed to the process gone, 2.5-3.1 s before, 1.1 s after (a 40-batch tiny run), per rank, on
+    every run. Nothing else changes: objects still go when their last reference does; atexit handlers (logging,
+    tracking) run as before."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 def _start_dist(fcfg) -> None:
@@ -117,6 +131,28 @@ def _start_dist(fcfg) -> None:
 
     dist.initialize_dist(get_device(None), timeout=float(fcfg.get("dist_timeout") or 600.0))
     gloo_reduce_scatter_averages()  # FSDP2's gradients on CPU: the mean over the ranks, not their sum
+    _cpu_model_from_proc()
+
+
+def _cpu_model_from_proc() -> None:
+    """composer's environment record (get_composer_env_dict: the trainer reads its version from it when built)
+    names the CPU through py-cpuinfo, which starts a Python process to probe it: 1.1 s of CPU per rank, every
+    run, for a name the trainer does not log. The same name from /proc/cpuinfo ("model name", what cpuinfo reports
+    as brand_raw on Linux), else the platform's; composer's record keeps its other fields."""
+    from composer.utils import collect_env
+
+    def cpu_model() -> str:
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.partition(":")[0].strip() in ("model name", "Model", "cpu model"):
+                    return line.partition(":")[2].strip()
+        except OSError:
+            pass
+        import platform
+
+        return platform.processor() or "CPU"
+
+    collect_env.get_cpu_model = cpu_model
 
 
 def _choose_resume_point(cfg, fcfg) -> None:
