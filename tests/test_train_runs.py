@@ -204,3 +204,27 @@ def test_composers_record_names_the_cpu_as_py_cpuinfo_does_without_its_process(m
 
     monkeypatch.setattr(sp, "Popen", no_process)
     assert collect_env.get_composer_env_dict()["cpu_model"] == want
+
+
+@pytest.mark.torch
+def test_mpt_is_known_to_be_no_registered_causal_lm_without_importing_them_all(monkeypatch):
+    """composer's question (is the model one of transformers' registered causal LMs?) answered for MPT without
+    its scan of every registered class (train/task/main.py): the answer composer's own scan gives, and other
+    models still asked as composer asks."""
+    from composer.models import huggingface
+    from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.models.auto import modeling_auto
+
+    from train.task.main import _mpt_is_in_no_transformers_mapping
+
+    mpt = MPTForCausalLM(MPTConfig(d_model=16, n_heads=2, n_layers=1, max_seq_len=8, vocab_size=32))
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=16, n_head=2, n_layer=1, n_positions=8, vocab_size=32))
+    composers = huggingface._is_registered_causal_lm
+    assert composers(mpt) is False and composers(gpt2) is True  # composer's scan
+    monkeypatch.setattr(huggingface, "_is_registered_causal_lm", composers)  # restored after the test
+    _mpt_is_in_no_transformers_mapping()
+    assert huggingface._is_registered_causal_lm(gpt2) is True
+    monkeypatch.setattr(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING.__class__, "values",
+                        lambda self: pytest.fail("scanned every registered causal LM"))
+    assert huggingface._is_registered_causal_lm(mpt) is False

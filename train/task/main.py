@@ -65,6 +65,7 @@ def run(cfg: DictConfig) -> dict:
 
     register()
     tracking.register()  # conf/logger/: one tracking run per training run
+    _mpt_is_in_no_transformers_mapping()
     report = Path(fcfg.callbacks.run_report.folder)
     try:
         # llm-foundry prints the whole resolved config (log_config, which also hands it to the tracking loggers
@@ -153,6 +154,28 @@ def _cpu_model_from_proc() -> None:
         return platform.processor() or "CPU"
 
     collect_env.get_cpu_model = cpu_model
+
+
+def _mpt_is_in_no_transformers_mapping() -> None:
+    """composer's HuggingFaceModel asks whether the model is one of transformers' registered causal LMs by
+    importing every class of MODEL_FOR_CAUSAL_LM_MAPPING (109 model modules: 0.9 s per rank, every run).
+    llm-foundry's MPTForCausalLM is in no such mapping and subclasses none of them (PreTrainedModel directly):
+    for it the answer is False without the imports (llm-foundry sets shift_labels itself); any other model is
+    asked as composer asks."""
+    from composer.models import huggingface
+    from llmfoundry.models.mpt import MPTForCausalLM
+
+    asked = huggingface._is_registered_causal_lm
+    if getattr(asked, "knows_mpt", False):
+        return
+
+    def registered(model) -> bool:
+        if type(huggingface.maybe_get_underlying_model(model)) is MPTForCausalLM:
+            return False
+        return asked(model)
+
+    registered.knows_mpt = True
+    huggingface._is_registered_causal_lm = registered
 
 
 def _choose_resume_point(cfg, fcfg) -> None:
