@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 from common import files
 from common.errors import Problem, UserError
@@ -71,6 +72,21 @@ def test_a_forked_worker_leaves_signals_to_the_task():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "0", out.stderr
     assert signal.getsignal(signal.SIGTERM) != signal.SIG_IGN  # this process is untouched
+
+
+def test_a_process_of_ours_ends_with_garbage_finalized_then_the_gc_frozen():
+    """common/exit.py: at exit, after every handler registered later (logging's, the trackers'), what is garbage
+    is collected (a cycle's finalizer runs) and the GC is frozen for the modules' teardown."""
+    code = ("import atexit, gc\n"
+            "atexit.register(lambda: print('frozen' if gc.get_freeze_count() else 'not frozen'))\n"
+            "import train\n"
+            "class Cycle:\n"
+            "    def __del__(self): print('finalized')\n"
+            "c = Cycle(); c.me = c; del c\n"
+            "gc.disable()  # the cycle is still there at exit\n"
+            "atexit.register(lambda: print('a later handler'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.split("\n") == ["a later handler", "finalized", "frozen", ""], out.stderr
 
 
 @pytest.mark.parametrize("module", ["train", "data_prep"])
