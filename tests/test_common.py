@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
 
 from common import files
 from common.errors import Problem, UserError
@@ -85,7 +84,8 @@ def test_a_process_of_ours_ends_with_garbage_finalized_then_the_gc_frozen():
             "c = Cycle(); c.me = c; del c\n"
             "gc.disable()  # the cycle is still there at exit\n"
             "atexit.register(lambda: print('a later handler'))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.split("\n") == ["a later handler", "finalized", "frozen", ""], out.stderr
 
 
