@@ -65,6 +65,7 @@ def run(cfg: DictConfig) -> dict:
 
     register()
     tracking.register()  # conf/logger/: one tracking run per training run
+    _cpu_model_from_proc()  # what building composer's Trainer does for nothing this run uses
     _mpt_is_in_no_transformers_mapping()
     report = Path(fcfg.callbacks.run_report.folder)
     try:
@@ -118,7 +119,6 @@ def _start_dist(fcfg) -> None:
 
     dist.initialize_dist(get_device(None), timeout=float(fcfg.get("dist_timeout") or 600.0))
     gloo_reduce_scatter_averages()  # FSDP2's gradients on CPU: the mean over the ranks, not their sum
-    _cpu_model_from_proc()
 
 
 def _cpu_model_from_proc() -> None:
