@@ -219,6 +219,8 @@ def test_the_ranks_of_a_job_take_their_leaders_prefix(tmp_path, fix):
     base = random.randrange(900000, 990000, 10)
     other = SHM / f"{base:06}_epoch_data"  # another job's, at the first prefix free of `locals`
     other.write_bytes(b"\0" * 64)
+    # held open, as its job would: a task starting beside this test removes streaming's memory no process holds
+    held = os.open(other, os.O_RDONLY)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -229,6 +231,7 @@ def test_the_ranks_of_a_job_take_their_leaders_prefix(tmp_path, fix):
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
         out = [p.communicate(timeout=120)[0] for p in ranks]
     finally:
+        os.close(held)
         for p in SHM.glob(f"{base // 10:05}*"):
             p.unlink(missing_ok=True)
     if fix:
