@@ -160,3 +160,83 @@ def test_an_interpolation_parsed_once_reads_the_same_after_others(tmp_path):
     for _ in range(2):
         with pytest.raises(GrammarParseError):
             _ = OmegaConf.create({"bad": "${b"}).bad
+
+
+def _as_hydras_main(overrides: list, multirun: bool):
+    """What Hydra's main does with a command line (hydra/_internal/utils.py, _run_hydra and _run_app): the mode
+    from get_mode, then the composition it runs or sweeps, `hydra.mode=<mode>` added where the config sets none."""
+    hydra = GlobalHydra.instance().hydra
+    overrides = list(overrides)
+    mode = hydra.get_mode(config_name="train", overrides=overrides)
+    if mode is None:
+        mode = RunMode.MULTIRUN if multirun else RunMode.RUN
+        overrides.append(f"hydra.mode={mode.name}")
+    return hydra.compose_config("train", overrides, run_mode=mode, with_log_configuration=False)
+
+
+@pytest.mark.parametrize("line", [["seed=abc"], ["model=mpt-125m", "optimizer.lr=2e-3", "plan=true"],
+                                  ["-m", "cluster=local,slurm-local", "optimizer.lr=1e-3,2e-3"],
+                                  ["-m", "checkpoint=full", "hydra.mode=MULTIRUN"], ["optimizer.lr=1e-3,2e-3"],
+                                  ["model=nosuch"], ["-m", "hydra.launcher.nosuch=1,2"]])
+def test_a_command_composes_once_what_hydra_composes_twice(line, tmp_path, monkeypatch):
+    """Hydra's main composes a command's config twice (get_mode reads hydra.mode from a whole composition); a
+    command composes it once (common/compose.py: compose_once_per_command) and gets the same config, or Hydra's
+    same error: a sweep override without -m, a preset that does not exist, a sweep over Hydra's own settings."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    from common.compose import compose_once_per_command
+
+    monkeypatch.setenv("PRETRAIN_ROOT", str(tmp_path))
+    multirun = line[0] == "-m"
+    overrides = command_line(line)[multirun:]
+    hydras = ConfigLoaderImpl._load_configuration_impl
+    composed = []
+    monkeypatch.setattr(ConfigLoaderImpl, "_load_configuration_impl",
+                        lambda self, *a, **k: composed.append(1) or hydras(self, *a, **k))
+    results = []
+    for once in (False, True):
+        undo = compose_once_per_command(multirun) if once else (lambda: None)
+        composed.clear()
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(str(CONF), version_base=None):
+                cfg = _as_hydras_main(overrides, multirun)
+                results.append(("config", OmegaConf.to_container(cfg, resolve=False), len(composed)))
+        except Exception as err:  # noqa: BLE001 -- Hydra's error, compared below
+            results.append(("error", (type(err), str(err)), None))
+        finally:
+            undo()
+            GlobalHydra.instance().clear()
+    (kind, hydras_result, hydras_count), (ours_kind, ours, count) = results
+    assert (ours_kind, ours) == (kind, hydras_result)
+    if kind == "config":
+        assert (hydras_count, count) == (2, 1)
+        assert ours["hydra"]["mode"] == (RunMode.MULTIRUN if multirun else RunMode.RUN)
+
+
+def test_a_commands_help_lists_what_hydras_lists_from_one_copy_of_the_repository(monkeypatch):
+    """`--help` lists every config group's options: Hydra copies the whole config repository for each question it
+    asks; a command (compose_once_per_command) asks one copy, and lists the same."""
+    from hydra._internal.config_repository import CachingConfigRepository
+
+    from common.compose import compose_once_per_command
+
+    copies = []
+    hydras = CachingConfigRepository.__init__
+    monkeypatch.setattr(CachingConfigRepository, "__init__", lambda self, d: copies.append(1) or hydras(self, d))
+    listed = []
+    for once in (False, True):
+        undo = compose_once_per_command(multirun=False) if once else (lambda: None)
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(str(CONF), version_base=None):
+                hydra = GlobalHydra.instance().hydra
+                copies.clear()
+                ours = [hydra.format_config_groups(lambda g, h=h: g.startswith("hydra") == h) for h in (False, True)]
+                listed.append((ours, len(copies)))
+        finally:
+            undo()
+            GlobalHydra.instance().clear()
+    (hydras_list, hydras_copies), (ours, our_copies) = listed
+    assert ours == hydras_list and "model: " in ours[0] and "hydra/launcher: " in ours[1]
+    assert hydras_copies > 50 and our_copies == 1

@@ -91,7 +91,10 @@ if __name__ == "__main__":
     # nothing this command (or a job it starts: Slurm and submitit pass the umask on) writes is world-readable.
     os.umask(os.umask(0o027) | 0o027)
     sys.argv[1:] = command_line(sys.argv[1:])
+    from common.compose import compose_once_per_command
     from train.checks.gate import before_hydra
+
+    compose_once_per_command(multirun=bool({"-m", "--multirun"} & set(sys.argv[1:])))
 
     before_hydra(sys.argv[1:])  # what Hydra itself would refuse, as key / problem / fix (exit 2)
     try:
