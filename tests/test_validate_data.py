@@ -188,3 +188,19 @@ def test_a_hub_tokenizer_in_the_cache_passes_offline_and_sizes_the_vocabulary(tm
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
     [p] = [p for p in check(cfg, Context()) if p.key == "tokenizer.name"]
     assert "HF_HUB_OFFLINE is set" in p.problem and str(tmp_path / "empty") in p.problem
+
+
+def test_a_tokenizer_file_is_read_once_until_it_changes(tmp_path):
+    """The checks and the vocabulary resolver ask for a tokenizer's ids many times: one read per file as it is on
+    disk; the same file written again (other ids) is read again."""
+    from train.config.vocab import _ids_in, tokenizer_ids
+
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 1}}, "added_tokens": [{"id": 5}]}))
+    before = _ids_in.cache_info().misses
+    assert [tokenizer_ids(str(tmp_path)) for _ in range(3)] == [(6, str(tmp_path))] * 3
+    assert _ids_in.cache_info().misses == before + 1
+    path.write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 1}}, "added_tokens": [{"id": 5}, {"id": 1000}]}))
+    assert tokenizer_ids(str(tmp_path)) == (1001, str(tmp_path))
+    path.write_text("not json")
+    assert tokenizer_ids(str(tmp_path)) == (None, str(tmp_path))
