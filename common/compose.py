@@ -75,8 +75,8 @@ def with_values(base: DictConfig, parsed: list, values: list) -> DictConfig:
     return cfg
 
 
-def compose_once_per_command(multirun: bool):
-    """Make a command's Hydra compose its config once, not twice. Hydra's main composes the whole config to read
+def compose_once_per_command(args: list):
+    """Make a command's Hydra compose its config once, not twice (`args`: the command line Hydra reads). Hydra's main composes the whole config to read
     `hydra.mode` (Hydra.get_mode: in MULTIRUN mode, the overrides unchecked), then composes it again to run or
     sweep: a third of a refused, planned or submitted command's time (~0.25 s of ~0.8 s). Here get_mode composes in
     the mode the command runs in (RUN without -m), and that composition is the next one asked for with the same
@@ -91,7 +91,7 @@ def compose_once_per_command(multirun: bool):
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
 
-    mode = RunMode.MULTIRUN if multirun else RunMode.RUN
+    mode = RunMode.MULTIRUN if {"-m", "--multirun"} & set(args) else RunMode.RUN
     kept = {}
     hydras_get_mode, hydras_load = Hydra.get_mode, ConfigLoaderImpl.load_configuration
 

@@ -47,5 +47,5 @@ if __name__ == "__main__":
     os.umask(os.umask(0o027) | 0o027)  # its plans, sweep scripts and pickles are not world-readable
     from common.compose import compose_once_per_command
 
-    compose_once_per_command(multirun=bool({"-m", "--multirun"} & set(sys.argv[1:])))
+    compose_once_per_command(sys.argv[1:])
     main()

@@ -195,7 +195,7 @@ def test_a_command_composes_once_what_hydra_composes_twice(line, tmp_path, monke
                         lambda self, *a, **k: composed.append(1) or hydras(self, *a, **k))
     results = []
     for once in (False, True):
-        undo = compose_once_per_command(multirun) if once else (lambda: None)
+        undo = compose_once_per_command(line) if once else (lambda: None)
         composed.clear()
         GlobalHydra.instance().clear()
         try:
@@ -226,7 +226,7 @@ def test_a_commands_help_lists_what_hydras_lists_from_one_copy_of_the_repository
     monkeypatch.setattr(CachingConfigRepository, "__init__", lambda self, d: copies.append(1) or hydras(self, d))
     listed = []
     for once in (False, True):
-        undo = compose_once_per_command(multirun=False) if once else (lambda: None)
+        undo = compose_once_per_command([]) if once else (lambda: None)
         GlobalHydra.instance().clear()
         try:
             with initialize_config_dir(str(CONF), version_base=None):

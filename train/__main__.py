@@ -94,7 +94,7 @@ if __name__ == "__main__":
     from common.compose import compose_once_per_command
     from train.checks.gate import before_hydra
 
-    compose_once_per_command(multirun=bool({"-m", "--multirun"} & set(sys.argv[1:])))
+    compose_once_per_command(sys.argv[1:])
 
     before_hydra(sys.argv[1:])  # what Hydra itself would refuse, as key / problem / fix (exit 2)
     try:
