@@ -3,8 +3,9 @@ checkpoint), sampling from it offline, its cross-entropy against the trainer's o
 in-context-learning evaluation through `python -m train.evaluate --icl-tasks`.
 
 Real runs of mpt-tiny on real C4 MDS (the `c4_mds` fixture: data_prep with the gpt-neox-20b tokenizer, 128-token
-samples). The trainer evaluates the first `eval_subset_num_batches` (4) batches of 8 samples of the val split on
-each rank, in order: `python -m train.evaluate --batches 4 x ranks` scores the same samples.
+samples), 4 samples a batch on each rank (the 50,368-token vocabulary's logits make each sample dear on a CPU). The
+trainer evaluates the first `eval_subset_num_batches` (4) batches of 4 samples of the val split on each rank, in
+order: `python -m train.evaluate --batch-size 4 --batches 4 x ranks` scores the same samples, so the same number.
 """
 import gzip
 import json
@@ -16,7 +17,9 @@ import sys
 import pytest
 from helpers import C4, PYTHON, ROOT, TOKENIZER, command_env, made_once, run
 
-ARGS = ("data=mds", "max_duration=10ba", "eval_interval=10ba", "save_interval=10ba", "progress_bar=false")
+ARGS = ("data=mds", "max_duration=10ba", "eval_interval=10ba", "save_interval=10ba", "progress_bar=false",
+        "device_train_microbatch_size=4")  # and the eval batch (device_eval_batch_size follows it)
+BATCH = 4  # samples a batch on each rank, training and evaluating
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -25,13 +28,14 @@ def eval_ce(metrics: dict) -> float:
 
 
 def scored(root, model, data, batches) -> dict:
-    out = run("-m", "train.evaluate", str(model), f"--data={data}", f"--batches={batches}", "--json", root=root, check=True, env=OFFLINE).stdout
+    out = run("-m", "train.evaluate", str(model), f"--data={data}", f"--batch-size={BATCH}", f"--batches={batches}",
+              "--json", root=root, check=True, env=OFFLINE).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def one_rank_args(data) -> tuple:
-    return (*ARGS, f"variables.data_local={data}", f"tokenizer.name={TOKENIZER}", "checkpoint=full", "export=hf",
-            "run_name=one")
+    return (*ARGS, f"global_train_batch_size={BATCH}", f"variables.data_local={data}", f"tokenizer.name={TOKENIZER}",
+            "checkpoint=full", "export=hf", "run_name=one")
 
 
 @pytest.fixture(scope="session")
@@ -68,8 +72,8 @@ def test_export_hf_writes_a_folder_that_loads_offline_generates_and_scores_the_t
 
     # the exported model's cross-entropy on the samples the trainer evaluated
     got = scored(root, "one", c4_mds, batches=4)  # a run name: its newest export
-    assert got["model"] == str(folder) and got["samples"] == 32 and got["tokens"] == 32 * 127
-    assert got["cross_entropy"] == pytest.approx(eval_ce(metrics), rel=0.01)
+    assert got["model"] == str(folder) and got["samples"] == 4 * BATCH and got["tokens"] == 4 * BATCH * 127
+    assert got["cross_entropy"] == pytest.approx(eval_ce(metrics), rel=1e-6)  # the trainer's weights and samples
 
 
 @pytest.mark.train
@@ -94,7 +98,8 @@ def test_export_command_on_a_full_checkpoint_gives_the_trainers_weights(one_rank
 
 @pytest.mark.train
 def test_two_rank_sharded_checkpoint_exported_on_one_process_scores_the_trainers_eval(tmp_path, c4_mds, cli):
-    cli("train", "-m", "cluster.tasks_per_node=2", *ARGS, f"variables.data_local={c4_mds}",
+    cli("train", "-m", "cluster.tasks_per_node=2", *ARGS, f"global_train_batch_size={2 * BATCH}",
+        f"variables.data_local={c4_mds}",
         f"tokenizer.name={TOKENIZER}", "checkpoint=sharded", "run_name=two", check=True, env=OFFLINE)
     shards = tmp_path / "checkpoints" / "two" / "ep0-ba10"
     assert sorted(p.name for p in shards.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
@@ -105,8 +110,8 @@ def test_two_rank_sharded_checkpoint_exported_on_one_process_scores_the_trainers
     folder = tmp_path / "outputs" / "two" / "huggingface" / "ba10"  # where export=hf would have written it
     assert proc.stdout.strip() == str(folder)
     got = scored(tmp_path, folder, c4_mds, batches=8)  # 4 batches on each of 2 ranks
-    assert got["samples"] == 64
-    assert got["cross_entropy"] == pytest.approx(eval_ce(metrics), rel=0.01)
+    assert got["samples"] == 8 * BATCH
+    assert got["cross_entropy"] == pytest.approx(eval_ce(metrics), rel=1e-6)
 
     samples = cli("train.sample", "two", "The weather today is", "In 2019, the company",
                   "--max-new-tokens=8", "--seed=3", check=True, env=OFFLINE)
