@@ -5,8 +5,9 @@ in-context-learning evaluation on a task file instead.
 MODEL is an exported Hugging Face folder, or a run name (its newest export). The split is read with the loader
 training evaluates with (llm-foundry's `text` loader, unshuffled, samples of `max_seq_len` tokens) and scored with
 composer's `LanguageCrossEntropy`, the metric the trainer reports as `eval/LanguageCrossEntropy`: the same samples
-give the same number. To score the samples a run evaluated on, pass its `variables.data_local`, its
-`device_eval_batch_size` and its `eval_subset_num_batches` (batches per rank; -1: the whole split).
+give the same number. To score the samples a run evaluated on, pass its `variables.data_local`, `--batch-size` its
+`device_eval_batch_size` and `--batches` its `eval_subset_num_batches` x its world size (composer counts those
+batches per rank; -1: the whole split).
 """
 import argparse
 import json
