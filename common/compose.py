@@ -76,15 +76,16 @@ def with_values(base: DictConfig, parsed: list, values: list) -> DictConfig:
 
 
 def compose_once_per_command(args: list):
-    """Make a command's Hydra compose its config once, not twice (`args`: the command line Hydra reads). Hydra's main composes the whole config to read
-    `hydra.mode` (Hydra.get_mode: in MULTIRUN mode, the overrides unchecked), then composes it again to run or
-    sweep: a third of a refused, planned or submitted command's time (~0.25 s of ~0.8 s). Here get_mode composes in
-    the mode the command runs in (RUN without -m), and that composition is the next one asked for with the same
-    config name, overrides and mode (and the `hydra.mode=<mode>` Hydra adds to them when the config sets none), after
-    Hydra's own check of the overrides for that mode. The config is the one Hydra would compose: RUN and MULTIRUN
-    differ only where a group choice is `???` (MULTIRUN leaves it out, RUN refuses it); where RUN refuses, Hydra's
-    own get_mode answers and nothing is kept. A kept composition is handed out once: a process that composes many
-    configs keeps nothing between its own calls. Returns the undo (tests)."""
+    """Make a command's Hydra compose its config once, not twice (`args`: the command line Hydra reads, -m and all).
+    Hydra's main composes the whole config to read `hydra.mode` (Hydra.get_mode: in MULTIRUN mode, the overrides
+    unchecked), then composes it again to run or sweep: a third of a refused, planned or submitted command's time
+    (~0.25 s of ~0.8 s). Here get_mode composes in the mode the command runs in (RUN without -m), and that
+    composition is the next one asked for with the same config name, overrides and mode (and the `hydra.mode=<mode>`
+    Hydra adds to them when the config sets none), after Hydra's own check of the overrides for that mode. The
+    config is the one Hydra would compose: RUN and MULTIRUN differ only where a group choice is `???` (MULTIRUN
+    leaves it out, RUN refuses it); where RUN refuses, Hydra's own get_mode answers and nothing is kept. A kept
+    composition is handed out once: a process that composes many configs keeps nothing between its own calls.
+    Returns the undo (tests)."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.hydra import Hydra
     from hydra.core.object_type import ObjectType

@@ -17,9 +17,9 @@ import sys
 import pytest
 from helpers import C4, PYTHON, ROOT, TOKENIZER, command_env, made_once, run
 
+BATCH = 4  # samples a batch on each rank, training and evaluating (device_eval_batch_size follows the microbatch)
 ARGS = ("data=mds", "max_duration=10ba", "eval_interval=10ba", "save_interval=10ba", "progress_bar=false",
-        "device_train_microbatch_size=4")  # and the eval batch (device_eval_batch_size follows it)
-BATCH = 4  # samples a batch on each rank, training and evaluating
+        f"device_train_microbatch_size={BATCH}")
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
