@@ -4,8 +4,9 @@ in-context-learning evaluation through `python -m train.evaluate --icl-tasks`.
 
 Real runs of mpt-tiny on real C4 MDS (the `c4_mds` fixture: data_prep with the gpt-neox-20b tokenizer, 128-token
 samples), 4 samples a batch on each rank (the 50,368-token vocabulary's logits make each sample dear on a CPU). The
-trainer evaluates the first `eval_subset_num_batches` (4) batches of 4 samples of the val split on each rank, in
-order: `python -m train.evaluate --batch-size 4 --batches 4 x ranks` scores the same samples, so the same number.
+trainer evaluates the first `eval_subset_num_batches` (4) batches of 4 samples of its part of the val split on each
+rank: `python -m train.evaluate RUN` scores the same samples (the run's metrics.json says which), so the same number.
+On two nodes those are other samples than the split's first batches: tests/test_slurm_sweeps.py.
 """
 import gzip
 import json
@@ -27,10 +28,13 @@ def eval_ce(metrics: dict) -> float:
     return metrics["final_eval"]["eval/LanguageCrossEntropy"]
 
 
-def scored(root, model, data, batches) -> dict:
-    out = run("-m", "train.evaluate", str(model), f"--data={data}", f"--batch-size={BATCH}", f"--batches={batches}",
-              "--json", root=root, check=True, env=OFFLINE).stdout
-    return json.loads(out.strip().splitlines()[-1])
+def scored(root, model) -> dict:
+    """`python -m train.evaluate MODEL --json` without --data: the run's own evaluation, its one evaluator's result."""
+    out = json.loads(run("-m", "train.evaluate", str(model), "--json", root=root, check=True,
+                         env=OFFLINE).stdout.strip().splitlines()[-1])
+    [(label, got)] = out["evaluators"].items()
+    assert label == "eval"
+    return {**got, "model": out["model"]}
 
 
 def one_rank_args(data) -> tuple:
@@ -69,11 +73,15 @@ def test_export_hf_writes_a_folder_that_loads_offline_generates_and_scores_the_t
                           timeout=300, env={**os.environ, **OFFLINE, "HF_HOME": str(tmp_path / "hf-home")})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-1] == "5"
+    alone = cli("train.evaluate", str(copy), env=OFFLINE)  # no run around it says what to score: --data
+    assert alone.returncode == 2 and "error: --data: no data to score on" in alone.stderr
 
     # the exported model's cross-entropy on the samples the trainer evaluated
-    got = scored(root, "one", c4_mds, batches=4)  # a run name: its newest export
+    got = scored(root, "one")  # a run name: its newest export
     assert got["model"] == str(folder) and got["samples"] == 4 * BATCH and got["tokens"] == 4 * BATCH * 127
+    assert (got["nodes"], got["ranks_per_node"], got["batches_per_rank"], got["batch_size"]) == (1, 1, 4, BATCH)
     assert got["cross_entropy"] == pytest.approx(eval_ce(metrics), rel=1e-6)  # the trainer's weights and samples
+    assert got["trainer"] == {"metric": "eval/LanguageCrossEntropy", "cross_entropy": eval_ce(metrics), "batch": 10}
 
 
 @pytest.mark.train
@@ -109,8 +117,9 @@ def test_two_rank_sharded_checkpoint_exported_on_one_process_scores_the_trainers
     proc = cli("train.export", str(tmp_path / "checkpoints" / "two"), check=True, env=OFFLINE)  # the save folder: its newest
     folder = tmp_path / "outputs" / "two" / "huggingface" / "ba10"  # where export=hf would have written it
     assert proc.stdout.strip() == str(folder)
-    got = scored(tmp_path, folder, c4_mds, batches=8)  # 4 batches on each of 2 ranks
-    assert got["samples"] == 8 * BATCH
+    # named by its folder; the run's metrics.json is in the sweep's folder, which its finished.json names
+    got = scored(tmp_path, folder)
+    assert got["samples"] == 8 * BATCH and (got["nodes"], got["ranks_per_node"]) == (1, 2)  # 4 batches on each rank
     assert got["cross_entropy"] == pytest.approx(eval_ce(metrics), rel=1e-6)
 
     samples = cli("train.sample", "two", "The weather today is", "In 2019, the company",
@@ -155,8 +164,9 @@ def test_errors_name_the_key_and_the_fix_and_write_nothing(tmp_path):
     (tmp_path / "save" / "ep0-ba5").mkdir(parents=True)  # a sharded write that never finished: no .metadata
     proc = cli("train.export", str(tmp_path / "save"))
     assert proc.returncode == 2 and "no complete checkpoint" in proc.stderr and "fix:" in proc.stderr
-    proc = cli("train.evaluate", str(tmp_path), "--batch-size=0")
-    assert proc.returncode == 2 and "error: --data: no data" in proc.stderr and "error: --batch-size" in proc.stderr
+    proc = cli("train.evaluate", str(tmp_path), "--batch-size=0", "--split=train")  # flags of --data, without it
+    assert proc.returncode == 2 and "error: --batch-size: applies to --data;" in proc.stderr
+    assert "error: --split: applies to --data;" in proc.stderr and "error: --batch-size: must be positive" in proc.stderr
     proc = cli("train.sample", "no-such-run", "Hello", "--temperature=-1")
     assert proc.returncode == 2 and "--temperature" in proc.stderr
     proc = cli("train.sample", "no-such-run", "Hello")
@@ -244,3 +254,35 @@ def test_status_and_export_look_on_the_storage_the_training_command_named(tmp_pa
         proc = subprocess.run([str(PYTHON), "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
                               env=command_env(tmp_path / "local"))
         assert proc.returncode == 2 and str(where) in proc.stderr, proc.stderr
+
+
+@pytest.mark.torch
+def test_the_samples_a_run_evaluated_are_the_ones_its_loader_reads(c4_mds):
+    """`train.evaluate RUN` scores `trainer_batches`: checked against llm-foundry's text loader itself with 2 loader
+    workers (torch takes their batches in turn), its first 5 batches, with streaming's default canonical nodes and
+    with 2 set (each canonical node a stretch of the split, read in turn, as two physical nodes would by default:
+    then the samples read are not the split's first ones, which `--batches` would score). Two real nodes:
+    tests/test_slurm_sweeps.py (a world of several processes is not made in this one)."""
+    import itertools
+
+    import torch
+    from llmfoundry.data.text_data import build_text_dataloader
+    from transformers import AutoTokenizer
+
+    from train.evaluate import _loader, trainer_batches
+
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    for canonical in (None, 2):
+        dataset = {"local": str(c4_mds), "remote": None, "split": "val", "max_seq_len": 128,
+                   "num_canonical_nodes": canonical}
+        reads = {"nodes": 1, "ranks_per_node": 1, "workers": 2, "batch_size": 3, "batches": 5,
+                 "num_canonical_nodes": canonical, "shuffle_algo": "py1e"}
+        spec = _loader(tokenizer, 3, dataset)
+        ids = trainer_batches(spec.dataloader.dataset, reads)
+        assert len(ids) == 5 and all(len(batch) == 3 for batch in ids)
+        ours = [spec.dataloader.collate_fn([spec.dataloader.dataset[i] for i in batch])["input_ids"] for batch in ids]
+        loader = build_text_dataloader(tokenizer, 3, dataset={**dataset, "shuffle": False}, drop_last=False,
+                                       num_workers=2, prefetch_factor=2, persistent_workers=False, pin_memory=False)
+        real = [batch["input_ids"] for batch in itertools.islice(loader.dataloader, 5)]
+        assert all(torch.equal(a, b) for a, b in zip(real, ours, strict=True)), canonical
+        assert (sorted(i for batch in ids for i in batch) == list(range(15))) == (canonical is None)

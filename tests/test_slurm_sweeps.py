@@ -158,13 +158,24 @@ def _accounted_state(job_id: str) -> str:
         time.sleep(1)
 
 
-def test_two_nodes_by_two_tasks_trains_with_world_size_four(slurm, tmp_path):
-    proc = sweep(tmp_path, "cluster.nodes=2", "device_train_microbatch_size=4", "max_duration=6ba", "checkpoint=none")
+def test_two_nodes_by_two_tasks_trains_with_world_size_four_and_its_export_scores_its_eval(slurm, tmp_path):
+    """2 nodes x 2 tasks, exported at the end. Each rank evaluated its first 2 batches of 4 of its node's half of
+    the 64 validation samples (streaming gives each node its own stretch): samples 0-15 and 32-47, not the first
+    32, which `--batches eval_subset_num_batches x world size` would read. `train.evaluate RUN` scores the samples
+    evaluated (it finds the run's metrics.json in the sweep's folder): the run's own number."""
+    proc = sweep(tmp_path, "cluster.nodes=2", "device_train_microbatch_size=4", "max_duration=6ba", "checkpoint=none",
+                 "eval_interval=6ba", "eval_subset_num_batches=2", "export=hf", "run_name=four")
     assert proc.returncode == 0, proc.stderr[-3000:]
     [row] = summary(tmp_path)
     assert row["state"] == "COMPLETED" and row["world_size"] == "4"
     nodes = subprocess.run(["sacct", "-n", "-X", "-o", "NNodes", "-j", row["job_id"]], capture_output=True, text=True)
     assert nodes.stdout.split()[0] == "2"
+    [metrics] = [json.loads(p.read_text()) for p in (tmp_path / "outputs" / "sweeps").glob("*/*/metrics.json")]
+    scored = run("-m", "train.evaluate", "four", "--json", root=tmp_path, check=True,
+                 env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    [got] = json.loads(scored.stdout.strip().splitlines()[-1])["evaluators"].values()
+    assert (got["nodes"], got["ranks_per_node"], got["samples"]) == (2, 2, 4 * 2 * 4)
+    assert got["cross_entropy"] == pytest.approx(metrics["final_eval"]["eval/LanguageCrossEntropy"], rel=1e-6)
 
 
 def test_a_failing_point_is_reported_with_its_log_and_the_other_completes(slurm, tmp_path):

@@ -1,21 +1,26 @@
-"""`python -m train.evaluate MODEL --data MDS [--split val] [--max-seq-len L] [--batch-size B] [--batches N]`:
-cross-entropy and perplexity of an exported model on an MDS split; `--icl-tasks FILE` runs llm-foundry's
-in-context-learning evaluation on a task file instead.
+"""`python -m train.evaluate RUN`: cross-entropy and perplexity of a run's exported model on exactly the samples the
+run evaluated, beside the number the run reported. `python -m train.evaluate MODEL --data MDS [--split val]
+[--max-seq-len L] [--batch-size B] [--batches N]`: on the first N batches of any MDS split instead.
+`--icl-tasks FILE` runs llm-foundry's in-context-learning evaluation on a task file.
 
-MODEL is an exported Hugging Face folder, or a run name (its newest export). The split is read with the loader
+MODEL is an exported Hugging Face folder, or a run name (its newest export). Samples are read with the loader
 training evaluates with (llm-foundry's `text` loader, unshuffled, samples of `max_seq_len` tokens) and scored with
 composer's `LanguageCrossEntropy`, the metric the trainer reports as `eval/LanguageCrossEntropy`: the same samples
-give the same number. To score the samples a run evaluated on, pass its `variables.data_local`, `--batch-size` its
-`device_eval_batch_size` and `--batches` its `eval_subset_num_batches` x its world size (composer counts those
-batches per rank; -1: the whole split).
+give the same number. Which samples a run evaluated depends on its world: each rank reads its first
+`eval_subset_num_batches` batches of its own part of the split, and streaming gives each node its own stretch of
+the split. The run's metrics.json records what each evaluator read at its last start
+(train/task/run_report.py), and without --data each of the run's evaluators is scored on those samples,
+partitioned by streaming's own code.
 """
 import argparse
+import itertools
 import json
 import logging
 import math
 import sys
 from pathlib import Path
 
+from common import files
 from common.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -25,22 +30,89 @@ ICL_TYPES = ("language_modeling", "multiple_choice", "schema", "generation_task_
 
 def cross_entropy(model, tokenizer, data: Path, split: str, max_seq_len: int, batch_size: int,
                   batches: int) -> dict:
-    """{cross_entropy, perplexity, samples, tokens} of `model` on the split, `batches` batches of it (-1: all)."""
-    import torch
-    from composer.metrics.nlp import LanguageCrossEntropy
+    """{cross_entropy, perplexity, samples, tokens} of `model` on the split, its first `batches` batches (-1: all)."""
+    spec = _loader(tokenizer, batch_size, {"local": str(data), "remote": None, "split": split, "max_seq_len": max_seq_len})
+    # One process reads the split in order; no worker processes are needed for a few batches.
+    taken = spec.dataloader if batches < 0 else itertools.islice(spec.dataloader, batches)
+    return {**_score(model, taken, f"{data}/{split}"), "data": str(Path(data) / split), "max_seq_len": max_seq_len}
+
+
+def trainer_eval(model, tokenizer, label: str, reads: dict) -> dict:
+    """cross_entropy on exactly the samples the run's evaluator `label` read on each of its ranks (`reads`: what
+    train/task/run_report.py recorded of it in metrics.json)."""
+    problem = _cannot_rebuild(reads)
+    if problem:
+        raise UserError("--data", f"the run's evaluator {label!r} {problem}, so the samples it read cannot be "
+                        "rebuilt here", "score a split of your choosing: --data=<MDS folder> [--split, "
+                        "--batch-size, --batches]")
+    [stream] = reads["streams"]
+    spec = _loader(tokenizer, reads["batch_size"], {
+        "local": stream["local"], "remote": stream["remote"], "split": stream["split"] or None,
+        "max_seq_len": reads["max_seq_len"], "partition_algo": reads["partition_algo"],
+        "batching_method": reads["batching_method"], "shuffle_algo": reads["shuffle_algo"]})
+    ids = trainer_batches(spec.dataloader.dataset, reads)
+    collate = spec.dataloader.collate_fn
+    dataset = spec.dataloader.dataset
+    data = str(Path(stream["local"]) / stream["split"])
+    return {**_score(model, (collate([dataset[i] for i in batch]) for batch in ids), data), "data": data,
+            "max_seq_len": reads["max_seq_len"], "nodes": reads["nodes"], "ranks_per_node": reads["ranks_per_node"],
+            "batches_per_rank": reads["batches"], "batch_size": reads["batch_size"]}
+
+
+def trainer_batches(dataset, reads: dict) -> list:
+    """The sample ids of every batch the run's evaluator read, rank after rank: streaming's own partition
+    (`generate_work`) at the run's nodes, ranks and loader workers, each rank's first `batches` batches."""
+    from streaming.base.batching import generate_work
+    from streaming.base.world import World
+
+    nodes, ranks, size = reads["nodes"], reads["ranks_per_node"], reads["batch_size"]
+    workers = max(1, reads["workers"])  # 0 workers: the rank's own process reads, as one worker
+    # unset, streaming takes one canonical node per physical node (64 for the py1s/py2s shuffles) when a loader
+    # first iterates (StreamingDataset._resume), in the loader's workers: the trainer's own object never holds it
+    dataset.num_canonical_nodes = reads["num_canonical_nodes"] or (
+        64 * nodes if reads["shuffle_algo"] in ("py1s", "py2s") else nodes)
+    work = generate_work(dataset.batching_method, dataset, World(nodes, ranks, workers, 0), 0, 0)
+    found = []
+    for node, rank in itertools.product(range(nodes), range(ranks)):
+        per_worker = []
+        for worker in range(workers):
+            ids = work[node, rank, worker].flatten()
+            ids = ids[ids != -1].tolist()  # streaming's padding, skipped as its iterator skips it
+            per_worker.append([ids[i:i + size] for i in range(0, len(ids), size)])
+        # torch's DataLoader takes its workers' batches in turn, passing over a worker that has run out
+        mine = [b for turn in itertools.zip_longest(*per_worker) for b in turn if b is not None]
+        found += mine if reads["batches"] < 0 else mine[:reads["batches"]]
+    return found
+
+
+def _cannot_rebuild(reads: dict) -> str | None:
+    if len(reads["streams"]) != 1:
+        return f"reads {len(reads['streams'])} streams"
+    if reads["shuffle"]:
+        return "shuffles (eval_loader.dataset.shuffle=true: other samples at each evaluation)"
+    if reads["replication"] not in (None, 1):
+        return f"replicates samples over ranks (replication={reads['replication']})"
+    return None
+
+
+def _loader(tokenizer, batch_size: int, dataset: dict):
+    """llm-foundry's `text` loader, as the trainer's eval_loader (conf/recipe/mpt.yaml): the split in order, no
+    shuffling, every sample kept, read in this process."""
     from llmfoundry.data.text_data import build_text_dataloader
 
-    # As the trainer's eval_loader (conf/recipe/mpt.yaml): the split in order, no shuffling, every sample kept.
-    # One process reads it; no worker processes are needed for a few batches.
-    spec = build_text_dataloader(tokenizer, batch_size, dataset={
-        "local": str(data), "remote": None, "split": split, "shuffle": False, "max_seq_len": max_seq_len},
-        drop_last=False, num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
+    return build_text_dataloader(tokenizer, batch_size, dataset={**dataset, "shuffle": False}, drop_last=False,
+                                 num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
+
+
+def _score(model, batches, where: str) -> dict:
+    """composer's LanguageCrossEntropy (the trainer's `eval/LanguageCrossEntropy`) over the batches."""
+    import torch
+    from composer.metrics.nlp import LanguageCrossEntropy
+
     metric = LanguageCrossEntropy()
     samples = 0
     with torch.no_grad():
-        for i, batch in enumerate(spec.dataloader):
-            if 0 <= batches <= i:
-                break
+        for batch in batches:
             logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits
             # as llm-foundry's ComposerMPTCausalLM: token t predicts label t+1, the last position has no target
             targets = torch.roll(batch["labels"], shifts=-1, dims=1)
@@ -48,11 +120,10 @@ def cross_entropy(model, tokenizer, data: Path, split: str, max_seq_len: int, ba
             metric.update(logits.float(), targets)
             samples += batch["input_ids"].shape[0]
     if not samples:
-        raise UserError("data", f"{data}/{split} gave no samples", "check --data and --split (an MDS split with "
+        raise UserError("data", f"{where} gave no samples", "check --data and --split (an MDS split with "
                         "index.json)")
     ce = float(metric.compute())
-    return {"cross_entropy": ce, "perplexity": math.exp(ce), "samples": samples,
-            "tokens": int(metric.total_items), "data": str(Path(data) / split), "max_seq_len": max_seq_len}
+    return {"cross_entropy": ce, "perplexity": math.exp(ce), "samples": samples, "tokens": int(metric.total_items)}
 
 
 def icl(folder: Path, task_file: Path, task_type: str, max_seq_len: int, batch_size: int, fewshot: int,
@@ -83,10 +154,10 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m train.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="an exported Hugging Face folder, or a run name")
     parser.add_argument("--data", type=Path, help="an MDS folder (the run's variables.data_local)")
-    parser.add_argument("--split", default="val")
+    parser.add_argument("--split", help="the split of --data (default: val)")
     parser.add_argument("--max-seq-len", type=int, help="tokens per sample (default: the model's max_seq_len)")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--batches", type=int, default=-1, help="score only the first N batches (default -1: all)")
+    parser.add_argument("--batch-size", type=int, help="samples a batch (default: 8)")
+    parser.add_argument("--batches", type=int, help="score only the first N batches of --data (default -1: all)")
     parser.add_argument("--icl-tasks", type=Path, help="a JSON-lines task file for llm-foundry's ICL evaluation")
     parser.add_argument("--icl-type", choices=ICL_TYPES, default="language_modeling")
     parser.add_argument("--fewshot", type=int, default=0, help="in-context examples per question (ICL)")
@@ -107,23 +178,80 @@ def main(argv=None) -> int:
             raise UserError(problems=problems)
         from train import hf_model
 
-        folder = hf_model.find_folder(args.model, *reversed(roots(storage)))
+        checkpoint_root, output_root = roots(storage)
+        folder = hf_model.find_folder(args.model, output_root, checkpoint_root)
         if args.icl_tasks:
             result = icl(folder, args.icl_tasks.resolve(), args.icl_type, args.max_seq_len or _model_seq(folder),
-                         args.batch_size, args.fewshot, args.icl_delimiter)
+                         args.batch_size or 8, args.fewshot, args.icl_delimiter)
             text = "\n".join(f"{k} {v:.4f}" for k, v in result.items()) + f"\nmodel {folder}"
+        elif args.data is None:
+            metrics_path, metrics = _run_metrics(folder)
+            model, tokenizer = hf_model.load(folder)
+            result = {"evaluators": {label: {**trainer_eval(model, tokenizer, label, reads),
+                                             "trainer": _trainers(metrics, label)}
+                                     for label, reads in metrics["evaluators"].items()}, "metrics": str(metrics_path)}
+            text = "\n".join(_line(label, r) for label, r in result["evaluators"].items()) + f"\nmodel {folder}"
         else:
             model, tokenizer = hf_model.load(folder)
-            result = cross_entropy(model, tokenizer, args.data.resolve(), args.split,
-                                   args.max_seq_len or model.config.max_seq_len, args.batch_size, args.batches)
-            text = (f"cross-entropy {result['cross_entropy']:.4f}  perplexity {result['perplexity']:.2f}  "
-                    f"({result['samples']} samples, {result['tokens']:,} tokens of {result['data']})\n"
-                    f"model {folder}")
+            result = cross_entropy(model, tokenizer, args.data.resolve(), args.split or "val",
+                                   args.max_seq_len or model.config.max_seq_len, args.batch_size or 8,
+                                   -1 if args.batches is None else args.batches)
+            text = f"{_scored(result)}\nmodel {folder}"
     except UserError as err:
         print(err, file=sys.stderr)
         return 2
     print(json.dumps({"model": str(folder), **result}) if args.json else text)
     return 0
+
+
+def _run_metrics(folder: Path) -> tuple[Path, dict]:
+    """The newest metrics.json of the run that exported `folder` (<output_root>/<run>/huggingface/ba{B}), which
+    says what its evaluators read: a plain run's is beside the export, a sweep point's in its folder under
+    <output_root>/sweeps/."""
+    from train.export import HF_SUBFOLDER
+
+    run = folder.parent.parent if folder.parent.name == HF_SUBFOLDER else None
+    found = []
+    if run is not None:
+        found = sorted([p for p in (run / "metrics.json", *run.parent.glob("sweeps/*/*/metrics.json")) if p.is_file()],
+                       key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in found:
+        metrics = files.read_json(path)
+        if metrics.get("run_name") != run.name:
+            continue
+        if "evaluators" not in metrics:
+            raise UserError("--data", f"{path} does not say what the run's evaluation read (a run from before "
+                            "metrics.json recorded it)", "--data=<the run's variables.data_local> and its "
+                            "--batch-size and --batches (see docs/after-training.md)")
+        if not metrics["evaluators"]:
+            raise UserError("--data", f"the run evaluated no MDS split ({path})", "--data=<MDS folder>")
+        return path, metrics
+    where = f"{run}/metrics.json or {run.parent}/sweeps/*/*/metrics.json" if run else "a run's outputs above it"
+    raise UserError("--data", f"no data to score on: no metrics.json of the run that exported {folder} (looked "
+                    f"in {where})", "--data=<MDS folder> (a run's variables.data_local), or the export of a run "
+                    "that has finished")
+
+
+def _trainers(metrics: dict, label: str) -> dict | None:
+    """The run's last reported cross-entropy of that evaluator and the batch it was evaluated at."""
+    key = f"{label}/LanguageCrossEntropy"
+    batch = next((b for b, values in reversed(metrics.get("eval", [])) if key in values), None)
+    value = (metrics.get("final_eval") or {}).get(key)
+    return None if value is None else {"metric": key, "cross_entropy": value, "batch": batch}
+
+
+def _scored(r: dict) -> str:
+    return (f"cross-entropy {r['cross_entropy']:.4f}  perplexity {r['perplexity']:.2f}  "
+            f"({r['samples']} samples, {r['tokens']:,} tokens of {r['data']})")
+
+
+def _line(label: str, r: dict) -> str:
+    each = "all batches" if r["batches_per_rank"] < 0 else f"its first {r['batches_per_rank']} batches"
+    ranks = r["nodes"] * r["ranks_per_node"]
+    where = f"on each of {ranks} ranks ({r['nodes']} node{'s' * (r['nodes'] > 1)})" if ranks > 1 else "on its one rank"
+    text = f"{label}: {_scored(r)}\n  the samples the run evaluated: {each} of {r['batch_size']} {where}"
+    t = r["trainer"]
+    return text + (f"\n  the run reported {t['metric']} {t['cross_entropy']:.4f} at batch {t['batch']}" if t else "")
 
 
 def _problems(args) -> list:
@@ -135,9 +263,13 @@ def _problems(args) -> list:
             found.append(Problem("--icl-tasks", f"{args.icl_tasks} is not a file", "a JSON-lines task file (see "
                                  "docs/after-training.md, \"Evaluate\")"))
     elif args.data is None:
-        found.append(Problem("--data", "no data to score on", "--data=<MDS folder> (the run's variables.data_local)"))
-    elif not (args.data / args.split / "index.json").is_file():
-        found.append(Problem("--data", f"{args.data / args.split} is not an MDS split (no index.json)",
+        for key, v in (("--batches", args.batches), ("--split", args.split), ("--max-seq-len", args.max_seq_len),
+                       ("--batch-size", args.batch_size)):
+            if v is not None:
+                found.append(Problem(key, "applies to --data; without --data the run's own evaluation is scored, "
+                                     "as it read", f"add --data=<MDS folder>, or leave {key} out"))
+    elif not (args.data / (args.split or "val") / "index.json").is_file():
+        found.append(Problem("--data", f"{args.data / (args.split or 'val')} is not an MDS split (no index.json)",
                              "the folder data_prep wrote (holding train/ and val/), and --split"))
     for key, v in (("--batch-size", args.batch_size), ("--max-seq-len", args.max_seq_len)):
         if v is not None and v <= 0:

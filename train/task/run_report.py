@@ -238,6 +238,7 @@ class RunReport(Callback):
             "wall_tokens_per_sec": self.wall_tokens_per_sec,  # evaluations and checkpoints included
             "train_loss": self.train,
             "eval": self.evals,
+            "evaluators": _evaluators(state),  # what `python -m train.evaluate RUN` scores
         }
         files.atomic_write(self.folder / "metrics.json", json.dumps(summary, indent=1).encode())  # read by summaries
 
@@ -299,6 +300,32 @@ def _done(state: State) -> float:
         return int(state.timestamp.batch) / (int(total.value) * int(state.dataloader_len))
     done = state.get_elapsed_duration()
     return float(done.value) if done is not None else 0.0
+
+
+def _evaluators(state: State) -> dict:
+    """{label: what that evaluator reads and how streaming deals it to the ranks} for each evaluator on a streaming
+    dataset (ICL tasks are not). Each rank evaluates its first `batches` batches of its own partition of the split,
+    and streaming partitions a split by node (each node its own stretch of it): on two nodes the samples evaluated
+    are not the first batches of the split. With these, `python -m train.evaluate RUN` rebuilds the partition with
+    streaming's own code and scores exactly the samples this run evaluated, at this world size."""
+    from streaming import StreamingDataset
+
+    ranks_per_node = dist.get_local_world_size()
+    found = {}
+    for evaluator in state.evaluators:
+        loader = evaluator.dataloader.dataloader
+        ds = getattr(loader, "dataset", None)
+        if not isinstance(ds, StreamingDataset):
+            continue
+        found[evaluator.label] = {
+            "streams": [{"local": s.local, "remote": s.remote, "split": s.split} for s in ds.streams],
+            "max_seq_len": getattr(ds, "max_seq_len", None), "batch_size": ds.batch_size,
+            "batches": -1 if evaluator.subset_num_batches is None else int(evaluator.subset_num_batches),
+            "workers": getattr(loader, "num_workers", 0), "nodes": dist.get_world_size() // ranks_per_node,
+            "ranks_per_node": ranks_per_node, "num_canonical_nodes": ds.num_canonical_nodes,
+            "partition_algo": ds.partition_algo, "batching_method": ds.batching_method, "shuffle": ds.shuffle,
+            "shuffle_algo": ds.shuffle_algo, "replication": ds.replication}
+    return found
 
 
 def _step(state: State) -> str:
