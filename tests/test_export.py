@@ -286,3 +286,22 @@ def test_the_samples_a_run_evaluated_are_the_ones_its_loader_reads(c4_mds):
         real = [batch["input_ids"] for batch in itertools.islice(loader.dataloader, 5)]
         assert all(torch.equal(a, b) for a, b in zip(real, ours, strict=True)), canonical
         assert (sorted(i for batch in ids for i in batch) == list(range(15))) == (canonical is None)
+
+
+def test_an_export_scoring_apart_from_its_runs_number_at_the_same_batch_is_warned(tmp_path, caplog):
+    """`train.evaluate RUN` on a float32 export of the batch the run last evaluated: the same weights on the same
+    samples give the run's number (to ~1e-7); further apart than 1e-4 it is warned as other weights. Another
+    batch's export, or a bfloat16 one, is only shown beside the run's number."""
+    from train.evaluate import _warn_if_apart
+
+    def scored(ce, batch=10):
+        return {"eval": {"cross_entropy": ce, "trainer": {"metric": "eval/LanguageCrossEntropy", "cross_entropy": 9.0,
+                                                          "batch": batch}}}
+
+    _warn_if_apart(tmp_path / "ba10", scored(9.0000001), "torch.float32")
+    _warn_if_apart(tmp_path / "ba10", scored(9.1, batch=20), "torch.float32")
+    _warn_if_apart(tmp_path / "ba10", scored(9.01), "torch.bfloat16")
+    assert not caplog.records
+    _warn_if_apart(tmp_path / "ba10", scored(9.01), "torch.float32")
+    [warned] = caplog.records
+    assert "scores 9.010000 where the run reported 9.000000 at that batch" in warned.getMessage()

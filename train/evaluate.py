@@ -191,6 +191,7 @@ def main(argv=None) -> int:
                                              "trainer": _trainers(metrics, label)}
                                      for label, reads in metrics["evaluators"].items()}, "metrics": str(metrics_path)}
             text = "\n".join(_line(label, r) for label, r in result["evaluators"].items()) + f"\nmodel {folder}"
+            _warn_if_apart(folder, result["evaluators"], str(model.config.torch_dtype))
         else:
             model, tokenizer = hf_model.load(folder)
             result = cross_entropy(model, tokenizer, args.data.resolve(), args.split or "val",
@@ -238,6 +239,19 @@ def _trainers(metrics: dict, label: str) -> dict | None:
     batch = next((b for b, values in reversed(metrics.get("eval", [])) if key in values), None)
     value = (metrics.get("final_eval") or {}).get(key)
     return None if value is None else {"metric": key, "cross_entropy": value, "batch": batch}
+
+
+def _warn_if_apart(folder: Path, scored: dict, dtype: str) -> None:
+    """A float32 export of the batch the run last evaluated scores the run's own number on its samples (the sums
+    add in another order: ~1e-7 apart); further apart, these are not the weights the run evaluated."""
+    batch = folder.name[2:] if folder.name.startswith("ba") else None
+    for label, r in scored.items():
+        t = r["trainer"]
+        if (t and str(t["batch"]) == batch and dtype.endswith("float32")
+                and abs(r["cross_entropy"] - t["cross_entropy"]) > 1e-4 * abs(t["cross_entropy"])):
+            log.warning("%s: the export of batch %s scores %.6f where the run reported %.6f at that batch on the same "
+                        "samples: it does not hold the weights the run evaluated", label, batch, r["cross_entropy"],
+                        t["cross_entropy"])
 
 
 def _scored(r: dict) -> str:
