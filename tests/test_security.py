@@ -12,6 +12,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -166,17 +167,31 @@ def test_a_second_training_on_a_save_folder_in_use_is_refused_and_the_first_is_i
 
 
 @pytest.mark.train
-def test_scratch_folders_are_private_to_the_job_and_removed(tmp_path, cli):
+def test_scratch_folders_are_private_to_the_job_and_removed_with_those_killed_jobs_left(tmp_path, cli):
     from train.task.main import private_dir
 
     # a short TMPDIR: a long one is refused (test_a_temporary_folder_too_long_for_sockets_is_refused_at_the_start)
     scratch = Path(tempfile.mkdtemp(prefix="scr-", dir="/tmp"))
+    # beside it: a folder a SIGKILLed job left (its signal file in it), one a live job holds (a process with the
+    # shared lock every rank takes), and a folder of another name
+    uid = os.getuid()
+    left, live, other = (scratch / f"pretrain-{uid}-111-node0", scratch / f"pretrain-{uid}-222-node1",
+                         scratch / f"pretrain-{uid}-notes")
+    for folder in (left, live, other):
+        folder.mkdir(mode=0o700)
+    (left / "._signal_file_node0").write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+                               "fcntl.flock(fd, fcntl.LOCK_SH); print('held', flush=True); sys.stdin.read()", str(live)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
+        assert holder.stdout.readline() == "held\n"
         proc = cli("train", "-m", "cluster.tasks_per_node=2", "max_duration=4ba", "checkpoint=none",
                    "eval_interval=4ba", env={"TMPDIR": str(scratch)}, root=tmp_path / "root")
         assert proc.returncode == 0, proc.stderr[-2000:]
-        assert not list(scratch.glob("pretrain-*")), "the job's scratch folder was left behind"
+        assert sorted(p.name for p in scratch.glob("pretrain-*")) == [live.name, other.name], \
+            "the job's scratch folder or the killed job's was left behind, or a live job's was removed"
     finally:
+        holder.communicate("")
         shutil.rmtree(scratch, ignore_errors=True)
     scratch = tmp_path / "tmp"
     scratch.mkdir()

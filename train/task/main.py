@@ -359,10 +359,71 @@ def _node_local_cwd(fcfg, env: dict) -> None:
                 task.dataset_uri = os.path.abspath(task.dataset_uri)
         OmegaConf.update(fcfg, "icl_tasks", tasks, merge=False)
     job = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or env["MASTER_PORT"]
-    scratch = private_dir(Path(tempfile.gettempdir()) / f"pretrain-{os.getuid()}-{job}-node{env['NODE_RANK']}")
+    base, name = Path(tempfile.gettempdir()), f"pretrain-{os.getuid()}-{job}-node{env['NODE_RANK']}"
+    scratch, held = held_scratch(base / name)
     os.chdir(scratch)
     if env["LOCAL_RANK"] == "0":  # the node's ranks share it; the last to need it removes it
         atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+        if held:
+            remove_stale_scratch(base, own=name)
+
+
+# The scratch folders' locks, open for as long as this process lives (see held_scratch).
+_HELD: list[int] = []
+
+
+def held_scratch(path: Path) -> tuple[Path, bool]:
+    """`path` made private (private_dir) and held: a shared flock on the folder itself, which the kernel lets go
+    when this process ends, SIGKILL included. (path, whether the file system took the lock.) Another job's
+    remove_stale_scratch may remove the folder between our mkdir and our lock (its exclusive lock came first):
+    then it is made again."""
+    import fcntl
+
+    while True:
+        path = private_dir(path)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except OSError as err:  # a file system without flock on folders: used unheld, nothing removed
+            os.close(fd)
+            log.debug("scratch folder %s not locked (%s)", path, err)
+            return path, False
+        with contextlib.suppress(FileNotFoundError):
+            now, locked = os.stat(path), os.fstat(fd)
+            if (now.st_dev, now.st_ino) == (locked.st_dev, locked.st_ino):
+                _HELD.append(fd)
+                return path, True
+        os.close(fd)
+
+
+def remove_stale_scratch(base: Path, own: str) -> list[Path]:
+    """Remove this user's scratch folders in `base` that no process holds: a job killed with SIGKILL (scancel
+    after its grace, the OOM killer, a node's reboot of the job) never runs the atexit that removes its folder,
+    and each would stay on the node's disk. Each is removed under an exclusive lock, so a job starting on that
+    folder waits and makes it again (held_scratch)."""
+    import fcntl
+
+    removed = []
+    for path in base.glob(f"pretrain-{os.getuid()}-*-node*"):
+        if path.name == own:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:  # not a folder, a link, or gone
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while any rank of a live job holds it
+            if os.fstat(fd).st_uid == os.getuid():
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    if removed:
+        log.info("removed %d scratch folder(s) of this user's jobs that ended without removing them: %s",
+                 len(removed), ", ".join(p.name for p in removed))
+    return removed
 
 
 def _relative(value) -> bool:
