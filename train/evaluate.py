@@ -49,7 +49,8 @@ def trainer_eval(model, tokenizer, label: str, reads: dict) -> dict:
     spec = _loader(tokenizer, reads["batch_size"], {
         "local": stream["local"], "remote": stream["remote"], "split": stream["split"] or None,
         "max_seq_len": reads["max_seq_len"], "partition_algo": reads["partition_algo"],
-        "batching_method": reads["batching_method"], "shuffle_algo": reads["shuffle_algo"]})
+        "batching_method": reads["batching_method"], "shuffle_algo": reads["shuffle_algo"],
+        **({"token_encoding_type": reads["token_encoding_type"]} if reads.get("token_encoding_type") else {})})
     ids = trainer_batches(spec.dataloader.dataset, reads)
     collate = spec.dataloader.collate_fn
     dataset = spec.dataloader.dataset

@@ -320,6 +320,7 @@ def _evaluators(state: State) -> dict:
         found[evaluator.label] = {
             "streams": [{"local": s.local, "remote": s.remote, "split": s.split} for s in ds.streams],
             "max_seq_len": getattr(ds, "max_seq_len", None), "batch_size": ds.batch_size,
+            "token_encoding_type": getattr(ds, "token_encoding_type", None),  # llm-foundry's text dataset
             "batches": -1 if evaluator.subset_num_batches is None else int(evaluator.subset_num_batches),
             "workers": getattr(loader, "num_workers", 0), "nodes": dist.get_world_size() // ranks_per_node,
             "ranks_per_node": ranks_per_node, "num_canonical_nodes": ds.num_canonical_nodes,
