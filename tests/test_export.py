@@ -2,10 +2,11 @@
 checkpoint), sampling from it offline, its cross-entropy against the trainer's own evaluation, and llm-foundry's
 in-context-learning evaluation through `python -m train.evaluate --icl-tasks`.
 
-Real runs of mpt-tiny on real C4 MDS (the `c4_mds` fixture: data_prep with the gpt-neox-20b tokenizer, 128-token
-samples), 4 samples a batch on each rank (the 50,368-token vocabulary's logits make each sample dear on a CPU). The
-trainer evaluates the first `eval_subset_num_batches` (4) batches of 4 samples of its part of the val split on each
-rank: `python -m train.evaluate RUN` scores the same samples (the run's metrics.json says which), so the same number.
+Real runs of mpt-tiny: at one rank on real C4 MDS (the `c4_mds` fixture: data_prep with the gpt-neox-20b tokenizer,
+128-token samples), 4 samples a batch (the 50,368-token vocabulary's logits make each sample dear on a CPU); at two
+ranks the reference training the resume tests share (the mock data). The trainer evaluates the first
+`eval_subset_num_batches` (4) batches of its part of the val split on each rank: `python -m train.evaluate RUN`
+scores the same samples (the run's metrics.json says which), so the same number.
 On two nodes those are other samples than the split's first batches: tests/test_slurm_sweeps.py.
 """
 import gzip
@@ -16,7 +17,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import C4, PYTHON, ROOT, TOKENIZER, command_env, made_once, run
+from helpers import C4, PYTHON, ROOT, TOKENIZER, command_env, finished, made_once, run
 
 BATCH = 4  # samples a batch on each rank, training and evaluating (device_eval_batch_size follows the microbatch)
 ARGS = ("data=mds", "max_duration=10ba", "eval_interval=10ba", "save_interval=10ba", "progress_bar=false",
@@ -105,27 +106,30 @@ def test_export_command_on_a_full_checkpoint_gives_the_trainers_weights(one_rank
 
 
 @pytest.mark.train
-def test_two_rank_sharded_checkpoint_exported_on_one_process_scores_the_trainers_eval(tmp_path, c4_mds, cli):
-    cli("train", "-m", "cluster.tasks_per_node=2", *ARGS, f"global_train_batch_size={2 * BATCH}",
-        f"variables.data_local={c4_mds}",
-        f"tokenizer.name={TOKENIZER}", "checkpoint=sharded", "run_name=two", check=True, env=OFFLINE)
-    shards = tmp_path / "checkpoints" / "two" / "ep0-ba10"
-    assert sorted(p.name for p in shards.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
-    [metrics] = [json.loads(p.read_text()) for p in (tmp_path / "outputs" / "sweeps").rglob("metrics.json")]
+def test_two_rank_sharded_checkpoint_exported_on_one_process_scores_the_trainers_eval(tmp_path_factory, tmp_path, cli):
+    """The reference 2-rank sharded training (helpers.finished: mpt-tiny on the mock data, 40 batches, evaluated
+    every 10; a copy) exported on one process from its save folder, then scored by `train.evaluate` (the run's
+    metrics.json is in the sweep's folder, found by the run's name) and sampled from by run name."""
+    root = tmp_path / "root"
+    shutil.copytree(finished(2, "sharded", tmp_path_factory), root, symlinks=True)
+    [save] = (root / "checkpoints").iterdir()
+    assert sorted(p.name for p in (save / "ep0-ba40").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    [metrics] = [json.loads(p.read_text()) for p in (root / "outputs" / "sweeps").rglob("metrics.json")]
     assert metrics["world_size"] == 2
 
-    proc = cli("train.export", str(tmp_path / "checkpoints" / "two"), check=True, env=OFFLINE)  # the save folder: its newest
-    folder = tmp_path / "outputs" / "two" / "huggingface" / "ba10"  # where export=hf would have written it
+    proc = cli("train.export", str(save), root=root, check=True, env=OFFLINE)  # the save folder: its newest
+    folder = root / "outputs" / save.name / "huggingface" / "ba40"  # where export=hf would have written it
     assert proc.stdout.strip() == str(folder)
-    # named by its folder; the run's metrics.json is in the sweep's folder, which its finished.json names
-    got = scored(tmp_path, folder)
-    assert got["samples"] == 8 * BATCH and (got["nodes"], got["ranks_per_node"]) == (1, 2)  # 4 batches on each rank
+    got = scored(root, folder)
+    assert (got["nodes"], got["ranks_per_node"], got["batches_per_rank"]) == (1, 2, 4)
+    assert got["samples"] == 2 * 4 * got["batch_size"]
     assert got["cross_entropy"] == pytest.approx(eval_ce(metrics), rel=1e-6)
+    assert got["trainer"]["batch"] == 40
 
-    samples = cli("train.sample", "two", "The weather today is", "In 2019, the company",
-                  "--max-new-tokens=8", "--seed=3", check=True, env=OFFLINE)
-    again = cli("train.sample", "two", "The weather today is", "In 2019, the company",
-                "--max-new-tokens=8", "--seed=3", check=True, env=OFFLINE)
+    samples = cli("train.sample", save.name, "The weather today is", "In 2019, the company",
+                  "--max-new-tokens=8", "--seed=3", root=root, check=True, env=OFFLINE)
+    again = cli("train.sample", save.name, "The weather today is", "In 2019, the company",
+                "--max-new-tokens=8", "--seed=3", root=root, check=True, env=OFFLINE)
     blocks = samples.stdout.split("\n---\n")
     assert blocks[0].startswith("The weather today is") and blocks[1].startswith("In 2019, the company")
     assert len(blocks[0]) > len("The weather today is")
