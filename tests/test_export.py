@@ -170,7 +170,8 @@ def test_errors_name_the_key_and_the_fix_and_write_nothing(tmp_path):
     assert proc.returncode == 2 and "no complete checkpoint" in proc.stderr and "fix:" in proc.stderr
     proc = cli("train.evaluate", str(tmp_path), "--batch-size=0", "--split=train")  # flags of --data, without it
     assert proc.returncode == 2 and "error: --batch-size: applies to --data;" in proc.stderr
-    assert "error: --split: applies to --data;" in proc.stderr and "error: --batch-size: must be positive" in proc.stderr
+    assert "error: --split: applies to --data;" in proc.stderr
+    assert "error: --batch-size: must be positive" in proc.stderr
     proc = cli("train.sample", "no-such-run", "Hello", "--temperature=-1")
     assert proc.returncode == 2 and "--temperature" in proc.stderr
     proc = cli("train.sample", "no-such-run", "Hello")

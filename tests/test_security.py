@@ -180,9 +180,10 @@ def test_scratch_folders_are_private_to_the_job_and_removed_with_those_killed_jo
     for folder in (left, live, other):
         folder.mkdir(mode=0o700)
     (left / "._signal_file_node0").write_text("")
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
-                               "fcntl.flock(fd, fcntl.LOCK_SH); print('held', flush=True); sys.stdin.read()", str(live)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    hold = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_SH); "
+            "print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(live)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
     try:
         assert holder.stdout.readline() == "held\n"
         proc = cli("train", "-m", "cluster.tasks_per_node=2", "max_duration=4ba", "checkpoint=none",

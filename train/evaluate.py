@@ -31,8 +31,8 @@ ICL_TYPES = ("language_modeling", "multiple_choice", "schema", "generation_task_
 def cross_entropy(model, tokenizer, data: Path, split: str, max_seq_len: int, batch_size: int,
                   batches: int) -> dict:
     """{cross_entropy, perplexity, samples, tokens} of `model` on the split, its first `batches` batches (-1: all)."""
-    spec = _loader(tokenizer, batch_size, {"local": str(data), "remote": None, "split": split, "max_seq_len": max_seq_len})
-    # One process reads the split in order; no worker processes are needed for a few batches.
+    spec = _loader(tokenizer, batch_size, {"local": str(data), "remote": None, "split": split,
+                                           "max_seq_len": max_seq_len})
     taken = spec.dataloader if batches < 0 else itertools.islice(spec.dataloader, batches)
     return {**_score(model, taken, f"{data}/{split}"), "data": str(Path(data) / split), "max_seq_len": max_seq_len}
 
@@ -69,7 +69,8 @@ def trainer_batches(dataset, reads: dict) -> list:
     nodes, ranks, size = reads["nodes"], reads["ranks_per_node"], reads["batch_size"]
     workers = max(1, reads["workers"])  # 0 workers: the rank's own process reads, as one worker
     # unset, streaming takes one canonical node per physical node (64 for the py1s/py2s shuffles) when a loader
-    # first iterates (StreamingDataset._resume), in the loader's workers: the trainer's own object never holds it
+    # first iterates (StreamingDataset._resume), in the process that iterates: with loader workers, not the
+    # trainer's own object, which metrics.json's record was read from
     dataset.num_canonical_nodes = reads["num_canonical_nodes"] or (
         64 * nodes if reads["shuffle_algo"] in ("py1s", "py2s") else nodes)
     work = generate_work(dataset.batching_method, dataset, World(nodes, ranks, workers, 0), 0, 0)
