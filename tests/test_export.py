@@ -310,3 +310,44 @@ def test_an_export_scoring_apart_from_its_runs_number_at_the_same_batch_is_warne
     _warn_if_apart(tmp_path / "ba10", scored(9.01), "torch.float32")
     [warned] = caplog.records
     assert "scores 9.010000 where the run reported 9.000000 at that batch" in warned.getMessage()
+
+
+def test_the_runs_record_is_found_and_what_cannot_be_read_again_is_refused_before_the_model_loads(tmp_path):
+    """Without --data, evaluate reads the newest metrics.json of the export's run (beside the export, or a sweep
+    point's under <output_root>/sweeps/), and refuses at once, each by its evaluator's label, an evaluator whose
+    samples it cannot read again: several streams, a shuffle, replication, a folder no longer there."""
+    from common.errors import UserError
+    from train.evaluate import _run_metrics, run_problems
+
+    outputs = tmp_path / "outputs"
+    export = outputs / "r" / "huggingface" / "ba10"
+    export.mkdir(parents=True)
+    (tmp_path / "data" / "val").mkdir(parents=True)
+    (tmp_path / "data" / "val" / "index.json").write_text("{}")
+
+    def reads(local=tmp_path / "data", streams=1, **kw):
+        return {"streams": [{"local": str(local), "remote": None, "split": "val"}] * streams, "shuffle": False,
+                "replication": 1, **kw}
+
+    def point(num, run_name, evaluators, age):
+        path = outputs / "sweeps" / "t" / str(num) / "metrics.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"run_name": run_name, **({} if evaluators is None else {"evaluators": evaluators})}))
+        os.utime(path, (age, age))
+        return path
+
+    with pytest.raises(UserError, match="no data to score on"):
+        _run_metrics(export)
+    point(0, "r", None, 1000)  # an older start, before the record
+    newest = point(1, "r", {"eval": reads(), "mixed": reads(streams=2), "shuffled": reads(shuffle=True),
+                            "copied": reads(replication=2), "moved": reads(local=tmp_path / "gone")}, 2000)
+    point(2, "another", {"eval": reads()}, 3000)  # newer, another run's
+    path, metrics = _run_metrics(export)
+    assert path == newest
+    problems = [str(p) for p in run_problems(metrics["evaluators"])]
+    assert len(problems) == 4 and all(p.startswith("error: --data: the run's evaluator '") for p in problems)
+    assert ["mixed" in problems[0], "shuffles" in problems[1], "replication=2" in problems[2],
+            "holds no index.json now" in problems[3]] == [True] * 4
+    os.utime(newest, (500, 500))
+    with pytest.raises(UserError, match="does not say what the run's evaluation read"):
+        _run_metrics(export)  # the newest is now the start from before the record

@@ -40,12 +40,8 @@ def cross_entropy(model, tokenizer, data: Path, split: str, max_seq_len: int, ba
 def trainer_eval(model, tokenizer, label: str, reads: dict) -> dict:
     """cross_entropy on exactly the samples the run's evaluator `label` read on each of its ranks (`reads`: what
     train/task/run_report.py recorded of it in metrics.json)."""
-    problem = _cannot_rebuild(reads)
-    if problem:
-        raise UserError("--data", f"the run's evaluator {label!r} {problem}, so the samples it read cannot be "
-                        "rebuilt here", "score a split of your choosing: --data=<MDS folder> [--split, "
-                        "--batch-size, --batches]")
-    [stream] = reads["streams"]
+    [stream] = reads["streams"]  # one: run_problems
+    data = str(Path(stream["local"]) / stream["split"])
     spec = _loader(tokenizer, reads["batch_size"], {
         "local": stream["local"], "remote": stream["remote"], "split": stream["split"] or None,
         "max_seq_len": reads["max_seq_len"], "partition_algo": reads["partition_algo"],
@@ -54,7 +50,6 @@ def trainer_eval(model, tokenizer, label: str, reads: dict) -> dict:
     ids = trainer_batches(spec.dataloader.dataset, reads)
     collate = spec.dataloader.collate_fn
     dataset = spec.dataloader.dataset
-    data = str(Path(stream["local"]) / stream["split"])
     return {**_score(model, (collate([dataset[i] for i in batch]) for batch in ids), data), "data": data,
             "max_seq_len": reads["max_seq_len"], "nodes": reads["nodes"], "ranks_per_node": reads["ranks_per_node"],
             "batches_per_rank": reads["batches"], "batch_size": reads["batch_size"]}
@@ -87,14 +82,30 @@ def trainer_batches(dataset, reads: dict) -> list:
     return found
 
 
-def _cannot_rebuild(reads: dict) -> str | None:
-    if len(reads["streams"]) != 1:
-        return f"reads {len(reads['streams'])} streams"
-    if reads["shuffle"]:
-        return "shuffles (eval_loader.dataset.shuffle=true: other samples at each evaluation)"
-    if reads["replication"] not in (None, 1):
-        return f"replicates samples over ranks (replication={reads['replication']})"
-    return None
+def run_problems(evaluators: dict) -> list:
+    """What keeps the samples each of the run's evaluators read from being read again here, before the model loads."""
+    from common.errors import Problem
+
+    fix = "score a split of your choosing: --data=<MDS folder> [--split, --batch-size, --batches]"
+    found = []
+    for label, reads in evaluators.items():
+        why = None
+        if len(reads["streams"]) != 1:
+            why = f"reads {len(reads['streams'])} streams"
+        elif reads["shuffle"]:
+            why = "shuffles (eval_loader.dataset.shuffle=true: other samples at each evaluation)"
+        elif reads["replication"] not in (None, 1):
+            why = f"replicates samples over ranks (replication={reads['replication']})"
+        if why:
+            found.append(Problem("--data", f"the run's evaluator {label!r} {why}, so the samples it read cannot be "
+                                 "rebuilt here", fix))
+            continue
+        [stream] = reads["streams"]
+        data = Path(stream["local"]) / stream["split"]
+        if stream["remote"] is None and not (data / "index.json").is_file():
+            found.append(Problem("--data", f"the run's evaluator {label!r} read {data}, which holds no index.json "
+                                 "now", "--data=<where that MDS folder is now> [--split, --batch-size, --batches]"))
+    return found
 
 
 def _loader(tokenizer, batch_size: int, dataset: dict):
@@ -188,6 +199,9 @@ def main(argv=None) -> int:
             text = "\n".join(f"{k} {v:.4f}" for k, v in result.items()) + f"\nmodel {folder}"
         elif args.data is None:
             metrics_path, metrics = _run_metrics(folder)
+            problems = run_problems(metrics["evaluators"])
+            if problems:
+                raise UserError(problems=problems)
             model, tokenizer = hf_model.load(folder)
             result = {"evaluators": {label: {**trainer_eval(model, tokenizer, label, reads),
                                              "trainer": _trainers(metrics, label)}
