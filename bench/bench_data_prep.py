@@ -113,7 +113,10 @@ def read_samples(folder: Path):
     import numpy as np
     from streaming import StreamingDataset
 
-    ds = StreamingDataset(local=str(folder), shuffle=False, batch_size=1)
+    from train.task import shm_registry
+
+    with shm_registry.registering():  # a training job starting beside it would pick the same shared-memory prefix
+        ds = StreamingDataset(local=str(folder), shuffle=False, batch_size=1)
     return np.stack([np.asarray(ds[i]["tokens"]).view(np.int32) if not isinstance(ds[i]["tokens"], bytes)
                      else np.frombuffer(ds[i]["tokens"], np.int32) for i in range(len(ds))])
 

@@ -215,8 +215,5 @@ def streaming_dataset(local, **kwargs):
 
     from train.task import shm_registry
 
-    shm_registry.lead()
-    try:
+    with shm_registry.registering():
         return StreamingDataset(local=str(local), **kwargs)
-    finally:
-        shm_registry.release()

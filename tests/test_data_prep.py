@@ -120,12 +120,9 @@ from llmfoundry.utils.builders import build_tokenizer
 from train.task import shm_registry
 
 tok = build_tokenizer({str(TOKENIZER)!r}, {{}})
-shm_registry.lead()  # the node-wide lock the product's jobs take to register streaming's shared memory
-try:
+with shm_registry.registering():  # the node-wide lock the product's jobs take to register streaming's shared memory
     spec = build_text_dataloader(tok, 4, dict(local={str(c4_dataset)!r}, split='train', shuffle=False,
                                  max_seq_len=2048), drop_last=False, num_workers=1)
-finally:
-    shm_registry.release()
 rows = [b['input_ids'].numpy() for b in spec.dataloader]
 np.save({str(c4_dataset / 'loaded.npy')!r}, np.concatenate(rows))
 """

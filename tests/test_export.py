@@ -275,6 +275,7 @@ def test_the_samples_a_run_evaluated_are_the_ones_its_loader_reads(c4_mds):
     from transformers import AutoTokenizer
 
     from train.evaluate import _loader, trainer_batches
+    from train.task import shm_registry
 
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     for canonical in (None, 2):
@@ -286,8 +287,10 @@ def test_the_samples_a_run_evaluated_are_the_ones_its_loader_reads(c4_mds):
         ids = trainer_batches(spec.dataloader.dataset, reads)
         assert len(ids) == 5 and all(len(batch) == 3 for batch in ids)
         ours = [spec.dataloader.collate_fn([spec.dataloader.dataset[i] for i in batch])["input_ids"] for batch in ids]
-        loader = build_text_dataloader(tokenizer, 3, dataset={**dataset, "shuffle": False}, drop_last=False,
-                                       num_workers=2, prefetch_factor=2, persistent_workers=False, pin_memory=False)
+        with shm_registry.registering():  # as every loader built beside the other worker's jobs
+            loader = build_text_dataloader(tokenizer, 3, dataset={**dataset, "shuffle": False}, drop_last=False,
+                                           num_workers=2, prefetch_factor=2, persistent_workers=False,
+                                           pin_memory=False)
         real = [batch["input_ids"] for batch in itertools.islice(loader.dataloader, 5)]
         assert all(torch.equal(a, b) for a, b in zip(real, ours, strict=True)), canonical
         assert (sorted(i for batch in ids for i in batch) == list(range(15))) == (canonical is None)

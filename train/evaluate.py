@@ -113,8 +113,11 @@ def _loader(tokenizer, batch_size: int, dataset: dict):
     shuffling, every sample kept, read in this process."""
     from llmfoundry.data.text_data import build_text_dataloader
 
-    return build_text_dataloader(tokenizer, batch_size, dataset={**dataset, "shuffle": False}, drop_last=False,
-                                 num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
+    from train.task import shm_registry
+
+    with shm_registry.registering():  # a job starting beside us would pick the same shared-memory prefix
+        return build_text_dataloader(tokenizer, batch_size, dataset={**dataset, "shuffle": False}, drop_last=False,
+                                     num_workers=0, prefetch_factor=None, persistent_workers=False, pin_memory=False)
 
 
 def _score(model, batches, where: str) -> dict:

@@ -23,6 +23,7 @@ follower's they part, and the follower fails ("shared memory prefix=378 was not 
 2-rank runs on one machine; mosaicml/streaming#901 is open). So the followers take their local leader's number
 (agree_on_prefixes).
 """
+import contextlib
 import fcntl
 import logging
 import os
@@ -119,6 +120,17 @@ def lead() -> None:
     if removed:
         log.info("removed %d stale shared memory file(s) of streaming left by jobs that ended: %s", len(removed),
                  ", ".join(removed))
+
+
+@contextlib.contextmanager
+def registering():
+    """Around building streaming datasets in one process outside a job (train.evaluate, the tests and benchmarks):
+    the same node-wide lock, so that a job starting beside it does not pick the same prefix."""
+    lead()
+    try:
+        yield
+    finally:
+        release()
 
 
 def release() -> None:
