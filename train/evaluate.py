@@ -26,6 +26,9 @@ from common.errors import UserError
 log = logging.getLogger(__name__)
 
 ICL_TYPES = ("language_modeling", "multiple_choice", "schema", "generation_task_with_answers")
+# --split and --batch-size when they apply and are not given (unset on the command line, so that they can be
+# refused without --data)
+SPLIT, BATCH_SIZE = "val", 8
 
 
 def cross_entropy(model, tokenizer, data: Path, split: str, max_seq_len: int, batch_size: int,
@@ -170,9 +173,9 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m train.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="an exported Hugging Face folder, or a run name")
     parser.add_argument("--data", type=Path, help="an MDS folder (the run's variables.data_local)")
-    parser.add_argument("--split", help="the split of --data (default: val)")
+    parser.add_argument("--split", help=f"the split of --data (default: {SPLIT})")
     parser.add_argument("--max-seq-len", type=int, help="tokens per sample (default: the model's max_seq_len)")
-    parser.add_argument("--batch-size", type=int, help="samples a batch (default: 8)")
+    parser.add_argument("--batch-size", type=int, help=f"samples a batch (default: {BATCH_SIZE})")
     parser.add_argument("--batches", type=int, help="score only the first N batches of --data (default -1: all)")
     parser.add_argument("--icl-tasks", type=Path, help="a JSON-lines task file for llm-foundry's ICL evaluation")
     parser.add_argument("--icl-type", choices=ICL_TYPES, default="language_modeling")
@@ -198,7 +201,7 @@ def main(argv=None) -> int:
         folder = hf_model.find_folder(args.model, output_root, checkpoint_root)
         if args.icl_tasks:
             result = icl(folder, args.icl_tasks.resolve(), args.icl_type, args.max_seq_len or _model_seq(folder),
-                         args.batch_size or 8, args.fewshot, args.icl_delimiter)
+                         args.batch_size or BATCH_SIZE, args.fewshot, args.icl_delimiter)
             text = "\n".join(f"{k} {v:.4f}" for k, v in result.items()) + f"\nmodel {folder}"
         elif args.data is None:
             metrics_path, metrics = _run_metrics(folder)
@@ -213,8 +216,8 @@ def main(argv=None) -> int:
             _warn_if_apart(folder, result["evaluators"], str(model.config.torch_dtype))
         else:
             model, tokenizer = hf_model.load(folder)
-            result = cross_entropy(model, tokenizer, args.data.resolve(), args.split or "val",
-                                   args.max_seq_len or model.config.max_seq_len, args.batch_size or 8,
+            result = cross_entropy(model, tokenizer, args.data.resolve(), args.split or SPLIT,
+                                   args.max_seq_len or model.config.max_seq_len, args.batch_size or BATCH_SIZE,
                                    -1 if args.batches is None else args.batches)
             text = f"{_scored(result)}\nmodel {folder}"
     except UserError as err:
@@ -301,8 +304,8 @@ def _problems(args) -> list:
             if v is not None:
                 found.append(Problem(key, "applies to --data; without --data the run's own evaluation is scored, "
                                      "as it read", f"add --data=<MDS folder>, or leave {key} out"))
-    elif not (args.data / (args.split or "val") / "index.json").is_file():
-        found.append(Problem("--data", f"{args.data / (args.split or 'val')} is not an MDS split (no index.json)",
+    elif not (args.data / (args.split or SPLIT) / "index.json").is_file():
+        found.append(Problem("--data", f"{args.data / (args.split or SPLIT)} is not an MDS split (no index.json)",
                              "the folder data_prep wrote (holding train/ and val/), and --split"))
     for key, v in (("--batch-size", args.batch_size), ("--max-seq-len", args.max_seq_len)):
         if v is not None and v <= 0:
