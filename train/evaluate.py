@@ -32,10 +32,11 @@ SPLIT, BATCH_SIZE = "val", 8
 
 
 def cross_entropy(model, tokenizer, data: Path, split: str, max_seq_len: int, batch_size: int,
-                  batches: int) -> dict:
-    """{cross_entropy, perplexity, samples, tokens} of `model` on the split, its first `batches` batches (-1: all)."""
+                  batches: int, sequence_id: dict | None = None) -> dict:
+    """{cross_entropy, perplexity, samples, tokens} of `model` on the split, its first `batches` batches (-1: all);
+    `sequence_id`: {eos_token_id: N} or {bos_token_id: N} to give the model each sample's documents apart."""
     spec = _loader(tokenizer, batch_size, {"local": str(data), "remote": None, "split": split,
-                                           "max_seq_len": max_seq_len})
+                                           "max_seq_len": max_seq_len, **(sequence_id or {})})
     taken = spec.dataloader if batches < 0 else itertools.islice(spec.dataloader, batches)
     return {**_score(model, taken, f"{data}/{split}"), "data": str(Path(data) / split), "max_seq_len": max_seq_len}
 
@@ -49,7 +50,8 @@ def trainer_eval(model, tokenizer, label: str, reads: dict) -> dict:
         "local": stream["local"], "remote": stream["remote"], "split": stream["split"] or None,
         "max_seq_len": reads["max_seq_len"], "partition_algo": reads["partition_algo"],
         "batching_method": reads["batching_method"], "shuffle_algo": reads["shuffle_algo"],
-        **({"token_encoding_type": reads["token_encoding_type"]} if reads.get("token_encoding_type") else {})})
+        **({"token_encoding_type": reads["token_encoding_type"]} if reads.get("token_encoding_type") else {}),
+        **reads.get("sequence_id", {})})  # the documents of a sample apart, as the run's loader gave them
     ids = trainer_batches(spec.dataloader.dataset, reads)
     collate = spec.dataloader.collate_fn
     dataset = spec.dataloader.dataset
@@ -85,11 +87,12 @@ def trainer_batches(dataset, reads: dict) -> list:
     return found
 
 
-def run_problems(evaluators: dict) -> list:
-    """What keeps the samples each of the run's evaluators read from being read again here, before the model loads."""
+def run_problems(evaluators: dict, uses_sequence_id: bool) -> list:
+    """What keeps the samples each of the run's evaluators read from being read again here, before the model loads
+    (`uses_sequence_id`: the export's model attends within each document of a sample, attn_uses_sequence_id)."""
     from common.errors import Problem
 
-    fix = "score a split of your choosing: --data=<MDS folder> [--split, --batch-size, --batches]"
+    fix = "score a split of your choosing: --data=<MDS folder> [--split, --batch-size, --batches, --eos-token-id]"
     found = []
     for label, reads in evaluators.items():
         why = None
@@ -99,6 +102,9 @@ def run_problems(evaluators: dict) -> list:
             why = "shuffles (eval_loader.dataset.shuffle=true: other samples at each evaluation)"
         elif reads["replication"] not in (None, 1):
             why = f"replicates samples over ranks (replication={reads['replication']})"
+        elif "sequence_id" not in reads and uses_sequence_id:
+            why = ("ran before metrics.json recorded whether it gave the model sequence ids, which this model uses "
+                   "(attn_uses_sequence_id)")
         if why:
             found.append(Problem("--data", f"the run's evaluator {label!r} {why}, so the samples it read cannot be "
                                  "rebuilt here", fix))
@@ -132,7 +138,9 @@ def _score(model, batches, where: str) -> dict:
     samples = 0
     with torch.no_grad():
         for batch in batches:
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits
+            # sequence_id as the trainer passes it: with attn_uses_sequence_id each document of a sample apart
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                           sequence_id=batch.get("sequence_id")).logits
             # as llm-foundry's ComposerMPTCausalLM: token t predicts label t+1, the last position has no target
             targets = torch.roll(batch["labels"], shifts=-1, dims=1)
             targets[:, -1] = -100
@@ -177,6 +185,10 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-seq-len", type=int, help="tokens per sample (default: the model's max_seq_len)")
     parser.add_argument("--batch-size", type=int, help=f"samples a batch (default: {BATCH_SIZE})")
     parser.add_argument("--batches", type=int, help="score only the first N batches of --data (default -1: all)")
+    where = parser.add_mutually_exclusive_group()  # llm-foundry's eval_loader.dataset keys
+    where.add_argument("--eos-token-id", type=int, help="documents of --data end with this token: the model gets "
+                       "sequence ids (needed by a model with attn_uses_sequence_id, as its training had)")
+    where.add_argument("--bos-token-id", type=int, help="documents of --data start with this token (as above)")
     parser.add_argument("--icl-tasks", type=Path, help="a JSON-lines task file for llm-foundry's ICL evaluation")
     parser.add_argument("--icl-type", choices=ICL_TYPES, default="language_modeling")
     parser.add_argument("--fewshot", type=int, default=0, help="in-context examples per question (ICL)")
@@ -205,7 +217,7 @@ def main(argv=None) -> int:
             text = "\n".join(f"{k} {v:.4f}" for k, v in result.items()) + f"\nmodel {folder}"
         elif args.data is None:
             metrics_path, metrics = _run_metrics(folder)
-            problems = run_problems(metrics["evaluators"])
+            problems = run_problems(metrics["evaluators"], _uses_sequence_id(folder))
             if problems:
                 raise UserError(problems=problems)
             model, tokenizer = hf_model.load(folder)
@@ -215,10 +227,18 @@ def main(argv=None) -> int:
             text = "\n".join(_line(label, r) for label, r in result["evaluators"].items()) + f"\nmodel {folder}"
             _warn_if_apart(folder, result["evaluators"], str(model.config.torch_dtype))
         else:
+            sequence_id = {k: v for k, v in (("eos_token_id", args.eos_token_id), ("bos_token_id", args.bos_token_id))
+                           if v is not None}
+            if _uses_sequence_id(folder) and not sequence_id:
+                raise UserError("--eos-token-id", f"the model of {folder} attends within each document of a sample "
+                                "(attn_uses_sequence_id): without the token that separates documents it scores "
+                                "otherwise than its training evaluated", "--eos-token-id=<the run's "
+                                "eval_loader.dataset.eos_token_id> (or --bos-token-id), or score the run's own "
+                                "evaluation without --data")
             model, tokenizer = hf_model.load(folder)
             result = cross_entropy(model, tokenizer, args.data.resolve(), args.split or SPLIT,
                                    args.max_seq_len or model.config.max_seq_len, args.batch_size or BATCH_SIZE,
-                                   -1 if args.batches is None else args.batches)
+                                   -1 if args.batches is None else args.batches, sequence_id)
             text = f"{_scored(result)}\nmodel {folder}"
     except UserError as err:
         print(err, file=sys.stderr)
@@ -300,7 +320,8 @@ def _problems(args) -> list:
                                  "docs/after-training.md, \"Evaluate\")"))
     elif args.data is None:
         for key, v in (("--batches", args.batches), ("--split", args.split), ("--max-seq-len", args.max_seq_len),
-                       ("--batch-size", args.batch_size)):
+                       ("--batch-size", args.batch_size), ("--eos-token-id", args.eos_token_id),
+                       ("--bos-token-id", args.bos_token_id)):
             if v is not None:
                 found.append(Problem(key, "applies to --data; without --data the run's own evaluation is scored, "
                                      "as it read", f"add --data=<MDS folder>, or leave {key} out"))
@@ -315,6 +336,12 @@ def _problems(args) -> list:
 
 def _model_seq(folder: Path) -> int:
     return int(json.loads((folder / "config.json").read_text()).get("max_seq_len", 2048))
+
+
+def _uses_sequence_id(folder: Path) -> bool:
+    """MPT's attn_config.attn_uses_sequence_id in the export's config.json."""
+    config = json.loads((folder / "config.json").read_text())
+    return bool((config.get("attn_config") or {}).get("attn_uses_sequence_id"))
 
 
 if __name__ == "__main__":

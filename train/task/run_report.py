@@ -325,8 +325,21 @@ def _evaluators(state: State) -> dict:
             "workers": getattr(loader, "num_workers", 0), "nodes": dist.get_world_size() // ranks_per_node,
             "ranks_per_node": ranks_per_node, "num_canonical_nodes": ds.num_canonical_nodes,
             "partition_algo": ds.partition_algo, "batching_method": ds.batching_method, "shuffle": ds.shuffle,
-            "shuffle_algo": ds.shuffle_algo, "replication": ds.replication}
+            "shuffle_algo": ds.shuffle_algo, "replication": ds.replication,
+            "sequence_id": _sequence_id(loader.collate_fn)}
     return found
+
+
+def _sequence_id(collate) -> dict:
+    """{eos_token_id: N} or {bos_token_id: N} (the loader's dataset keys) when the evaluator's batches carry
+    sequence ids (llm-foundry's ConcatenatedSequenceCollatorWrapper, under its token-counting wrapper), else {}: a
+    model with attn_uses_sequence_id attends within each document of a sample only with them, so the same samples
+    score otherwise without."""
+    while collate is not None:
+        if hasattr(collate, "split_token_id"):
+            return {"bos_token_id" if collate.bos_mode else "eos_token_id": int(collate.split_token_id)}
+        collate = getattr(collate, "base_collator", None)
+    return {}
 
 
 def _step(state: State) -> str:
