@@ -193,11 +193,11 @@ def test_composers_record_names_the_cpu_as_py_cpuinfo_does_without_its_process(m
     import cpuinfo
     from composer.utils import collect_env
 
-    from train.task.main import _cpu_model_from_proc
+    from train.task.main import cpu_model_from_proc
 
     want = str(cpuinfo.get_cpu_info().get("brand_raw", "CPU"))
     monkeypatch.setattr(collect_env, "get_cpu_model", collect_env.get_cpu_model)  # restored after the test
-    _cpu_model_from_proc()
+    cpu_model_from_proc()
 
     def no_process(*args, **kwargs):
         raise AssertionError(f"a process started: {args}")

@@ -65,7 +65,7 @@ def run(cfg: DictConfig) -> dict:
 
     register()
     tracking.register()  # conf/logger/: one tracking run per training run
-    _cpu_model_from_proc()  # what building composer's Trainer does for nothing this run uses
+    cpu_model_from_proc()  # what building composer's Trainer does for nothing this run uses
     _mpt_is_in_no_transformers_mapping()
     report = Path(fcfg.callbacks.run_report.folder)
     try:
@@ -121,7 +121,7 @@ def _start_dist(fcfg) -> None:
     gloo_reduce_scatter_averages()  # FSDP2's gradients on CPU: the mean over the ranks, not their sum
 
 
-def _cpu_model_from_proc() -> None:
+def cpu_model_from_proc() -> None:
     """composer's environment record (get_composer_env_dict: the trainer reads its version from it when built)
     names the CPU through py-cpuinfo, which starts a Python process to probe it: 1.1 s of CPU per rank, every
     run, for a name the trainer does not log. The same name from /proc/cpuinfo ("model name", what cpuinfo reports
