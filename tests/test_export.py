@@ -142,12 +142,20 @@ def test_two_rank_sharded_checkpoint_exported_on_one_process_scores_the_trainers
 
     samples = cli("train.sample", save.name, "The weather today is", "In 2019, the company",
                   "--max-new-tokens=8", "--seed=3", root=root, check=True, env=OFFLINE)
-    again = cli("train.sample", save.name, "The weather today is", "In 2019, the company",
-                "--max-new-tokens=8", "--seed=3", root=root, check=True, env=OFFLINE)
+    alone = cli("train.sample", save.name, "In 2019, the company", "--max-new-tokens=8", "--seed=3", root=root,
+                check=True, env=OFFLINE)
     blocks = samples.stdout.split("\n---\n")
     assert blocks[0].startswith("The weather today is") and blocks[1].startswith("In 2019, the company")
     assert len(blocks[0]) > len("The weather today is")
-    assert samples.stdout == again.stdout  # the same seed gives the same samples
+    # the same seed gives a prompt the same sample, whatever prompts come before it
+    assert alone.stdout.split("\n---\n")[0] == blocks[1], (alone.stdout, blocks[1])
+
+    mine = root / "mine"
+    (mine / "keep").mkdir(parents=True)  # a folder of the user's (or the run's checkpoints) as --out: refused, kept whole
+    for out in (mine, save):
+        refused = cli("train.export", str(save), f"--out={out}", root=root, env=OFFLINE)
+        assert refused.returncode == 2 and "error: --out: " in refused.stderr and out.is_dir(), refused.stderr
+    assert (mine / "keep").is_dir() and (save / "ep0-ba40" / ".metadata").is_file()
 
 
 @pytest.mark.train

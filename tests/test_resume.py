@@ -283,21 +283,46 @@ def test_a_complete_checkpoint_newer_than_the_link_is_used(tmp_path, tmp_path_fa
     assert_same_run(newest_metrics(root), straight(2, tmp_path_factory))
 
 
-def test_consolidate_a_sharded_checkpoint_into_one_file_that_load_path_continues(tmp_path, tmp_path_factory):
+def test_consolidate_a_sharded_checkpoint_into_one_file_that_load_path_continues_and_checks(tmp_path,
+                                                                                         tmp_path_factory):
+    """`train.consolidate --out FILE` (a name of the user's) then `load_path=FILE`: the new run continues the
+    state. The file has a manifest; damaged later, a run that loads it stops naming it and trains nothing (torch
+    loads flipped weights without a word: the run trained on from them, exit 0); without its manifest, its zip
+    records' CRC-32 name it (export, before the model loads); intact but at max_duration, the run is refused (it
+    printed "already trained", of no run of its own, exit 0); exported under its own name, with --out."""
     folder, _ = _finished_copy(2, "sharded", tmp_path, tmp_path_factory)
     out = tmp_path / "consolidated.pt"
     proc = run("-m", "train.consolidate", folder, "--out", out, check=True)
     assert proc.stdout.strip() == str(out) and out.stat().st_size > 0
+    assert (tmp_path / "consolidated.pt.manifest.json").is_file()
+    args = ("checkpoint=full", "max_duration=50ba", "save_interval=10ba", "eval_interval=10ba", "progress_bar=false")
 
     # a new run (its own name and folder) that starts from the consolidated state and trains 10 more batches
     root = tmp_path / "from-file"
-    run("-m", "train", "checkpoint=full", f"load_path={out}", "max_duration=50ba", "save_interval=10ba",
-        "eval_interval=10ba", "progress_bar=false", root=root, check=True)
+    run("-m", "train", *args, f"load_path={out}", root=root, check=True)
     got = newest_metrics(root)
     assert got["batches"] == 50 and [b for b, _ in got["train_loss"]] == list(range(1, 51))
 
     bad = run("-m", "train.consolidate", tmp_path / "nowhere")
     assert bad.returncode == 2 and "no complete checkpoint" in bad.stderr
+    mine = tmp_path / "mine"
+    (mine / "keep").mkdir(parents=True)  # a folder of the user's as --out: never replaced
+    assert run("-m", "train.consolidate", folder, "--out", mine, check=2).stderr.startswith("error: --out:")
+    assert (mine / "keep").is_dir()
+
+    proc = run("-m", "train", *args, "max_duration=40ba", f"load_path={out}", root=tmp_path / "b", check=1)
+    assert f"error: max_duration: the checkpoint load_path={out} is already at max_duration=40ba" in proc.stderr
+    assert "--out" in run("-m", "train.export", out, root=tmp_path, check=2).stderr  # no batch in its name
+    run("-m", "train.export", out, f"--out={tmp_path / 'hf'}", root=tmp_path, check=True)
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+    _flip_middle(out)
+    proc = run("-m", "train", *args, f"load_path={out}", root=tmp_path / "a", check=1)
+    assert f"error: load_path: {out} does not match its manifest" in proc.stderr, proc.stderr[-2000:]
+    assert not list((tmp_path / "a").glob("checkpoints/*/ep*"))  # nothing trained
+    (tmp_path / "consolidated.pt.manifest.json").unlink()
+    proc = run("-m", "train.export", out, f"--out={tmp_path / 'hf2'}", root=tmp_path, check=2)
+    assert "does not match its CRC-32" in proc.stderr and not (tmp_path / "hf2").exists()
 
 
 def test_a_stopped_rank_ends_the_whole_job_within_the_timeout_and_the_error_names_the_ranks(tmp_path):

@@ -8,6 +8,7 @@ checkpoint (the whole training state: model, optimizer, schedulers, data positio
 import argparse
 import logging
 import sys
+import zipfile
 from pathlib import Path
 
 
@@ -39,6 +40,10 @@ def main(argv=None) -> int:
         print(ckpt.path)
         return 0
     out = (args.out or ckpt.path.parent / f"{ckpt.stem}-rank0.pt").resolve()
+    if out.is_dir() or out.exists() and not zipfile.is_zipfile(out):  # replaced whole: only an earlier checkpoint
+        print(f"error: --out: {out} exists and is not a checkpoint file; writing there would replace it",
+              file=sys.stderr)
+        return 2
     out.parent.mkdir(parents=True, exist_ok=True)
     print(resume.consolidate(ckpt.path, out))
     return 0

@@ -38,6 +38,8 @@ def locate(arg: str, checkpoint_root: Path | None = None):
                             "overrides after the run name (storage=amlfs storage.root=...)")
     path = path.resolve()
     [ckpt] = [c for c in resume.find(path.parent) if c.path == path] or [None]
+    if ckpt is None and path.is_file():  # one file of the user's naming (`train.consolidate --out`): batch unknown
+        ckpt = resume.Checkpoint(path, epoch=-1, batch=-1, sharded=False)
     if ckpt is None:  # a save folder: its newest checkpoint that verifies (nothing is moved: a run may be writing)
         ckpt = resume.newest_complete(path, verify=True)
         if ckpt is None:
@@ -55,6 +57,9 @@ def default_out(ckpt) -> Path:
     """Where `export=hf` would have written this batch's folder: `<output_root>/<run_name>/huggingface/ba{B}` when
     the save folder sits in a storage's `checkpoints/` (every storage preset keeps `outputs/` beside it), else
     `<save_folder>/huggingface/ba{B}`."""
+    if ckpt.batch < 0:
+        raise UserError("--out", f"{ckpt.path} is not named as composer names a checkpoint (ep{{E}}-ba{{B}}-rank0.pt): "
+                        "the batch of the default folder huggingface/ba{B} is not known", "--out=<folder to write>")
     save_folder = ckpt.path.parent
     if save_folder.parent.name == "checkpoints":
         base = save_folder.parent.parent / "outputs" / save_folder.name
@@ -109,6 +114,32 @@ def _restore_empty_containers(hf: dict) -> None:
     if isinstance(config, dict):
         config.setdefault("added_tokens_decoder", {})
         config.setdefault("extra_special_tokens", {})
+
+
+# What an export folder holds (save_pretrained's model and code, the tokenizer's files): a folder of these alone is
+# an earlier export, which --out may replace.
+EXPORT_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "generation_config.json",
+                "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                "vocab.json", "merges.txt", "tokenizer.model")
+
+
+def replaceable(out: Path) -> None:
+    """Refuse an --out that holds anything but an earlier export: it is replaced whole, and a folder of the
+    user's (their models, a run's checkpoints, the working directory) must not go with it."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_dir() and not out.is_symlink():
+        held = list(out.iterdir())
+        if not held:
+            return
+        names = {p.name for p in held}
+        weights = {"model.safetensors", "model.safetensors.index.json"} & names
+        if "config.json" in names and weights and all(
+                p.is_file() and (p.name in EXPORT_FILES or p.suffix in (".py", ".safetensors")) for p in held):
+            return
+    what = "a folder that is not an earlier export" if out.is_dir() else "not a folder"
+    raise UserError("--out", f"{out} is {what}; the export replaces --out whole, which would delete what it holds",
+                    "another --out (a new folder, or an earlier export to replace)")
 
 
 def export(ckpt, out: Path, precision: str = "float32") -> Path:
@@ -179,7 +210,9 @@ def main(argv=None) -> int:
     try:
         ckpt = locate(args.checkpoint, roots(storage)[0])
         out = (args.out or default_out(ckpt)).resolve()
-        log.info("exporting %s (batch %d) as %s", ckpt.path, ckpt.batch, args.precision)
+        replaceable(out)
+        log.info("exporting %s (%s) as %s", ckpt.path, f"batch {ckpt.batch}" if ckpt.batch >= 0 else "a file of "
+                 "the user's naming", args.precision)
         print(export(ckpt, out, args.precision))
     except UserError as err:
         print(err, file=sys.stderr)

@@ -18,11 +18,11 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, temperat
     """One continuation per prompt (the new text only)."""
     import torch
 
-    torch.manual_seed(seed)  # the same seed, prompts and model give the same samples
     sampling = {"do_sample": True, "temperature": temperature, "top_k": top_k} if temperature > 0 else \
         {"do_sample": False}
     out = []
     for prompt in prompts:  # one at a time: no padding, so each continuation is what the prompt alone gives
+        torch.manual_seed(seed)  # for each prompt: its sample does not depend on the prompts given before it
         ids = tokenizer(prompt, return_tensors="pt")
         ids.pop("token_type_ids", None)  # a tokenizer made for other models (BERT-like) offers them; MPT refuses them
         with torch.no_grad():

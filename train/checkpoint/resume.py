@@ -113,13 +113,14 @@ def set_aside(ckpt: Checkpoint, why: str) -> Path:
 
 
 def consolidate(src: Path, out: Path) -> Path:
-    """A sharded checkpoint folder -> one monolithic file composer loads at any world size (written atomically)."""
+    """A sharded checkpoint folder -> one monolithic file composer loads at any world size (written atomically),
+    with its manifest: a file damaged later is refused by name wherever it is read (train/checkpoint/integrity.py)."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     tmp = out.parent / f"{_PARTIAL}{out.name}"
     dcp_to_torch_save(str(src), str(tmp))
     os.replace(tmp, out)
-    return out
+    return _with_manifest(out)
 
 
 def shard(src: Path, out: Path) -> Path:
@@ -130,12 +131,21 @@ def shard(src: Path, out: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     torch_save_to_dcp(str(src), str(tmp))
     os.replace(tmp, out)
-    return out
+    return _with_manifest(out)
+
+
+def _with_manifest(ckpt: Path) -> Path:
+    from train.checkpoint import integrity
+
+    integrity.write_manifest(ckpt, integrity.hash_files(ckpt, integrity.files_of(ckpt)))
+    return ckpt
 
 
 def unreadable(ckpt: Checkpoint) -> str | None:
-    """Why one process cannot read this checkpoint as it was written (export, consolidate): incomplete by its
-    structure, or, where it has a manifest, a file that does not match it (train/checkpoint/integrity.py)."""
+    """Why one process cannot read this checkpoint as it was written (export, consolidate, a load_path):
+    incomplete by its structure, or, where it has a manifest, a file that does not match it
+    (train/checkpoint/integrity.py); a single file without one, a record whose CRC does not match (torch.save
+    writes a zip whose records carry their CRC-32, which torch.load never checks: damaged weights load)."""
     why = problem(ckpt)
     if why is None:
         from train.checkpoint import integrity
@@ -143,7 +153,20 @@ def unreadable(ckpt: Checkpoint) -> str | None:
         manifest = integrity.read_manifest(ckpt.path)
         if manifest is not None:
             why = integrity.share_differs(ckpt.path, manifest, world=1, rank=0)
+        elif not ckpt.sharded:
+            why = crc_mismatch(ckpt.path)
     return why
+
+
+def crc_mismatch(path: Path) -> str | None:
+    """The record of a zip checkpoint file whose bytes do not match its stored CRC-32, or None."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (OSError, zipfile.BadZipFile, EOFError) as err:
+        return f"unreadable as a zip ({type(err).__name__}: {err})"
+    return None if bad is None else (f"its record {bad} does not match its CRC-32 (damaged since it was written; "
+                                     "it has no manifest)")
 
 
 def newest_complete(folder, reads_sharded: bool | None = None, tidy: bool = False,
@@ -176,8 +199,6 @@ def in_format(ckpt: Checkpoint, reads_sharded: bool) -> str:
     manifest of its own, train/checkpoint/integrity.py) when it is in the other one."""
     if ckpt.sharded == reads_sharded:
         return str(ckpt.path)
-    from train.checkpoint import integrity
-
     if ckpt.sharded:
         out = ckpt.path.parent / f"{ckpt.stem}-rank0.pt"
         log.warning("resuming %s at one rank (no FSDP): consolidating its shards into %s first", ckpt.path, out)
@@ -186,7 +207,6 @@ def in_format(ckpt: Checkpoint, reads_sharded: bool) -> str:
         out = ckpt.path.parent / ckpt.stem
         log.warning("resuming %s with sharded checkpoints: converting it into %s first", ckpt.path, out)
         shard(ckpt.path, out)
-    integrity.write_manifest(out, integrity.hash_files(out, integrity.files_of(out)))
     return str(out)
 
 

@@ -210,7 +210,8 @@ def earlier_runs(cfg, ctx):
         where = f"checkpoints up to batch {newest[-1].batch}" if newest else "no checkpoint yet"
         shown = "; ".join(f"{k}: {theirs!r} there, {ours!r} here" for k, (theirs, ours) in list(differs.items())[:4])
         more = f" (and {len(differs) - 4} more)" if len(differs) > 4 else ""
-        yield Problem("run_name", f"{name} is a new run (from step 0), but {other} trains {model} on the same "
+        start = f"from {value(cfg, 'load_path')}" if value(cfg, "load_path") else "from step 0"
+        yield Problem("run_name", f"{name} is a new run ({start}), but {other} trains {model} on the same "
                       f"data ({where}) and differs in {shown}{more}",
                       f"to continue {other} under this command's settings instead, add run_name={other}; to "
                       "start afresh, nothing to do", WARNING)

@@ -164,7 +164,8 @@ def load_path(cfg, ctx):
         yield Problem("load_path", f"{path} holds a model of another shape than this one ({shape}, as "
                       f"{local.parent / 'identity.json'} records): loading it would fail (torch refuses missing or "
                       "differently sized weights) or leave weights out", "the model settings of the run that wrote it; or "
-                      "+load_strict_model_weights=false to load the weights that match (a grown model)")
+                      "+load_strict_model_weights=false +load_weights_only=true to load the weights that match (a grown "
+                      "model; its optimizer state has no entry for the new weights)")
 
 
 def icl_files(cfg, ctx):

@@ -57,7 +57,8 @@ def run(cfg: DictConfig) -> dict:
             if int(os.environ.get("RANK", 0)) == 0:
                 print(table(report), flush=True)
             return {"preflight": report}
-    _choose_resume_point(cfg, fcfg)
+    if not _choose_resume_point(cfg, fcfg):
+        _verify_load_path(fcfg)
     from llmfoundry.command_utils import train
 
     from train.task import shm_registry, tracking
@@ -88,6 +89,14 @@ def run(cfg: DictConfig) -> dict:
         if not isinstance(err, ValueError) or "No training would occur" not in str(err):
             raise
         # the same command again after the run finished: the newest checkpoint is the final one
+        folder = str(fcfg.get("save_folder") or "")
+        if fcfg.get("load_path") and "://" not in folder and (not folder or Path(str(fcfg.load_path)).parent
+                                                             != Path(folder)):
+            # not this run's own checkpoint: load_path= of another, already at this max_duration; this run has
+            # trained nothing and has no numbers of its own to print
+            raise UserError("max_duration", f"the checkpoint load_path={fcfg.load_path} is already at "
+                            f"max_duration={fcfg.max_duration}: nothing would be trained",
+                            "a max_duration past that checkpoint's batch (to train on from it)") from None
         trained = False
         log.warning(f"{fcfg.run_name} already trained to max_duration={fcfg.max_duration} (checkpoint "
                     f"{fcfg.load_path}): nothing to do. To train this run longer, add run_name={fcfg.run_name} and "
@@ -164,17 +173,17 @@ def _mpt_is_in_no_transformers_mapping() -> None:
     huggingface._is_registered_causal_lm = registered
 
 
-def _choose_resume_point(cfg, fcfg) -> None:
+def _choose_resume_point(cfg, fcfg) -> str | None:
     """Claim the save folder for this run (one writer at a time), then resume from the newest checkpoint in it
     that is complete (train/checkpoint/resume.py) and matches its manifest (train/checkpoint/integrity.py), instead of composer's
     `latest` link. Rank 0 claims and moves files; verifying is shared by all ranks, each hashing the files it
     would own. A checkpoint that does not verify is set aside and the one before it tried; when checkpoints
     failed and none verified, the run stops naming them: it never trains from scratch over them. Applies to
     the local save folders and default file names this tool writes; anything else (a remote save_folder, a
-    custom save_filename) is left to composer."""
+    custom save_filename) is left to composer. Returns the checkpoint it resumes from, or None."""
     folder = fcfg.get("save_folder")
     if not folder or "://" in str(folder):
-        return
+        return None
     from composer.utils import dist
 
     from train.checkpoint import integrity, resume
@@ -260,6 +269,33 @@ def _choose_resume_point(cfg, fcfg) -> None:
         log.info("resuming from %s", path)
     if ours:
         fcfg.autoresume = False  # the choice is made; composer must not follow a stale link instead
+    return path
+
+
+def _verify_load_path(fcfg) -> None:
+    """A checkpoint named by load_path= (another run's, a consolidated file) is checked as one resumed from is:
+    against its manifest where it has one (each rank hashing its share), else by its structure and a single file's
+    zip CRCs. One that does not verify stops the run naming the file before any weight is read: torch loads
+    damaged weights without a word, and the run would train on from them, exit 0."""
+    load = fcfg.get("load_path")
+    if not load or "://" in str(load) or not Path(str(load)).exists():
+        return  # a remote one is composer's to read; a missing one composer's error names
+    from composer.utils import dist
+
+    from train.checkpoint import integrity, resume
+
+    path, rank, world = Path(str(load)), dist.get_global_rank(), dist.get_world_size()
+    manifest = integrity.read_manifest(path)
+    if manifest is not None:
+        whys = [w for w in dist.all_gather_object(integrity.share_differs(path, manifest, world, rank)) if w]
+    else:
+        box = [resume.unreadable(resume.Checkpoint(path, -1, -1, sharded=path.is_dir())) if rank == 0 else None]
+        dist.broadcast_object_list(box)
+        whys = [box[0]] if box[0] else []
+    if whys:
+        why = whys[0] if str(path) in whys[0] else f"{path}: {whys[0]}"
+        raise integrity.RunStopped("load_path", f"{why}; nothing was trained from it",
+                                   "an intact copy of that checkpoint, or an earlier one")
 
 
 def _end_not_reached(ckpt, fcfg) -> str | None:
