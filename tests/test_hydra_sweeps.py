@@ -146,3 +146,22 @@ def test_an_optuna_search_on_slurm_waits_for_each_trial_and_run_again_submits_no
     again = cli("train", *line, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count(": nothing to submit") == 2 and "-> job" not in again.stdout, again.stdout
+
+
+@pytest.mark.train
+def test_a_finished_point_run_again_with_other_evaluation_settings_says_its_numbers_are_the_earlier_runs(tmp_path,
+                                                                                                          cli):
+    """Evaluation settings are not a run's identity: the point is the finished run, nothing is submitted, and its
+    numbers (the summary's eval_loss, a sweeper's objective) are that run's own evaluation's: said, with what
+    differs. The same settings again: nothing to say."""
+    line = ("-m", "max_duration=4ba", "eval_interval=4ba", "save_interval=4ba", "progress_bar=false")
+    first = cli("train", *line, timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    same = cli("train", *line, timeout=900)
+    assert same.returncode == 0 and ": nothing to submit" in same.stdout, same.stderr[-3000:]
+    assert "from its own evaluation settings" not in same.stderr
+    other = cli("train", *line, "eval_subset_num_batches=1", timeout=900)
+    assert other.returncode == 0 and ": nothing to submit" in other.stdout, other.stderr[-3000:]
+    assert "are that run's, from its own evaluation settings (eval_subset_num_batches: " in other.stderr, \
+        other.stderr[-3000:]
+    assert ", 1 here" in other.stderr

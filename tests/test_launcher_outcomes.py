@@ -2,6 +2,8 @@
 files and logs (written as submitit writes them) in a temporary folder. The real-Slurm tests
 (tests/test_slurm_sweeps.py, tests/test_sweep_summary.py) keep the end-to-end path; these cover every state and
 outcome, which a real cluster cannot be made to show on demand."""
+import os
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -76,14 +78,35 @@ def test_a_slurm_job_has_ended_only_in_a_state_slurm_does_not_resume_from(tmp_pa
     assert ended(StandInJob(tmp_path, state), "slurm") is is_ended
 
 
-def test_a_local_job_has_ended_once_submitit_says_done(tmp_path):
-    assert ended(StandInJob(tmp_path, "RUNNING"), "local") is True
+def test_a_local_job_has_ended_once_its_controller_has_also_seen_from_another_process(tmp_path):
+    """`python -m train.status` beside a running local sweep holds no process handle of its jobs: a job known by
+    its id alone (as sweep.json names it) is running while submitit's controller of it runs, and has ended after."""
+    import submitit
+
+    from hydra_plugins.pretrain_launcher.outcomes import local_alive
+
+    ex = submitit.AutoExecutor(folder=tmp_path / "%j", cluster="local")
+    ex.update_parameters(timeout_min=2)
+    job = ex.submit(time.sleep, 30)
+    seen = submitit.LocalJob(folder=tmp_path / "%j", job_id=job.job_id, tasks=(0,))  # the status command's
+    try:
+        assert local_alive(seen) is True and ended(seen, "local") is False
+    finally:
+        job.cancel()  # SIGINT: the controller ends its task and exits
+    deadline = time.time() + 60
+    while job.state == "RUNNING":  # the launcher's poll reaps it
+        assert time.time() < deadline
+        time.sleep(0.2)
+    assert local_alive(seen) is False and ended(seen, "local") is True
+    assert ended(StandInJob(tmp_path, "RUNNING", job_id=str(os.getpid())), "local") is True  # a pid not a controller
 
 
 @pytest.mark.parametrize("state, shown", [
     ("CANCELLED by 1000", "CANCELLED"), ("TIMEOUT", "TIMEOUT"), ("OUT_OF_MEMORY", "OUT_OF_MEMORY"),
     ("COMPLETED", "FAILED"),  # a point that did not complete although its job did: a rank failed
     ("NODE_FAIL", "NODE_FAIL"), (RuntimeError("sacct: error"), "UNKNOWN"),
+    # submitit's local states of a job whose rank died without a result (SIGKILL): FAILED, as the docs promise
+    ("NO PROCESS AND NO RESULT", "FAILED"), ("INTERRUPTED", "FAILED"), ("FINISHED", "FAILED"),
 ])
 def test_final_state(tmp_path, state, shown):
     assert final_state(StandInJob(tmp_path, state)) == shown
@@ -339,3 +362,41 @@ def test_an_app_imported_before_hydras_plugin_scan_runs_again_is_still_a_sweep_a
     assert type(contract.load_app("train.launch.sweep_app.TrainApp")).__name__ == "TrainApp"
     with pytest.raises(TypeError, match="collections.OrderedDict: not a SweepApp"):
         contract.load_app("collections.OrderedDict")
+
+
+def test_a_start_that_has_not_begun_training_shows_slurms_requeues_and_no_figures_of_the_start_before(tmp_path):
+    """progress.json as the first start's rank 0 left it; Slurm has requeued the job since (its count from
+    sacct): the new start is importing or loading its checkpoint. Its row counts the requeue and shows none of
+    the start before's line as where the run is now."""
+    from train.launch.sweep_app import TrainApp
+
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "progress.json").write_text('{"starts": 1, "job": "4242", "requeues": 0, "progress": '
+                                                  '"step 20/40", "step": 20, "loss": 5.5, "tokens_per_sec": 1234.5,'
+                                                  ' "mfu": 0.3, "eta_s": 65}')
+    [point] = manifest(tmp_path)["points"]
+    row = TrainApp().columns({**point, "slurm_requeues": 1}, "RUNNING")
+    assert (row["requeues"], row["step"], row["loss"], row["tokens_per_sec"], row["mfu"], row["eta"]) == \
+        (1, "starting again (before: step 20/40)", None, None, None, "")
+    # once the new start trains, its own record: Slurm's count and its rank 0's agree
+    (tmp_path / "0" / "progress.json").write_text('{"starts": 2, "job": "4242", "requeues": 1, "step": 20}')
+    row = TrainApp().columns({**point, "slurm_requeues": 1}, "RUNNING")
+    assert (row["requeues"], row["step"]) == (1, "step 20")
+    # where Slurm cannot be asked, the count its rank 0 recorded (SLURM_RESTART_COUNT), not its starts - 1
+    (tmp_path / "0" / "progress.json").write_text('{"starts": 2, "job": "4242", "requeues": 5, "step": 20}')
+    assert TrainApp().columns({**point, "slurm_requeues": None}, "COMPLETED")["requeues"] == 5
+    # a record of another job (an earlier sweep's run in this folder) is not this job's
+    (tmp_path / "0" / "progress.json").write_text('{"starts": 2, "job": "99", "requeues": 5, "progress": "step 9"}')
+    row = TrainApp().columns({**point, "slurm_requeues": 0}, "PENDING")
+    assert (row["requeues"], row["step"]) == (0, "starting again (before: step 9)")
+
+
+def test_an_ended_point_shows_no_eta(tmp_path):
+    from train.launch.sweep_app import TrainApp
+
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "progress.json").write_text('{"starts": 1, "progress": "step 20/40", "step": 20, "eta_s": 65}')
+    [point] = manifest(tmp_path)["points"]
+    for state in ("FAILED", "CANCELLED", "NODE_FAIL", "NO PROCESS AND NO RESULT"):  # whatever ended it
+        row = TrainApp().columns(point, state)
+        assert row["eta"] == row["last_progress"] == "" and row["step"] == "step 20/40"

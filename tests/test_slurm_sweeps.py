@@ -353,3 +353,46 @@ def test_a_pending_point_shows_why_it_waits(slurm, tmp_path):
     finally:
         subprocess.run(["scancel", str(manifest["points"][0]["job_id"]).split("_")[0], str(manifest["summary_job"])],
                        check=False)
+
+
+def test_requeues_before_training_began_are_counted_and_a_restart_shows_no_figures_of_the_start_before(
+        slurm, tmp_path):
+    """Slurm's count of a point's requeues, whenever they came: each of these two comes while the job is still
+    starting (importing), before its rank 0 ever wrote progress.json, where counting the starts that reached
+    training saw none. While the job starts again, the status shows no progress line of a start before it."""
+    env = command_env(tmp_path)
+    out = (tmp_path / "sweep.log").open("w")
+    proc = subprocess.Popen([str(PYTHON), "-m", "train", "-m", *TINY, WAIT, "max_duration=4ba", "checkpoint=none"],
+                            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 300
+        while not list(tmp_path.glob("outputs/sweeps/*/sweep.json")):
+            assert proc.poll() is None and time.time() < deadline, (tmp_path / "sweep.log").read_text()[-3000:]
+            time.sleep(0.2)
+        [sweep_dir] = (tmp_path / "outputs" / "sweeps").iterdir()
+        [point] = json.loads((sweep_dir / "sweep.json").read_text())["points"]
+        job = str(point["job_id"])
+        for n in (1, 2):
+            while subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                                 text=True).stdout.strip() != "RUNNING":
+                assert proc.poll() is None and time.time() < deadline, (tmp_path / "sweep.log").read_text()[-3000:]
+                time.sleep(0.2)
+            # before its rank 0 began training: what a record of the starts that trained cannot see
+            assert not (Path(point["report"]) / "progress.json").exists()
+            subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+            now = shown(status(sweep_dir).stdout)[0]
+            settle = time.time() + 30  # Slurm's accounting (slurmdbd) may record the requeue a moment later
+            while now["requeues"] != str(n) and time.time() < settle:
+                time.sleep(1)
+                now = shown(status(sweep_dir).stdout)[0]
+            assert now["requeues"] == str(n) and now["loss"] == "" and now["eta"] == "", now
+        proc.wait(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, (tmp_path / "sweep.log").read_text()[-3000:]
+    [row] = summary(tmp_path)
+    assert row["state"] == "COMPLETED" and row["requeues"] == "2", row
+    # rank 0 recorded Slurm's own count (SLURM_RESTART_COUNT) as its third start began training
+    progress = json.loads((Path(point["report"]) / "progress.json").read_text())
+    assert (progress["job"], progress["requeues"], progress["starts"]) == (job, 2, 1)
+    assert shown(status(sweep_dir).stdout)[0]["requeues"] == "2"

@@ -85,3 +85,55 @@ def test_a_job_out_of_time_and_not_requeued_says_why(slurm, tmp_path):
     assert md["error"] == row["error"] and md["world_size"] == row["world_size"] == "2"
     assert "UncompletedJobError" not in (sweep_dir / "summary.md").read_text()
     assert row["metrics"] == row["loss_curve"] == ""
+
+
+def test_status_beside_a_running_local_sweep_sees_it_running_and_a_killed_point_failed_with_no_eta(tmp_path):
+    """`python -m train.status` from another shell holds no process of the local sweep's jobs: a point whose
+    controller runs is RUNNING (the command exits 0 and writes that), not a dead point. Its task killed
+    (SIGKILL: no result, no traceback), the point is FAILED, as a rank that raised, with no ETA. Run from a
+    shell whose umask lets the world read, the summary files it rewrites are still not world-readable."""
+    import os
+    import signal
+
+    import psutil
+
+    log = tmp_path / "sweep.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([str(PYTHON), "-m", "train", "-m", "progress_bar=false", "checkpoint=none",
+                                 "cluster=local", "cluster.tasks_per_node=1", "data=mock", "max_duration=100000ba",
+                                 "console_log_interval=1ba"],
+                                cwd=ROOT, env=command_env(tmp_path), stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 300
+            while not list(tmp_path.glob("outputs/sweeps/*/0/progress.json")) or \
+                    "eta_s" not in next(tmp_path.glob("outputs/sweeps/*/0/progress.json")).read_text():
+                assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+                time.sleep(0.5)
+            [sweep_dir] = (tmp_path / "outputs" / "sweeps").iterdir()
+
+            def status():
+                return subprocess.run([str(PYTHON), "-m", "train.status", str(sweep_dir)], cwd=ROOT,
+                                      env=command_env(tmp_path), capture_output=True, text=True, timeout=120,
+                                      preexec_fn=lambda: os.umask(0o022))
+
+            now = status()
+            assert now.returncode == 0, now.stdout + now.stderr
+            [row] = csv.DictReader((sweep_dir / "summary.csv").open())
+            assert row["state"] == "RUNNING" and row["eta"] and row["error"] == "", row
+            for name in ("summary.md", "summary.csv"):
+                assert (sweep_dir / name).stat().st_mode & 0o007 == 0, name
+            controller = json.loads((sweep_dir / "sweep.json").read_text())["points"][0]["job_id"]
+            [task] = psutil.Process(int(controller)).children()
+            os.kill(task.pid, signal.SIGKILL)
+            proc.wait(timeout=120)
+        finally:
+            proc.kill()
+    assert proc.returncode == 1, log.read_text()[-3000:]
+    _, [row], [md] = _summaries(tmp_path)
+    assert row["state"] == md["state"] == "FAILED", row
+    assert row["eta"] == row["last_progress"] == "" and row["error"].startswith("rank 0: no result (killed"), row
+    assert "job FAILED" in row["error"]
+    after = status()
+    assert after.returncode == 1 and "| FAILED |" in after.stdout, after.stdout + after.stderr
+    [row] = csv.DictReader((sweep_dir / "summary.csv").open())
+    assert row["state"] == "FAILED" and row["eta"] == ""

@@ -17,13 +17,67 @@ from hydra.core.utils import JobStatus
 def ended(job, scheduler: str) -> bool:
     """submitit calls a job done once its rank-0 result file exists. A rank that fails while Slurm tears the
     step down for a requeue (its dataloader workers get SIGTERM) writes one too, yet the job comes back: on
-    Slurm, done also needs a state Slurm will not resume from. A local job that submitit calls done has ended."""
+    Slurm, done also needs a state Slurm will not resume from. A local job has ended once its controller
+    process has (local_alive: also from another process, e.g. `python -m train.status` beside a running sweep)."""
     if scheduler == "local":
-        return True
+        return local_alive(job) is False
     try:
         return bucket(job.state) != "pending" and job.state.upper() not in ("RUNNING", "COMPLETING")
     except Exception:
         return True
+
+
+LOCAL_CONTROLLER = "submitit.local._local"  # the module submitit's local controller runs as (its job id is its pid)
+
+
+def local_alive(job) -> bool | None:
+    """Whether a local job's controller process (submitit's, which waits for the job's tasks) still runs. The
+    launcher that started it holds its process handle; any other process (the status command) has only its pid,
+    which counts only if it is still submitit's controller of this job's folder, not a process that took the pid
+    since. None: cannot be told here (the process is not ours to inspect)."""
+    import psutil
+
+    process = getattr(job, "_process", None)
+    if process is not None:  # ours: poll() also reaps it
+        return process.poll() is None
+    try:
+        proc = psutil.Process(int(job.job_id))
+        if proc.status() == psutil.STATUS_ZOMBIE:  # ended, not yet reaped by its launcher
+            return False
+        cmd = proc.cmdline()
+    except psutil.NoSuchProcess:
+        return False
+    except (psutil.Error, ValueError):
+        return None
+    # the controller is started with the executor's folder before its pid is known: `%j` unreplaced
+    return LOCAL_CONTROLLER in cmd and Path(cmd[-1].replace("%j", str(job.job_id))).resolve() == \
+        Path(job.paths.folder).resolve()
+
+
+def slurm_requeues(job_ids: list) -> dict:
+    """{job id: how many times Slurm requeued it} for the jobs Slurm's accounting knows, in one sacct call: with
+    --duplicates every run of a job is a record of its own, oldest first (the runs before each requeue), so a
+    job's records less one are its requeues, whatever ended each run (time limit, preemption, `scontrol requeue`)
+    and whenever (also a run requeued before it began training); one more while the newest record is itself
+    REQUEUED (Slurm writes the next run's record when that run starts). {} where sacct cannot be asked (a
+    container without a Slurm client) or fails."""
+    import subprocess
+
+    if not job_ids:
+        return {}
+    try:
+        out = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-o", "JobID,State", "-j",
+                              ",".join(map(str, job_ids))], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if out.returncode != 0:
+        return {}
+    runs: dict = {}
+    for line in out.stdout.splitlines():
+        if "|" in line:
+            job, state = line.split("|", 1)
+            runs.setdefault(job, []).append(state.strip())
+    return {str(j): len(runs[str(j)]) - 1 + (runs[str(j)][-1] == "REQUEUED") for j in job_ids if runs.get(str(j))}
 
 
 def bucket(state: str) -> str:
@@ -208,7 +262,10 @@ def final_state(job) -> str:
         return "UNKNOWN"
     if state.startswith("CANCELLED"):
         return "CANCELLED"
-    return "FAILED" if state in ("COMPLETED", "FINISHED", "DONE") else state
+    # submitit's local states say nothing of why a job failed (NO PROCESS AND NO RESULT: the status of a job whose
+    # process handle this process does not hold; INTERRUPTED: its controller died of a signal): FAILED
+    return "FAILED" if state in ("COMPLETED", "FINISHED", "DONE", "NO PROCESS AND NO RESULT", "INTERRUPTED") \
+        else state
 
 
 def split_overrides(points: list) -> tuple:

@@ -15,6 +15,7 @@ on timeout or preemption through `checkpoint`) is reused, with the requeue done 
 """
 import logging
 import os
+import socket
 import sys
 import time
 from collections import Counter
@@ -181,6 +182,8 @@ class SweepLauncher(BaseSubmititLauncher):
         shared, own = split_overrides([p.overrides for p in self._points])  # the summary shows what was swept
         records = [{"num": p.num, "overrides": o, "job_id": p.job.job_id if p.job else None,
                     "scheduler": p.resources.scheduler, "folder": folder, "tasks": p.job.num_tasks if p.job else 0,
+                    # a local job's id is its controller's pid: it means something on this machine only
+                    **({"host": socket.gethostname()} if p.resources.scheduler == "local" else {}),
                     **self.app.record(p)} for p, o in zip(self._points, own)]
         app_path = self.params.get("app") or ""
         # before waiting, or the summary job: a point that fails at once may let that job start within a second

@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from common.errors import UserError
 
 MANIFEST = "sweep.json"
 GOING = ("PENDING", "REQUEUED", "CONFIGURING", "RUNNING", "COMPLETING", "RESIZING", "SUSPENDED")
+UNSURE = "UNKNOWN"  # a point whose state this command cannot tell (a local sweep's point, seen from another machine)
 
 
 def write_manifest(sweep_dir: Path, app: str, points: list, shared: list, summary_job: str | None = None) -> None:
@@ -72,22 +74,36 @@ def rows(manifest: dict, point_jobs: list, wait_s: float = 0, all_ended: bool = 
     rank's own error (outcomes.py), the one that failed first first. all_ended: known to have ended (the
     summary job runs after every point), whatever Slurm's accounting says or whether it can be asked at all
     (a container without a Slurm client)."""
+    import socket
+
     from hydra_plugins.pretrain_launcher.outcomes import (
         SLURM_ENDS,
         ended,
         final_state,
         first_failure,
+        local_alive,
         pending_reasons,
         rank_errors,
         rank_outcomes,
+        slurm_requeues,
     )
 
     app = app_of(manifest)
+    # how many times Slurm requeued each point's job, from its accounting (one query): what the app's requeues
+    # column shows (the app falls back on what the job's rank 0 recorded, where Slurm cannot be asked)
+    requeues = slurm_requeues([p["job_id"] for p, job in zip(manifest["points"], point_jobs)
+                               if job is not None and p["scheduler"] == "slurm"])
     out = []
     for p, job in zip(manifest["points"], point_jobs):
-        error = ""
+        error, local = "", job is not None and p["scheduler"] == "local"
+        here = not local or p.get("host") in (None, socket.gethostname())
         if job is None:  # finished before this sweep: nothing was submitted
             state, log = "COMPLETED", "(finished earlier: nothing submitted)"
+        elif not here or (local and not all_ended and local_alive(job) is None):
+            # a local point's processes are on the machine that ran the sweep (their ids mean nothing elsewhere),
+            # or not ours to inspect: neither running nor ended can be said (the summary files are not rewritten)
+            where = f"on {p['host']}" if not here else "its process cannot be inspected"
+            state, log = f"{UNSURE} ({where})", Path(str(job.task(0).paths.stderr))
         elif all_ended or ended(job, p["scheduler"]):
             ranks = rank_outcomes(job, wait_s=wait_s)
             bad = [r for r in ranks if not r.ok]
@@ -97,12 +113,15 @@ def rows(manifest: dict, point_jobs: list, wait_s: float = 0, all_ended: bool = 
             first = first_failure(bad) if bad else ranks[0]
             error = rank_errors(bad, first)
             log = first.log
+        elif local:  # its controller runs (submitit's own state says so only in the process that started it)
+            state, log = "RUNNING", Path(str(job.task(0).paths.stderr))
         else:
             state = job.state.upper()
             state = "PENDING" if state == "UNKNOWN" else state  # not in Slurm's accounting yet
             log = Path(str(job.task(0).paths.stderr))
+        seen = {**p, "slurm_requeues": requeues.get(str(p["job_id"]))}  # None: not asked, or not known to Slurm
         out.append({"point": p["num"], "overrides": " ".join(p["overrides"]), "job_id": p["job_id"], "state": state,
-                    **app.columns(p, state), "log": str(log), "error": error[:1000]})
+                    **app.columns(seen, state), "log": str(log), "error": error[:1000]})
     # why a pending point waits (a point stuck on PartitionConfig would look queued forever): one squeue call
     waiting = [r for r, p in zip(out, manifest["points"]) if r["state"] == "PENDING" and p["scheduler"] == "slurm"]
     reasons = pending_reasons([r["job_id"] for r in waiting])
@@ -166,10 +185,19 @@ def main(prog: str, latest, argv=None) -> int:
     except UserError as err:
         print(err, file=sys.stderr)
         return 2
+    # what the training command (train/__main__.py) and its jobs write with: the summary files this rewrites are
+    # not world-readable, whatever the shell's umask
+    os.umask(os.umask(0o027) | 0o027)
     point_jobs = jobs(manifest)
     while True:
         table_rows = rows(manifest, point_jobs)
-        write_summary(sweep_dir, manifest, table_rows)
+        unsure = [r for r in table_rows if r["state"].startswith(UNSURE)]
+        if unsure:  # a table that guessed would replace a right one: the files stay as they are
+            logging.getLogger("sweep").warning(
+                f"the state of point{'s' * (len(unsure) > 1)} {', '.join(str(r['point']) for r in unsure)} cannot "
+                f"be told here: summary.md and summary.csv are left as they were")
+        else:
+            write_summary(sweep_dir, manifest, table_rows)
         print(f"{sweep_dir} ({time.strftime('%H:%M:%S')}; every column: summary.md, summary.csv)\n"
               f"{console(manifest, table_rows)}", flush=True)
         states = [r["state"].split(" ")[0] for r in table_rows]  # "PENDING (Resources)": pending

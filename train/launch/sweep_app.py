@@ -3,6 +3,7 @@ point's resources (from its own `cluster` group, so `-m cluster.nodes=1,2` reall
 objective (the metric `objective` names, for Hydra's sweepers), a point whose run already finished, and what its
 summary row shows. data_prep's side is data_prep/sweep_app.py. Light: no torch, no llm-foundry.
 """
+import logging
 import sys
 import time
 from datetime import timedelta
@@ -22,6 +23,28 @@ def eval_loss(final_eval: dict) -> float | str | None:
     labelled = [(k.split("/")[1], v) for k, v in final_eval.items()
                 if k.count("/") == 2 and k.startswith("eval/") and k.endswith("/LanguageCrossEntropy")]
     return " ".join(f"{label}={v:.4g}" for label, v in labelled) or None
+
+
+# what is evaluated, and how: a run's reported numbers, not its identity (train/config/identity.py)
+EVAL_KEYS = ("eval_loader", "eval_loaders", "eval_interval", "eval_first", "eval_subset_num_batches",
+             "device_eval_batch_size", "icl_tasks", "icl_tasks_str", "icl_subset_num_batches", "icl_seq_len",
+             "eval_gauntlet", "eval_gauntlet_str")
+
+
+def _eval_differences(cfg: DictConfig, report) -> list | None:
+    """`key: X there, Y here` for each evaluation setting where this point's config and the finished run's (its
+    report folder's .hydra/config.yaml) differ, both resolved; None where that config cannot be read or resolved
+    here (a resolver of its job's Hydra context): then they may differ."""
+    def value(c, key):
+        node = OmegaConf.select(c, key, default=None, throw_on_missing=False)
+        return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+    try:
+        theirs = OmegaConf.load(Path(report) / ".hydra" / "config.yaml")
+        return [f"{key}: {value(theirs, key)} there, {value(cfg, key)} here" for key in EVAL_KEYS
+                if value(theirs, key) != value(cfg, key)]
+    except Exception:  # OSError, a YAML error, an interpolation OmegaConf cannot resolve outside that job
+        return None
 
 
 class TrainApp(SweepApp):
@@ -98,9 +121,23 @@ class TrainApp(SweepApp):
         return cfg.cluster.name == "local" or bool(cfg.cluster.wait)
 
     def finished(self, cfg: DictConfig):
+        """A finished run of this point (nothing is submitted for it): its numbers are reported, from its own
+        evaluation. Evaluation settings are not part of a run's identity (train/config/identity.py), so this
+        point may ask for others: said, as the single run says it (train/task/main.py)."""
         from train.launch.finished import read
 
-        return read(cfg)
+        found = read(cfg)
+        if found is not None:
+            differ = _eval_differences(cfg, found.get("report"))
+            if differ != []:  # None: the run's own settings cannot be read, so they may differ
+                said = (f" ({'; '.join(differ)})" if differ else
+                        " (its config, .hydra/config.yaml in its report folder, is not there to compare)")
+                logging.getLogger("sweep").warning(
+                    f"[sweep] {cfg.run_name} finished earlier: the numbers reported for it (eval_loss, the "
+                    f"objective) are that run's, from its own evaluation settings{said}; settings of evaluation do "
+                    f"not make another run: to score it under others, python -m train.evaluate {cfg.run_name} "
+                    f"--data <MDS folder>")
+        return found
 
     def objective(self, cfg: DictConfig, value):
         from train.launch.finished import objective
@@ -138,7 +175,8 @@ class TrainApp(SweepApp):
         """A point's columns from what its rank 0 wrote (train/task/run_report.py): progress.json as it trains,
         metrics.json at the end."""
         from common.files import read_json
-        from hydra_plugins.pretrain_launcher.outcomes import SLURM_ENDS, existing
+        from hydra_plugins.pretrain_launcher.outcomes import existing
+        from hydra_plugins.pretrain_launcher.sweep_status import GOING
         from train.task.preflight_report import exclusions, latest
 
         report = Path(point["report"])
@@ -147,14 +185,27 @@ class TrainApp(SweepApp):
             metrics = point["finished"]
             progress = progress or ({"progress": f"step {metrics['batches']}"} if metrics.get("batches") else {})
         done = state == "COMPLETED"
-        eta = progress.get("eta_s")
         try:  # how long ago rank 0 last wrote a progress line: a point that stopped moving shows it
             age = time.time() - (report / "progress.json").stat().st_mtime
         except OSError:
             age = None
-        going = not done and state not in SLURM_ENDS and state != "FAILED"
+        going = state.split(" ")[0] in GOING  # "PENDING (Resources)"; an ended point has no ETA
+        # Requeues of the point's job: Slurm's count (its accounting, sweep_status.rows) where it could be asked,
+        # else what rank 0 recorded of SLURM_RESTART_COUNT as its latest start began training (a file written
+        # before that was recorded: its starts after the first). A record of another job (an earlier sweep's, in
+        # this report folder) says nothing of this one's.
+        own = progress.get("job") in (None, str(point.get("job_id"))) or point.get("job_id") is None
+        recorded = int(progress.get("requeues", max(0, int(progress.get("starts", 1)) - 1))) if own else 0
+        slurm = point.get("slurm_requeues")
+        requeues = recorded if slurm is None else max(slurm, recorded)  # accounting may lag a moment
+        # A start after the one that wrote progress.json has not begun training yet (importing, its preflight
+        # check, loading its checkpoint; or it is queued again): that record's line is no longer where the run is
+        if going and (not own or recorded < requeues) and progress:
+            last = progress.get("progress") or (f"step {progress['step']}" if "step" in progress else "")
+            progress = {"progress": f"starting again (before: {last})" if last else "starting again"}
+        eta = progress.get("eta_s")
         return {
-            "requeues": max(0, int(progress.get("starts", 1)) - 1),  # every start after the first
+            "requeues": requeues,
             "step": progress.get("progress") or ("" if "step" not in progress else f"step {progress['step']}"),
             "loss": progress.get("loss"),  # the mean train loss of the latest progress line
             "final_loss": metrics.get("final_train_loss") if done else None,

@@ -3,8 +3,8 @@
 end, and `progress.json` at every progress line, in the run's output folder.
 
 progress.json is what `python -m train.status` reads to follow a running sweep without parsing logs: the latest
-step, loss, tokens/s, MFU and ETA, when it was written, and how many times this run has started in this folder
-(a requeued or resumed run starts again: starts - 1 is its requeue count).
+step, loss, tokens/s, MFU and ETA, when it was written, the job that wrote it and how many times Slurm had requeued
+that job when this start began training (SLURM_RESTART_COUNT), and how many starts got to training in this folder.
 
 Progress: one line per `console_log_interval` on global rank 0, through `logging` (stderr and the run's log file):
 step/max, the mean loss since the previous line, tokens/s over that stretch's batches (data loading and compute;
@@ -21,6 +21,7 @@ Registered with llm-foundry's callback registry as `run_report`, so it is config
 import io
 import json
 import logging
+import os
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -113,7 +114,15 @@ class RunReport(Callback):
         self._flops_per_token = _flops_per_token(state.model)
         if dist.get_global_rank() == 0:
             before = files.read_json(self.folder / "progress.json")
-            self._status = {"starts": int(before.get("starts", 0)) + 1, "max_duration": _duration(state.max_duration)}
+            # a fresh record: nothing of the previous start's progress line (step, loss, rate, ETA) is shown as this
+            # one's. job and requeues say which job wrote it and how many times Slurm had requeued that job when
+            # this start began training (SLURM_RESTART_COUNT counts every requeue, also of a start that never got
+            # here: one requeued while importing, in its preflight check, loading its checkpoint); the status
+            # compares them with Slurm's count now to tell a current record from one a newer start has not
+            # replaced yet. starts counts only the starts that got here (in this folder, across jobs).
+            self._status = {"starts": int(before.get("starts", 0)) + 1, "job": _job_id(),
+                            "requeues": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+                            "max_duration": _duration(state.max_duration)}
             self._write_status(step=int(state.timestamp.batch), state="training")
 
     def before_dataloader(self, state: State, logger: Logger) -> None:
@@ -286,6 +295,17 @@ class RunReport(Callback):
         history = json.loads(history.decode() if isinstance(history, bytes) else history)
         self.train, self.evals = history["train"], history["evals"]
 
+
+
+def _job_id() -> str | None:
+    """This job's id as submitit and the sweep's sweep.json name it (`A_a` for a task of an array; the local
+    controller's pid on this machine); None outside a submitit job (a plain run)."""
+    try:
+        from submitit import JobEnvironment
+
+        return str(JobEnvironment().job_id)
+    except Exception:  # not in a job: submitit finds no environment
+        return None
 
 
 def _duration(total) -> str | None:
