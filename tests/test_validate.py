@@ -7,6 +7,7 @@ bad inputs, is one list on purpose. The data and tokenizer checks are in test_va
 """
 import json
 import subprocess
+import zipfile
 
 import pytest
 from helpers import PYTHON, ROOT, TOKENIZER, problems_in
@@ -78,6 +79,9 @@ CASES = [
     ("blob cache on blob", ["storage=blob", "storage.root={tmp}", "data=c4", "variables.data_local={tmp}/cache"],
      "variables.data_local", "not on the node"),
     ("load_path missing", ["load_path={tmp}/no-ckpt"], "load_path", "does not exist"),
+    ("sharded load_path at one rank", ["load_path={tmp}/ep0-ba10"], "load_path", "python -m train.consolidate"),
+    ("one-file load_path at sharded ranks", ["-m", "cluster.tasks_per_node=2", "checkpoint=sharded",
+                                            "load_path={tmp}/ep0-ba10-rank0.pt"], "load_path", "checkpoint=full"),
     ("sweep points share a save_folder", ["-m", "cluster=slurm-local", "data=mock", "optimizer.lr=1e-4,2e-4",
                                          "save_folder={tmp}/same"], "save_folder", "both write to"),
     ("heads do not divide d_model", ["model.n_heads=3"], "model.n_heads", "does not divide"),
@@ -123,6 +127,10 @@ def _scratch(tmp_path):
     (scratch / "raw").mkdir()
     (scratch / "raw" / "part-000.json").write_text('{"text": "hello"}\n')
     mds(scratch / "mds")
+    (scratch / "ep0-ba10").mkdir()  # a sharded checkpoint and one file, by the structure the checks read
+    (scratch / "ep0-ba10" / ".metadata").write_bytes(b"x")
+    with zipfile.ZipFile(scratch / "ep0-ba10-rank0.pt", "w") as z:
+        z.writestr("archive/data.pkl", b"x")
     return scratch
 
 

@@ -141,6 +141,30 @@ def not_a_checkpoint(path: Path) -> str | None:
     return None
 
 
+def _load_path_format(cfg, ctx, path, local: Path):
+    """A checkpoint in the format this run cannot read (composer fails as the trainer is built, after the queue): a
+    sharded folder where the run reads one file (one rank: no FSDP; IsADirectoryError), one file where it reads
+    shards (FSDP with state_dict_type=sharded: "load_path must be a directory when using sharded state dict").
+    Not asked of a run that resumes its own checkpoints: load_path is not read then (train/task/main.py)."""
+    from train.checkpoint.resume import find
+
+    folder = value(cfg, "save_folder")
+    if folder and "://" not in str(folder) and find(folder):
+        return
+    world = ctx.world_size(cfg)
+    sharded = world > 1 and value(cfg, "fsdp_config.state_dict_type") == "sharded"
+    if local.is_dir() and not sharded:
+        yield Problem("load_path", f"{path} is a sharded checkpoint, and this run reads one file "
+                      f"({ctx.world_words(cfg)}, fsdp_config.state_dict_type="
+                      f"{value(cfg, 'fsdp_config.state_dict_type')}): composer would fail to load it",
+                      f"python -m train.consolidate {path}, then load_path=<the file it prints>")
+    elif local.is_file() and sharded:
+        yield Problem("load_path", f"{path} is one checkpoint file, and this run reads sharded checkpoints "
+                      f"({ctx.world_words(cfg)}, fsdp_config.state_dict_type=sharded): composer refuses it (a "
+                      "sharded load_path must be a folder)", "checkpoint=full for this run (it loads one file at "
+                      "any world size)")
+
+
 def load_path(cfg, ctx):
     path = value(cfg, "load_path")
     if not path or URI.match(str(path)):
@@ -153,6 +177,7 @@ def load_path(cfg, ctx):
     if why:
         yield Problem("load_path", f"{path} {why}", _LOAD_FIX)
         return
+    yield from _load_path_format(cfg, ctx, path, local)
     # a checkpoint of one of our runs: its folder records the model it holds
     from train.checks.checkpoints import other_shape
     from train.config.identity import identity, read_record
