@@ -22,6 +22,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 log = logging.getLogger(__name__)
 
+# What is evaluated, and how: a run's reported numbers, not what it trains (a finished sweep point run again under
+# others says its numbers are the earlier run's: train/launch/sweep_app.py).
+EVALUATION = ("eval_loader", "eval_loaders", "eval_interval", "eval_first", "eval_subset_num_batches",
+              "device_eval_batch_size", "icl_tasks", "icl_tasks_str", "icl_subset_num_batches", "icl_seq_len",
+              "eval_gauntlet", "eval_gauntlet_str")
 # Top-level keys that never decide what is trained.
 HOW_TOP = {
     # ours: where and how it runs (cluster: nodes, tasks, env, container, time limit, partition, preflight, wait,
@@ -34,12 +39,11 @@ HOW_TOP = {
     "loggers", "progress_bar", "log_to_console", "console_log_interval", "python_log_level", "metadata",
     "log_config",
     # how each step is computed: the global batch fixes the maths, the microbatch only splits it
-    "device_train_microbatch_size", "device_eval_batch_size", "device_train_batch_size", "dist_timeout",
+    "device_train_microbatch_size", "device_train_batch_size", "dist_timeout",
     "compile_config", "max_split_size_mb", "expandable_segments", "cuda_load_lazy", "code_paths",
     "only_hf_checkpoint", "only_composer_checkpoint",
     # what is evaluated, and how often: the reported numbers, not the trained weights
-    "eval_loader", "eval_loaders", "eval_interval", "eval_first", "eval_subset_num_batches", "icl_tasks",
-    "icl_tasks_str", "icl_subset_num_batches", "icl_seq_len", "eval_gauntlet", "eval_gauntlet_str",
+    *EVALUATION,
     # values of the user's own: their effect counts where they are interpolated
     "variables",
 }

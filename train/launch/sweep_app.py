@@ -25,23 +25,19 @@ def eval_loss(final_eval: dict) -> float | str | None:
     return " ".join(f"{label}={v:.4g}" for label, v in labelled) or None
 
 
-# what is evaluated, and how: a run's reported numbers, not its identity (train/config/identity.py)
-EVAL_KEYS = ("eval_loader", "eval_loaders", "eval_interval", "eval_first", "eval_subset_num_batches",
-             "device_eval_batch_size", "icl_tasks", "icl_tasks_str", "icl_subset_num_batches", "icl_seq_len",
-             "eval_gauntlet", "eval_gauntlet_str")
-
-
 def _eval_differences(cfg: DictConfig, report) -> list | None:
     """`key: X there, Y here` for each evaluation setting where this point's config and the finished run's (its
     report folder's .hydra/config.yaml) differ, both resolved; None where that config cannot be read or resolved
     here (a resolver of its job's Hydra context): then they may differ."""
+    from train.config.identity import EVALUATION
+
     def value(c, key):
         node = OmegaConf.select(c, key, default=None, throw_on_missing=False)
         return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
     try:
         theirs = OmegaConf.load(Path(report) / ".hydra" / "config.yaml")
-        return [f"{key}: {value(theirs, key)} there, {value(cfg, key)} here" for key in EVAL_KEYS
+        return [f"{key}: {value(theirs, key)} there, {value(cfg, key)} here" for key in EVALUATION
                 if value(theirs, key) != value(cfg, key)]
     except Exception:  # OSError, a YAML error, an interpolation OmegaConf cannot resolve outside that job
         return None
