@@ -97,14 +97,15 @@ def rows(manifest: dict, point_jobs: list, wait_s: float = 0, all_ended: bool = 
     for p, job in zip(manifest["points"], point_jobs):
         error, local = "", job is not None and p["scheduler"] == "local"
         here = not local or p.get("host") in (None, socket.gethostname())
+        alive = local_alive(job) if local and here and not all_ended else None  # outcomes.ended's answer, asked once
         if job is None:  # finished before this sweep: nothing was submitted
             state, log = "COMPLETED", "(finished earlier: nothing submitted)"
-        elif not here or (local and not all_ended and local_alive(job) is None):
+        elif not here or (local and not all_ended and alive is None):
             # a local point's processes are on the machine that ran the sweep (their ids mean nothing elsewhere),
             # or not ours to inspect: neither running nor ended can be said (the summary files are not rewritten)
             where = f"on {p['host']}" if not here else "its process cannot be inspected"
             state, log = f"{UNSURE} ({where})", Path(str(job.task(0).paths.stderr))
-        elif all_ended or ended(job, p["scheduler"]):
+        elif all_ended or (alive is False if local else ended(job, p["scheduler"])):
             ranks = rank_outcomes(job, wait_s=wait_s)
             bad = [r for r in ranks if not r.ok]
             state = "COMPLETED" if not bad else final_state(job)

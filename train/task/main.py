@@ -57,7 +57,8 @@ def run(cfg: DictConfig) -> dict:
             if int(os.environ.get("RANK", 0)) == 0:
                 print(table(report), flush=True)
             return {"preflight": report}
-    if not _choose_resume_point(cfg, fcfg):
+    resumed = _choose_resume_point(cfg, fcfg)  # the run's own checkpoint, or None
+    if not resumed:
         _verify_load_path(fcfg)
     from llmfoundry.command_utils import train
 
@@ -89,11 +90,10 @@ def run(cfg: DictConfig) -> dict:
         if not isinstance(err, ValueError) or "No training would occur" not in str(err):
             raise
         # the same command again after the run finished: the newest checkpoint is the final one
-        folder = str(fcfg.get("save_folder") or "")
-        if fcfg.get("load_path") and "://" not in folder and (not folder or Path(str(fcfg.load_path)).parent
-                                                             != Path(folder)):
-            # not this run's own checkpoint: load_path= of another, already at this max_duration; this run has
-            # trained nothing and has no numbers of its own to print
+        if not resumed and fcfg.get("load_path") and "://" not in str(fcfg.get("save_folder") or ""):
+            # not this run's own checkpoint (a remote save folder's is composer's autoresume, not known here):
+            # load_path= of another, already at this max_duration; this run has trained nothing and has no
+            # numbers of its own to print
             raise UserError("max_duration", f"the checkpoint load_path={fcfg.load_path} is already at "
                             f"max_duration={fcfg.max_duration}: nothing would be trained",
                             "a max_duration past that checkpoint's batch (to train on from it)") from None
@@ -218,8 +218,7 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
             break
         ckpt = box[0][1]
         if kind == "verify":
-            whys = [w for w in dist.all_gather_object(integrity.share_differs(ckpt.path, box[0][2], world, rank))
-                    if w]
+            whys = _differs_on_any_rank(ckpt.path, box[0][2])
             if whys:
                 rejected.append((ckpt.path, whys[0]))
                 if rank == 0:
@@ -284,18 +283,30 @@ def _verify_load_path(fcfg) -> None:
 
     from train.checkpoint import integrity, resume
 
-    path, rank, world = Path(str(load)), dist.get_global_rank(), dist.get_world_size()
+    path = Path(str(load))
     manifest = integrity.read_manifest(path)
     if manifest is not None:
-        whys = [w for w in dist.all_gather_object(integrity.share_differs(path, manifest, world, rank)) if w]
+        whys = _differs_on_any_rank(path, manifest)
     else:
-        box = [resume.unreadable(resume.Checkpoint(path, -1, -1, sharded=path.is_dir())) if rank == 0 else None]
+        box = [resume.unreadable(resume.Checkpoint(path, -1, -1, sharded=path.is_dir()))
+               if dist.get_global_rank() == 0 else None]
         dist.broadcast_object_list(box)
         whys = [box[0]] if box[0] else []
     if whys:
         why = whys[0] if str(path) in whys[0] else f"{path}: {whys[0]}"
         raise integrity.RunStopped("load_path", f"{why}; nothing was trained from it",
                                    "an intact copy of that checkpoint, or an earlier one")
+
+
+def _differs_on_any_rank(ckpt: Path, manifest: dict) -> list:
+    """How the checkpoint differs from its manifest, every rank hashing its own share of the files
+    (integrity.owner), every rank told every answer."""
+    from composer.utils import dist
+
+    from train.checkpoint import integrity
+
+    mine = integrity.share_differs(ckpt, manifest, dist.get_world_size(), dist.get_global_rank())
+    return [w for w in dist.all_gather_object(mine) if w]
 
 
 def _end_not_reached(ckpt, fcfg) -> str | None:

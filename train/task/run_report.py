@@ -300,12 +300,11 @@ class RunReport(Callback):
 def _job_id() -> str | None:
     """This job's id as submitit and the sweep's sweep.json name it (`A_a` for a task of an array; the local
     controller's pid on this machine); None outside a submitit job (a plain run)."""
-    try:
-        from submitit import JobEnvironment
-
-        return str(JobEnvironment().job_id)
-    except Exception:  # not in a job: submitit finds no environment
+    if "SUBMITIT_EXECUTOR" not in os.environ:  # as train/task/distributed.py tells a job from a plain run
         return None
+    from submitit import JobEnvironment
+
+    return str(JobEnvironment().job_id)
 
 
 def _duration(total) -> str | None:
