@@ -2,9 +2,11 @@
 groups beneath it and the command line over it. Inputs are llm-foundry's own published pretraining YAMLs."""
 import json
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
-from helpers import SHARED, TOKENIZER, need_shared
+from helpers import SHARED, TOKENIZER, need_shared, run
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
@@ -181,6 +183,81 @@ def test_the_command_line_forms_llm_foundry_users_type():
     assert command_line(["--config-name", "x.yaml"]) == ["--config-name", "x.yaml"]  # a flag's value stays
 
 
+
+def _problems(mode, *overrides):
+    cfg, ctx = _composed(*command_line(list(overrides)))
+    return {(p.key, p.level): p.problem + " " + p.fix for p in check(cfg, Context(mode=mode, overrides=ctx.overrides,
+                                                                                    choices=ctx.choices))}
+
+
+def test_a_group_the_yaml_overrides_is_said_and_mock_data_never_lands_in_the_yamls_folder(tmp_path):
+    """Measured, exit 0 and no word: `model=mpt-350m` on mpt-125m.yaml trained the 125M model; `checkpoint=none` on a
+    YAML with its own save_folder kept saving; `data=mock` wrote synthetic shards into the YAML's data_local, and the
+    same YAML without data=mock then trained on them (the same loss)."""
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text(MINIMAL.replace("/tmp/nowhere-c4", str(tmp_path / "my-data"))
+                      + "save_folder: ./{run_name}/checkpoints\nfsdp_config: {state_dict_type: full}\n")
+    found = _problems("plan", f"yaml={recipe}", "model=mpt-350m", "checkpoint=none", f"tokenizer.name={TOKENIZER}")
+    assert "whose model is what trains" in found[("model", "warning")]
+    assert "save_folder, fsdp_config.state_dict_type are what trains" in found[("checkpoint", "warning")]
+    # set on the command line, the YAML's key is not what trains: not said
+    found = _problems("plan", f"yaml={recipe}", "checkpoint=none", "save_folder=null", f"tokenizer.name={TOKENIZER}")
+    assert "save_folder," not in found.get(("checkpoint", "warning"), "")
+    assert ("model", "warning") not in found
+    run = _problems("run", f"yaml={recipe}", "data=mock", f"tokenizer.name={TOKENIZER}")
+    assert str(tmp_path / "my-data") in run[("data", "error")]
+    # with a folder of its own for the synthetic tokens, a smoke test of the YAML's model is fine
+    own = _problems("run", f"yaml={recipe}", "data=mock", f"variables.data_local={tmp_path / 'mock'}",
+                    f"tokenizer.name={TOKENIZER}")
+    assert ("data", "error") not in own
+
+
+def test_what_llm_foundry_refuses_of_a_yamls_evaluators_is_refused_before_the_queue(tmp_path):
+    """docs/config.md's CPU line has `eval_loader.num_workers=1`: on a YAML whose evaluators are a list it made an
+    eval_loader beside eval_loaders, and on one with none an eval_loader without a name; both passed the checks and
+    failed in llm-foundry when the run started. An empty `callbacks:` crashed the run's own start."""
+    listed = tmp_path / "listed.yaml"
+    listed.write_text(MINIMAL + """eval_loader:
+  - {label: a, name: text, dataset: {local: /tmp/nowhere-c4, split: val, max_seq_len: 128}, drop_last: false}
+  - {label: b, name: text, dataset: {local: /tmp/nowhere-c4, split: val, max_seq_len: 128}, drop_last: false}
+callbacks:
+""")
+    found = _problems("plan", f"yaml={listed}", "eval_loader.num_workers=1")
+    assert "eval_loaders.0.num_workers=1 eval_loaders.1.num_workers=1" in found[("eval_loader", "error")]
+    assert ("eval_loader", "error") not in _problems("plan", f"yaml={listed}", "eval_loaders.0.num_workers=1")
+    none = tmp_path / "none.yaml"
+    none.write_text(MINIMAL)
+    assert "has no name" in _problems("plan", f"yaml={none}", "eval_loader.num_workers=1")[("eval_loader", "error")]
+    cfg, _ = _composed(f"yaml={listed}")
+    assert "run_report" in cfg.callbacks  # the run's report: the task reads its folder first thing
+    # a mixture's streams are each a folder streaming opens: a missing one is named by its stream
+    mixed = tmp_path / "mixed.yaml"
+    mixed.write_text(MINIMAL.replace('dataset: {local: "${variables.data_local}", split: train,',
+                                     f'dataset: {{streams: {{a: {{local: {tmp_path / "nope"}}}}}, split: train,'))
+    found = _problems("run", f"yaml={mixed}", f"tokenizer.name={TOKENIZER}")
+    assert "does not exist" in found[("train_loader.dataset.streams.a.local", "error")]
+
+
+def test_the_plan_counts_what_composer_and_the_train_loader_read(tmp_path):
+    """max_duration=2e3ba was planned as 23 steps (the digits joined: composer reads 2000 batches), and the tokens of
+    a step came from the top-level max_seq_len where the train loader cuts samples to its own."""
+    plan = build_plan(compose(["max_duration=2e3ba"]))
+    assert plan["steps"] == 2000
+    tok = build_plan(compose(["max_duration=1e9tok"]))
+    assert tok["tokens"] == 10**9 and tok["steps"] == -(-10**9 // tok["tokens_per_step"])
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text(MINIMAL.replace('shuffle: true, max_seq_len: "${variables.max_seq_len}"}', 'shuffle: true, max_seq_len: 64}'))
+    cfg, ctx = _composed(f"yaml={recipe}")
+    assert (cfg.max_seq_len, cfg.train_loader.dataset.max_seq_len) == (128, 64)
+    assert build_plan(cfg)["tokens_per_step"] == 8 * 64
+    found = _problems("plan", f"yaml={recipe}")
+    assert "train_loader.dataset.max_seq_len=64" in found[("max_seq_len", "warning")]
+    # a YAML without the top-level key llm-foundry requires: refused as llm-foundry refuses it, not filled with ours
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(MINIMAL.replace("max_seq_len: ${variables.max_seq_len}\n", "", 1))
+    assert "requires" in _problems("plan", f"yaml={bare}")[("max_seq_len", "error")]
+    assert ("max_seq_len", "error") not in _problems("plan", f"yaml={bare}", "max_seq_len=128")
+
 def test_plan_of_a_yaml_writes_nothing_and_names_the_run(tmp_path, cli):
     out = cli("train", str(YAMLS / "mpt-7b.yaml"), "cluster=ndv5", "cluster.nodes=8", "plan=json", root=tmp_path / "root", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -269,3 +346,32 @@ def test_llm_foundrys_testing_yaml_trains_on_c4_on_cpu(tmp_path, c4_mds, cli):
     again = cli("train", *args, timeout=600, root=tmp_path / "root", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert [p.name for p in (tmp_path / "root" / "outputs").iterdir()] == [run.name]
+
+
+def test_a_yaml_edited_while_its_job_waits_in_the_queue_trains_as_checked_and_submitted(slurm, tmp_path, c4_mds):
+    """A Slurm job composes its config when it starts, hours after the submission: from `yaml=PATH` it read the file
+    as edited since (measured: n_layers 2 -> 3 and lr 6e-4 -> 6e-3 trained, exit 0, and its checkpoints in a folder
+    the summary did not name, since a run's name hashes what it trains; a requeue after the edit would have
+    started that other run from batch 0). The job now composes from the sweep's copy of the bytes checked."""
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text(MINIMAL.replace("/tmp/nowhere-c4", str(c4_mds)).replace("max_duration: 6ba", "max_duration: 2ba"))
+    proc = run("-m", "train", "-m", recipe, "cluster=slurm-local", f"tokenizer.name={TOKENIZER}",
+               "train_loader.num_workers=1", "progress_bar=false", "cluster.sbatch_extra={begin: now+3600}",
+               root=tmp_path / "root", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [sweep_dir] = (tmp_path / "root" / "outputs" / "sweeps").iterdir()
+    manifest = json.loads((sweep_dir / "sweep.json").read_text())
+    [point] = manifest["points"]
+    recipe.write_text(recipe.read_text().replace("n_layers: 2", "n_layers: 3").replace("lr: 1.0e-4", "lr: 5.0e-3"))
+    subprocess.run(["scontrol", "update", f"JobId={point['job_id']}", "StartTime=now"], check=True, timeout=30)
+    watched = run("-m", "train.status", sweep_dir, "--watch", "2", timeout=600)
+    assert watched.returncode == 0, watched.stdout[-3000:] + watched.stderr[-3000:]
+    trained = OmegaConf.load(sweep_dir / "0" / ".hydra" / "config.yaml")
+    assert (trained.model.n_layers, trained.optimizer.lr) == (2, 1.0e-4)  # the recipe as checked
+    # the run the summary names, with its checkpoints there, and no other
+    assert [p.name for p in (tmp_path / "root" / "checkpoints").iterdir()] == [Path(point["checkpoint"]).name]
+    assert any(Path(point["checkpoint"]).glob("*.pt")), point["checkpoint"]
+    # the same command now is the edited recipe: another run (its name hashes what it trains), planned as such
+    again = run("-m", "train", recipe, "cluster=slurm-local", f"tokenizer.name={TOKENIZER}", "plan=json",
+                root=tmp_path / "root", timeout=300, check=True)
+    assert json.loads(again.stdout)["run_name"] != Path(point["checkpoint"]).name

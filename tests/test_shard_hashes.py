@@ -109,3 +109,28 @@ def test_a_run_stops_before_training_naming_the_damaged_val_shard(tmp_path):
     assert f"error: eval_loader.dataset: shard {victim} is damaged: its xxh3_64 is" in proc.stderr
     assert "Traceback" not in proc.stderr and "[progress]" not in proc.stderr
     assert not list(root.glob("outputs/*/metrics.json"))
+
+
+def test_each_stream_of_a_mixture_is_checked_and_a_resume_on_other_data_is_seen(tmp_path):
+    """A loader mixing streams (`dataset.streams`, llm-foundry's YAMLs) reads each stream's folder: a flipped byte in
+    one was trained on, exit 0, and a stream's data made again went unseen on resume (only a loader's own
+    dataset.local was looked at)."""
+    from train.task.shards import OtherData, same_train_data, train_data
+
+    a, b = _write(tmp_path / "a" / "train"), _write(tmp_path / "b" / "train", samples=20)
+    mixture = {"train_loader": {"dataset": {"split": "train", "streams": {
+        "a": {"local": str(a.parent), "proportion": 0.5}, "b": {"local": str(b.parent), "proportion": 0.5}}}}}
+    assert verify(mixture) == []
+    then = train_data(mixture)
+    assert then["samples"] == 60
+    victim = sorted(b.glob("shard.*.mds"))[-1]
+    _flip(victim)
+    [(key, file, _)] = verify(mixture)
+    assert (key, file) == ("train_loader.dataset.streams.b", str(victim))
+    # stream b made again: another run's data, as for a single split
+    import shutil
+
+    shutil.rmtree(b)
+    _write(b, samples=30)
+    with pytest.raises(OtherData):
+        same_train_data(then, train_data(mixture), mixture, "ep0-ba10-rank0.pt")

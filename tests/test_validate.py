@@ -27,6 +27,10 @@ def mds(folder, splits=("train", "val")):
 OFFLINE = {"HF_HUB_OFFLINE": "1"}
 # (id, overrides, key named, words in the message). "{tmp}": the test's scratch folder; "{tok}": the real tokenizer.
 CASES = [
+    ("mixed precision composer does not know", ["fsdp_config.mixed_precision=PUR"], "fsdp_config.mixed_precision",
+     "did you mean `PURE`"),
+    ("shuffle algorithm streaming does not know", ["+train_loader.dataset.shuffle_algo=py1x"],
+     "train_loader.dataset.shuffle_algo", "did you mean `py1s`"),
     ("unknown top-level key", ["+save_intervl=100ba"], "save_intervl", "did you mean `save_interval`"),
     ("batch not divisible (2 ranks here)", ["-m", "cluster.tasks_per_node=2", "global_train_batch_size=15"],
      "global_train_batch_size", "15 is not divisible by world size 2"),

@@ -177,7 +177,7 @@ class SweepLauncher(BaseSubmititLauncher):
             if p.finished is not None:
                 print(f"[sweep] #{p.num} {' '.join(p.overrides) or '(defaults)'}: finished earlier "
                       f"({p.finished.get('where', '')}): nothing to submit", flush=True)
-        self._submit([p for p in points if p.finished is None], folder)
+        self._submit([p for p in points if p.finished is None], folder, sweep_dir)
         self._points += points  # a sweeper that launches batches (Optuna) gets one summary of all of them
         shared, own = split_overrides([p.overrides for p in self._points])  # the summary shows what was swept
         records = [{"num": p.num, "overrides": o, "job_id": p.job.job_id if p.job else None,
@@ -218,7 +218,7 @@ class SweepLauncher(BaseSubmititLauncher):
         """Whether the sweeper reads each point's result (Optuna does; the basic sweeper does not)."""
         return self._sweeper() not in _RESULTS_UNREAD
 
-    def _submit(self, points: list, folder: str) -> None:
+    def _submit(self, points: list, folder: str, sweep_dir: Path) -> None:
         """Points with equal resources as one job array (submitit's batch: one sbatch, one entry in a site's
         job limits), each other point as its own job. An array is named by what its points' names share
         (training: the model); the summary and status name each point's run."""
@@ -231,7 +231,8 @@ class SweepLauncher(BaseSubmititLauncher):
             ex = executor(replace(res, name=name), folder)
             with ex.batch():
                 for p in group:
-                    p.job = ex.submit(self, p.overrides, "hydra.sweep.dir", p.num, f"job_id_for_{p.num}",
+                    p.job = ex.submit(self, self.app.job_overrides(p.overrides, sweep_dir), "hydra.sweep.dir", p.num,
+                                      f"job_id_for_{p.num}",
                                       _singleton_state())
         for p in points:
             print(f"[sweep] #{p.num} {' '.join(p.overrides) or '(defaults)'} -> job {p.job.job_id}, "

@@ -23,7 +23,14 @@ trains (train/config/identity.py); `run_name: ${variables.run_name}` still takes
 gives it (`variables.run_name=my-run`), as in llm-foundry. An `eval_loader` list (several evaluators, each with a
 label) becomes `eval_loaders`, as llm-foundry itself does. A `{run_name}` in `save_folder` (composer's placeholder)
 becomes `${run_name}`: the same folder, seen by every reader here.
+
+A file is read once per process (`read`): every later composition in it (a sweep's points, an Optuna batch launched
+an hour later) is of the recipe as first read, and a sweep's jobs compose from a copy of those bytes (`pinned`), so
+that a job that starts after hours in the queue, or again after a requeue, trains the recipe that was checked and
+submitted, not the file as edited since (which would also be another run: its name hashes what it trains).
 """
+import hashlib
+import io
 from pathlib import Path
 from typing import List, Optional
 
@@ -43,6 +50,31 @@ def recipe_file(option: str) -> Path:
     if not path.is_file() and path.suffix not in (".yaml", ".yml"):
         path = path.with_name(path.name + ".yaml")
     return path
+
+
+_READ: dict = {}  # path -> the bytes this process first read there
+
+
+def read(path: Path) -> bytes:
+    """The file's bytes as this process first read them."""
+    key = str(path)
+    if key not in _READ:
+        _READ[key] = path.read_bytes()
+    return _READ[key]
+
+
+def pinned(option: str, folder: Path) -> str:
+    """A copy of the recipe `option` names, as this process read it, in folder/<hash>/ under the file's own name
+    (a run's name starts with it): the path a job composes from. Written once; an existing copy is those bytes."""
+    path = recipe_file(option)
+    data = read(path)
+    copy = folder / hashlib.sha256(data).hexdigest()[:16] / path.name
+    if not copy.is_file():
+        from common.files import atomic_write
+
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(copy, data)
+    return str(copy)
 
 
 def blank_run_name(cfg) -> bool:
@@ -72,8 +104,8 @@ class RecipeConfigSource(ConfigSource):
             raise ConfigLoadError(f"Config not found: {config_path}")
         path = recipe_file(option)
         try:
-            cfg = OmegaConf.load(path)
-        except FileNotFoundError:
+            cfg = OmegaConf.load(io.BytesIO(read(path)))
+        except (FileNotFoundError, IsADirectoryError):
             raise ConfigLoadError(f"yaml={option}: no such file") from None
         except Exception as err:  # a YAML syntax error: the file and the line, as the YAML parser says
             raise ConfigLoadError(f"yaml={path}: not a readable YAML file: {err}") from None
@@ -98,6 +130,8 @@ class RecipeConfigSource(ConfigSource):
             # several evaluators: llm-foundry moves an eval_loader list to eval_loaders; so does this, since
             # a cluster's eval_loader knobs are a mapping a list cannot be merged onto
             cfg.eval_loaders, cfg.eval_loader = cfg.eval_loader, None
+        if "callbacks" in cfg and cfg.callbacks is None:  # `callbacks:` left empty: none of its own, as absent; a
+            del cfg["callbacks"]  # null would also drop the run's report callback (the run crashed at its start)
         for section in ("eval_loader", "fsdp_config"):  # absent: llm-foundry's None, not our groups' keys in it
             if section not in cfg:  # (eval_loaders alone: eval_loader None too, as llm-foundry wants it)
                 cfg[section] = None

@@ -66,8 +66,8 @@ def _step_seconds(cfg, world: int) -> float | None:
     from omegaconf import OmegaConf
 
     model = OmegaConf.to_container(value(cfg, "model"), resolve=True)
-    tokens = value(cfg, "global_train_batch_size") * value(cfg, "max_seq_len")
-    return tokens * estimate.flops_per_token(model) / (peak * mfu * world)
+    seq = estimate.trained_seq_len(cfg)
+    return value(cfg, "global_train_batch_size") * seq * estimate.flops_per_token(model, seq) / (peak * mfu * world)
 
 
 def lands_before_the_time_limit(cfg, ctx):

@@ -107,7 +107,7 @@ def host_batch(cfg, ctx):
     """One batch is built whole in host memory by each rank's loader (the microbatches are cut from it on the
     device), and each worker keeps prefetch_factor more in flight: a global batch far too large is killed for
     memory after the model is built, not refused. The RAM this needs on one node, against what the node has."""
-    gbs, seq = value(cfg, "global_train_batch_size"), value(cfg, "max_seq_len")
+    gbs, seq = value(cfg, "global_train_batch_size"), estimate.trained_seq_len(cfg)
     if not isinstance(gbs, int) or not isinstance(seq, int) or gbs <= 0 or seq <= 0:
         return
     world = ctx.world_size(cfg)

@@ -37,6 +37,16 @@ TEXT_DATASET_PARAMS = (
     "shuffle_block_size", "shuffle_seed", "split", "stream_config", "stream_name", "streams", "token_encoding_type",
     "tokenizer", "validate_hash",
 )
+# The values streaming takes for a dataset's algorithms: an unknown one fails when the data is first iterated
+# (shuffle_algo, partition_algo: a KeyError in its table) or when the dataset is built (sampling_method).
+DATASET_CHOICES = {
+    "shuffle_algo": ("naive", "py1br", "py1e", "py1s", "py2s"),
+    "partition_algo": ("orig", "relaxed"),
+    "sampling_method": ("balanced", "fixed"),
+}
+# composer's get_mixed_precision: one of these names (any case), or a mapping of dtypes; else a ValueError when the
+# trainer is built.
+MIXED_PRECISION = ("FULL", "DEFAULT", "PURE")
 # What an MPT model (`model.name: mpt_causal_lm`) reads of `model:`: MPTConfig's and ComposerMPTCausalLM's
 # arguments, and the attributes every transformers PretrainedConfig keeps. MPTConfig takes any other key too, keeps
 # it, and nothing reads it: `n_layer: 24` trains the default n_layers.

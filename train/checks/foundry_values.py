@@ -386,6 +386,12 @@ def dataset_keys(cfg, ctx):
         dataset = value(cfg, f"{loader}.dataset")
         if value(cfg, f"{loader}.name") != "text" or not hasattr(dataset, "keys"):
             continue
+        for key, choices in names.DATASET_CHOICES.items():
+            chosen = dataset.get(key)
+            if chosen is not None and chosen not in choices:
+                yield Problem(f"{loader}.dataset.{key}", f"{chosen!r} is not one of streaming's ({', '.join(choices)}): "
+                              "it fails when the data is first read, after the queue",
+                              close_match(str(chosen), choices) or f"one of {', '.join(choices)}")
         for key in dataset.keys():
             if key not in known:
                 yield Problem(f"{loader}.dataset.{key}", "is not a setting llm-foundry's text loader reads "

@@ -348,14 +348,14 @@ def data(cfg, ctx):
     # this run's tokenizer, by vocabulary (the same tokenizer saved elsewhere is the same), read once if needed
     ours = functools.cache(lambda: facts.tokenizer_fingerprint(tokenizer_name))
     checked, missing, other = set(), set(), {}
-    for loader in loader_keys(cfg):
-        if value(cfg, f"{loader}.dataset.remote"):
+    for loader, at in _mds_sources(cfg):
+        if value(cfg, f"{at}.remote"):
             continue
-        local, split = value(cfg, f"{loader}.dataset.local"), value(cfg, f"{loader}.dataset.split")
+        local, split = value(cfg, f"{at}.local"), value(cfg, f"{at}.split") or value(cfg, f"{loader}.dataset.split")
         if not local:
             continue  # not an MDS loader (llm-foundry's own checks name what it needs)
         # the key to fix: the one most commands set (variables.data_local), unless this loader was given its own
-        key = "variables.data_local" if local == data_local else f"{loader}.dataset.local"
+        key = "variables.data_local" if local == data_local else f"{at}.local"
         local = Path(str(local)).expanduser()
         folder = local / str(split) if split else local  # streaming: no split means local is the split folder
         if folder in checked:
@@ -397,6 +397,17 @@ def data(cfg, ctx):
                       f"with {used}, not {tokenizer_name}: its token ids mean other words here (and may index "
                       "outside the embedding)", "tokenizer.name=" + (used if used != "another tokenizer" else
                       "<the tokenizer data_prep used>") + ", or prepare the data again with this tokenizer")
+
+
+def _mds_sources(cfg):
+    """(loader, key) of each MDS source a loader reads: its dataset, or each of its dataset's `streams` (a mixture:
+    streaming opens every stream's local folder, and a stream without its own split takes the dataset's)."""
+    for loader in loader_keys(cfg):
+        streams = value(cfg, f"{loader}.dataset.streams")
+        if OmegaConf.is_dict(streams) and len(streams):
+            yield from ((loader, f"{loader}.dataset.streams.{name}") for name in streams)
+        else:
+            yield loader, f"{loader}.dataset"
 
 
 def _sample_length(cfg, folder: Path, sample: int | None):

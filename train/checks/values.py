@@ -1,7 +1,10 @@
 """Rules about the config's values alone: what llm-foundry, composer or Slurm would refuse, or what surely fails
 (errors), and what is legal but likely a mistake (warnings). Each rule yields every problem it finds."""
+import io
 import os
 import re
+
+from omegaconf import OmegaConf
 
 from train.checks import foundry_names as names
 from train.checks.core import (
@@ -92,6 +95,14 @@ def mock_data_only_where_asked(cfg, ctx):
             yield Problem(key, "names your data, but data=mock (the default) would write synthetic tokens there "
                           "and train on them", "name the data group: data=c4 (C4 made by data_prep) or data=mds "
                           f"(any MDS folder), e.g. data=mds {key}={ctx.given(key)}")
+    theirs = _recipe_value(ctx, "variables.data_local")
+    if theirs is not None and not ctx.given("variables.data_local"):
+        # measured: the synthetic shards landed in the YAML's folder, and the same command without data=mock then
+        # trained on them (the same loss), with no word
+        yield Problem("data", f"data=mock with your YAML would write synthetic tokens into its variables.data_local "
+                      f"({theirs}) and train on them; a later run of the YAML would train on them too",
+                      "leave data=mock out (the YAML's data trains), or add variables.data_local=<a folder of its own> "
+                      "for a smoke test on synthetic tokens")
     if ctx.slurm and ctx.given("data") != "mock":
         yield Problem("data", f"no data named: cluster={ctx.group('cluster')} is a Slurm cluster and data=mock (the "
                       "default) would spend it on synthetic tokens", "data=c4, or data=mds "
@@ -165,6 +176,12 @@ def schedule(cfg, ctx):
 
 
 def seq_len(cfg, ctx):
+    if ctx.choices.get("yaml") and _recipe_value(ctx, "max_seq_len") is None and ctx.given("max_seq_len") is None:
+        # else conf/train.yaml's would fill it (2048, or the YAML's variables.max_seq_len), unlike what it trains
+        yield Problem("max_seq_len", "your YAML sets no top-level max_seq_len, which llm-foundry's TrainConfig requires "
+                      "(it refuses such a YAML)", "add `max_seq_len: ${variables.max_seq_len}` (or the length its "
+                      "loaders use) to the YAML, or max_seq_len=<n> on the command line")
+        return
     if value(cfg, "model.name") != "mpt_causal_lm":
         return  # refused as a model this tool does not plan (numbers)
     model_len = value(cfg, "model.max_seq_len")
@@ -178,6 +195,35 @@ def seq_len(cfg, ctx):
             yield Problem(key, f"{seq} is above the model's model.max_seq_len={model_len} (MPT refuses longer "
                           "sequences)", f"use {key}={model_len} or less, or raise model.max_seq_len (it follows "
                           "max_seq_len unless set)")
+    top, cut = value(cfg, "max_seq_len"), value(cfg, "train_loader.dataset.max_seq_len")
+    if is_int(top) and is_int(cut) and top != cut:
+        # llm-foundry trains samples of the loader's length; the top-level one sizes the ICL evaluations. A YAML
+        # interpolates variables.max_seq_len into both, so a top-level max_seq_len= reaches only the second.
+        yield Problem("max_seq_len", f"{top} is not the length trained: the train loader cuts samples to "
+                      f"train_loader.dataset.max_seq_len={cut} (what the plan counts)",
+                      f"variables.max_seq_len={top} (every key that reads it follows), or "
+                      f"train_loader.dataset.max_seq_len={top}", WARNING)
+
+
+def eval_loader_shape(cfg, ctx):
+    """What llm-foundry refuses of the evaluation loaders when the run starts, after the queue: an eval_loader beside
+    eval_loaders (its forbid_config_key: "Config key eval_loaders should not be set"), and an eval_loader without a
+    name (KeyError: 'name'). `eval_loader.num_workers=1` (docs/config.md's CPU line) makes either on a YAML whose
+    evaluators are a list, or that has none."""
+    one, many = value(cfg, "eval_loader"), value(cfg, "eval_loaders")
+    if not OmegaConf.is_dict(one):
+        return
+    given = {k: v for k, v in one.items() if k != "name"}
+    if OmegaConf.is_list(many) and len(many):
+        yield Problem("eval_loader", f"{', '.join(f'eval_loader.{k}' for k in given) or 'a loader'} beside eval_loaders "
+                      "(your YAML's list of evaluators): llm-foundry refuses both (\"Config key eval_loaders should "
+                      "not be set\")", "set it in each evaluator: " + " ".join(
+                          f"eval_loaders.{i}.{k}={v}" for i in range(len(many)) for k, v in given.items()))
+    elif "name" not in one:
+        yield Problem("eval_loader", f"has no name, only {', '.join(given)}: llm-foundry builds no loader from it "
+                      "(KeyError: 'name' when the run starts); your YAML has no eval_loader",
+                      "leave out the eval_loader.* overrides (no evaluation, as the YAML says), or give the whole "
+                      "eval_loader (name, dataset)")
 
 
 def held_out(cfg, ctx):
@@ -252,6 +298,12 @@ def fsdp(cfg, ctx):
         yield Problem("fsdp_config.sharding_strategy", f"{strategy!r} is not an FSDP sharding strategy",
                       close_match(str(strategy), estimate.SHARDING_STRATEGIES)
                       or f"one of {', '.join(estimate.SHARDING_STRATEGIES)}")
+    mixed = value(cfg, "fsdp_config.mixed_precision")
+    if isinstance(mixed, str) and mixed.upper() not in names.MIXED_PRECISION:
+        yield Problem("fsdp_config.mixed_precision", f"{mixed!r} is not a mixed precision composer knows (a ValueError "
+                      "when the trainer is built)", close_match(mixed.upper(), names.MIXED_PRECISION)
+                      or f"one of {', '.join(names.MIXED_PRECISION)}, or a mapping of param_dtype, reduce_dtype, "
+                      "buffer_dtype")
     sd = value(cfg, "fsdp_config.state_dict_type")
     if sd is not None and sd not in STATE_DICT_TYPES:
         yield Problem("fsdp_config.state_dict_type", f"{sd!r} is not a state dict type (composer knows full and "
@@ -430,20 +482,28 @@ def sweeper_storage(sweeper):
                       "every trial's result stays in its run's metrics.json and the sweep's summary)")
 
 
+def _recipe_value(ctx, key):
+    """A key as the user's YAML (`yaml=`) itself writes it, unresolved; None without a YAML or that key."""
+    path = ctx.choices.get("yaml")
+    if not path:
+        return None
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.recipe_source.recipe_source import read, recipe_file
+
+    try:
+        return OmegaConf.select(OmegaConf.load(io.BytesIO(read(recipe_file(path)))), key, default=None)
+    except Exception:
+        return None
+
+
 def data_beneath_the_yaml(cfg, ctx):
     """`data=c4` with a YAML that names its own data folder: the group goes beneath the YAML (docs/config.md), so
     the YAML's variables.data_local trains, and the preset chosen on the command line did nothing, without a word."""
-    chosen, path = ctx.given("data"), ctx.choices.get("yaml")
-    if not chosen or not path or chosen == "_recipe" or ctx.given("variables.data_local"):
-        return
-    from omegaconf import OmegaConf
-
-    from hydra_plugins.recipe_source.recipe_source import recipe_file
-
-    try:
-        theirs = OmegaConf.select(OmegaConf.load(recipe_file(path)), "variables.data_local", default=None)
-    except Exception:
-        return
+    chosen = ctx.given("data")
+    if not chosen or chosen in ("_recipe", "mock") or ctx.given("variables.data_local"):
+        return  # (data=mock: refused above, as it would write into the YAML's folder)
+    theirs = _recipe_value(ctx, "variables.data_local")
     if theirs is not None:
         yield Problem("data", f"data={chosen} goes beneath your YAML, whose variables.data_local ({theirs}) is what "
                       "trains: the preset's folder is not read", f"variables.data_local=<the folder> on the command line "
@@ -451,5 +511,28 @@ def data_beneath_the_yaml(cfg, ctx):
                       "or leave data= out", WARNING)
 
 
-RULES = [plan_form, known_keys, resolves, slurm_preset_needs_m, mock_data_only_where_asked, numbers, schedule, seq_len, held_out, device, fsdp, checkpoint,
-         storage, cluster_figures, batch, export, objective_reported, data_beneath_the_yaml]
+# What each group sets that a YAML may set itself: the YAML goes over the groups (docs/config.md), so a group chosen
+# on the command line changes nothing the YAML sets. Measured: `model=mpt-350m` on mpt-125m.yaml trained the 125M
+# model under the same run name; `checkpoint=sharded` (or `none`) on a YAML with state_dict_type full and a
+# save_folder saved full checkpoints (or kept saving), exit 0, no word.
+_GROUP_KEYS = {"model": ("model",), "checkpoint": ("save_folder", "fsdp_config.state_dict_type", "autoresume")}
+
+
+def groups_beneath_the_yaml(cfg, ctx):
+    for group, keys in _GROUP_KEYS.items():
+        chosen = ctx.given(group)
+        # (a key the command line sets is not the YAML's; `model=` itself is the group's choice)
+        theirs = [k for k in keys if _recipe_value(ctx, k) is not None and (k == group or ctx.given(k) is None)]
+        if not chosen or not theirs:
+            continue
+        fix = {"model": "model.<key>=<value> on the command line changes the YAML's model (model.n_layers=24), "
+                        "or leave model= out",
+               "checkpoint": "set the YAML's keys on the command line (" + ", ".join(
+                   f"{k}=..." for k in theirs) + "; save_folder=null saves none), or leave checkpoint= out"}[group]
+        yield Problem(group, f"{group}={chosen} goes beneath your YAML, whose {', '.join(theirs)} "
+                      f"{'is' if len(theirs) == 1 else 'are'} what trains: the preset's values there are not used",
+                      fix, WARNING)
+
+
+RULES = [plan_form, known_keys, resolves, slurm_preset_needs_m, mock_data_only_where_asked, numbers, schedule, seq_len, eval_loader_shape, held_out, device, fsdp, checkpoint,
+         storage, cluster_figures, batch, export, objective_reported, data_beneath_the_yaml, groups_beneath_the_yaml]

@@ -76,10 +76,10 @@ def recipe_override(arg: str) -> str:
     paths = arg[len("yaml="):]
     if paths.startswith(("'", '"')) or any(c in paths for c in "[]()${}"):
         return arg  # quoted, a list or a function: Hydra's own syntax, left as written
-    return "yaml=" + ",".join(_quoted(os.path.abspath(os.path.expanduser(p))) for p in paths.split(",") if p)
+    return "yaml=" + ",".join(quoted_path(os.path.abspath(os.path.expanduser(p))) for p in paths.split(",") if p)
 
 
-def _quoted(path: str) -> str:
+def quoted_path(path: str) -> str:
     if re.fullmatch(r"[\w./@:+-]+", path):
         return path
     return "'" + path.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -102,6 +102,25 @@ class TrainApp(SweepApp):
             sys.exit(0)
         return [(list(c.overrides), cfg) for c, cfg in zip(ctxs, cfgs)]
 
+    def job_overrides(self, overrides: list, sweep_dir) -> list:
+        """`yaml=PATH` becomes a copy of the recipe as this command read and checked it, in the sweep's
+        .recipes/<hash>/ (hydra_plugins/recipe_source/): a job composes from it when it starts, after the queue,
+        and again after each requeue, whatever the file holds by then. The copy keeps the file's name, which the
+        run's name starts with; the summary still shows the path given."""
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        from hydra_plugins.recipe_source.recipe_source import pinned
+        from train.config.compose import quoted_path
+
+        parser = OverridesParser.create()
+        out = []
+        for o in overrides:
+            parsed = parser.parse_override(o) if o.lstrip("+").startswith("yaml=") else None
+            if parsed is not None and isinstance(parsed.value(), str):
+                o = "yaml=" + quoted_path(pinned(parsed.value(), Path(sweep_dir) / ".recipes"))
+            out.append(o)
+        return out
+
     def report(self, err) -> None:
         from train.checks import report
 

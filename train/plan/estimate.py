@@ -46,30 +46,55 @@ def _get(node, key, default=None):
     return default if v is None else v
 
 
+def kv_heads(model) -> int:
+    """Key/value heads of MPT's attention: every head's (multihead_attention, the default), one
+    (multiquery_attention), or attn_config.kv_n_heads (grouped_query_attention)."""
+    attn = _get(model, "attn_config", {})
+    kind = _get(attn, "attn_type", "multihead_attention")
+    if kind == "multiquery_attention":
+        return 1
+    if kind == "grouped_query_attention":
+        return _get(attn, "kv_n_heads", 1)
+    return model["n_heads"]
+
+
+def ffn_hidden(model) -> int:
+    """The feed-forward width: ffn_config.ffn_hidden_size where set, else expansion_ratio x d_model (as llm-foundry's
+    resolve_ffn_hidden_size)."""
+    return int(_get(_get(model, "ffn_config", {}), "ffn_hidden_size") or _get(model, "expansion_ratio", 4) * model["d_model"])
+
+
 def block_params(model) -> int:
-    """Parameters of one transformer block (an FSDP unit under llm-foundry's MPT wrapping)."""
-    d = model["d_model"]
-    hidden = int(_get(model, "expansion_ratio", 4) * d)
-    bias = not _get(model, "no_bias", False)
-    return 4 * d * d + 2 * d * hidden + 2 * d + bias * (3 * d + d + hidden + d + 2 * d)
+    """Parameters of one transformer block (an FSDP unit under llm-foundry's MPT wrapping): the fused Wqkv (keys and
+    values for kv_heads heads), out_proj, the feed-forward's up and down projections (and gate_proj for mptglu),
+    two norms; biases unless no_bias."""
+    d, hidden = model["d_model"], ffn_hidden(model)
+    qkv = d + 2 * kv_heads(model) * (d // model["n_heads"])
+    glu = _get(_get(model, "ffn_config", {}), "ffn_type", "mptmlp") == "mptglu"
+    weights = d * qkv + d * d + (2 + glu) * d * hidden + 2 * d
+    biases = qkv + d + (1 + glu) * hidden + d + 2 * d
+    return weights + (not _get(model, "no_bias", False)) * biases
 
 
 def embedding_params(model) -> int:
+    """The token (and learned position) embeddings, and the output projection where tie_word_embeddings=false."""
     d = model["d_model"]
     pos = model["max_seq_len"] * d if _get(model, "learned_pos_emb", True) else 0
-    return vocab_size(model) * d + pos
+    head = 0 if _get(model, "tie_word_embeddings", True) else d * vocab_size(model)
+    return vocab_size(model) * d + pos + head
 
 
 def param_count(model) -> int:
-    """Parameters of llm-foundry's MPT for this model config (weights tied, as MPT does by default)."""
+    """Parameters of llm-foundry's MPT for this model config."""
     d = model["d_model"]
     bias = not _get(model, "no_bias", False)
     return model["n_layers"] * block_params(model) + embedding_params(model) + d * (1 + bias)  # + final norm
 
 
-def flops_per_token(model) -> float:
-    """Training FLOPs per token: 6N for the matmuls plus attention's QK^T and AV (forward 2*2*L*s*d, x3)."""
-    return 6 * param_count(model) + 12 * model["n_layers"] * model["max_seq_len"] * model["d_model"]
+def flops_per_token(model, seq: int | None = None) -> float:
+    """Training FLOPs per token: 6N for the matmuls plus attention's QK^T and AV (forward 2*2*L*s*d, x3), s the
+    length trained at (default: the model's max_seq_len)."""
+    return 6 * param_count(model) + 12 * model["n_layers"] * (seq or model["max_seq_len"]) * model["d_model"]
 
 
 def shard_count(sharding_strategy: str | None, world_size: int, tasks_per_node: int) -> int:
@@ -81,11 +106,12 @@ def shard_count(sharding_strategy: str | None, world_size: int, tasks_per_node: 
     return max(1, world_size)
 
 
-def activation_bytes(model, microbatch: int, act_bytes: int, checkpointing: bool) -> int:
-    """Activations of one microbatch: the layers' saved tensors, plus logits and the loss's fp32 copy."""
+def activation_bytes(model, microbatch: int, act_bytes: int, checkpointing: bool, seq: int | None = None) -> int:
+    """Activations of one microbatch of `seq` tokens each (default: the model's max_seq_len): the layers' saved
+    tensors, plus logits and the loss's fp32 copy."""
     if not microbatch:
         return 0
-    d, layers, seq = model["d_model"], model["n_layers"], model["max_seq_len"]
+    d, layers, seq = model["d_model"], model["n_layers"], seq or model["max_seq_len"]
     tokens = microbatch * seq
     if checkpointing:
         # every block's input, plus one block rebuilt in full during its backward
@@ -97,7 +123,7 @@ def activation_bytes(model, microbatch: int, act_bytes: int, checkpointing: bool
 
 
 def memory_per_gpu(model, *, world_size: int, tasks_per_node: int, microbatch, precision: str,
-                   fsdp: dict | None, checkpointing: bool | None = None) -> dict:
+                   fsdp: dict | None, checkpointing: bool | None = None, seq: int | None = None) -> dict:
     """Bytes per GPU, by part. fsdp: the fsdp_config (None: no FSDP, every rank holds everything).
 
     FULL_SHARD: weights, gradients and Adam state are split over the world (16 bytes x params in total, the
@@ -120,7 +146,7 @@ def memory_per_gpu(model, *, world_size: int, tasks_per_node: int, microbatch, p
         "optimizer": ADAM_BYTES * n // shards,
         # gathered weights (two blocks in flight, plus the root unit's embedding) and one block's grads
         "gathered": (3 * block_params(model) + embedding_params(model)) * unit_bytes if shards > 1 else 0,
-        "activations": activation_bytes(model, mb, act_bytes, checkpointing),
+        "activations": activation_bytes(model, mb, act_bytes, checkpointing, seq),
         "runtime": RUNTIME_BYTES,
     }
     if strategy in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"):
@@ -133,7 +159,7 @@ def usable_bytes(gpu_memory_bytes: int) -> int:
 
 
 def min_nodes(model, *, tasks_per_node: int, gpu_memory_bytes: int, microbatch, precision: str,
-              fsdp: dict | None, max_nodes: int = 100_000):
+              fsdp: dict | None, max_nodes: int = 100_000, seq: int | None = None):
     """The smallest node count at which the estimate fits, or None if none does (the part that does not shrink
     with more ranks, activations mostly, is too large already)."""
     if not gpu_memory_bytes or not tasks_per_node:
@@ -142,7 +168,7 @@ def min_nodes(model, *, tasks_per_node: int, gpu_memory_bytes: int, microbatch, 
 
     def total(nodes):
         return memory_per_gpu(model, world_size=nodes * tasks_per_node, tasks_per_node=tasks_per_node,
-                              microbatch=microbatch, precision=precision, fsdp=fsdp)
+                              microbatch=microbatch, precision=precision, fsdp=fsdp, seq=seq)
 
     one = total(1)
     if one["total"] <= usable:
@@ -202,7 +228,8 @@ def fit(cfg, world: int, device_bytes: int | None = None) -> dict | None:
     model = _plain(_select(cfg, "model"))
     fsdp = _plain(_select(cfg, "fsdp_config")) or None
     fsdp_used = fsdp if world > 1 else None  # llm-foundry drops FSDP with world size 1
-    common = dict(microbatch=microbatch_trained(cfg, world), precision=_select(cfg, "precision"))
+    common = dict(microbatch=microbatch_trained(cfg, world), precision=_select(cfg, "precision"),
+                  seq=trained_seq_len(cfg))
     tasks = _select(cfg, "cluster.tasks_per_node")
     mem = memory_per_gpu(model, world_size=world, tasks_per_node=tasks, fsdp=fsdp_used,
                          checkpointing=bool(fsdp_used and fsdp_used.get("activation_checkpointing")), **common)
@@ -215,6 +242,12 @@ def fit(cfg, world: int, device_bytes: int | None = None) -> dict | None:
         "min_nodes": smallest,
         "min_nodes_batch": _divides_from(cfg, smallest),
     }
+
+
+def trained_seq_len(cfg) -> int | None:
+    """The length llm-foundry's train loader cuts samples to: train_loader.dataset.max_seq_len (a YAML interpolates
+    its variables.max_seq_len there, so a top-level max_seq_len= does not reach it), else the top-level max_seq_len."""
+    return _select(cfg, "train_loader.dataset.max_seq_len") or _select(cfg, "max_seq_len")
 
 
 def microbatch_trained(cfg, world: int):

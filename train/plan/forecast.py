@@ -9,7 +9,7 @@ import math
 from omegaconf import DictConfig, OmegaConf
 
 from train.checks.core import batches as _batches
-from train.checks.core import value
+from train.checks.core import time_of, value
 from train.plan import estimate
 from train.plan.estimate import TiB
 
@@ -18,17 +18,17 @@ MEGATRON_GPT3_CHECKPOINT_BYTES = int(2.3 * TiB)
 
 
 def _steps_and_tokens(duration, tokens_per_step: int, global_batch: int):
-    if isinstance(duration, str):
-        n = int("".join(ch for ch in duration if ch.isdigit()) or 0)
-        if duration.endswith("ba"):
-            return n, n * tokens_per_step
-        if duration.endswith("tok"):
-            steps = math.ceil(n / tokens_per_step)
-            return steps, n
-        if duration.endswith("sp"):
-            steps = math.ceil(n / global_batch)
-            return steps, steps * tokens_per_step
-    return None, None  # epochs: depends on the data set's size
+    """(steps, tokens) of max_duration as composer reads it ("2e3ba" is 2000 batches); (None, None) for epochs,
+    which depend on the data set's size, and for a wall-clock or unreadable duration."""
+    n, unit = time_of(duration) or (None, None)
+    if unit == "ba":
+        return n, n * tokens_per_step
+    if unit == "tok":
+        return math.ceil(n / tokens_per_step), n
+    if unit == "sp":
+        steps = math.ceil(n / global_batch)
+        return steps, steps * tokens_per_step
+    return None, None
 
 
 def _submitit_folder() -> str:
@@ -47,11 +47,12 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
     from train.launch.finished import read as read_finished
 
     model = OmegaConf.to_container(value(cfg, "model"), resolve=True)
+    seq = estimate.trained_seq_len(cfg)  # what the train loader cuts samples to, so what a step holds
     params = estimate.param_count(model)
-    fpt = estimate.flops_per_token(model)
+    fpt = estimate.flops_per_token(model, seq)
     nodes, tasks = value(cfg, "cluster.nodes"), value(cfg, "cluster.tasks_per_node")
     world = nodes * tasks
-    gbs, seq = value(cfg, "global_train_batch_size"), value(cfg, "max_seq_len")
+    gbs = value(cfg, "global_train_batch_size")
     per_device = gbs / world
     per_device = int(per_device) if per_device == int(per_device) else per_device
     mb = estimate.microbatch_trained(cfg, world)  # llm-foundry reduces one larger than a rank's share
@@ -123,8 +124,8 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
         "memory_per_gpu_bytes": fig["memory"]["total"] if fig else None,
         "memory_breakdown_bytes": ({k: fig["memory"][k] for k in ("params", "grads", "optimizer", "gathered",
                                                                    "activations", "runtime")} if fig else None),
-        "activation_bytes_with_checkpointing": estimate.activation_bytes(model, mb_int, act_bytes, True),
-        "activation_bytes_without_checkpointing": estimate.activation_bytes(model, mb_int, act_bytes, False),
+        "activation_bytes_with_checkpointing": estimate.activation_bytes(model, mb_int, act_bytes, True, seq),
+        "activation_bytes_without_checkpointing": estimate.activation_bytes(model, mb_int, act_bytes, False, seq),
         "gpu_memory_bytes": fig["gpu_memory_bytes"] if fig else None,
         "usable_memory_bytes": fig["usable_bytes"] if fig else None,
         "memory_headroom": estimate.HEADROOM,

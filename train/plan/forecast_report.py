@@ -91,7 +91,9 @@ def render(p: dict) -> str:
     accum = (f" = microbatch {p['device_train_microbatch_size']} x {p['grad_accum']} gradient accumulation"
              if p["grad_accum"] else f" (microbatch {p['device_train_microbatch_size']})")
     add(f"batch       global {p['global_train_batch_size']} = {p['world_size']} ranks x {p['per_device_batch']} "
-        f"per device{accum}; {_big(p['tokens_per_step'])} tokens per step")
+        f"per device{accum}; {_big(p['tokens_per_step'])} tokens per step"
+        + (f" (samples of {p['max_seq_len']} tokens, train_loader.dataset.max_seq_len)"
+           if p["max_seq_len"] != m["max_seq_len"] else ""))
     if p["steps"]:
         add(f"duration    max_duration {p['max_duration']} = {p['steps']:,} steps = {_big(p['tokens'])} tokens")
     else:

@@ -66,15 +66,20 @@ def _problem(key, problem, fix):
 
 
 def _split_folders(fcfg) -> list:
-    """(key, folder) of each local split the loaders will read, where no remote is streamed into it."""
+    """(key, folder) of each local split the loaders will read, where no remote is streamed into it: a loader's
+    dataset, or each stream of a mixture (`dataset.streams`; a stream without a split takes the dataset's)."""
     found, fcfg = [], fcfg if OmegaConf.is_config(fcfg) else OmegaConf.create(fcfg)
     for loader in loader_keys(fcfg):
         dataset = OmegaConf.select(fcfg, f"{loader}.dataset") or {}
-        if dataset.get("remote") or not dataset.get("local"):
-            continue
-        folder = Path(str(dataset["local"])) / str(dataset.get("split") or "")
-        if (folder / "index.json").is_file() and folder not in [f for _, f in found]:
-            found.append((f"{loader}.dataset", folder))
+        streams = dataset.get("streams") or {}
+        sources = [(f"{loader}.dataset.streams.{name}", s or {}) for name, s in streams.items()] if streams else \
+            [(f"{loader}.dataset", dataset)]
+        for key, source in sources:
+            if source.get("remote") or not source.get("local"):
+                continue
+            folder = Path(str(source["local"])) / str(source.get("split") or dataset.get("split") or "")
+            if (folder / "index.json").is_file() and folder not in [f for _, f in found]:
+                found.append((key, folder))
     return found
 
 
@@ -89,19 +94,22 @@ def train_data(fcfg) -> dict | None:
     the data is streamed from a remote (streaming fetches the index as it starts) or not a local MDS split."""
     import hashlib
 
-    index = _train_index(fcfg)
-    if index is None:
+    indexes = _train_indexes(fcfg)
+    if not indexes:
         return None
-    raw = index.read_bytes()
+    raws = [index.read_bytes() for index in indexes]
     try:
-        samples = sum(int(s.get("samples") or 0) for s in json.loads(raw).get("shards") or [])
+        samples = sum(int(s.get("samples") or 0) for raw in raws for s in json.loads(raw).get("shards") or [])
     except (ValueError, AttributeError, TypeError):
         samples = None
-    return {"sha256": hashlib.sha256(raw).hexdigest(), "samples": samples}
+    # one split: its index's hash (as recorded before mixtures were read); a mixture: every stream's, in order
+    digest = hashlib.sha256(raws[0]).hexdigest() if len(raws) == 1 else \
+        hashlib.sha256(b"".join(hashlib.sha256(raw).digest() for raw in raws)).hexdigest()
+    return {"sha256": digest, "samples": samples}
 
 
-def _train_index(fcfg) -> Path | None:
-    return next((folder / "index.json" for key, folder in _split_folders(fcfg) if key == "train_loader.dataset"), None)
+def _train_indexes(fcfg) -> list:
+    return [folder / "index.json" for key, folder in _split_folders(fcfg) if key.startswith("train_loader.dataset")]
 
 
 def same_train_data(then: dict | None, now: dict | None, fcfg, checkpoint) -> None:
@@ -111,7 +119,8 @@ def same_train_data(then: dict | None, now: dict | None, fcfg, checkpoint) -> No
     if not then or not now or then.get("sha256") == now.get("sha256"):
         return
     counts = f"{now.get('samples')} samples now, {then.get('samples')} when the run started"
-    raise OtherData("train_loader.dataset", f"{_train_index(fcfg)} is not the data this run trained on ({counts}; its "
+    indexes = " and ".join(map(str, _train_indexes(fcfg)))
+    raise OtherData("train_loader.dataset", f"{indexes} is not the data this run trained on ({counts}; its "
                     f"index.json hashes {now['sha256'][:16]} now, {then['sha256'][:16]} then): resuming from "
                     f"{checkpoint} would go on from its place in the old data, in other samples",
                     "put back the data it trained on; or train on this data from its weights as another run: "
