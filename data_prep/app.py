@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,8 +28,8 @@ from data_prep.errors import DataPrepError, gather
 from data_prep.inputs import Source, resolve_sources
 from data_prep.lock import OutRootLock
 from data_prep.mds import ShardWriter
-from data_prep.merge import all_complete, merge
-from data_prep.part import RunStats, is_complete, run_blocks
+from data_prep.merge import all_complete, merge, unpublish
+from data_prep.part import RunStats, damage, is_complete, run_blocks
 from data_prep.progress import Progress, print_skipped, print_summary, summarize
 from data_prep.settings import Settings, settings_from
 from data_prep.tokenizer import LoadedTokenizer, load_tokenizer, with_encoder
@@ -79,6 +80,34 @@ def missing_blocks(split_dir: Path) -> list[str]:
     return [b.folder for b in blocks if not is_complete(split_dir, b)]
 
 
+def redo_damaged(split_dir: Path, blocks: list[Block]) -> None:
+    """A finished block whose files no longer match its index.json (a shard deleted or cut short since: a disk
+    error, a careless copy) is done again by this run, rather than skipped and merged into a dataset that
+    streaming cannot read. The merged index names its files, so it is withdrawn first (see unpublish)."""
+    for block in blocks:
+        problems = damage(split_dir, block) if is_complete(split_dir, block) else []
+        if problems:
+            more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
+            log.warning(f"data_prep: warning: {split_dir / block.folder} is damaged ({problems[0]}{more}): "
+                        f"this run writes it again")
+            unpublish(split_dir)
+            shutil.rmtree(split_dir / block.folder)
+
+
+def check_other_parts(job: Job, mine: list[Block]) -> None:
+    """Before a merge, the blocks of other parts (this run checked its own before it began): one damaged since it
+    was made cannot be redone here, because its part's lock is not this run's to take."""
+    s, ours = job.settings, set(mine)
+    for number, part in enumerate(job.parts):
+        for block in (b for b in part if b not in ours):
+            problems = damage(s.split_dir, block)
+            if problems:
+                raise DataPrepError("out_root", f"{s.split_dir / block.folder} (part {number} of num_parts="
+                                    f"{s.num_parts}) is damaged: " + "; ".join(problems[:3]),
+                                    f"run part={number} again, or the same command without part=, to write that "
+                                    f"block again (the other finished blocks are kept)")
+
+
 def _this_run(s: Settings, stats: RunStats, skipped_blocks: int, started: float) -> dict:
     wall = time.perf_counter() - started
     return {
@@ -119,6 +148,7 @@ def _run_locked(job: Job, lock: OutRootLock, mine: list[Block], started: float) 
     job = replace(job, tokenizer=with_encoder(job.tokenizer))
     write_plan(split_dir, job.plan)
 
+    redo_damaged(split_dir, mine)  # a stat per shard: cheap enough for every rerun
     todo = [b for b in mine if not is_complete(split_dir, b)]
     label = "data_prep" if s.part is None else f"part {s.part}/{s.num_parts}"
     known = all(src.size for src in job.sources)  # hub files have no size until they are fetched
@@ -142,6 +172,7 @@ def _run_locked(job: Job, lock: OutRootLock, mine: list[Block], started: float) 
     if not all_complete(split_dir, job.blocks):  # that merge failed and removed its empty blocks; it says why
         log.warning(f"data_prep: {label} finished, but another part's merge removed the blocks (see its message)")
         return None
+    check_other_parts(job, mine)
     totals = merge(split_dir, job.blocks, s)
     local = os.path.expanduser(s.tokenizer)
     facts = {"sample_tokens": s.concat_tokens,  # what a training run checks before it starts (facts.py reads them)

@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Iterable, Iterator
@@ -17,6 +20,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from common.signals import leave_to_the_task
+from data_prep.errors import RERUN, DataPrepError
 from data_prep.fast_bpe import FastEncoder
 
 # Set in each worker by _init (fork copies the already-loaded tokenizer; nothing is pickled).
@@ -47,6 +51,11 @@ def _init(tok: Tokenizer, text_key: str, bos: list[int], eos: list[int], fast: F
 def _check_line(line: bytes) -> tuple[str | None, str]:
     """(text, "") for a good document, (None, reason) for a line to skip."""
     try:
+        if b"\xed" in line:
+            # json.loads(bytes) decodes with surrogatepass: a surrogate written as UTF-8 (ED A0..BF xx) would come
+            # through as half a character the tokenizer cannot take. ED also leads Hangul, so only then decode
+            # strictly (one more pass, for such lines alone).
+            line.decode("utf-8")
         obj = json.loads(line)
     except UnicodeDecodeError:
         return None, "invalid UTF-8"
@@ -97,41 +106,66 @@ def encode_chunk(chunk: bytes) -> ChunkResult:
 
 
 class EncoderPool:
-    """Ordered, bounded map of encode_chunk over (meta, chunk) items; chunk None passes meta through."""
+    """Ordered, bounded map of encode_chunk over (meta, chunk) items; chunk None passes meta through.
+
+    concurrent.futures' pool rather than multiprocessing.Pool: when a worker dies (the OOM killer's SIGKILL),
+    multiprocessing.Pool starts another and waits forever for the chunk the dead one held, with the out_root
+    lock held; this one fails every pending chunk with BrokenProcessPool, which ends the run with a message."""
 
     def __init__(self, tok: Tokenizer, text_key: str, bos, eos, workers: int, fast: FastEncoder | None = None):
         self.workers = workers
         self.args = (tok, text_key, list(bos), list(eos), fast)
-        self.pool = None
+        self.pool: ProcessPoolExecutor | None = None
+        self.processes: list = []
 
     def __enter__(self) -> "EncoderPool":
         if self.workers > 1:
             # fork: workers start in milliseconds and inherit the loaded tokenizer.
-            self.pool = multiprocessing.get_context("fork").Pool(self.workers, _init, self.args)
+            self.pool = ProcessPoolExecutor(self.workers, multiprocessing.get_context("fork"), _init, self.args)
+            # With fork every worker starts at the first submit: now, before the progress bar starts a thread.
+            self.pool.submit(int).result()
+            self.processes = list((getattr(self.pool, "_processes", None) or {}).values())  # to name the dead one
         else:
             _init(*self.args)
         return self
 
     def __exit__(self, exc_type, *_) -> None:
         if self.pool is not None:
-            if exc_type is None:
-                self.pool.close()
-            else:
-                self.pool.terminate()
-            self.pool.join()
+            # On an error the chunks not started are dropped; the few running finish in well under a second.
+            self.pool.shutdown(wait=True, cancel_futures=exc_type is not None)
 
     def map(self, items: Iterable[tuple[Any, bytes | None]]) -> Iterator[tuple[Any, ChunkResult | None]]:
         if self.pool is None:
             for meta, chunk in items:
                 yield meta, (encode_chunk(chunk) if chunk is not None else None)
             return
+        try:
+            yield from self._map_in_pool(items)
+        except BrokenProcessPool:
+            self.pool.shutdown(wait=True)  # joins the workers: the dead one's exit status is known after this
+            raise self._died() from None
+
+    def _map_in_pool(self, items: Iterable[tuple[Any, bytes | None]]) -> Iterator[tuple[Any, ChunkResult | None]]:
         window = 2 * self.workers + 2  # keeps every worker fed while bounding memory to a few MB per core
         pending: deque = deque()
         for meta, chunk in items:
-            pending.append((meta, self.pool.apply_async(encode_chunk, (chunk,)) if chunk is not None else None))
+            pending.append((meta, self.pool.submit(encode_chunk, chunk) if chunk is not None else None))
             while len(pending) > window:
                 meta0, fut = pending.popleft()
-                yield meta0, (fut.get() if fut is not None else None)
+                yield meta0, (fut.result() if fut is not None else None)
         while pending:
             meta0, fut = pending.popleft()
-            yield meta0, (fut.get() if fut is not None else None)
+            yield meta0, (fut.result() if fut is not None else None)
+
+    def _died(self) -> DataPrepError:
+        """A worker ended without a word: killed from outside, almost always by the kernel's OOM killer."""
+        dead = [p for p in self.processes if p.exitcode not in (None, 0, -signal.SIGTERM)]  # the pool SIGTERMs the rest
+        how = ""
+        if dead:
+            code = dead[0].exitcode
+            how = f" (pid {dead[0].pid}, " + (f"killed by {signal.Signals(-code).name})" if code < 0
+                                              else f"exit status {code})")
+        return DataPrepError("workers", f"a tokenizing worker process died{how}: most likely out of memory (the "
+                             f"kernel's OOM killer sends SIGKILL); the blocks not finished are left for the next run",
+                             f"{RERUN} to resume; if it happens again, give the job more memory or lower "
+                             f"workers= (now {self.workers})")

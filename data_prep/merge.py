@@ -19,7 +19,7 @@ from data_prep.blocks import Block
 from data_prep.errors import DataPrepError
 from data_prep.facts import INDEX_FILE, SUMMARY_FILE
 from data_prep.mds import ShardWriter, prefixed, read_index, write_index
-from data_prep.part import BLOCK_FILE, is_complete
+from data_prep.part import BLOCK_FILE, MAX_EXAMPLES, is_complete
 from data_prep.settings import Settings
 
 TAIL_FOLDER = "tail"
@@ -33,6 +33,8 @@ def all_complete(split_dir: Path, blocks: list[Block]) -> bool:
 
 
 def _write_tail(split_dir: Path, tokens: np.ndarray, settings: Settings) -> list[dict]:
+    """tail/ as the blocks make it. A rerun finds it there with these very bytes (the plan fixes every block) and
+    keeps it: the published index.json names its files, so they are never removed or replaced under a reader."""
     final = split_dir / TAIL_FOLDER
     tmp = split_dir / f".tmp-{TAIL_FOLDER}.{socket.gethostname()}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -46,9 +48,35 @@ def _write_tail(split_dir: Path, tokens: np.ndarray, settings: Settings) -> list
     except BaseException:  # a full disk: leave no half-written tail behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    shutil.rmtree(final, ignore_errors=True)
+    if _same_files(tmp, final):
+        files.remove(tmp)
+        return shards
+    # Another tail (damaged since, or half-replaced by a killed merge): the index that names it goes first, so
+    # no index.json names files that are being replaced; the new one is written once the new tail is in place.
+    unpublish(split_dir)
+    files.remove(final)
     files.publish(tmp, final)  # another part may have merged the same bytes at the same moment
     return shards
+
+
+def _same_files(new: Path, old: Path) -> bool:
+    """Whether folder `old` holds exactly the files of `new`, byte for byte (a tail is at most a sample per block,
+    a few MB even for thousands of blocks: read whole)."""
+    names = sorted(p.name for p in new.iterdir())
+    try:
+        if sorted(p.name for p in old.iterdir()) != names:
+            return False
+        return all((new / n).read_bytes() == (old / n).read_bytes() for n in names)
+    except OSError:  # no tail yet, or one that changes under us
+        return False
+
+
+def unpublish(split_dir: Path) -> None:
+    """Withdraw the merged dataset before changing a file its index.json names: without index.json the folder is
+    no dataset (streaming and the training side refuse it, data_prep.status says the merge is pending) rather
+    than one that looks complete with files missing. The next merge publishes it again."""
+    for name in (INDEX_FILE, SUMMARY_FILE):  # the index first: the summary describes a published dataset
+        (split_dir / name).unlink(missing_ok=True)
 
 
 def clear_stale(split_dir: Path) -> None:
@@ -95,13 +123,14 @@ def merge(split_dir: Path, blocks: list[Block], settings: Settings) -> dict:
         for key in totals:
             totals[key] += meta[key]
         reasons.update(meta["skipped_by_reason"])
-        examples += meta["skipped_examples"][: max(0, 1000 - len(examples))]
+        examples += meta["skipped_examples"][: max(0, MAX_EXAMPLES - len(examples))]
         tails.append(np.asarray(meta["tail"], np.int32))
     if totals["docs"] == 0:  # an index over no samples would look like a finished dataset
         raise _nothing_read(split_dir, blocks, settings, totals["skipped_lines"], reasons, examples)
     tail = np.concatenate(tails) if tails else np.empty(0, np.int32)
     shards += prefixed(_write_tail(split_dir, tail, settings), TAIL_FOLDER)
-    write_index(split_dir, shards)  # last, atomically: readers never see a half-merged dataset
+    # last, atomically: readers see the old index or the new one, and the files either names are all there
+    write_index(split_dir, shards)
     samples = sum(s["samples"] for s in shards)
     return {
         **totals,

@@ -15,16 +15,35 @@ import numpy as np
 from data_prep.blocks import Block
 from data_prep.encode import ChunkResult, EncoderPool
 from data_prep.errors import DataPrepError, writing
-from data_prep.mds import ShardWriter
+from data_prep.facts import INDEX_FILE, shard_problems
+from data_prep.mds import ShardWriter, read_index
 from data_prep.reader import BlockReader, line_number_of
 from data_prep.settings import Settings
 
 BLOCK_FILE = "block.json"
-MAX_EXAMPLES = 100  # skipped lines listed per block; all are counted
+# Skipped lines the summary lists (all are counted): the first of the whole dataset, in input order. Blocks are
+# made apart, so each keeps as many: the first block may hold every one of them.
+MAX_EXAMPLES = 1000
 
 
 def is_complete(split_dir: Path, block: Block) -> bool:
     return (split_dir / block.folder / BLOCK_FILE).exists()
+
+
+def damage(split_dir: Path, block: Block) -> list[str]:
+    """What is wrong with a complete block's files, against its own index.json: a shard missing or of another
+    size than recorded ([] when none is). A stat per shard, so that every rerun can afford it on terabytes; a
+    shard of the right size with other bytes is found by the hashes the training side checks."""
+    folder = split_dir / block.folder
+    try:
+        shards = read_index(folder)
+    except FileNotFoundError:
+        return [f"{folder / INDEX_FILE} is missing"]
+    except (OSError, ValueError, KeyError, TypeError):
+        shards = None
+    if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
+        return [f"{folder / INDEX_FILE} cannot be read as the block's list of shards (cut short or overwritten?)"]
+    return shard_problems(folder, shards)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from data_prep.facts import SUMMARY_FILE
 from data_prep.mds import atomic_write
+from data_prep.part import MAX_EXAMPLES
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,8 @@ def print_skipped(examples: list[list], total: int, shown: int = 20) -> None:
     for path, line, reason in examples[:shown]:
         log.warning(f"data_prep: skipped {path}:{line}: {reason}")
     if total > shown:
-        log.warning(f"data_prep: ... {total - shown} more skipped lines (listed in {SUMMARY_FILE}, first 1000)")
+        log.warning(f"data_prep: ... {total - shown} more skipped lines (listed in {SUMMARY_FILE}, "
+                    f"first {MAX_EXAMPLES})")
 
 
 def summarize(split_dir: Path, totals: dict, facts: dict, run: dict) -> dict:

@@ -71,6 +71,8 @@ class DataPrepApp(SweepApp):
             s = json.loads((split_dir / SUMMARY_FILE).read_text())
             return (f"dataset {split_dir}: merged, {s['samples']:,} samples, {s['tokens']:,} tokens from "
                     f"{s['docs']:,} documents")
+        if not missing:  # a merge not run yet, killed, or withdrawn while a damaged block is written again
+            return f"dataset {split_dir}: every block complete, not merged yet (the last part to finish merges)"
         return (f"dataset {split_dir}: {len(missing)} blocks not complete yet ({', '.join(missing[:5])}"
                 f"{', ...' if len(missing) > 5 else ''})")
 

@@ -267,6 +267,61 @@ def test_strict_mode_stops_at_the_first_corrupt_line(tmp_path):
     assert not (split / "index.json").exists() and not list(split.glob("block-*")) and not list(split.glob(".tmp-*"))
 
 
+def c4_lines(folder: Path, change) -> Path:
+    """C4's first 1000 documents as plain JSON lines, line n (1-based) replaced by change(n, line) (None: kept)."""
+    with gzip.open(C4_FIRST, "rb") as fh:
+        lines = fh.read().splitlines()
+    path = folder / "c4.jsonl"
+    path.write_bytes(b"".join((change(n, line) or line) + b"\n" for n, line in enumerate(lines, 1)))
+    return path
+
+
+def with_surrogate(n: int, line: bytes) -> bytes | None:
+    # U+D800 encoded as UTF-8 would encode it (ED A0 80): no UTF-8 decoder accepts it, Python's json.loads(bytes)
+    # does (it decodes with surrogatepass), and the tokenizer then fails on the lone surrogate
+    return line.replace(b'{"text":"', b'{"text":"\xed\xa0\x80', 1) if n == 500 else None
+
+
+@pytest.mark.parametrize("encoder", ["fast", "tokenizers"])
+def test_utf8_encoded_surrogates_are_invalid_utf8_skipped_and_reported(tmp_path, encoder):
+    src = c4_lines(tmp_path, with_surrogate)
+    env = {"DATA_PREP_ENCODER": "tokenizers"} if encoder == "tokenizers" else None
+    proc = prep("dataset=jsonl", f"input={src}", f"out_root={tmp_path / 'out'}", "progress=false", env=env)
+    assert f"data_prep: skipped {src}:500: invalid UTF-8" in proc.stderr and "Traceback" not in proc.stderr
+    summary = json.loads((tmp_path / "out" / "train" / SUMMARY).read_text())
+    assert summary["docs"] == 999 and summary["skipped_by_reason"] == {"invalid UTF-8": 1}
+
+
+def test_utf8_encoded_surrogates_stop_a_strict_run(tmp_path):
+    src = c4_lines(tmp_path, with_surrogate)
+    proc = prep("dataset=jsonl", f"input={src}", f"out_root={tmp_path / 'out'}", "strict=true", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert f"data_prep: strict: {src}:500: invalid UTF-8" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_summary_lists_the_first_1000_skipped_lines_of_the_dataset_in_input_order(tmp_path):
+    # 750 broken lines in one block, then 300 in a second file: the first 1000 of the input are listed
+    src = c4_lines(tmp_path, lambda n, line: line[:-40] if n % 4 else None)  # cut off: invalid JSON
+    more = tmp_path / "more.jsonl"
+    more.write_bytes(b'{"text": "cut\n' * 300)
+    proc = prep("dataset=jsonl", f"input=[{src},{more}]", f"out_root={tmp_path / 'out'}", "progress=false",
+                "block_bytes=100000000")
+    summary = json.loads((tmp_path / "out" / "train" / SUMMARY).read_text())
+    assert summary["skipped_lines"] == 750 + 300 and summary["docs"] == 250
+    expected = [[str(src), n] for n in range(1, 1001) if n % 4] + [[str(more), n] for n in range(1, 251)]
+    assert [[p, n] for p, n, _ in summary["skipped_examples"]] == expected
+    assert "... 1030 more skipped lines (listed in data_prep_summary.json, first 1000)" in proc.stderr
+
+
+def test_an_empty_plain_input_file_is_warned_about(tmp_path):
+    empty = tmp_path / "copied.jsonl"
+    empty.touch()
+    src = c4_lines(tmp_path, lambda n, line: None)
+    proc = prep("dataset=jsonl", f"input=[{src},{empty}]", f"out_root={tmp_path / 'out'}", "progress=false")
+    assert f"data_prep: warning: input: {empty} is empty (0 bytes)" in proc.stderr, proc.stderr
+    assert json.loads((tmp_path / "out" / "train" / SUMMARY).read_text())["docs"] == 1000
+
+
 @pytest.mark.torch  # reads the shards back with streaming's reader
 def test_slimpajama_zst_is_read_in_one_pass(tmp_path):
     import zstandard
