@@ -73,6 +73,11 @@ def test_param_counts_match_published_sizes(model, billions):
     ("mpt-tiny", ["+model.attn_config.attn_type=grouped_query_attention", "+model.attn_config.kv_n_heads=1"]),
     ("mpt-tiny", ["+model.attn_config.attn_type=multiquery_attention", "++model.no_bias=false"]),
     ("gpt-375m", ["++model.ffn_config.ffn_type=mptglu", "+model.tie_word_embeddings=false", "++model.no_bias=false"]),
+    # position embeddings dropped by MPT itself with alibi or rope; RMS norms without a bias
+    ("mpt-tiny", ["+model.attn_config.alibi=true"]),
+    ("mpt-tiny", ["+model.attn_config.rope=true", "+model.attn_config.rope_impl=hf"]),
+    ("mpt-tiny", ["+model.norm_type=rmsnorm", "++model.no_bias=false"]),
+    ("mpt-tiny", ["+model.norm_type=layernorm", "++model.no_bias=false"]),
 ])
 def test_param_count_formula_matches_the_built_model(model, extra):
     """The light formula (used by plans) against llm-foundry's own MPT, built on the meta device."""

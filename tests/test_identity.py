@@ -17,6 +17,7 @@ BASE = ["model=mpt-125m", "cluster=ndv5", "data=c4", "optimizer.lr=3e-3"]
 SAME = [
     ["optimizer.lr=0.003"], ["optimizer.lr=0.0030"], ["optimizer.lr=3.0e-3"],  # one number, three spellings
     ["optimizer.betas=[0.9,0.95]"], ["optimizer.betas=[0.9, 0.95]"], ["optimizer.betas=[0.90,0.950]"],
+    ["max_duration=4.8e3ba"], ["max_duration=4800.0ba"], ["scheduler.t_warmup=1e2ba"],  # composer's times, respelt
     ["seed=17"], ["max_seq_len=2048"],  # the preset's own values, spelled out
     ["cluster.env.NCCL_DEBUG=INFO"], ["cluster.container.image=/images/rebuilt.sqsh"], ["cluster.wait=true"],
     ["cluster.preflight.enabled=false"], ["cluster.nodes=4"], ["cluster.partition=other"],

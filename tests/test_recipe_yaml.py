@@ -244,7 +244,7 @@ def test_the_plan_counts_what_composer_and_the_train_loader_read(tmp_path):
     plan = build_plan(compose(["max_duration=2e3ba"]))
     assert plan["steps"] == 2000
     tok = build_plan(compose(["max_duration=1e9tok"]))
-    assert tok["tokens"] == 10**9 and tok["steps"] == -(-10**9 // tok["tokens_per_step"])
+    assert tok["steps"] == -(-10**9 // tok["tokens_per_step"]) and tok["tokens"] == tok["steps"] * tok["tokens_per_step"]
     recipe = tmp_path / "mine.yaml"
     recipe.write_text(MINIMAL.replace('shuffle: true, max_seq_len: "${variables.max_seq_len}"}', 'shuffle: true, max_seq_len: 64}'))
     cfg, ctx = _composed(f"yaml={recipe}")

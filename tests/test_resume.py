@@ -312,6 +312,14 @@ def test_consolidate_a_sharded_checkpoint_into_one_file_that_load_path_continues
 
     proc = run("-m", "train", *args, "max_duration=40ba", f"load_path={out}", root=tmp_path / "b", check=1)
     assert f"error: max_duration: the checkpoint load_path={out} is already at max_duration=40ba" in proc.stderr
+    # into a model of another shape: the file has no run record beside it, and composer dropped what did not match
+    # (alibi: MPT builds no position embeddings, and the run trained on without them, exit 0); the checkpoint's own
+    # stored model config names it, before anything is trained
+    proc = run("-m", "train", *args, f"load_path={out}", "+load_weights_only=true", "+model.attn_config.alibi=true",
+               root=tmp_path / "c", check=1)
+    assert "error: load_path: " in proc.stderr and "model.learned_pos_emb=True there, False here" in proc.stderr, \
+        proc.stderr[-2000:]
+    assert not list((tmp_path / "c").glob("checkpoints/*/ep*"))
     assert "--out" in run("-m", "train.export", out, root=tmp_path, check=2).stderr  # no batch in its name
     run("-m", "train.export", out, f"--out={tmp_path / 'hf'}", root=tmp_path, check=True)
     assert (tmp_path / "hf" / "model.safetensors").is_file()

@@ -39,14 +39,17 @@ def test_the_reported_evaluation_is_the_last_one(tmp_path, cli):
     assert f"'eval/LanguageCrossEntropy': {got['final_eval']['eval/LanguageCrossEntropy']}" in proc.stdout
 
 
-def test_a_kill_during_the_final_evaluation_is_followed_by_a_rerun_that_reports_the_final_evaluation(tmp_path):
+@pytest.mark.parametrize("duration,warmup", [("20ba", "4ba"), ("40960tok", "8192tok")])  # 16 x 128 tokens a batch
+def test_a_kill_during_the_final_evaluation_is_followed_by_a_rerun_that_reports_the_final_evaluation(
+        tmp_path, duration, warmup):
     """max_duration=20ba, eval_interval=15ba: composer writes the final checkpoint (batch 20), then metrics.json at
     FIT_END, then evaluates at 20. Killed in that evaluation (as soon as metrics.json appears; batch size 1 over
     the whole validation split makes it last), the same command again found the final checkpoint, had nothing to
     train, and reported the evaluation at 15 as the final one, exit 0. It now sets that checkpoint aside, trains
-    batches 11-20 again from the one before, and evaluates at the end."""
-    args = ["-m", "train", "max_duration=20ba", "eval_interval=15ba", "save_interval=10ba",
-            "device_eval_batch_size=1", "eval_subset_num_batches=-1", "progress_bar=false"]
+    batches 11-20 again from the one before, and evaluates at the end. In tokens too (the final checkpoint was
+    told by a max_duration in batches only: 40960tok reported the evaluation at 15, on every rerun)."""
+    args = ["-m", "train", f"max_duration={duration}", f"scheduler.t_warmup={warmup}", "eval_interval=15ba",
+            "save_interval=10ba", "device_eval_batch_size=1", "eval_subset_num_batches=-1", "progress_bar=false"]
     proc = subprocess.Popen([str(PYTHON), *args], cwd=ROOT, env=command_env(tmp_path), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
@@ -70,8 +73,12 @@ def test_a_kill_during_the_final_evaluation_is_followed_by_a_rerun_that_reports_
     assert f"'eval/LanguageCrossEntropy': {got['final_eval']['eval/LanguageCrossEntropy']}" in again.stdout
     assert (folder / "finished.json").is_file() and [p.name.split(".")[0] for p in (folder / "set-aside").iterdir()
                                                      if not p.name.endswith(".json")] == ["ep0-ba20-rank0"]
-    # and once finished, the same command has nothing to do
+    # and once finished, the same command has nothing to do, nor the same length in batches (it set the final
+    # checkpoint aside and trained its last batches again: finished.json's 40960tok was not read as 20 batches)
     assert "nothing to do" in run(*args, root=tmp_path, check=True).stderr
+    same = run("-m", "train", f"run_name={folder.name}", "max_duration=20ba", "scheduler.t_warmup=4ba",
+               "eval_interval=15ba", "save_interval=10ba", "progress_bar=false", root=tmp_path, check=True)
+    assert "nothing to do" in same.stderr and "cannot be resumed from" not in same.stderr
 
 
 def test_with_several_evaluators_each_ones_last_evaluation_is_reported(tmp_path, cli):
@@ -256,6 +263,9 @@ def test_continuing_a_run_by_name_with_a_model_of_another_shape_is_refused_befor
     assert "model.no_bias=False there, True here" in proc.stderr, proc.stderr
     assert "model.no_bias" not in run(*line, "+model.no_bias=false", "plan=true", root=root,
                                       check=True).stderr  # the default spelled out: the same model
+    # what MPT derives: alibi turns its learned position embeddings off (measured: resumed without them, exit 0)
+    proc = run(*line, "+model.attn_config.alibi=true", "plan=true", root=root, check=2)
+    assert "model.learned_pos_emb=True there, False here" in proc.stderr, proc.stderr
     plan = run(*line, "optimizer.lr=0.5", "max_duration=80ba", "plan=true", root=root, check=True)
     assert "model.n_layers" not in plan.stderr  # other settings: continued under them, as run_name= asks
     assert "continues the run in" not in plan.stderr

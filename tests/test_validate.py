@@ -27,6 +27,10 @@ def mds(folder, splits=("train", "val")):
 OFFLINE = {"HF_HUB_OFFLINE": "1"}
 # (id, overrides, key named, words in the message). "{tmp}": the test's scratch folder; "{tok}": the real tokenizer.
 CASES = [
+    ("rope's default implementation on CPU (llm-foundry's ImportError)", ["+model.attn_config.rope=true"],
+     "model.attn_config.rope_impl", "rope_impl=hf"),
+    ("warmup in other units than the schedule (composer's refusal)", ["max_duration=40960tok"], "scheduler.t_warmup",
+     "scheduler.t_warmup=8192tok"),
     ("mixed precision composer does not know", ["fsdp_config.mixed_precision=PUR"], "fsdp_config.mixed_precision",
      "did you mean `PURE`"),
     ("shuffle algorithm streaming does not know", ["+train_loader.dataset.shuffle_algo=py1x"],
@@ -223,7 +227,7 @@ def test_warnings_are_in_the_plan_and_do_not_stop_it(tmp_path, cli):
     proc = cli("train", "max_duration=2ba", "plan=json")
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
-    assert any(w.startswith("warning: scheduler.t_warmup: 4ba of warmup is longer") for w in plan["warnings"])
+    assert any(w.startswith("warning: scheduler.t_warmup: 4ba of warmup (4 batches) is longer") for w in plan["warnings"])
     assert "warning: scheduler.t_warmup" in proc.stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -310,7 +314,7 @@ def test_the_batch_is_refused_only_where_llm_foundry_refuses_it(gbs, mb, ranks, 
 
 
 @pytest.mark.parametrize("override", ["eval_interval=0.5dur", "save_interval=0.25dur", "eval_interval=2iter",
-                                      "save_interval=600sec", "max_duration=1e3ba", "max_duration=3e4tok",
+                                      "save_interval=600sec", "max_duration=1e3ba", "save_interval=3e4tok",
                                       "scheduler.t_warmup=0.1dur", "save_interval=1h", "eval_interval=1h30m"])
 def test_a_time_composer_takes_passes(override):
     """composer's Time strings: intervals take a fraction of max_duration (dur), seconds and iterations, and any
@@ -355,7 +359,8 @@ def test_a_key_an_mpt_block_cannot_take_is_refused_and_one_its_initialization_ig
     assert [(p.key, p.level) for p in found] == [(key, level)] and said in str(found[0]), found
 
 
-@pytest.mark.parametrize("fine", [["+model.attn_config.qk_ln=true", "+model.attn_config.rope=true"],
+@pytest.mark.parametrize("fine", [["+model.attn_config.qk_ln=true", "+model.attn_config.rope=true",
+                                   "+model.attn_config.rope_impl=hf"],
                                   ["+model.attn_config.attn_type=grouped_query_attention",
                                    "+model.attn_config.kv_n_heads=2"],
                                   ["+model.init_config.name=baseline_", "+model.init_config.init_std=0.02"],

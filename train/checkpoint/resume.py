@@ -158,6 +158,34 @@ def unreadable(ckpt: Checkpoint) -> str | None:
     return why
 
 
+def stored_model(path: Path) -> dict | None:
+    """The model a checkpoint holds, as identity keys (`model.d_model`, `model.attn_config.alibi`, ...): composer
+    stores the model's Hugging Face config in every checkpoint (state.integrations.huggingface), as built and
+    without the keys left at MPT's defaults. Read alone: from a sharded checkpoint that one entry, from a file the
+    pickle (its tensors mapped, not read). None where there is none (not an llm-foundry model's checkpoint)."""
+    import torch
+
+    try:
+        if path.is_dir():
+            from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+            state = _load_state_dict_from_keys({"state.integrations"}, checkpoint_id=str(path))["state"]
+        else:
+            state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)["state"]
+        content = state["integrations"]["huggingface"]["model"]["config"]["content"]
+    except (KeyError, TypeError):
+        return None
+    if not isinstance(content, dict) or content.get("model_type") != "mpt":
+        return None
+    flat = {"model.name": "mpt_causal_lm"}
+    for key, val in content.items():
+        if isinstance(val, dict):
+            flat.update({f"model.{key}.{k}": v for k, v in val.items() if not isinstance(v, dict)})
+        else:
+            flat[f"model.{key}"] = val
+    return flat
+
+
 def crc_mismatch(path: Path) -> str | None:
     """The record of a zip checkpoint file whose bytes do not match its stored CRC-32, or None."""
     try:

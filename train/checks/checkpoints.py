@@ -14,7 +14,7 @@ from train.checks.core import (
     URI,
     WARNING,
     Problem,
-    batches,
+    batches_in,
     is_int,
     is_number,
     same_or_under,
@@ -87,7 +87,8 @@ def lands_before_the_time_limit(cfg, ctx):
                           f"save_interval={int(limit * 0.8 * 60)}sec (about 80% of the time limit), or a longer "
                           "cluster.timeout_min", WARNING)
         return
-    if time[1] != "ba":
+    steps = batches_in(cfg, every)  # 8388608000tok is as many batches as 2000ba
+    if not steps:
         return
     try:
         step_s = _step_seconds(cfg, ctx.world_size(cfg))
@@ -95,10 +96,10 @@ def lands_before_the_time_limit(cfg, ctx):
         return
     if not step_s:
         return
-    first = time[0] * step_s
+    first = steps * step_s
     if first > limit * 60:
         fits = max(1, int(limit * 60 * 0.8 / step_s))
-        yield Problem("save_interval", f"{time[0]}ba is about {first / 3600:.1f} h at the plan's "
+        yield Problem("save_interval", f"{every} ({steps} batches) is about {first / 3600:.1f} h at the plan's "
                       f"{step_s:.1f} s/step, longer than cluster.timeout_min={limit} ({limit / 60:.1f} h): each "
                       "allocation would end before its first checkpoint, and every requeue would start again from "
                       "the same point", f"save_interval={fits}ba (about 80% of the time limit), or a longer "
@@ -132,7 +133,7 @@ def checkpoints_kept(cfg, peak: bool = False) -> tuple[int | None, int | None]:
 
     if not _saves_checkpoints(cfg):
         return 0, 0
-    every, total = batches(value(cfg, "save_interval")), batches(value(cfg, "max_duration"))
+    every, total = batches_in(cfg, value(cfg, "save_interval")), batches_in(cfg, value(cfg, "max_duration"))
     keep = value(cfg, "save_num_checkpoints_to_keep")
     if not every or not total or not is_int(keep):
         return None, None
@@ -224,7 +225,8 @@ def earlier_runs(cfg, ctx):
 SHAPE_KEYS = ("model.name", "model.d_model", "model.n_layers", "model.vocab_size", "model.expansion_ratio",
               "model.no_bias", "model.learned_pos_emb", "model.tie_word_embeddings", "model.ffn_config.ffn_type",
               "model.ffn_config.ffn_hidden_size", "model.attn_config.attn_type", "model.attn_config.qk_ln",
-              "model.attn_config.qk_gn", "model.attn_config.fused_qkv")
+              "model.attn_config.qk_gn", "model.attn_config.fused_qkv", "model.norm_type",
+              "model.attn_config.kv_n_heads")
 
 
 # What an MPT takes for a shape key its config leaves out (llm-foundry's MPTConfig and its attn_config and
@@ -234,7 +236,8 @@ MPT_SHAPE_DEFAULTS = {"model.d_model": 2048, "model.n_layers": 24, "model.vocab_
                       "model.expansion_ratio": 4, "model.no_bias": False, "model.learned_pos_emb": True,
                       "model.tie_word_embeddings": True, "model.ffn_config.ffn_type": "mptmlp",
                       "model.attn_config.attn_type": "multihead_attention", "model.attn_config.qk_ln": False,
-                      "model.attn_config.qk_gn": False, "model.attn_config.fused_qkv": True}
+                      "model.attn_config.qk_gn": False, "model.attn_config.fused_qkv": True,
+                      "model.n_heads": 16, "model.norm_type": "low_precision_layernorm"}
 _UNSET = object()  # a key neither named nor defaulted: not compared
 
 
@@ -245,12 +248,35 @@ def other_shape(theirs: dict, ours: dict) -> str:
     both name are compared."""
     mpt = theirs.get("model.name") == ours.get("model.name") == "mpt_causal_lm"
     defaults = MPT_SHAPE_DEFAULTS if mpt else {}
+    theirs, ours = (_as_built(i, defaults) if mpt else i for i in (theirs, ours))
     changed = []
     for k in SHAPE_KEYS:
         there, here = theirs.get(k, defaults.get(k, _UNSET)), ours.get(k, defaults.get(k, _UNSET))
         if there is not _UNSET and here is not _UNSET and there != here:
-            changed.append(f"{k}={there!r} there, {here!r} here")
+            changed.append(f"{k}={there!r} there, {here!r} here" + _WHY.get(k, ""))
     return "; ".join(changed)
+
+
+_WHY = {"model.learned_pos_emb": " (MPT drops its position embeddings where attn_config.alibi or rope is on)",
+        "model.attn_config.kv_n_heads": " (key/value heads: n_heads with multihead_attention, 1 with multiquery)"}
+
+
+def _as_built(ident: dict, defaults: dict) -> dict:
+    """An MPT identity's shape keys as MPTConfig builds them, where it derives one from others: measured, alibi=true
+    on a run with learned position embeddings resumed without them (16,384 weights dropped, exit 0), and
+    norm_type=rmsnorm without the norms' biases. A norm is compared by its weights: the layer norms have a bias
+    (unless no_bias), the RMS norms none."""
+    get = lambda k: ident.get(k, defaults.get(k))  # noqa: E731
+    built = dict(ident)
+    built["model.learned_pos_emb"] = bool(get("model.learned_pos_emb")) and not (
+        ident.get("model.attn_config.alibi") or ident.get("model.attn_config.rope"))
+    biased = not get("model.no_bias") and "rmsnorm" not in str(get("model.norm_type"))
+    built["model.norm_type"] = "a norm with weights and biases" if biased else "a norm with weights alone"
+    kind = get("model.attn_config.attn_type")
+    built["model.attn_config.kv_n_heads"] = (1 if kind == "multiquery_attention" else
+                                             ident.get("model.attn_config.kv_n_heads", 1)
+                                             if kind == "grouped_query_attention" else get("model.n_heads"))
+    return built
 
 
 def continued_run(cfg, ctx):

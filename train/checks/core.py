@@ -2,6 +2,7 @@
 import copy
 import datetime
 import difflib
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -199,6 +200,28 @@ def _wall_clock(text: str) -> int | None:
 def batches(duration) -> int | None:
     time = time_of(duration)
     return time[0] if time and time[1] == "ba" else None
+
+
+def batches_in(cfg, duration) -> int | None:
+    """The batch a duration ends at in this config, as composer counts: `ba` as written; `sp` and `tok` at
+    global_train_batch_size samples of the train loader's length a batch (a part batch counts whole: composer stops
+    at the first batch that reaches the count); `dur` as that fraction of max_duration. None for epochs and
+    wall-clock times (the data set's size, the speed decide) and where the config does not say."""
+    from train.plan.estimate import trained_seq_len
+
+    time = time_of(duration)
+    if time is None:
+        return None
+    n, unit = time
+    gbs = value(cfg, "global_train_batch_size")
+    per = {"ba": 1, "sp": gbs, "tok": gbs * trained_seq_len(cfg) if is_int(gbs) and is_int(trained_seq_len(cfg))
+           else None}.get(unit)
+    if is_int(per) and per > 0:
+        return math.ceil(n / per)
+    if unit == "dur" and str(duration).strip() != str(value(cfg, "max_duration")).strip():
+        total = batches_in(cfg, value(cfg, "max_duration"))
+        return math.ceil(n * total) if total else None
+    return None
 
 
 URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")

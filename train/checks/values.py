@@ -12,7 +12,7 @@ from train.checks.core import (
     TIME_UNITS,
     WARNING,
     Problem,
-    batches,
+    batches_in,
     close_match,
     is_int,
     is_number,
@@ -24,6 +24,7 @@ from train.checks.core import (
 from train.config.loaders import eval_keys, loader_keys
 from train.config.schema import SCHEMAS
 from train.plan import estimate
+from train.plan.estimate import trained_seq_len
 
 # Ours: our typed groups and `plan`; removed before llm-foundry sees the config (train/task/foundry.py).
 PRODUCT_KEYS = frozenset({*SCHEMAS, "plan", "objective"})
@@ -166,13 +167,52 @@ def numbers(cfg, ctx):
                       "pick a head count that divides d_model (head size 128 suits flash attention)")
 
 
+# composer's schedulers that check their warmup against t_max (_raise_if_warmup_and_max_incompatible), by the
+# names llm-foundry registers them under
+_WARMUP_CHECKED = ("constant_with_warmup", "cosine_with_warmup", "linear_decay_with_warmup")
+
+
 def schedule(cfg, ctx):
-    warmup = batches(value(cfg, "scheduler.t_warmup"))
-    total = batches(value(cfg, "max_duration"))
+    given, duration = value(cfg, "scheduler.t_warmup"), value(cfg, "max_duration")
+    warmup, total = batches_in(cfg, given), batches_in(cfg, duration)
     if warmup is not None and total and warmup > total:  # (max_duration=0 is refused on its own)
-        yield Problem("scheduler.t_warmup", f"{warmup}ba of warmup is longer than max_duration={total}ba: the "
-                      "learning rate never reaches optimizer.lr (composer runs it; fine for a smoke test)",
-                      f"shorten it, e.g. scheduler.t_warmup={max(1, total // 10)}ba, or train longer", WARNING)
+        yield Problem("scheduler.t_warmup", f"{given} of warmup ({warmup} batches) is longer than max_duration="
+                      f"{duration} ({total} batches): the learning rate never reaches optimizer.lr (composer runs it; "
+                      "fine for a smoke test)", f"shorten it, e.g. scheduler.t_warmup={_tenth(duration)}, or "
+                      "train longer", WARNING)
+    yield from _warmup_units(cfg, given, duration, warmup)
+
+
+def _tenth(duration) -> str:
+    """A tenth of a duration, in its own unit (a warmup in another one may be refused: _warmup_units)."""
+    n, unit = time_of(duration)
+    return f"{max(1, int(n) // 10)}{unit}" if unit != "dur" else f"{n / 10:g}dur"
+
+
+def _warmup_units(cfg, given, duration, warmup):
+    """composer reads a `dur` as max_duration's unit and an epoch as batches, then refuses a warmup in another unit
+    than the schedule's t_max ("t_warmup and t_max must use the same units") when training starts: measured,
+    max_duration=40960tok with the presets' t_warmup=4ba failed after the queue."""
+    if value(cfg, "scheduler.name") not in _WARMUP_CHECKED:
+        return
+    t_max = value(cfg, "scheduler.t_max") or "1dur"
+    times = [time_of(t) for t in (given, t_max, duration)]
+    if None in times or "sec" in [t[1] for t in times]:
+        return
+    (_, w), (_, m), (_, d) = times
+
+    def read(unit):
+        unit = d if unit == "dur" else unit
+        return "ba" if unit == "ep" else unit
+
+    if read(w) == read(m):
+        return
+    per = {"ba": 1, "sp": value(cfg, "global_train_batch_size")}
+    per["tok"] = per["sp"] * (trained_seq_len(cfg) or 0) if is_int(per["sp"]) else None
+    same = f"{warmup * per[read(m)]}{read(m)}" if warmup and is_int(per.get(read(m))) else f"<a time in {read(m)}>"
+    yield Problem("scheduler.t_warmup", f"{given} is in {read(w)} and the schedule's t_max ({t_max}, with "
+                  f"max_duration={duration}) in {read(m)}: composer refuses the pair when training starts (\"t_warmup "
+                  "and t_max must use the same units\")", f"scheduler.t_warmup={same}")
 
 
 def seq_len(cfg, ctx):
@@ -259,6 +299,10 @@ def device(cfg, ctx):
         if value(cfg, "model.loss_fn") == "fused_crossentropy":
             yield Problem("model.loss_fn", f"fused_crossentropy needs flash-attn on a GPU; cluster={name} has none",
                           "model.loss_fn=torch_crossentropy")
+        if value(cfg, "model.attn_config.rope") and (value(cfg, "model.attn_config.rope_impl") or "dail") == "dail":
+            # llm-foundry's ImportError when the model is built, after the queue, and an empty run folder left
+            yield Problem("model.attn_config.rope_impl", f"rope's dail implementation (MPT's default) needs flash-attn "
+                          f"on a GPU; cluster={name} has none", "model.attn_config.rope_impl=hf")
     else:
         tasks = value(cfg, "cluster.tasks_per_node")
         if is_int(tasks) and tasks > gpus:

@@ -15,6 +15,7 @@ Light: no torch, no llm-foundry.
 import hashlib
 import json
 import logging
+import re
 import threading
 from pathlib import Path
 
@@ -81,7 +82,24 @@ def _plain(value):
         return [_plain(v) for v in value]
     if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
         return int(value)
+    if isinstance(value, str) and _TIME_SPELLING.fullmatch(value):
+        return _time(value)
     return value
+
+
+# A composer time written with a number in another spelling: 2e1ba, 20.0ba and 20ba are 20 batches, one run
+# (measured: three run names, the later ones new runs from batch 0 with a warning).
+_TIME_SPELLING = re.compile(r"\s*\+?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?(ba|ep|tok|sp|dur|iter)\s*", re.IGNORECASE)
+
+
+def _time(text: str) -> str:
+    from train.checks.core import time_of
+
+    found = time_of(text)
+    if found is None:
+        return text
+    n, unit = found
+    return f"{float(n)!r}{unit}" if unit == "dur" else f"{n}{unit}"
 
 
 def _walk(node: DictConfig, prefix: str, out: dict) -> None:

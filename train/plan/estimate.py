@@ -72,14 +72,21 @@ def block_params(model) -> int:
     qkv = d + 2 * kv_heads(model) * (d // model["n_heads"])
     glu = _get(_get(model, "ffn_config", {}), "ffn_type", "mptmlp") == "mptglu"
     weights = d * qkv + d * d + (2 + glu) * d * hidden + 2 * d
-    biases = qkv + d + (1 + glu) * hidden + d + 2 * d
+    biases = qkv + d + (1 + glu) * hidden + d + 2 * d * _norm_bias(model)
     return weights + (not _get(model, "no_bias", False)) * biases
+
+
+def _norm_bias(model) -> bool:
+    """Whether MPT's norms have a bias (where no_bias allows): the layer norms do, the RMS norms never."""
+    return "rmsnorm" not in str(_get(model, "norm_type", "low_precision_layernorm"))
 
 
 def embedding_params(model) -> int:
     """The token (and learned position) embeddings, and the output projection where tie_word_embeddings=false."""
-    d = model["d_model"]
-    pos = model["max_seq_len"] * d if _get(model, "learned_pos_emb", True) else 0
+    d, attn = model["d_model"], _get(model, "attn_config", {})
+    # MPTConfig turns learned position embeddings off where alibi or rope gives the positions
+    learned = _get(model, "learned_pos_emb", True) and not (_get(attn, "alibi", False) or _get(attn, "rope", False))
+    pos = model["max_seq_len"] * d if learned else 0
     head = 0 if _get(model, "tie_word_embeddings", True) else d * vocab_size(model)
     return vocab_size(model) * d + pos + head
 
@@ -87,7 +94,7 @@ def embedding_params(model) -> int:
 def param_count(model) -> int:
     """Parameters of llm-foundry's MPT for this model config."""
     d = model["d_model"]
-    bias = not _get(model, "no_bias", False)
+    bias = not _get(model, "no_bias", False) and _norm_bias(model)
     return model["n_layers"] * block_params(model) + embedding_params(model) + d * (1 + bias)  # + final norm
 
 

@@ -8,8 +8,7 @@ import math
 
 from omegaconf import DictConfig, OmegaConf
 
-from train.checks.core import batches as _batches
-from train.checks.core import time_of, value
+from train.checks.core import batches_in, time_of, value
 from train.plan import estimate
 from train.plan.estimate import TiB
 
@@ -23,8 +22,9 @@ def _steps_and_tokens(duration, tokens_per_step: int, global_batch: int):
     n, unit = time_of(duration) or (None, None)
     if unit == "ba":
         return n, n * tokens_per_step
-    if unit == "tok":
-        return math.ceil(n / tokens_per_step), n
+    if unit == "tok":  # whole batches: composer stops at the first that reaches the count
+        steps = math.ceil(n / tokens_per_step)
+        return steps, steps * tokens_per_step
     if unit == "sp":
         steps = math.ceil(n / global_batch)
         return steps, steps * tokens_per_step
@@ -80,8 +80,9 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
     write_s = estimate.write_seconds(ckpt, sharded=sharded, ranks=world, write_GBps=write_gbps,
                                      file_GBps=file_gbps)
     save_folder = value(cfg, "save_folder")
-    every = _batches(value(cfg, "save_interval"))
-    saves = (steps // every) if (save_folder and every and steps) else (0 if not save_folder else None)
+    every = batches_in(cfg, value(cfg, "save_interval"))
+    # composer also saves at the end of training: 25 batches every 10 are 3 checkpoints
+    saves = math.ceil(steps / every) if (save_folder and every and steps) else (0 if not save_folder else None)
 
     from train.checks.checkpoints import checkpoints_kept, free_bytes
 

@@ -296,6 +296,40 @@ def _verify_load_path(fcfg) -> None:
         why = whys[0] if str(path) in whys[0] else f"{path}: {whys[0]}"
         raise integrity.RunStopped("load_path", f"{why}; nothing was trained from it",
                                    "an intact copy of that checkpoint, or an earlier one")
+    _same_shape(fcfg, path)
+
+
+def _same_shape(fcfg, path: Path) -> None:
+    """The model load_path holds against this run's, from the config composer stores in the checkpoint itself: the
+    checks compare them where the checkpoint's folder records its run (identity.json), and a file copied elsewhere
+    (`train.consolidate --out FILE`) has none. composer loads what matches and leaves the rest: measured, an untied
+    model's checkpoint loaded into a tied run dropped its output layer and trained on (loss 5.53 -> 6.82), exit 0.
+    Skipped where the command asks for a partial load (load_strict_model_weights=false, load_ignore_keys)."""
+    if fcfg.get("load_strict_model_weights") is False or fcfg.get("load_ignore_keys"):
+        return
+    from composer.utils import dist
+    from omegaconf import OmegaConf
+
+    from train.checkpoint.resume import stored_model
+    from train.checks.checkpoints import other_shape
+
+    box = [stored_model(path) if dist.get_global_rank() == 0 else None]
+    dist.broadcast_object_list(box)
+    if box[0] is None:
+        return
+    model = OmegaConf.to_container(fcfg.model, resolve=True)
+    ours = {"model.name": model.get("name")}
+    for key, val in model.items():
+        if isinstance(val, dict):
+            ours.update({f"model.{key}.{k}": v for k, v in val.items() if not isinstance(v, dict)})
+        else:
+            ours[f"model.{key}"] = val
+    shape = other_shape(box[0], ours)
+    if shape:
+        raise UserError("load_path", f"{path} holds a model of another shape than this one ({shape}, as the "
+                        "checkpoint records): loading it would leave weights out, or fail", "the model settings of "
+                        "the run that wrote it; or +load_strict_model_weights=false +load_weights_only=true to load "
+                        "the weights that match (a grown model)")
 
 
 def _differs_on_any_rank(ckpt: Path, manifest: dict) -> list:
@@ -317,13 +351,15 @@ def _end_not_reached(ckpt, fcfg) -> str | None:
     find nothing to train and report the evaluation before as the final one, exit 0. The batches since the
     checkpoint before are trained again instead (at most save_interval). None: resume from it."""
     from train.checkpoint import resume
-    from train.checks.core import batches
+    from train.checks.core import batches_in
     from train.launch import finished
 
-    if batches(str(fcfg.get("max_duration")).strip()) != ckpt.batch:
-        return None  # not this command's final one (past it: the run was trained longer; nothing to do), or a
-        # unit other than batches, not compared
-    ended = batches(str(finished.reached(ckpt.path.parent)).strip())  # None: no finished.json, or not in batches
+    # in batches whatever the unit (40960tok is 20 batches of 16 x 128 tokens: measured, a tok run killed after its
+    # final checkpoint then reported the evaluation before as its final one, exit 0, on every rerun)
+    if batches_in(fcfg, str(fcfg.get("max_duration")).strip()) != ckpt.batch:
+        return None  # not this command's final one (past it: the run was trained longer; nothing to do), or in
+        # epochs or wall-clock time, not compared
+    ended = batches_in(fcfg, str(finished.reached(ckpt.path.parent)).strip())  # None: no finished.json (or epochs)
     if ended is not None and ended >= ckpt.batch:
         return None  # the run reached its end at this batch or later (continued to a longer max_duration since)
     if not any(c.batch < ckpt.batch and resume.problem(c) is None for c in resume.find(ckpt.path.parent)):
