@@ -149,6 +149,11 @@ def test_two_rank_sharded_checkpoint_exported_on_one_process_scores_the_trainers
     assert len(blocks[0]) > len("The weather today is")
     # the same seed gives a prompt the same sample, whatever prompts come before it
     assert alone.stdout.split("\n---\n")[0] == blocks[1], (alone.stdout, blocks[1])
+    # past the model's max_seq_len (128): said before generating, with what fits (it was a traceback, no sample)
+    long = cli("train.sample", save.name, "In 2019, the company", "--max-new-tokens=200", root=root, check=2,
+               env=OFFLINE)
+    assert "error: --max-new-tokens: 200 new tokens after a prompt of" in long.stderr and \
+        "or fewer" in long.stderr and "Traceback" not in long.stderr, long.stderr
 
     mine = root / "mine"
     (mine / "keep").mkdir(parents=True)  # a folder of the user's (or the run's checkpoints) as --out: refused, kept whole

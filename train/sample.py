@@ -32,6 +32,24 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, temperat
     return out
 
 
+def _past_max_seq_len(model, tokenizer, prompts: list[str], max_new_tokens: int) -> UserError | None:
+    """A prompt and its continuation longer than the model's max_seq_len: MPT refuses the sequence part way through
+    generating (a ValueError, or a tensor size error with alibi), every prompt's output lost. Said before, with the
+    longest --max-new-tokens every prompt fits."""
+    limit = getattr(model.config, "max_seq_len", None)
+    if not isinstance(limit, int):
+        return None
+    longest = max(len(tokenizer(p)["input_ids"]) for p in prompts)
+    if longest + max_new_tokens <= limit:
+        return None
+    if longest >= limit:
+        return UserError("PROMPT", f"a prompt of {longest} tokens leaves no room in the model's max_seq_len={limit}",
+                         "a shorter prompt")
+    return UserError("--max-new-tokens", f"{max_new_tokens} new tokens after a prompt of {longest} tokens pass the "
+                     f"model's max_seq_len={limit} (MPT refuses longer sequences)",
+                     f"--max-new-tokens {limit - longest} or fewer")
+
+
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m train.sample", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="an exported Hugging Face folder, or a run name")
@@ -62,8 +80,12 @@ def main(argv=None) -> int:
         folder = hf_model.find_folder(args.model, *reversed(roots(storage)))
         log.info("sampling from %s", folder)
         model, tokenizer = hf_model.load(folder)
+        too_long = _past_max_seq_len(model, tokenizer, args.prompts, args.max_new_tokens)
     except UserError as err:
         print(err, file=sys.stderr)
+        return 2
+    if too_long:
+        print(too_long, file=sys.stderr)
         return 2
     for prompt, text in zip(args.prompts, generate(model, tokenizer, args.prompts, args.max_new_tokens,
                                                    args.temperature, args.top_k, args.seed)):
