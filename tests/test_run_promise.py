@@ -312,3 +312,15 @@ def test_a_two_rank_sharded_checkpoint_as_load_path_into_a_model_of_another_shap
     assert "load_path" not in run(*line, "-m", "cluster.tasks_per_node=2", "plan=true", root=tmp_path,
                                   check=True).stderr
     assert "python -m train.consolidate" in run(*line, "plan=true", root=tmp_path, check=True).stderr
+    # copied away from its run's record (identity.json), the shards are read for the model config composer stored
+    # in them: every rank reads it (torch's reader of shards is collective), the same shape trains on, another
+    # (alibi: no learned position embeddings, and composer dropped them, exit 0) is refused before training
+    copy = tmp_path / "copy" / "ep0-ba40"
+    shutil.copytree(shards, copy)
+    proc = run("-m", "train", "-m", "cluster.tasks_per_node=2", f"load_path={copy}", "+load_weights_only=true",
+               "+model.attn_config.alibi=false,true", "max_duration=42ba", "save_interval=42ba", "eval_interval=42ba",
+               "progress_bar=false", root=tmp_path / "copied", check=1)
+    rows = {r["overrides"].split("alibi=")[1].split()[0]: r for r in csv.DictReader(
+        next((tmp_path / "copied" / "outputs" / "sweeps").glob("*/summary.csv")).open())}
+    assert rows["False"]["state"] == "COMPLETED" and rows["True"]["state"] == "FAILED", proc.stdout
+    assert "model.learned_pos_emb=True there, False here" in rows["True"]["error"], rows["True"]["error"]

@@ -313,8 +313,11 @@ def _same_shape(fcfg, path: Path) -> None:
     from train.checkpoint.resume import stored_model
     from train.checks.checkpoints import other_shape
 
-    box = [stored_model(path) if dist.get_global_rank() == 0 else None]
-    dist.broadcast_object_list(box)
+    if path.is_dir():  # torch's reader of a sharded checkpoint is collective where a process group is up: every rank
+        box = [stored_model(path)]
+    else:
+        box = [stored_model(path) if dist.get_global_rank() == 0 else None]
+        dist.broadcast_object_list(box)
     if box[0] is None:
         return
     model = OmegaConf.to_container(fcfg.model, resolve=True)
