@@ -204,8 +204,10 @@ def test_the_shape_an_mpt_takes_for_a_key_left_out_equals_the_pinned_llm_foundry
 
     mpt = MPTConfig()
     parts = {"model": vars(mpt), "model.attn_config": mpt.attn_config, "model.ffn_config": mpt.ffn_config}
-    assert MPT_SHAPE_DEFAULTS == {k: parts[k.rsplit(".", 1)[0]][k.rsplit(".", 1)[1]] for k in SHAPE_KEYS
-                                  if k not in ("model.name", "model.ffn_config.ffn_hidden_size")}
+    # (n_heads: what kv_n_heads is, with multihead attention; kv_n_heads itself is compared as MPT derives it)
+    assert MPT_SHAPE_DEFAULTS == {k: parts[k.rsplit(".", 1)[0]][k.rsplit(".", 1)[1]] for k in (*SHAPE_KEYS, "model.n_heads")
+                                  if k not in ("model.name", "model.ffn_config.ffn_hidden_size",
+                                               "model.attn_config.kv_n_heads")}
     assert "ffn_hidden_size" not in mpt.ffn_config  # derived from expansion_ratio: no default of its own
 
 
@@ -240,7 +242,10 @@ def test_each_setting_the_gate_calls_a_change_of_shape_changes_an_mpts_weights()
                                                                "attn_type": "grouped_query_attention"}},
                "model.attn_config.qk_ln": {"attn_config": {"attn_impl": "torch", "qk_ln": True}},
                "model.attn_config.qk_gn": {"attn_config": {"attn_impl": "torch", "qk_gn": True}},
-               "model.attn_config.fused_qkv": {"attn_config": {"attn_impl": "torch", "fused_qkv": False}}}
+               "model.attn_config.fused_qkv": {"attn_config": {"attn_impl": "torch", "fused_qkv": False}},
+               "model.norm_type": {"norm_type": "rmsnorm"},  # no biases in its norms
+               "model.attn_config.kv_n_heads": {"attn_config": {"attn_impl": "torch", "kv_n_heads": 1,
+                                                                "attn_type": "grouped_query_attention"}}}
     assert set(changed) == set(SHAPE_KEYS) - {"model.name"}
 
     def shapes(**kw):
