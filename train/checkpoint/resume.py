@@ -177,8 +177,13 @@ def stored_model(path: Path) -> dict | None:
         return None
     if not isinstance(content, dict) or content.get("model_type") != "mpt":
         return None
-    flat = {"model.name": "mpt_causal_lm"}
-    for key, val in content.items():
+    return {**model_keys(content), "model.name": "mpt_causal_lm"}
+
+
+def model_keys(model: dict) -> dict:
+    """A model config as identity keys: `model.<key>`, and one level into its sections (`model.attn_config.alibi`)."""
+    flat = {}
+    for key, val in model.items():
         if isinstance(val, dict):
             flat.update({f"model.{key}.{k}": v for k, v in val.items() if not isinstance(v, dict)})
         else:

@@ -310,7 +310,7 @@ def _same_shape(fcfg, path: Path) -> None:
     from composer.utils import dist
     from omegaconf import OmegaConf
 
-    from train.checkpoint.resume import stored_model
+    from train.checkpoint.resume import model_keys, stored_model
     from train.checks.checkpoints import other_shape
 
     if path.is_dir():  # torch's reader of a sharded checkpoint is collective where a process group is up: every rank
@@ -320,14 +320,7 @@ def _same_shape(fcfg, path: Path) -> None:
         dist.broadcast_object_list(box)
     if box[0] is None:
         return
-    model = OmegaConf.to_container(fcfg.model, resolve=True)
-    ours = {"model.name": model.get("name")}
-    for key, val in model.items():
-        if isinstance(val, dict):
-            ours.update({f"model.{key}.{k}": v for k, v in val.items() if not isinstance(v, dict)})
-        else:
-            ours[f"model.{key}"] = val
-    shape = other_shape(box[0], ours)
+    shape = other_shape(box[0], model_keys(OmegaConf.to_container(fcfg.model, resolve=True)))
     if shape:
         raise UserError("load_path", f"{path} holds a model of another shape than this one ({shape}, as the "
                         "checkpoint records): loading it would leave weights out, or fail", "the model settings of "
