@@ -202,21 +202,27 @@ def batches(duration) -> int | None:
     return time[0] if time and time[1] == "ba" else None
 
 
+def per_batch(cfg, unit: str) -> int | None:
+    """How many of `unit` one batch is: 1 ba, global_train_batch_size samples, that many samples of the train
+    loader's length in tokens. None for other units, or where the config does not say."""
+    from train.plan.estimate import trained_seq_len
+
+    gbs, seq = value(cfg, "global_train_batch_size"), trained_seq_len(cfg)
+    per = {"ba": 1, "sp": gbs, "tok": gbs * seq if is_int(gbs) and is_int(seq) else None}.get(unit)
+    return per if is_int(per) and per > 0 else None
+
+
 def batches_in(cfg, duration) -> int | None:
     """The batch a duration ends at in this config, as composer counts: `ba` as written; `sp` and `tok` at
     global_train_batch_size samples of the train loader's length a batch (a part batch counts whole: composer stops
     at the first batch that reaches the count); `dur` as that fraction of max_duration. None for epochs and
     wall-clock times (the data set's size, the speed decide) and where the config does not say."""
-    from train.plan.estimate import trained_seq_len
-
     time = time_of(duration)
     if time is None:
         return None
     n, unit = time
-    gbs = value(cfg, "global_train_batch_size")
-    per = {"ba": 1, "sp": gbs, "tok": gbs * trained_seq_len(cfg) if is_int(gbs) and is_int(trained_seq_len(cfg))
-           else None}.get(unit)
-    if is_int(per) and per > 0:
+    per = per_batch(cfg, unit)
+    if per:
         return math.ceil(n / per)
     if unit == "dur" and str(duration).strip() != str(value(cfg, "max_duration")).strip():
         total = batches_in(cfg, value(cfg, "max_duration"))

@@ -16,6 +16,7 @@ from train.checks.core import (
     close_match,
     is_int,
     is_number,
+    per_batch,
     same_or_under,
     time_of,
     unresolved,
@@ -24,7 +25,6 @@ from train.checks.core import (
 from train.config.loaders import eval_keys, loader_keys
 from train.config.schema import SCHEMAS
 from train.plan import estimate
-from train.plan.estimate import trained_seq_len
 
 # Ours: our typed groups and `plan`; removed before llm-foundry sees the config (train/task/foundry.py).
 PRODUCT_KEYS = frozenset({*SCHEMAS, "plan", "objective"})
@@ -207,9 +207,8 @@ def _warmup_units(cfg, given, duration, warmup):
 
     if read(w) == read(m):
         return
-    per = {"ba": 1, "sp": value(cfg, "global_train_batch_size")}
-    per["tok"] = per["sp"] * (trained_seq_len(cfg) or 0) if is_int(per["sp"]) else None
-    same = f"{warmup * per[read(m)]}{read(m)}" if warmup and is_int(per.get(read(m))) else f"<a time in {read(m)}>"
+    per = per_batch(cfg, read(m))
+    same = f"{warmup * per}{read(m)}" if warmup and per else f"<a time in {read(m)}>"
     yield Problem("scheduler.t_warmup", f"{given} is in {read(w)} and the schedule's t_max ({t_max}, with "
                   f"max_duration={duration}) in {read(m)}: composer refuses the pair when training starts (\"t_warmup "
                   "and t_max must use the same units\")", f"scheduler.t_warmup={same}")
