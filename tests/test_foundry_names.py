@@ -222,16 +222,23 @@ def test_the_icl_task_settings_equal_the_pinned_llm_foundry():
         icl_datasets.get("language_modeling")(dataset_uri="x.jsonl", tokenizer=None, max_seq_len=8, pad_tok_id=0,
                                               num_fewshot=0, destination_path="x", continuation_delimiterr=" ")
 
+_BASE = dict(d_model=16, n_heads=2, n_layers=1, max_seq_len=8, vocab_size=64, expansion_ratio=4, no_bias=False,
+             learned_pos_emb=True, tie_word_embeddings=True, init_device="cpu",
+             ffn_config={"ffn_type": "mptmlp"}, attn_config={"attn_impl": "torch"})
+
+
+def _shapes(**kw) -> dict:
+    """The name and size of each weight of a small MPT with these settings over _BASE's."""
+    from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
+
+    return {k: tuple(v.shape) for k, v in MPTForCausalLM(MPTConfig(**{**_BASE, **kw})).state_dict().items()}
+
+
 def test_each_setting_the_gate_calls_a_change_of_shape_changes_an_mpts_weights():
     """train/checks/checkpoints.py refuses continuing a run whose checkpoint holds a model of another shape: each
     of its SHAPE_KEYS changes the names or sizes of the weights (so torch's load of the other refuses it)."""
-    from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
-
     from train.checks.checkpoints import SHAPE_KEYS
 
-    base = dict(d_model=16, n_heads=2, n_layers=1, max_seq_len=8, vocab_size=64, expansion_ratio=4, no_bias=False,
-                learned_pos_emb=True, tie_word_embeddings=True, init_device="cpu",
-                ffn_config={"ffn_type": "mptmlp"}, attn_config={"attn_impl": "torch"})
     changed = {"model.d_model": {"d_model": 32}, "model.n_layers": {"n_layers": 2}, "model.vocab_size": {"vocab_size": 72},
                "model.expansion_ratio": {"expansion_ratio": 2}, "model.no_bias": {"no_bias": True},
                "model.learned_pos_emb": {"learned_pos_emb": False},
@@ -248,10 +255,32 @@ def test_each_setting_the_gate_calls_a_change_of_shape_changes_an_mpts_weights()
                                                                 "attn_type": "grouped_query_attention"}}}
     assert set(changed) == set(SHAPE_KEYS) - {"model.name"}
 
-    def shapes(**kw):
-        return {k: tuple(v.shape) for k, v in MPTForCausalLM(MPTConfig(**{**base, **kw})).state_dict().items()}
-
-    before = shapes()
+    before = _shapes()
     for key, kw in changed.items():
-        assert shapes(**kw) != before, key
-    assert shapes(attn_config={"attn_impl": "torch", "attn_pdrop": 0.0}, emb_pdrop=0.1) == before  # not a shape
+        assert _shapes(**kw) != before, key
+    assert _shapes(attn_config={"attn_impl": "torch", "attn_pdrop": 0.0}, emb_pdrop=0.1) == before  # not a shape
+
+
+def test_the_heads_are_a_change_of_shape_exactly_where_mpts_weights_change_size():
+    """Another n_heads of multihead attention splits the same weights into other heads: they load without a word,
+    so it is warned as a change of what they compute (checks.checkpoints.FUNCTION_KEYS), not refused as a shape
+    (it was, naming kv_n_heads and a load that would fail). With grouped query attention the keys and values are
+    kv_n_heads heads of d_model/n_heads each: other_shape says a change exactly where MPT's weights change size."""
+    from train.checks.checkpoints import other_function, other_shape
+
+    def gqa(kv, heads):
+        return {"n_heads": heads, "attn_config": {"attn_impl": "torch", "attn_type": "grouped_query_attention",
+                                                  "kv_n_heads": kv}}
+
+    def identity(kw):
+        attn = kw.get("attn_config", {})
+        return {"model.name": "mpt_causal_lm", "model.d_model": 16, "model.n_heads": kw["n_heads"],
+                **{f"model.attn_config.{k}": v for k, v in attn.items() if k != "attn_impl"}}
+
+    pairs = [({"n_heads": 2}, {"n_heads": 4}), (gqa(1, 2), gqa(2, 4)), (gqa(1, 2), gqa(1, 4)), (gqa(2, 2), gqa(1, 2))]
+    for a, b in pairs:
+        same = _shapes(**a) == _shapes(**b)
+        assert (other_shape(identity(a), identity(b)) == "") == same, (a, b)
+        assert other_function(identity(a), identity(b)) == f"model.n_heads={a['n_heads']} there, {b['n_heads']} here" \
+            if a["n_heads"] != b["n_heads"] else not other_function(identity(a), identity(b))
+    assert _shapes(n_heads=4) == _shapes() and _shapes(**gqa(1, 2)) != _shapes(**gqa(1, 4))  # both kinds seen

@@ -266,6 +266,10 @@ def test_continuing_a_run_by_name_with_a_model_of_another_shape_is_refused_befor
     # what MPT derives: alibi turns its learned position embeddings off (measured: resumed without them, exit 0)
     proc = run(*line, "+model.attn_config.alibi=true", "plan=true", root=root, check=2)
     assert "model.learned_pos_emb=True there, False here" in proc.stderr, proc.stderr
+    # another n_heads of the same multihead attention: the same weights (they load), split into other heads: warned,
+    # not refused (it was, as a load that would fail)
+    proc = run(*line, "model.n_heads=8", "plan=true", root=root, check=True)
+    assert "warning: model.n_heads: " in proc.stderr and "model.n_heads=4 there, 8 here" in proc.stderr, proc.stderr
     plan = run(*line, "optimizer.lr=0.5", "max_duration=80ba", "plan=true", root=root, check=True)
     assert "model.n_layers" not in plan.stderr  # other settings: continued under them, as run_name= asks
     assert "continues the run in" not in plan.stderr

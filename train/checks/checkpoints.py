@@ -258,7 +258,26 @@ def other_shape(theirs: dict, ours: dict) -> str:
 
 
 _WHY = {"model.learned_pos_emb": " (MPT drops its position embeddings where attn_config.alibi or rope is on)",
-        "model.attn_config.kv_n_heads": " (key/value heads: n_heads with multihead_attention, 1 with multiquery)"}
+        "model.attn_config.kv_n_heads": " (kv_n_heads heads of d_model/n_heads each: n_heads of them with "
+                                        "multihead_attention, 1 with multiquery)"}
+
+# Settings that keep every weight's size but change what the weights compute: a checkpoint loads into a model of
+# other values without a word and trains on from another function (measured: model.n_heads=8 on a run trained with
+# 4 heads of multihead attention, the same weights split into twice the heads).
+FUNCTION_KEYS = ("model.n_heads", "model.ffn_config.ffn_act_fn", "model.attn_config.softmax_scale",
+                 "model.attn_config.rope_theta", "model.attn_config.alibi_bias_max", "model.logit_scale")
+
+
+def other_function(theirs: dict, ours: dict) -> str:
+    """The settings of two identities of one shape under which the same weights compute something else, as
+    other_shape says them ("" when none differs); a key one of them leaves out is MPT's default where it has one."""
+    defaults = MPT_SHAPE_DEFAULTS if theirs.get("model.name") == ours.get("model.name") == "mpt_causal_lm" else {}
+    changed = []
+    for k in FUNCTION_KEYS:
+        there, here = theirs.get(k, defaults.get(k, _UNSET)), ours.get(k, defaults.get(k, _UNSET))
+        if there is not _UNSET and here is not _UNSET and there != here:
+            changed.append(f"{k}={there!r} there, {here!r} here")
+    return "; ".join(changed)
 
 
 def _as_built(ident: dict, defaults: dict) -> dict:
@@ -272,10 +291,13 @@ def _as_built(ident: dict, defaults: dict) -> dict:
         ident.get("model.attn_config.alibi") or ident.get("model.attn_config.rope"))
     biased = not get("model.no_bias") and "rmsnorm" not in str(get("model.norm_type"))
     built["model.norm_type"] = "a norm with weights and biases" if biased else "a norm with weights alone"
-    kind = get("model.attn_config.attn_type")
-    built["model.attn_config.kv_n_heads"] = (1 if kind == "multiquery_attention" else
-                                             ident.get("model.attn_config.kv_n_heads", 1)
-                                             if kind == "grouped_query_attention" else get("model.n_heads"))
+    kind, heads, width = get("model.attn_config.attn_type"), get("model.n_heads"), get("model.d_model")
+    kv = (1 if kind == "multiquery_attention" else ident.get("model.attn_config.kv_n_heads", 1)
+          if kind == "grouped_query_attention" else heads)
+    # the keys' and values' weights are kv heads of d_model/n_heads each: with multihead attention, d_model whatever
+    # n_heads is (another n_heads splits the same weights otherwise: other_function)
+    sized = all(isinstance(x, int) and x > 0 for x in (kv, heads, width)) and width % heads == 0
+    built["model.attn_config.kv_n_heads"] = f"keys and values {kv * (width // heads)} wide" if sized else kv
     return built
 
 
@@ -304,6 +326,13 @@ def continued_run(cfg, ctx):
                       "(torch refuses missing or differently sized weights) or leave weights out", "keep the run's model "
                       f"settings to continue it, or drop {given}= to train this model as a new run")
         return
+    function = other_function(theirs, ours)
+    if function:  # asked or not, not the training it continues
+        yield Problem(function.split("=")[0], f"the checkpoints this command continues ({given}=), in {folder} (up to "
+                      f"batch {found[-1].batch}), hold weights trained under other model settings: {function}; they "
+                      "load (the same sizes) but compute something else here, so the run does not continue what it "
+                      "trained", f"keep the run's model settings to continue it, or drop {given}= to train this "
+                      "model as a new run", WARNING)
     # keys both name (a default spelled out on one side is no change); max_duration: a longer run is what
     # run_name= is for
     other = [f"{k}={theirs[k]!r} there, {ours[k]!r} here" for k in sorted(set(theirs) & set(ours))

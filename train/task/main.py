@@ -311,7 +311,7 @@ def _same_shape(fcfg, path: Path) -> None:
     from omegaconf import OmegaConf
 
     from train.checkpoint.resume import model_keys, stored_model
-    from train.checks.checkpoints import other_shape
+    from train.checks.checkpoints import other_function, other_shape
 
     if path.is_dir():  # torch's reader of a sharded checkpoint is collective where a process group is up: every rank
         box = [stored_model(path)]
@@ -320,7 +320,11 @@ def _same_shape(fcfg, path: Path) -> None:
         dist.broadcast_object_list(box)
     if box[0] is None:
         return
-    shape = other_shape(box[0], model_keys(OmegaConf.to_container(fcfg.model, resolve=True)))
+    ours = model_keys(OmegaConf.to_container(fcfg.model, resolve=True))
+    shape, function = other_shape(box[0], ours), other_function(box[0], ours)
+    if function and not shape and dist.get_global_rank() == 0:
+        log.warning(f"load_path: {path} holds weights trained under other model settings ({function}, as the "
+                    "checkpoint records): they load (the same sizes) but compute something else in this model")
     if shape:
         raise UserError("load_path", f"{path} holds a model of another shape than this one ({shape}, as the "
                         "checkpoint records): loading it would leave weights out, or fail", "the model settings of "
