@@ -284,3 +284,18 @@ def test_the_heads_are_a_change_of_shape_exactly_where_mpts_weights_change_size(
         assert other_function(identity(a), identity(b)) == f"model.n_heads={a['n_heads']} there, {b['n_heads']} here" \
             if a["n_heads"] != b["n_heads"] else not other_function(identity(a), identity(b))
     assert _shapes(n_heads=4) == _shapes() and _shapes(**gqa(1, 2)) != _shapes(**gqa(1, 4))  # both kinds seen
+
+
+def test_the_metrics_an_mpts_evaluator_reports_are_the_ones_an_objective_is_checked_against():
+    """An Optuna objective naming a metric the evaluator does not report (`eval/LanguageCrossEntropyy`) is refused
+    (checks.values.objective_reported): the metrics are the MPT's eval metrics that llm-foundry gives an eval_loader
+    evaluator (all but the in-context learning ones, command_utils/train.py)."""
+    from llmfoundry.eval.metrics import InContextLearningMetric
+    from llmfoundry.models.mpt import ComposerMPTCausalLM
+
+    from train.checks.foundry_names import LM_EVAL_METRICS
+
+    model = ComposerMPTCausalLM(**_BASE, loss_fn="torch_crossentropy")
+    reported = [name for name, metric in model.get_metrics(is_train=False).items()
+                if not isinstance(metric, InContextLearningMetric)]
+    assert sorted(reported) == sorted(LM_EVAL_METRICS)

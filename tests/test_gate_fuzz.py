@@ -84,6 +84,10 @@ CASES = [
     (["-m", "cluster.tasks_per_node=2", "+tp_config.strategy=ffn", "+tp_config.tensor_parallel_degre=2"],
      "refused", "tp_config.tensor_parallel_degre"),  # TPConfig's TypeError
     (["-m", "hparams_search=mpt_tiny_lr", "eval_loader=null"], "refused", "objective"),  # Optuna's value: none
+    (["-m", "hparams_search=mpt_tiny_lr", "objective=eval/LanguageCrossEntropyy"], "refused", "objective"),  # none
+    # an accuracy minimized: the worst trial reported as best_params, exit 0
+    (["-m", "hparams_search=mpt_tiny_lr", "objective=eval/TokenAccuracy"], "refused", "hydra.sweeper.direction"),
+    (["-m", "hparams_search=mpt_tiny_lr", "hydra.sweeper.direction=maximize"], "refused", "hydra.sweeper.direction"),
     (["-m", "--cfg", "job"], "refused", "-m --cfg"),  # Hydra's ValueError, with a traceback
     # one value listed twice: was refused as two points writing one save_folder, the fix naming save_folder
     (["-m", "seed=1,1"], "refused", "seed"),

@@ -67,6 +67,10 @@ def test_an_objective_no_trial_reports_is_refused_before_anything_is_written(tmp
     for fix in (["eval_loader=null", "objective=loss/train/total"],
                 ["eval_loader=null", evaluators, "objective=eval/a/LanguageCrossEntropy"]):
         assert cli("train", "-m", "hparams_search=mpt_tiny_lr", *fix, "plan=json").returncode == 0, fix
+    # an objective higher of which is better, with the direction that says so (minimized, it is refused: the fuzz
+    # table, tests/test_gate_fuzz.py)
+    assert cli("train", "-m", "hparams_search=mpt_tiny_lr", "objective=eval/TokenAccuracy",
+               "hydra.sweeper.direction=maximize", "plan=json").returncode == 0
     # a grid sweep reads no result: nothing to refuse
     assert cli("train", "-m", "eval_loader=null", "seed=1,2", "plan=json").returncode == 0
 

@@ -22,6 +22,11 @@ SCHEDULERS = {
     "linear_decay_with_warmup": (("t_warmup", "alpha_i", "alpha_f", "t_max", "scale_warmup"), ("t_warmup",)),
 }
 
+# The metrics an `eval_loader` evaluator of an MPT reports, as eval/<Metric> or eval/<label>/<Metric> (the
+# model's eval metrics but the in-context learning ones, which only ICL tasks report, by class name), with any of
+# `model.additional_train_metrics` beside them.
+LM_EVAL_METRICS = ("LanguageCrossEntropy", "LanguagePerplexity", "TokenAccuracy")
+
 DATALOADERS = ("contrastive_pairs", "finetuning", "text")
 # What the `text` loader takes besides its name (build_text_dataloader's arguments; llm-foundry passes the tokenizer
 # and batch size itself, and pops an evaluator's `label` where there are several): another key is a TypeError.

@@ -503,7 +503,17 @@ def objective_reported(cfg, ctx):
     if name == TRAIN_LOSS or not name.startswith("eval") or value(cfg, "icl_tasks"):
         return  # (ICL evaluators' labels are llm-foundry's to make)
     labels = ["eval" if k == "eval_loader" else f"eval/{value(cfg, f'{k}.label')}" for k in eval_keys(cfg)]
-    if name.rsplit("/", 1)[0] in labels:
+    prefix, metric = name.rsplit("/", 1)
+    if prefix in labels:
+        reported = _lm_eval_metrics(cfg)
+        if reported is None or metric in reported:
+            return
+        import difflib
+
+        near = difflib.get_close_matches(metric, reported, n=1)
+        yield Problem("objective", f"{name} is no metric of this run ({prefix}/... reports {', '.join(reported)}): "
+                      f"the {sweeper} sweeper would get no value from any trial, each failing after its training",
+                      f"objective={prefix}/{near[0] if near else reported[0]}")
         return
     yield Problem("objective", f"{name} is no metric of this run ("
                   + (f"its evaluators report {', '.join(f'{label}/...' for label in labels)}" if labels else
@@ -511,6 +521,15 @@ def objective_reported(cfg, ctx):
                   + f"): the {sweeper} sweeper would get no value from any trial, each failing after its training",
                   f"objective={labels[0]}/LanguageCrossEntropy" if labels else
                   f"objective={TRAIN_LOSS} (the last training loss), or keep an eval_loader")
+
+
+def _lm_eval_metrics(cfg) -> tuple | None:
+    """The metrics a causal LM's evaluators report (None where this model's are not known here)."""
+    from train.checks.foundry_names import LM_EVAL_METRICS
+
+    if value(cfg, "model.name") != "mpt_causal_lm" or value(cfg, "model.additional_train_metrics"):
+        return None
+    return LM_EVAL_METRICS
 
 
 def sweeper_storage(sweeper):
@@ -523,6 +542,29 @@ def sweeper_storage(sweeper):
                       "with SQLAlchemy 2 (pinned for MLflow): the sweep would stop creating its study, after making "
                       "the database", "hydra.sweeper.storage=null (the study lives in memory for this command; "
                       "every trial's result stays in its run's metrics.json and the sweep's summary)")
+
+
+def objective_direction(config):
+    """Optuna keeps the trial whose objective is lowest (direction=minimize, the presets') or highest, and writes
+    its settings as best_params: an accuracy minimized, or a loss maximized, reports the worst trial as the best,
+    every trial having trained, exit 0. The metrics the runs report say which way is better by their names
+    (composer's LanguageCrossEntropy, LanguagePerplexity and the training loss: lower; TokenAccuracy and the
+    in-context learning accuracies: higher); another metric is the user's to know."""
+    from train.launch.finished import DEFAULT_OBJECTIVE, TRAIN_LOSS
+
+    sweeper = config.hydra.sweeper
+    direction = sweeper.get("direction") if str(sweeper.get("_target_", "")).endswith("OptunaSweeper") else None
+    if not isinstance(direction, str):  # not Optuna, or several objectives (a list)
+        return
+    name = str(OmegaConf.select(config, "objective") or DEFAULT_OBJECTIVE)
+    metric = name.rsplit("/", 1)[-1]
+    better = ("maximize" if "Accuracy" in metric else
+              "minimize" if name == TRAIN_LOSS or "CrossEntropy" in metric or "Perplexity" in metric else None)
+    if better and direction.lower() != better:
+        yield Problem("hydra.sweeper.direction", f"{direction} for objective={name}, of which "
+                      f"{'higher' if better == 'maximize' else 'lower'} values are better: Optuna would report the worst trial's "
+                      "settings as best_params (optimization_results.yaml) and search away from the good ones",
+                      f"hydra.sweeper.direction={better}")
 
 
 def _recipe_value(ctx, key):
