@@ -6,6 +6,7 @@
 # spawns, and yields the path of slurm.conf. It never stops the cluster: `make test` does that.
 # ---------------------------------------------------------------------------------------------------
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -94,6 +95,29 @@ _REFUSE_TORCH = _RefuseTorch()
 sys.meta_path.insert(0, _REFUSE_TORCH)
 
 
+class _RefusePython:
+    """In a test not marked e2e, train or slurm, starting a Python process (a command of ours, a script, a snippet
+    with `python -c`) is refused at that line, however it is started (helpers.run refuses its own), and fails the
+    test even if the refusal was swallowed: each one costs a fresh interpreter and its imports, which the fast tier
+    leaves out."""
+    refused = None
+    _init = subprocess.Popen.__init__
+
+    @classmethod
+    def popen_init(cls, popen, args, *rest, **kw):
+        import helpers
+
+        words = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+        if not helpers.RUNS_COMMANDS and any(re.fullmatch(r"python[0-9.]*", os.path.basename(w)) for w in words):
+            cls.refused = " ".join(words)[:200]
+            raise AssertionError(f"this test starts a Python process ({cls.refused}): mark it e2e (pyproject.toml "
+                                 "markers)")
+        cls._init(popen, args, *rest, **kw)
+
+
+subprocess.Popen.__init__ = lambda self, args, *rest, **kw: _RefusePython.popen_init(self, args, *rest, **kw)
+
+
 # The tiers keep their meaning (pyproject.toml markers): a test runs a command in a process of its own only when
 # marked e2e (or train, slurm), and imports torch into the test process only when marked torch (or train). The fast
 # tier is what is left, so a mark missed would silently slow it down; here it fails the test instead.
@@ -108,7 +132,7 @@ def _tier(request):
     # Without SLURM_CONF such a test fails at its sbatch, naming itself.
     cluster = None if "slurm" in marks else os.environ.pop("SLURM_CONF", None)
     _REFUSE_TORCH.on = "torch" not in sys.modules and not marks & {"torch", "train"}
-    _REFUSE_TORCH.refused = None
+    _REFUSE_TORCH.refused = _RefusePython.refused = None
     yield
     _REFUSE_TORCH.on = False
     helpers.RUNS_COMMANDS = True
@@ -119,6 +143,9 @@ def _tier(request):
     if _REFUSE_TORCH.refused:
         pytest.fail("this test imported torch into the test process: mark it `torch` (pyproject.toml markers)",
                     pytrace=False)
+    if _RefusePython.refused:
+        pytest.fail(f"this test started a Python process ({_RefusePython.refused}): mark it e2e (pyproject.toml "
+                    "markers)", pytrace=False)
 
 
 def _cancel_what_is_left(test: str) -> None:

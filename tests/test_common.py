@@ -33,6 +33,7 @@ def test_an_error_survives_a_job_result_file():
     assert type(back) is FolderInUse and back.problems == err.problems and str(back) == str(err)
 
 
+@pytest.mark.e2e  # starts a Python process of its own
 def test_atomic_write_replaces_whole_and_leaves_nothing_on_failure(tmp_path):
     target = tmp_path / "metrics.json"
     files.atomic_write(target, b"old")
@@ -58,6 +59,7 @@ def test_publish_keeps_the_first_of_two_identical_writers(tmp_path):
     assert (final / "index.json").read_text() == "1"
 
 
+@pytest.mark.e2e  # starts a Python process of its own
 def test_a_forked_worker_leaves_signals_to_the_task():
     code = ("import os, signal; from common import signals\n"
             "signal.signal(signal.SIGUSR2, lambda *a: None); signal.signal(signal.SIGTERM, lambda *a: None)\n"
@@ -73,6 +75,7 @@ def test_a_forked_worker_leaves_signals_to_the_task():
     assert signal.getsignal(signal.SIGTERM) != signal.SIG_IGN  # this process is untouched
 
 
+@pytest.mark.e2e  # starts a Python process of its own
 def test_a_process_of_ours_ends_with_garbage_finalized_then_the_gc_frozen():
     """common/exit.py: at exit, after every handler registered later (logging's, the trackers'), what is garbage
     is collected (a cycle's finalizer runs) and the GC is frozen for the modules' teardown."""
@@ -111,6 +114,7 @@ class _Checkpointable:
         return submitit.helpers.DelayedSubmission(self)
 
 
+@pytest.mark.e2e  # starts a Python process of its own
 def test_a_repeated_usr2_requeues_once_and_a_cut_short_dump_does_not_fail_the_next_allocation(tmp_path):
     # submitit's own handler, as it stands in a job: registered before the job body, then our install().
     code = ("import os, signal, sys, time\n"

@@ -50,6 +50,7 @@ def test_each_experiment_composes_passes_the_checks_and_plans(name):
     assert cfg.cluster.account is None and cfg.cluster.container.image is None
 
 
+@pytest.mark.e2e  # starts a Python process of its own
 def test_an_experiment_is_a_plan_on_the_command_line_that_writes_nothing(tmp_path):
     out = subprocess.run([str(PYTHON), "-m", "train", "experiment=mpt-30b-ndv5-amlfs", "cluster.nodes=8",
                           "plan=json"], cwd=tmp_path, capture_output=True, text=True, timeout=120,

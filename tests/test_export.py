@@ -184,6 +184,7 @@ def test_icl_evaluation_of_an_exported_model_on_a_task_file_from_real_c4(one_ran
     assert 0.0 <= accuracy <= 1.0
 
 
+@pytest.mark.e2e  # starts a Python process of its own
 def test_errors_name_the_key_and_the_fix_and_write_nothing(tmp_path):
     """Checked before torch is imported: no checkpoint, an incomplete one, no data, bad sampling values."""
     def cli(*args):
@@ -277,6 +278,7 @@ def test_a_run_named_whose_newest_export_is_older_than_its_checkpoints_is_warned
     assert find_folder(str(export), tmp_path / "outputs", tmp_path / "checkpoints") == export and not caplog.records
 
 
+@pytest.mark.e2e  # starts a Python process of its own
 def test_status_and_export_look_on_the_storage_the_training_command_named(tmp_path):
     """`python -m train.status storage=amlfs storage.root=...` / `train.export NAME storage=...`: the storage presets
     composed as the training composed them, not the local root."""

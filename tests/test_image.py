@@ -40,6 +40,7 @@ def bare_python(tmp_path_factory):
 # ------------------------------------------------------------------------------------------ the job's check
 
 
+@pytest.mark.e2e  # starts a Python process of its own
 def test_a_python_without_the_packages_stops_with_what_is_missing_and_how_to_build(bare_python):
     done = run_check(bare_python, "-c", "print('ran')")
     assert done.returncode == image.EXIT == 78 and done.stdout == ""
@@ -52,6 +53,7 @@ def test_a_python_without_the_packages_stops_with_what_is_missing_and_how_to_bui
     assert lines[-1].endswith(f"{BUILD_LINE} (docs/cluster-run.md: The image)")
 
 
+@pytest.mark.e2e  # starts a Python process of its own
 def test_this_venv_passes_and_the_command_is_the_task(tmp_path):
     done = run_check(str(PYTHON), "-c", "import os, sys; print('ran', os.getpid()); sys.exit(5)")
     assert done.returncode == 5, done.stderr  # exec: the command's own exit status
@@ -69,12 +71,14 @@ def test_no_python_in_the_image(tmp_path):
                                    f"the jobs of this project; {image.BUILD}")
 
 
+@pytest.mark.e2e  # starts a Python process of its own
 def test_no_checkout_at_the_working_folder(tmp_path):
     done = run_check(str(PYTHON), "-c", "print('ran')", cwd=tmp_path)
     assert done.returncode == 78 and done.stdout == ""
     assert f"the checkout of this project is not at {tmp_path} in the container" in done.stderr
 
 
+@pytest.mark.e2e  # starts a Python process of its own
 def test_a_python_that_cannot_run_the_check_is_named(tmp_path):
     fake = tmp_path / "python3"
     fake.write_text("#!/bin/sh\necho 'SyntaxError: invalid syntax' >&2\nexit 1\n")
@@ -186,6 +190,7 @@ def test_what_surely_fails_and_what_may_not():
     assert errs == [] and "matplotlib 3.9.0" in warns[0] and "torch" not in warns[0]
 
 
+@pytest.mark.e2e  # starts a Python process of its own
 def test_the_dockerfile_writes_the_marker_the_plan_reads(tmp_path):
     """The Dockerfile's own command line for the marker (run here by this venv's Python, from elsewhere, as a
     script) records this checkout's lock and every installed package."""

@@ -78,6 +78,7 @@ def test_a_slurm_job_has_ended_only_in_a_state_slurm_does_not_resume_from(tmp_pa
     assert ended(StandInJob(tmp_path, state), "slurm") is is_ended
 
 
+@pytest.mark.e2e  # starts a Python process of its own
 def test_a_local_job_has_ended_once_its_controller_has_also_seen_from_another_process(tmp_path):
     """`python -m train.status` beside a running local sweep holds no process handle of its jobs: a job known by
     its id alone (as sweep.json names it) is running while submitit's controller of it runs, and has ended after."""

@@ -40,6 +40,7 @@ def _mount_problems(data, mode="run"):
             if p.key == "storage.mounts"]
 
 
+@pytest.mark.e2e  # starts a Python process of its own
 def test_an_empty_mount_point_is_refused_on_the_login_node_and_nothing_is_written(tmp_path):
     data, root = tmp_path / "data", tmp_path / "root"
     data.mkdir()

@@ -235,6 +235,7 @@ PROBE = ("import atexit, runpy, sys\n"
     ["-m", "cluster=slurm-local", "optimizer.lr=-1,1e-4"],    # validation error in a sweep
     ["save_intervl=100ba"],                                   # unknown key and its suggestion
 ], ids=["plan", "json", "sweep-plan", "invalid", "invalid-sweep", "unknown-key"])
+@pytest.mark.e2e  # starts a Python process of its own
 def test_submit_path_does_not_import_torch_or_llm_foundry(tmp_path, args):
     env = command_env(tmp_path)
     out = subprocess.run([str(PYTHON), "-c", PROBE, *args], cwd=ROOT, env=env, capture_output=True, text=True)

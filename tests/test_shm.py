@@ -59,6 +59,7 @@ def test_the_names_are_streamings():
     assert not shm_registry._NAME.match(shm_registry.LOCK.name)
 
 
+@pytest.mark.e2e  # starts a Python process of its own
 @needs_shm
 def test_the_leader_removes_what_a_dead_job_left_and_keeps_a_live_jobs(tmp_path, monkeypatch):
     monkeypatch.setattr(shm_registry, "LOCK", tmp_path / "registry.lock")
@@ -100,6 +101,7 @@ def test_nothing_is_removed_without_the_lock(tmp_path, monkeypatch):
     assert not (tmp_path / "000001_locals").exists()
 
 
+@pytest.mark.e2e  # starts a Python process of its own
 def test_a_file_in_use_is_known_by_its_mapping_or_its_open_descriptor(tmp_path):
     """By device and inode, as /proc shows them: a mapping, or only an open descriptor (between shm_open and
     mmap), keeps a prefix; other names and other files are left alone."""
