@@ -79,6 +79,17 @@ def test_a_kill_during_the_final_evaluation_is_followed_by_a_rerun_that_reports_
     same = run("-m", "train", f"run_name={folder.name}", "max_duration=20ba", "scheduler.t_warmup=4ba",
                "eval_interval=15ba", "save_interval=10ba", "progress_bar=false", root=tmp_path, check=True)
     assert "nothing to do" in same.stderr and "cannot be resumed from" not in same.stderr
+    if duration.endswith("tok"):
+        # continued to twice the tokens at twice the batch size: 81920tok is 20 batches of 32 x 128, the batch of
+        # the final checkpoint, and finished.json's 40960tok read at this batch size 10: that finished checkpoint
+        # was set aside as the end of a run stopped before it, and batches 11-20 trained again, exit 0. Its
+        # manifest says where it stands in tokens, finished.json the batch the run ended at.
+        longer = run("-m", "train", f"run_name={folder.name}", "max_duration=81920tok", "scheduler.t_warmup=8192tok",
+                     "global_train_batch_size=32", "eval_interval=15ba", "save_interval=10ba", "progress_bar=false",
+                     root=tmp_path, check=True)
+        assert "cannot be resumed from" not in longer.stderr, longer.stderr[-3000:]
+        assert f"resuming from {folder / 'ep0-ba20-rank0.pt'}" in longer.stderr
+        assert metrics(tmp_path)["batches"] == 30  # 20 x 16 x 128 + 10 x 32 x 128 = 81920 tokens
 
 
 def test_with_several_evaluators_each_ones_last_evaluation_is_reported(tmp_path, cli):

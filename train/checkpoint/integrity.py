@@ -74,11 +74,14 @@ def hash_files(ckpt, names) -> dict:
     return out
 
 
-def write_manifest(ckpt, entries: dict) -> Path:
+def write_manifest(ckpt, entries: dict, timestamp: dict | None = None) -> Path:
+    """timestamp: where the checkpoint stands ({batch, sample, token}, and `before`: the same at the start of the
+    batch that ended at it), as the trainer counted when it wrote it; a checkpoint hashed later has none."""
     from common.files import atomic_write
 
     path = manifest_path(ckpt)
     atomic_write(path, json.dumps({"checkpoint": Path(ckpt).name, "hash": HASH, "written": time.time(),
+                                   **({"timestamp": timestamp} if timestamp else {}),
                                    "files": dict(sorted(entries.items()))}, indent=1).encode())
     return path
 
@@ -133,9 +136,9 @@ def check_weights(state, step: str) -> None:
                          "resumes from the newest checkpoint")
 
 
-def manifest_collectively(ckpt: Path | None, world: int, rank: int) -> None:
+def manifest_collectively(ckpt: Path | None, world: int, rank: int, timestamp: dict | None = None) -> None:
     """Every rank hashes the files it owns of the checkpoint just written; rank 0 writes the manifest. ckpt: the
-    checkpoint's path, known on rank 0 (None elsewhere)."""
+    checkpoint's path, known on rank 0 (None elsewhere); timestamp: as write_manifest takes it."""
     from composer.utils import dist
 
     box = [(str(ckpt), files_of(ckpt)) if rank == 0 and ckpt is not None else None]
@@ -147,7 +150,7 @@ def manifest_collectively(ckpt: Path | None, world: int, rank: int) -> None:
     gathered = dist.all_gather_object(mine)
     if rank == 0:
         entries = {k: v for part in gathered for k, v in part.items()}
-        write_manifest(path, entries)
+        write_manifest(path, entries, timestamp)
         tidy(path.parent)
 
 

@@ -24,11 +24,12 @@ def _folder(save_folder) -> Path | None:
     return Path(save_folder) if save_folder and "://" not in str(save_folder) else None
 
 
-def write(save_folder, max_duration, report: Path, metrics: dict) -> None:
+def write(save_folder, max_duration, report: Path, metrics: dict, batch: int | None = None) -> None:
+    """batch: the batch the run ended at (what its max_duration came to, at the batch sizes it trained with)."""
     folder = _folder(save_folder)
     if folder is None or not folder.is_dir():
         return
-    body = {"max_duration": str(max_duration), "report": str(report),
+    body = {"max_duration": str(max_duration), "report": str(report), **({"batch": batch} if batch else {}),
             "metrics": {k: v for k, v in metrics.items() if k not in _HISTORIES}}
     files.cosmetic_write(folder / FILE, json.dumps(body, indent=1).encode())
 
@@ -49,6 +50,14 @@ def reached(save_folder) -> str | None:
     """The max_duration the run of this save folder last finished at (whatever this command asks), or None."""
     body = _body(_folder(save_folder))
     return body.get("max_duration") if body else None
+
+
+def ended_at(save_folder) -> int | None:
+    """The batch the run of this save folder last finished at, where its finished.json says (written since
+    it does), else None."""
+    body = _body(_folder(save_folder))
+    batch = body.get("batch") if body else None
+    return batch if isinstance(batch, int) and not isinstance(batch, bool) else None
 
 
 def _body(folder: Path | None) -> dict | None:

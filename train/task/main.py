@@ -74,10 +74,13 @@ def run(cfg: DictConfig) -> dict:
         # llm-foundry prints the whole resolved config (log_config, which also hands it to the tracking loggers
         # as parameters): a message, so stderr; stdout holds only the run's answer, printed below
         trained = True  # false: it had reached max_duration already (nothing is written then)
+        ended = None  # the batch training ended at
         with contextlib.redirect_stdout(sys.stderr):
             shm_registry.hold()  # released at INIT (train/task/run_report.py), once the loaders are built
             try:
-                train(fcfg).close()
+                trainer = train(fcfg)
+                ended = int(trainer.state.timestamp.batch.value)
+                trainer.close()
             finally:
                 shm_registry.release()
     except BaseException as err:  # torch's CheckpointException (a sharded write failed on a rank) is no Exception
@@ -110,7 +113,7 @@ def run(cfg: DictConfig) -> dict:
         from train.launch import finished
 
         if trained:  # a sweep run again submits nothing for this point (train/launch/finished.py)
-            finished.write(fcfg.save_folder, fcfg.max_duration, report, metrics)
+            finished.write(fcfg.save_folder, fcfg.max_duration, report, metrics, ended)
         elif not metrics:  # already trained, and this run's outputs folder is new: that run's numbers
             metrics = (finished.read(cfg) or {}).get("value") or {}
         print(f"\nfinal train loss {metrics.get('final_train_loss')}, "
@@ -350,16 +353,30 @@ def _end_not_reached(ckpt, fcfg) -> str | None:
     eval_interval, the Hugging Face export, metrics.json and the trackers' last numbers. Resuming from it would
     find nothing to train and report the evaluation before as the final one, exit 0. The batches since the
     checkpoint before are trained again instead (at most save_interval). None: resume from it."""
-    from train.checkpoint import resume
-    from train.checks.core import batches_in
+    from train.checkpoint import integrity, resume
+    from train.checks.core import batches_in, time_of
     from train.launch import finished
 
-    # in batches whatever the unit (40960tok is 20 batches of 16 x 128 tokens: measured, a tok run killed after its
-    # final checkpoint then reported the evaluation before as its final one, exit 0, on every rerun)
-    if batches_in(fcfg, str(fcfg.get("max_duration")).strip()) != ckpt.batch:
+    # in the duration's own unit, from where the checkpoint stands as its manifest records it (measured: a tok run
+    # killed after its final checkpoint then reported the evaluation before as its final one, exit 0, on every
+    # rerun); a manifest without it (hashed on a later start, or written before it was recorded) in batches at this
+    # command's batch size, as then no batch size changed since
+    duration = str(fcfg.get("max_duration")).strip()
+    stamp = (integrity.read_manifest(ckpt.path) or {}).get("timestamp")
+    time, key = time_of(duration), None
+    if time and isinstance(stamp, dict) and isinstance(stamp.get("before"), dict):
+        key = {"ba": "batch", "sp": "sample", "tok": "token"}.get(time[1])
+    if key:  # the final one of this command: the batch that ended at it reached the duration, the one before not
+        if not stamp["before"][key] < time[0] <= stamp[key]:
+            return None
+    elif batches_in(fcfg, duration) != ckpt.batch:
         return None  # not this command's final one (past it: the run was trained longer; nothing to do), or in
         # epochs or wall-clock time, not compared
-    ended = batches_in(fcfg, str(finished.reached(ckpt.path.parent)).strip())  # None: no finished.json (or epochs)
+    # the batch the run ended at, as its finished.json records it (written since it does), else its max_duration
+    # in batches at this command's batch size; None: no finished.json (or epochs)
+    ended = finished.ended_at(ckpt.path.parent)
+    if ended is None:
+        ended = batches_in(fcfg, str(finished.reached(ckpt.path.parent)).strip())
     if ended is not None and ended >= ckpt.batch:
         return None  # the run reached its end at this batch or later (continued to a longer max_duration since)
     if not any(c.batch < ckpt.batch and resume.problem(c) is None for c in resume.find(ckpt.path.parent)):

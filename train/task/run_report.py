@@ -42,12 +42,21 @@ class Manifests(Callback):
 
     def __init__(self, saver, saves):
         self.saver, self.saves, self._seen = saver, saves, self._newest(saver)
+        self._before = None  # the trainer's counts at the start of the batch now training
 
     @staticmethod
     def _newest(saver):
         # by the newest path, not the count: composer trims saved_checkpoints to save_num_checkpoints_to_keep, so
         # from the 11th checkpoint on (the default keeps 10) the count stopped growing and none got its manifest
         return saver.saved_checkpoints[-1] if saver.saved_checkpoints else None
+
+    @staticmethod
+    def _counts(state: State) -> dict:
+        t = state.timestamp
+        return {"batch": int(t.batch.value), "sample": int(t.sample.value), "token": int(t.token.value)}
+
+    def batch_start(self, state: State, logger: Logger) -> None:
+        self._before = self._counts(state)
 
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
         self._after_save(state, Event.BATCH_CHECKPOINT)
@@ -64,7 +73,10 @@ class Manifests(Callback):
             saved = Path(newest)
             ckpt = saved.parent if saved.name.startswith("__") else saved  # a sharded folder, or the one file
         self._seen = newest
-        integrity.manifest_collectively(ckpt, dist.get_world_size(), dist.get_global_rank())
+        # where it stands in batches, samples and tokens, and where the batch that ended at it began: which
+        # max_duration it is the end of, in any unit, whatever the batch size was (train/task/main.py)
+        stamp = {**self._counts(state), "before": self._before} if self._before else None
+        integrity.manifest_collectively(ckpt, dist.get_world_size(), dist.get_global_rank(), stamp)
 
 
 class RunReport(Callback):
