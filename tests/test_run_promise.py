@@ -248,9 +248,12 @@ def test_the_plan_of_a_finished_run_says_it_trains_and_submits_nothing(tmp_path,
         str(folder / "finished.json")
     longer = run(*train_command(1, "sharded"), f"run_name={folder.name}", "max_duration=60ba", "plan=true",
                  root=root, check=True).stdout
-    assert "finished " not in longer  # continued to 60ba: it would train
+    assert "finished " not in longer  # continued to 60ba: it would train, from where the run stands
+    assert (f"resumes     from {folder / 'ep0-ba40-rank0.pt'} (batch 40, 81.92 k tokens trained): 20 steps left = "
+            "40.96 k tokens") in longer, longer
+    # 4e1ba is 40 batches (one run, one name): finished too (the sweep submitted it again, to train nothing)
     sweep = run(*[a for a in train_command(1, "sharded") if a != "max_duration=40ba"], "-m",
-                "max_duration=40ba,50ba", "plan=true", root=root, check=True).stdout
+                "max_duration=4e1ba,50ba", "plan=true", root=root, check=True).stdout
     rows = [line.split(" | ") for line in sweep.splitlines() if line.startswith("| 0 |") or line.startswith("| 1 |")]
     assert [r[-1] for r in rows] == ["no: finished earlier |", "yes |"], sweep
     assert sorted(str(p) for p in root.rglob("*")) == before

@@ -92,6 +92,11 @@ def _plain(value):
 _TIME_SPELLING = re.compile(r"\s*\+?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?(ba|ep|tok|sp|dur|iter)\s*", re.IGNORECASE)
 
 
+def same_time(a, b) -> bool:
+    """Two composer times that are one (20ba, 2e1ba, 20.0ba), as a run's identity reads them."""
+    return a is not None and b is not None and _plain(str(a)) == _plain(str(b))
+
+
 def _time(text: str) -> str:
     from train.checks.core import time_of
 

@@ -39,9 +39,11 @@ def read(cfg: DictConfig) -> dict | None:
     not reached this max_duration (or keeps no checkpoint folder here, or is a preflight-only job)."""
     if OmegaConf.select(cfg, "cluster.preflight.only", default=False):
         return None
+    from train.config.identity import same_time
+
     folder = _folder(OmegaConf.select(cfg, "save_folder"))
     body = _body(folder)
-    if body is None or body.get("max_duration") != str(cfg.max_duration):
+    if body is None or not same_time(body.get("max_duration"), str(cfg.max_duration)):
         return None
     return {"where": str(folder / FILE), "report": body.get("report"), "value": body.get("metrics") or {}}
 

@@ -89,6 +89,8 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
     kept, kept_bytes = checkpoints_kept(cfg)
     storage_root, free = free_bytes(cfg)
 
+    resumes = _resumes(cfg, duration, tokens_per_step, gbs)
+
     # time
     peak, mfu = value(cfg, "cluster.peak_flops"), value(cfg, "cluster.mfu")
     step_s = train_s = tps_gpu = None
@@ -96,6 +98,8 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
         tps_gpu = peak * mfu / fpt
         step_s = tokens_per_step / (tps_gpu * world)
         train_s = step_s * steps if steps else None
+        if resumes and resumes["steps_left"] is not None:
+            resumes["seconds_left"] = step_s * resumes["steps_left"]
 
     plan = {
         "run_name": value(cfg, "run_name"),
@@ -177,9 +181,35 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
         # the run of this config finished earlier (its finished.json at this max_duration): the command would
         # train nothing, and `-m` would submit nothing for it (train/launch/finished.py)
         "finished": (read_finished(cfg) or {}).get("where"),
+        "resumes": resumes,
         "warnings": [str(p) for p in problems],
     }
     return plan
+
+
+def _resumes(cfg, duration, tokens_per_step: int, global_batch: int) -> dict | None:
+    """The checkpoint a start of this run goes on from (the newest complete one in its save folder, before its
+    files are verified against its manifest), where it stands, and the steps and tokens left to max_duration at
+    this command's batch size: from the tokens or samples it trained, as its manifest records them, where the
+    duration is in those (a run continued at another batch size trained other amounts per batch before), else
+    in batches. None for a new run, or a save folder not on a file system here."""
+    from train.checkpoint import integrity, resume
+
+    folder = value(cfg, "save_folder")
+    if not folder or "://" in str(folder):
+        return None
+    found = resume.newest_complete(folder)
+    if found is None:
+        return None
+    stamp = (integrity.read_manifest(found.path) or {}).get("timestamp") or {}
+    n, unit = time_of(duration) or (None, None)
+    done = {"ba": found.batch, "tok": stamp.get("token"), "sp": stamp.get("sample")}.get(unit)
+    per = {"ba": 1, "tok": tokens_per_step, "sp": global_batch}.get(unit)
+    if done is None and per:  # a manifest that says nothing of it: in batches at this batch size
+        done, per, n = found.batch, 1, _steps_and_tokens(duration, tokens_per_step, global_batch)[0]
+    left = max(0, math.ceil((n - done) / per)) if per and n is not None else None
+    return {"checkpoint": str(found.path), "batch": found.batch, "tokens": stamp.get("token"), "steps_left": left,
+            "tokens_left": left * tokens_per_step if left is not None else None, "seconds_left": None}
 
 
 def _preflight(cfg, nodes: int, tasks: int) -> dict:

@@ -98,6 +98,13 @@ def render(p: dict) -> str:
         add(f"duration    max_duration {p['max_duration']} = {p['steps']:,} steps = {_big(p['tokens'])} tokens")
     else:
         add(f"duration    max_duration {p['max_duration']}: steps depend on the data set's size")
+    r = p["resumes"]
+    if r and not p["finished"]:
+        trained = f", {_big(r['tokens'])} tokens trained" if r["tokens"] is not None else ""
+        left = (f": {r['steps_left']:,} steps left = {_big(r['tokens_left'])} tokens"
+                + (f", {_duration_words(r['seconds_left'])}" if r["seconds_left"] else "")
+                if r["steps_left"] is not None else "")
+        add(f"resumes     from {r['checkpoint']} (batch {r['batch']:,}{trained}){left}")
 
     ac = "on" if p["activation_checkpointing"] else "off"
     if p["memory_per_gpu_bytes"] is not None:

@@ -252,12 +252,19 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
                             "writing its manifest now", chosen.path)
                 integrity.write_manifest(chosen.path, integrity.hash_files(chosen.path,
                                                                            integrity.files_of(chosen.path)))
-            data = shards.train_data(fcfg)
+            data, before = shards.train_data(fcfg), identity.read_record(folder) or {}
             if chosen:  # the data it goes on with is the data it trained on
-                shards.same_train_data((identity.read_record(folder) or {}).get("train_data"), data, fcfg, chosen.path)
+                shards.same_train_data(before.get("train_data"), data, fcfg, chosen.path)
+            scored = _samples_scored(fcfg, world)
+            if chosen and scored is not None and before.get("eval_samples") not in (None, scored):
+                log.warning("the evaluations from batch %d on score %s of the validation data, the run's earlier "
+                            "ones %s (composer scores eval_subset_num_batches batches of device_eval_batch_size "
+                            "samples on each rank): the eval curve and the final evaluation are not comparable "
+                            "with the earlier evaluations (eval_subset_num_batches=-1 scores the whole split at any "
+                            "world size)", chosen.batch, _said(scored), _said(before["eval_samples"]))
             path = resume.in_format(chosen, reads_sharded) if chosen else None
             identity.write_record(folder, fcfg.run_name, _model_choice(), identity.identity(cfg),
-                                  **({"train_data": data} if data else {}))
+                                  **({"train_data": data} if data else {}), eval_samples=scored)
             found = [("load", path)]
         except Exception as err:
             found = [("failed", err)]
@@ -344,6 +351,23 @@ def _differs_on_any_rank(ckpt: Path, manifest: dict) -> list:
 
     mine = integrity.share_differs(ckpt, manifest, dist.get_world_size(), dist.get_global_rank())
     return [w for w in dist.all_gather_object(mine) if w]
+
+
+def _samples_scored(fcfg, world: int):
+    """How much of the validation data an evaluation scores: "all" of it (eval_subset_num_batches -1, llm-foundry's
+    default), else eval_subset_num_batches x device_eval_batch_size x ranks samples, the first of each rank's share,
+    so other ones at another world size or eval batch size."""
+    if not fcfg.get("eval_loader") and not fcfg.get("eval_loaders"):
+        return None  # no evaluation of the validation data
+    n = fcfg.get("eval_subset_num_batches", -1)
+    size = fcfg.get("device_eval_batch_size")
+    if n is None or n < 0 or not isinstance(size, int):
+        return "all"
+    return n * size * world
+
+
+def _said(scored) -> str:
+    return "all" if scored == "all" else f"{scored} samples"
 
 
 def _end_not_reached(ckpt, fcfg) -> str | None:
