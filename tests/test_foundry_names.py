@@ -272,18 +272,28 @@ def test_the_heads_are_a_change_of_shape_exactly_where_mpts_weights_change_size(
         return {"n_heads": heads, "attn_config": {"attn_impl": "torch", "attn_type": "grouped_query_attention",
                                                   "kv_n_heads": kv}}
 
+    def gn(heads):  # qk_gn: the query and key norms are head_dim wide
+        return {"n_heads": heads, "attn_config": {"attn_impl": "torch", "qk_gn": True}}
+
     def identity(kw):
         attn = kw.get("attn_config", {})
         return {"model.name": "mpt_causal_lm", "model.d_model": 16, "model.n_heads": kw["n_heads"],
+                **({"model.head_dim": kw["head_dim"]} if "head_dim" in kw else {}),
                 **{f"model.attn_config.{k}": v for k, v in attn.items() if k != "attn_impl"}}
 
-    pairs = [({"n_heads": 2}, {"n_heads": 4}), (gqa(1, 2), gqa(2, 4)), (gqa(1, 2), gqa(1, 4)), (gqa(2, 2), gqa(1, 2))]
+    pairs = [({"n_heads": 2}, {"n_heads": 4}), (gqa(1, 2), gqa(2, 4)), (gqa(1, 2), gqa(1, 4)), (gqa(2, 2), gqa(1, 2)),
+             (gn(2), gn(4)), ({"n_heads": 2}, {"n_heads": 2, "head_dim": 4}), ({"n_heads": 2}, {"n_heads": 4, "head_dim": 4})]
     for a, b in pairs:
         same = _shapes(**a) == _shapes(**b)
         assert (other_shape(identity(a), identity(b)) == "") == same, (a, b)
         assert other_function(identity(a), identity(b)) == f"model.n_heads={a['n_heads']} there, {b['n_heads']} here" \
             if a["n_heads"] != b["n_heads"] else not other_function(identity(a), identity(b))
     assert _shapes(n_heads=4) == _shapes() and _shapes(**gqa(1, 2)) != _shapes(**gqa(1, 4))  # both kinds seen
+    assert _shapes(**gn(2)) != _shapes(**gn(4)) and _shapes(n_heads=2, head_dim=4) != _shapes()
+    # the FFN's activation, a dict: MPT's default gelu when left out
+    mpt = {"model.name": "mpt_causal_lm"}
+    assert other_function(mpt, {**mpt, "model.ffn_config.ffn_act_fn.name": "silu"}) == \
+        "model.ffn_config.ffn_act_fn.name='gelu' there, 'silu' here"
 
 
 def test_the_metrics_an_mpts_evaluator_reports_are_the_ones_an_objective_is_checked_against():

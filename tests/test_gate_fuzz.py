@@ -88,6 +88,8 @@ CASES = [
     # an accuracy minimized: the worst trial reported as best_params, exit 0
     (["-m", "hparams_search=mpt_tiny_lr", "objective=eval/TokenAccuracy"], "refused", "hydra.sweeper.direction"),
     (["-m", "hparams_search=mpt_tiny_lr", "hydra.sweeper.direction=maximize"], "refused", "hydra.sweeper.direction"),
+    (["-m", "hydra/sweeper=optuna", "objective=eval/TokenAccuracy"], "refused", "hydra.sweeper.direction"),  # its enum
+    (["-m", "hparams_search=mpt_tiny_lr", "objective=eval_loss"], "refused", "objective"),  # no slash: was a traceback
     (["-m", "--cfg", "job"], "refused", "-m --cfg"),  # Hydra's ValueError, with a traceback
     # one value listed twice: was refused as two points writing one save_folder, the fix naming save_folder
     (["-m", "seed=1,1"], "refused", "seed"),

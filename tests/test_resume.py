@@ -518,6 +518,41 @@ def test_a_checkpoint_without_its_manifest_resumes_on_its_structure_and_gets_one
 # ------------------------------------------------------------------ the choice itself, on files made here
 
 
+def test_the_final_checkpoint_is_told_in_the_durations_own_unit_at_any_batch_size(tmp_path):
+    """A checkpoint is set aside as the final one of a run stopped before its end only where the command's
+    max_duration ends at it, read from where it stands as its manifest records it: a run of 81920tok at 16 x 128
+    tokens a batch, stopped after batch 20 (40960 tokens), resumed at 32 a batch (81920tok is 20 of those) had batch
+    20 read as its end, set aside, and batches 11-20 trained again, exit 0."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from train.checkpoint import integrity
+    from train.checkpoint.resume import find
+    from train.task.main import _end_not_reached
+
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    for batch in (10, 20):
+        path = folder / f"ep0-ba{batch}-rank0.pt"
+        torch.save({"state": {"model": {"w": torch.ones(8)}}}, path)
+        stamp = {"batch": batch, "sample": 16 * batch, "token": 2048 * batch,
+                 "before": {"batch": batch - 1, "sample": 16 * (batch - 1), "token": 2048 * (batch - 1)}}
+        integrity.write_manifest(path, integrity.hash_files(path, integrity.files_of(path)), stamp)
+    twenty = find(folder)[-1]
+
+    def command(duration, batch_size):
+        return OmegaConf.create({"max_duration": duration, "global_train_batch_size": batch_size, "max_seq_len": 128,
+                                 "save_folder": str(folder)})
+
+    assert _end_not_reached(twenty, command("81920tok", 32)) is None  # 40960 of 81920 tokens: not its end
+    assert _end_not_reached(twenty, command("640sp", 32)) is None  # 320 of 640 samples
+    assert "it is the final one (batch 20)" in _end_not_reached(twenty, command("40960tok", 32))  # its end
+    assert "it is the final one (batch 20)" in _end_not_reached(twenty, command("40000tok", 16))  # the batch reaching it
+    assert _end_not_reached(twenty, command("38912tok", 16)) is None  # reached by batch 19: trained past it
+    (folder / "finished.json").write_text(json.dumps({"max_duration": "40960tok", "batch": 20}))
+    assert _end_not_reached(twenty, command("40960tok", 32)) is None  # the run ended there
+
+
 def test_the_choice_by_content_on_made_up_folders(tmp_path):
     """Newest complete first; newer incomplete ones set aside only by the run that owns the folder; a conversion
     cut off (hidden partial) removed; at equal batch the format the run reads wins."""

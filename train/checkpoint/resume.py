@@ -120,7 +120,7 @@ def consolidate(src: Path, out: Path) -> Path:
     tmp = out.parent / f"{_PARTIAL}{out.name}"
     dcp_to_torch_save(str(src), str(tmp))
     os.replace(tmp, out)
-    return _with_manifest(out)
+    return _with_manifest(out, src)
 
 
 def shard(src: Path, out: Path) -> Path:
@@ -131,13 +131,15 @@ def shard(src: Path, out: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     torch_save_to_dcp(str(src), str(tmp))
     os.replace(tmp, out)
-    return _with_manifest(out)
+    return _with_manifest(out, src)
 
 
-def _with_manifest(ckpt: Path) -> Path:
+def _with_manifest(ckpt: Path, src: Path) -> Path:
+    """ckpt's manifest, with where the checkpoint it was converted from stands (the same training state)."""
     from train.checkpoint import integrity
 
-    integrity.write_manifest(ckpt, integrity.hash_files(ckpt, integrity.files_of(ckpt)))
+    stamp = (integrity.read_manifest(src) or {}).get("timestamp")
+    integrity.write_manifest(ckpt, integrity.hash_files(ckpt, integrity.files_of(ckpt)), stamp)
     return ckpt
 
 
@@ -180,14 +182,15 @@ def stored_model(path: Path) -> dict | None:
     return {**model_keys(content), "model.name": "mpt_causal_lm"}
 
 
-def model_keys(model: dict) -> dict:
-    """A model config as identity keys: `model.<key>`, and one level into its sections (`model.attn_config.alibi`)."""
+def model_keys(model: dict, prefix: str = "model") -> dict:
+    """A model config as identity keys, as train/config/identity.py flattens it: `model.<key>`, into its sections
+    at any depth (`model.attn_config.alibi`, `model.ffn_config.ffn_act_fn.name`)."""
     flat = {}
     for key, val in model.items():
-        if isinstance(val, dict):
-            flat.update({f"model.{key}.{k}": v for k, v in val.items() if not isinstance(v, dict)})
+        if isinstance(val, dict) and val:
+            flat.update(model_keys(val, f"{prefix}.{key}"))
         else:
-            flat[f"model.{key}"] = val
+            flat[f"{prefix}.{key}"] = val
     return flat
 
 

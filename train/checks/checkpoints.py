@@ -264,17 +264,25 @@ _WHY = {"model.learned_pos_emb": " (MPT drops its position embeddings where attn
 # Settings that keep every weight's size but change what the weights compute: a checkpoint loads into a model of
 # other values without a word and trains on from another function (measured: model.n_heads=8 on a run trained with
 # 4 heads of multihead attention, the same weights split into twice the heads).
-FUNCTION_KEYS = ("model.n_heads", "model.ffn_config.ffn_act_fn", "model.attn_config.softmax_scale",
+FUNCTION_KEYS = ("model.n_heads", "model.ffn_config.ffn_act_fn.name", "model.attn_config.softmax_scale",
                  "model.attn_config.rope_theta", "model.attn_config.alibi_bias_max", "model.logit_scale")
+# what MPT takes for those it leaves out (its FFN's activation when ffn_act_fn is not given: llm-foundry's ffn.py)
+FUNCTION_DEFAULTS = {"model.ffn_config.ffn_act_fn.name": "gelu"}
+# read only where the position scheme they tune is on
+_ONLY_WITH = {"model.attn_config.rope_theta": "model.attn_config.rope",
+              "model.attn_config.alibi_bias_max": "model.attn_config.alibi"}
 
 
 def other_function(theirs: dict, ours: dict) -> str:
     """The settings of two identities of one shape under which the same weights compute something else, as
     other_shape says them ("" when none differs); a key one of them leaves out is MPT's default where it has one."""
-    defaults = MPT_SHAPE_DEFAULTS if theirs.get("model.name") == ours.get("model.name") == "mpt_causal_lm" else {}
+    mpt = theirs.get("model.name") == ours.get("model.name") == "mpt_causal_lm"
+    defaults = {**MPT_SHAPE_DEFAULTS, **FUNCTION_DEFAULTS} if mpt else {}
     changed = []
     for k in FUNCTION_KEYS:
         there, here = theirs.get(k, defaults.get(k, _UNSET)), ours.get(k, defaults.get(k, _UNSET))
+        if k in _ONLY_WITH and not (theirs.get(_ONLY_WITH[k]) or ours.get(_ONLY_WITH[k])):
+            continue
         if there is not _UNSET and here is not _UNSET and there != here:
             changed.append(f"{k}={there!r} there, {here!r} here")
     return "; ".join(changed)
@@ -294,10 +302,17 @@ def _as_built(ident: dict, defaults: dict) -> dict:
     kind, heads, width = get("model.attn_config.attn_type"), get("model.n_heads"), get("model.d_model")
     kv = (1 if kind == "multiquery_attention" else ident.get("model.attn_config.kv_n_heads", 1)
           if kind == "grouped_query_attention" else heads)
-    # the keys' and values' weights are kv heads of d_model/n_heads each: with multihead attention, d_model whatever
-    # n_heads is (another n_heads splits the same weights otherwise: other_function)
+    # the attention's weights are n_heads query heads and kv key/value heads of head_dim each (d_model/n_heads
+    # unless model.head_dim says): with multihead attention and no head_dim, d_model wide whatever n_heads is
+    # (another n_heads splits the same weights otherwise: other_function); qk_gn's norms are head_dim wide
     sized = all(isinstance(x, int) and x > 0 for x in (kv, heads, width)) and width % heads == 0
-    built["model.attn_config.kv_n_heads"] = f"keys and values {kv * (width // heads)} wide" if sized else kv
+    head = ident.get("model.head_dim") or (width // heads if sized else None)
+    if sized and isinstance(head, int):
+        built["model.attn_config.kv_n_heads"] = (f"queries {heads * head} wide, keys and values {kv * head} wide"
+                                                 + (f", q/k norms {head} wide" if get("model.attn_config.qk_gn")
+                                                    else ""))
+    else:
+        built["model.attn_config.kv_n_heads"] = kv
     return built
 
 

@@ -185,7 +185,7 @@ def load_path(cfg, ctx):
     theirs = (read_record(local.parent) or {}).get("identity")
     partial = value(cfg, "load_strict_model_weights") is False or value(cfg, "load_ignore_keys")
     shape = other_shape(theirs, identity(cfg)) if isinstance(theirs, dict) and not partial else ""
-    function = other_function(theirs, identity(cfg)) if isinstance(theirs, dict) and not shape else ""
+    function = other_function(theirs, identity(cfg)) if isinstance(theirs, dict) and not partial and not shape else ""
     if function:
         yield Problem("load_path", f"{path} holds weights trained under other model settings ({function}, as "
                       f"{local.parent / 'identity.json'} records): they load (the same sizes) but compute something "

@@ -503,7 +503,7 @@ def objective_reported(cfg, ctx):
     if name == TRAIN_LOSS or not name.startswith("eval") or value(cfg, "icl_tasks"):
         return  # (ICL evaluators' labels are llm-foundry's to make)
     labels = ["eval" if k == "eval_loader" else f"eval/{value(cfg, f'{k}.label')}" for k in eval_keys(cfg)]
-    prefix, metric = name.rsplit("/", 1)
+    prefix, _, metric = name.rpartition("/")
     if prefix in labels:
         reported = _lm_eval_metrics(cfg)
         if reported is None or metric in reported:
@@ -554,6 +554,7 @@ def objective_direction(config):
 
     sweeper = config.hydra.sweeper
     direction = sweeper.get("direction") if str(sweeper.get("_target_", "")).endswith("OptunaSweeper") else None
+    direction = getattr(direction, "name", direction)  # the sweeper's default is its Direction enum, not a string
     if not isinstance(direction, str):  # not Optuna, or several objectives (a list)
         return
     name = str(OmegaConf.select(config, "objective") or DEFAULT_OBJECTIVE)

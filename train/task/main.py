@@ -360,10 +360,11 @@ def _samples_scored(fcfg, world: int):
     if not fcfg.get("eval_loader") and not fcfg.get("eval_loaders"):
         return None  # no evaluation of the validation data
     n = fcfg.get("eval_subset_num_batches", -1)
-    size = fcfg.get("device_eval_batch_size")
-    if n is None or n < 0 or not isinstance(size, int):
+    if n is None or n < 0:
         return "all"
-    return n * size * world
+    # llm-foundry's default eval batch is the training microbatch
+    size = fcfg.get("device_eval_batch_size") or fcfg.get("device_train_microbatch_size")
+    return n * size * world if isinstance(size, int) and not isinstance(size, bool) else None
 
 
 def _said(scored) -> str:
@@ -387,11 +388,12 @@ def _end_not_reached(ckpt, fcfg) -> str | None:
     # command's batch size, as then no batch size changed since
     duration = str(fcfg.get("max_duration")).strip()
     stamp = (integrity.read_manifest(ckpt.path) or {}).get("timestamp")
-    time, key = time_of(duration), None
+    time, at = time_of(duration), None
     if time and isinstance(stamp, dict) and isinstance(stamp.get("before"), dict):
         key = {"ba": "batch", "sp": "sample", "tok": "token"}.get(time[1])
-    if key:  # the final one of this command: the batch that ended at it reached the duration, the one before not
-        if not stamp["before"][key] < time[0] <= stamp[key]:
+        at = (stamp["before"].get(key), stamp.get(key)) if key else None
+    if at and all(isinstance(x, int) for x in at):
+        if not at[0] < time[0] <= at[1]:  # this command's final one: the batch that ended at it reached it, not the one before
             return None
     elif batches_in(fcfg, duration) != ckpt.batch:
         return None  # not this command's final one (past it: the run was trained longer; nothing to do), or in
