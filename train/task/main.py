@@ -362,8 +362,10 @@ def _samples_scored(fcfg, world: int):
     n = fcfg.get("eval_subset_num_batches", -1)
     if n is None or n < 0:
         return "all"
-    # llm-foundry's default eval batch is the training microbatch
-    size = fcfg.get("device_eval_batch_size") or fcfg.get("device_train_microbatch_size")
+    # llm-foundry's default eval batch is the training microbatch it trains with (reduced to a rank's share)
+    from train.plan.estimate import microbatch_trained
+
+    size = fcfg.get("device_eval_batch_size") or microbatch_trained(fcfg, world)
     return n * size * world if isinstance(size, int) and not isinstance(size, bool) else None
 
 
