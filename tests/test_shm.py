@@ -210,6 +210,7 @@ RANK = textwrap.dedent("""
 
 @needs_shm
 @pytest.mark.torch
+@pytest.mark.e2e  # starts a Python process of its own
 @pytest.mark.parametrize("fix", [True, False])
 def test_the_ranks_of_a_job_take_their_leaders_prefix(tmp_path, fix):
     """streaming 0.12 has every rank scan the registry on its own (base/shared/prefix.py) and the followers open
