@@ -119,6 +119,13 @@ class _RefusePython:
 subprocess.Popen.__init__ = lambda self, args, *rest, **kw: _RefusePython.popen_init(self, args, *rest, **kw)
 
 
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures: a session one made for it (helpers.made_once) counts
+def pytest_runtest_setup(item):
+    import helpers
+
+    helpers.RUNS_COMMANDS = bool({m.name for m in item.iter_markers()} & {"e2e", "train", "slurm"})
+
+
 # The tiers keep their meaning (pyproject.toml markers): a test runs a command in a process of its own only when
 # marked e2e (or train, slurm), and imports torch into the test process only when marked torch (or train). The fast
 # tier is what is left, so a mark missed would silently slow it down; here it fails the test instead.
@@ -127,7 +134,6 @@ def _tier(request):
     import helpers
 
     marks = {m.name for m in request.node.iter_markers()}
-    helpers.RUNS_COMMANDS = bool(marks & {"e2e", "train", "slurm"})
     # Only a Slurm test reaches the cluster (`make test` exports SLURM_CONF to every worker): a job submitted from
     # another worker would hold the two nodes while the Slurm tests' own jobs wait, pending, until they time out.
     # Without SLURM_CONF such a test fails at its sbatch, naming itself.

@@ -37,8 +37,11 @@ def _may_run():
 def made_once(tmp_path_factory, name: str, make) -> Path:
     """A folder that many tests only need to exist (a finished run, prepared data), made once for the whole
     session however many workers run it: the first to ask calls make(folder) under a lock, the others wait for it
-    and read the same folder. Tests copy before they change anything in it."""
+    and read the same folder. Tests copy before they change anything in it. Made by commands, so asked for only by
+    tests that may run them (marked e2e, train or slurm), whether or not another test made it first."""
     import fcntl
+
+    _may_run()
 
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -291,6 +291,7 @@ def test_status_and_export_look_on_the_storage_the_training_command_named(tmp_pa
 
 
 @pytest.mark.torch
+@pytest.mark.e2e  # reads MDS data made by data_prep's command (the c4_mds fixture)
 def test_the_samples_a_run_evaluated_are_the_ones_its_loader_reads(c4_mds):
     """`train.evaluate RUN` scores `trainer_batches`: checked against llm-foundry's text loader itself with 2 loader
     workers (torch takes their batches in turn), its first 5 batches, with streaming's default canonical nodes and

@@ -300,6 +300,7 @@ def test_bad_yamls_are_refused_in_one_pass_naming_each_key(tmp_path, cli):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "broken.yaml", "list.yaml"]
 
 
+@pytest.mark.e2e  # reads MDS data made by data_prep's command (the c4_mds fixture)
 def test_an_eval_loader_list_is_several_evaluators_each_checked_as_the_one_is(tmp_path, c4_mds):
     """llm-foundry takes `eval_loader` as a list of labelled loaders (it moves the list to `eval_loaders`): such a
     YAML composes (a list cannot be merged onto conf/train.yaml's mapping: it was refused as `yaml: is not a key`),

@@ -33,6 +33,7 @@ def test_mock_tokenizer_size_matches_mock_data():
     assert vocab.MOCK_IDS == mock_data.BYTES + 1
 
 
+@pytest.mark.e2e  # reads MDS data made by data_prep's command (the c4_mds fixture)
 def test_good_data_folder_passes(tmp_path, c4_mds):
     assert check(compose(["data=c4", f"tokenizer.name={TOKENIZER}", "max_seq_len=128",
                           f"variables.data_local={c4_mds}"]), Context()) == []
@@ -92,6 +93,7 @@ def _other_tokenizer(tmp_path):
     return other
 
 
+@pytest.mark.e2e  # reads MDS data made by data_prep's command (the c4_mds fixture)
 def test_data_tokenized_with_another_tokenizer_is_refused(c4_mds, tmp_path):
     other = _other_tokenizer(tmp_path)
     found = check(compose(["data=mds", f"tokenizer.name={other}", f"variables.data_local={c4_mds}",
@@ -108,6 +110,7 @@ def test_data_tokenized_with_another_tokenizer_is_refused(c4_mds, tmp_path):
                           "max_seq_len=128"]), Context()) == []
 
 
+@pytest.mark.e2e  # reads MDS data made by data_prep's command (the c4_mds fixture)
 def test_each_loader_is_checked_at_its_own_folder_and_split(c4_mds, tmp_path):
     """What streaming will open: a loader's own dataset.local (llm-foundry's vocabulary, beside variables.data_local)
     and split; eval_loader=null (no evaluation, legal in llm-foundry) reads nothing."""
@@ -174,6 +177,7 @@ def test_the_fix_for_raw_json_given_as_mds_data_is_a_command_that_works(tmp_path
     assert (tmp_path / "raw-mds" / "train" / "index.json").is_file() and f"variables.data_local={tmp_path}/raw-mds" in fix
 
 
+@pytest.mark.e2e  # reads MDS data made by data_prep's command (the c4_mds fixture)
 def test_a_hub_tokenizer_in_the_cache_passes_offline_and_sizes_the_vocabulary(tmp_path, monkeypatch, c4_mds):
     import shutil
 
