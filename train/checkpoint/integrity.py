@@ -86,6 +86,20 @@ def write_manifest(ckpt, entries: dict, timestamp: dict | None = None) -> Path:
     return path
 
 
+_COUNTS = {"ba": "batch", "sp": "sample", "tok": "token"}
+
+
+def stands_at(ckpt, unit: str) -> tuple[int, int] | None:
+    """Where the checkpoint stands in a duration's unit (ba, sp, tok), as its manifest records it: (at the start of
+    the batch that ended at it, at it); None where the manifest says nothing of it, or another unit."""
+    stamp = (read_manifest(ckpt) or {}).get("timestamp")
+    key = _COUNTS.get(unit)
+    if not key or not isinstance(stamp, dict) or not isinstance(stamp.get("before"), dict):
+        return None
+    at = (stamp["before"].get(key), stamp.get(key))
+    return at if all(isinstance(x, int) and not isinstance(x, bool) for x in at) else None
+
+
 def read_manifest(ckpt) -> dict | None:
     path = manifest_path(ckpt)
     if not path.is_file():

@@ -201,14 +201,16 @@ def _resumes(cfg, duration, tokens_per_step: int, global_batch: int) -> dict | N
     found = resume.newest_complete(folder)
     if found is None:
         return None
-    stamp = (integrity.read_manifest(found.path) or {}).get("timestamp") or {}
     n, unit = time_of(duration) or (None, None)
-    done = {"ba": found.batch, "tok": stamp.get("token"), "sp": stamp.get("sample")}.get(unit)
+    tokens = (integrity.stands_at(found.path, "tok") or (None, None))[1]
+    done = {"ba": found.batch, "tok": tokens}.get(unit) if unit != "sp" else \
+        (integrity.stands_at(found.path, "sp") or (None, None))[1]
     per = {"ba": 1, "tok": tokens_per_step, "sp": global_batch}.get(unit)
     if done is None and per:  # a manifest that says nothing of it: in batches at this batch size
         done, per, n = found.batch, 1, _steps_and_tokens(duration, tokens_per_step, global_batch)[0]
     left = max(0, math.ceil((n - done) / per)) if per and n is not None else None
-    return {"checkpoint": str(found.path), "batch": found.batch, "tokens": stamp.get("token"), "steps_left": left,
+    return {"checkpoint": str(found.path), "batch": found.batch,
+            "tokens": tokens, "steps_left": left,
             "tokens_left": left * tokens_per_step if left is not None else None, "seconds_left": None}
 
 

@@ -389,12 +389,9 @@ def _end_not_reached(ckpt, fcfg) -> str | None:
     # rerun); a manifest without it (hashed on a later start, or written before it was recorded) in batches at this
     # command's batch size, as then no batch size changed since
     duration = str(fcfg.get("max_duration")).strip()
-    stamp = (integrity.read_manifest(ckpt.path) or {}).get("timestamp")
-    time, at = time_of(duration), None
-    if time and isinstance(stamp, dict) and isinstance(stamp.get("before"), dict):
-        key = {"ba": "batch", "sp": "sample", "tok": "token"}.get(time[1])
-        at = (stamp["before"].get(key), stamp.get(key)) if key else None
-    if at and all(isinstance(x, int) for x in at):
+    time = time_of(duration)
+    at = integrity.stands_at(ckpt.path, time[1]) if time else None
+    if at:
         if not at[0] < time[0] <= at[1]:  # this command's final one: the batch that ended at it reached it, not the one before
             return None
     elif batches_in(fcfg, duration) != ckpt.batch:
