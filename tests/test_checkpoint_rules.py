@@ -2,6 +2,7 @@
 and be told about the run it may have meant to continue (train/checks/checkpoints.py)."""
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -134,3 +135,53 @@ def test_a_new_run_beside_one_of_the_same_model_and_data_names_it(tmp_path):
     assert not keyed(found([]), "run_name")  # the same run resumes: nothing to say
     assert not keyed(found(["optimizer.lr=1e-3", f"run_name={first.run_name}"]), "run_name")
     assert not keyed(found(["optimizer.lr=1e-3", "max_seq_len=64"]), "run_name")  # other data: mock-seq64
+
+
+def test_save_ignore_keys_that_leave_out_what_a_resume_reads_are_refused():
+    """`+save_ignore_keys=[state/optimizers]`: measured, a run killed after a checkpoint resumed with Adam's moments
+    at zero and ended at another loss than the uninterrupted run (4.8189 against 5.2075), exit 0."""
+    for pattern, part in [("state/optimizers", ""), ("state/optimizers/*", ""), ("state/*", ""),
+                          ("state/model/transformer.wte.*", "part of ")]:
+        [p] = keyed(errors(found([f"+save_ignore_keys=[{pattern}]"])), "save_ignore_keys")
+        assert f"leaves {part}state/" in p.problem and "export=hf" in p.fix, (pattern, p)
+    [rng] = keyed(found(["+save_ignore_keys=[rng]"]), "save_ignore_keys")
+    assert rng.level == "warning" and "random draws" in rng.problem
+    assert not keyed(found(["+save_ignore_keys=[state/optimizers]", "autoresume=false"]), "save_ignore_keys")
+    assert not keyed(found(["+save_ignore_keys=[]"]), "save_ignore_keys")
+
+
+def test_a_continuation_under_other_optimizer_settings_is_refused_since_the_checkpoint_restores_its_own():
+    """run_name=<run> optimizer.lr=1e-12: measured, composer's resume restored the optimizer's param groups (lr
+    0.003) and the scheduler's base_lrs, the weights moved as before, and the run's record said 1e-12. The
+    schedule's shape is rebuilt from the command, so scheduler keys and a longer max_duration continue as asked."""
+    first = compose([])
+    os.makedirs(first.save_folder)
+    write_record(first.save_folder, first.run_name, "mpt-tiny", identity(first))
+    folder = Path(first.save_folder)
+    (folder / "ep0-ba40-rank0.pt").write_bytes(b"x")
+    go_on = [f"run_name={first.run_name}", "max_duration=80ba"]
+    [p] = keyed(errors(found([*go_on, "optimizer.lr=1e-12"])), "optimizer.lr")
+    assert "restores over this command's" in p.problem and "0.003 there, 1e-12 here" in p.problem, p
+    assert "load_weights_only" in p.fix and str(folder) in p.problem
+    [p] = keyed(errors(found([*go_on, "optimizer.betas=[0.9,0.99]"])), "optimizer.betas")
+    assert not errors(found(go_on)) and not errors(found([*go_on, "scheduler.alpha_f=0.5"]))
+    assert not errors(found(["optimizer.lr=1e-12"]))  # without run_name: another run, from step 0
+
+
+def test_a_mock_set_already_written_with_other_counts_is_refused_naming_the_count(tmp_path):
+    """The mock data is written once into its folder and kept: data.train_samples=4096 over a folder of 1024
+    trained on 1024 under a name that said 4096 (measured, exit 0)."""
+    import json
+
+    folder = tmp_path / "root" / "datasets" / "mock-seq128"
+    for split, n in (("train", 1024), ("val", 64)):
+        (folder / split).mkdir(parents=True)
+        shards = [{"samples": n - 24}, {"samples": 24}]
+        (folder / split / "index.json").write_text(json.dumps({"version": 2, "shards": shards}))
+    assert not keyed(found([]), "data.train_samples") and not keyed(found([]), "data.val_samples")
+    [p] = keyed(errors(found(["data.train_samples=4096"])), "data.train_samples")
+    assert "holds 1024" in p.problem and str(folder) in p.problem and "data.train_samples=1024" in p.fix
+    [p] = keyed(errors(found(["data.val_samples=128"])), "data.val_samples")
+    assert "holds 64" in p.problem
+    assert not keyed(found(["data.train_samples=4096", f"variables.data_local={tmp_path / 'other'}"]),
+                     "data.train_samples")  # another folder: written with those counts

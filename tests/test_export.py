@@ -207,6 +207,26 @@ def test_errors_name_the_key_and_the_fix_and_write_nothing(tmp_path):
     assert not (tmp_path / "root").exists() and sorted(p.name for p in tmp_path.rglob("*")) == ["ep0-ba5", "save"]
 
 
+def test_an_out_inside_a_checkpoint_or_a_runs_checkpoint_folder_is_refused(tmp_path):
+    """`train.export CKPT --out CKPT/hf` wrote into the checkpoint, which then failed its manifest: the next export
+    by run name set it aside and took the one before, exit 0."""
+    from common.errors import UserError
+    from train.export import replaceable
+
+    run_folder = tmp_path / "checkpoints" / "mpt-tiny-1"
+    (run_folder / "ep0-ba30").mkdir(parents=True)
+    (run_folder / "ep0-ba30" / ".metadata").write_bytes(b"x")
+    (run_folder / "identity.json").write_text("{}")
+    for out, inside in [(run_folder / "ep0-ba30" / "hf", "a checkpoint"), (run_folder / "hf", "a run's checkpoint"),
+                        (run_folder / "ep0-ba30", "a checkpoint")]:
+        with pytest.raises(UserError) as err:
+            replaceable(out)
+        assert err.value.key == "--out" and inside in err.value.problem, err.value
+    replaceable(tmp_path / "outputs" / "mpt-tiny-1" / "huggingface" / "ba30")  # the default: beside, not inside
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [".metadata", "checkpoints", "ep0-ba30", "identity.json",
+                                                          "mpt-tiny-1"]
+
+
 def test_the_readme_lines_of_export_sample_and_evaluate_parse():
     """The `python -m train.export|sample|evaluate` lines of README.md and docs/*.md (test_readme.py runs the
     `python -m train` ones) name arguments these commands take: each parses, through the command's own parser,

@@ -129,3 +129,55 @@ def test_the_plan_names_the_run_that_m_submits_and_scaling_points_are_runs_of_th
     assert len(set(names)) == 2 and all(n.startswith(base + "-") and len(n) == len(base) + 7 for n in names)
     assert [p["run_name"] for p in _plan(*scaling, root=tmp_path)] == names  # the same line, the same names
     assert not any(tmp_path.iterdir())  # a look writes nothing
+
+
+def test_one_folder_spelt_three_ways_is_one_run_and_a_loader_of_weights_is_what_is_trained():
+    """/data/x/, /data//x and /data/./x (and the tokenizer's folder likewise) were each another run from step 0,
+    unwarned (the data differed by its text); composer's load_checkpoint callback was taken for a monitor, so a run
+    warm-started from other weights and one from scratch were one run."""
+    line = ["data=mds", "tokenizer.name=/data/tok"]
+    one = name([*line, "variables.data_local=/data/x"])
+    assert {name([*line, f"variables.data_local={p}"]) for p in ("/data/x/", "/data//x", "/data/./x")} == {one}
+    assert name(["data=mds", "variables.data_local=/data/x", "tokenizer.name=/data//tok/"]) == one
+    assert name([*line, "variables.data_local=/data/y"]) != one
+    assert name(["+callbacks.load_checkpoint.load_path=/data/pretrained.pt"]) != name()
+    assert name(["+callbacks.run_timeout.timeout=7200"]) == name()  # it ends a start, which resumes
+    assert name(["max_duration=4800 ba"]) == name() and name(["fsdp_config.mixed_precision=pure"]) == name()
+
+
+def test_an_old_rule_name_whose_record_trains_something_else_is_not_continued(tmp_path):
+    """The old rule hashed the command line alone: after a yaml=PATH file or a preset was edited, the same line
+    continued the old run under other settings, unwarned, and rewrote its record."""
+    from train.config.identity import write_record
+
+    overrides = ["model=mpt-125m", "optimizer.lr=1e-4"]
+    new, old = compose(overrides).run_name, legacy_name("mpt-125m", overrides)
+    folder = tmp_path / "checkpoints" / old
+    folder.mkdir(parents=True)
+    (folder / "ep0-ba20-rank0.pt").write_bytes(b"x")
+    write_record(folder, old, "mpt-125m", identity(compose([*overrides, "optimizer.weight_decay=0.5"])))
+    assert compose(overrides).run_name == new
+    write_record(folder, old, "mpt-125m", identity(compose(overrides)))
+    assert compose(overrides).run_name == old  # its record is this training: it goes on
+
+
+def test_scaling_points_keep_their_names_when_every_point_gets_one_more_override(tmp_path):
+    """`-m cluster.tasks_per_node=1,2` run again with cluster.env.NCCL_DEBUG=INFO added: each point's name hashed
+    every override, so both trained again from step 0, unwarned. A point is named by what sets it apart; a sweep
+    named by the rule before goes on under those names."""
+    from omegaconf import OmegaConf
+
+    from train.config.identity import distinct_names
+
+    cfgs = [OmegaConf.create({"run_name": "m-1", "storage": {"checkpoint_root": str(tmp_path)}})] * 2
+    points = [["cluster.tasks_per_node=1", "data=mock"], ["cluster.tasks_per_node=2", "data=mock"]]
+    names = [o[-1] for o in distinct_names(points, cfgs)]
+    assert len(set(names)) == 2 and all(n.startswith("run_name=m-1-") for n in names)
+    more = [[*p, "cluster.env.NCCL_DEBUG=INFO", "plan=true"] for p in points]
+    assert [o[-1] for o in distinct_names(more, cfgs)] == names
+    import hashlib
+
+    before = "m-1-" + hashlib.sha1("\n".join(sorted(more[0])).encode()).hexdigest()[:6]
+    (tmp_path / before).mkdir()
+    (tmp_path / before / "ep0-ba20-rank0.pt").write_bytes(b"x")
+    assert [o[-1] for o in distinct_names(more, cfgs)] == [f"run_name={before}", names[1]]

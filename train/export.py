@@ -125,7 +125,15 @@ EXPORT_FILES = ("config.json", "model.safetensors", "model.safetensors.index.jso
 
 def replaceable(out: Path) -> None:
     """Refuse an --out that holds anything but an earlier export: it is replaced whole, and a folder of the
-    user's (their models, a run's checkpoints, the working directory) must not go with it."""
+    user's (their models, a run's checkpoints, the working directory) must not go with it. Nor may it land inside a
+    checkpoint or a run's checkpoint folder: a file added there fails that checkpoint's manifest, and every later
+    resume and export sets it aside (measured: the next export by run name took the checkpoint before, exit 0)."""
+    for folder in [out, *out.resolve().parents]:
+        if (folder / ".metadata").is_file() or (folder / "identity.json").is_file():
+            raise UserError("--out", f"{out} is inside {folder}, "
+                            + ("a checkpoint" if (folder / ".metadata").is_file() else "a run's checkpoint folder")
+                            + ": what the export writes there would no longer match its manifest",
+                            "an --out outside the run's checkpoints (the default: the run's outputs folder)")
     if not out.exists() and not out.is_symlink():
         return
     if out.is_dir() and not out.is_symlink():

@@ -45,6 +45,7 @@ def keeps_something(cfg, ctx):
                       "'... may conflict with a future checkpoint of the current run')",
                       "remove it (export=hf writes the weights alone, in a Hugging Face folder, at the end); or "
                       "autoresume=false for a run that is never restarted")
+    yield from _ignored_on_save(cfg)
     keep = value(cfg, "save_num_checkpoints_to_keep")
     if keep == 0 and is_int(keep):
         yield Problem("save_num_checkpoints_to_keep", "0 deletes every checkpoint as soon as it is written "
@@ -54,6 +55,37 @@ def keeps_something(cfg, ctx):
         yield Problem("save_num_checkpoints_to_keep", "1 keeps the newest checkpoint alone: if it is found damaged "
                       "when the run resumes (a flipped block, a file cut short), there is none before it to resume "
                       "from, and the run stops", "save_num_checkpoints_to_keep=2 or more (the default is 10)", WARNING)
+
+
+# What a resume reads back from a checkpoint (composer's state dict paths): without one, the run goes on from it
+# with that part new, a training no uninterrupted run would give.
+_RESUMED = ("state/model", "state/optimizers", "state/schedulers", "state/timestamp", "state/dataset_state")
+
+
+def _ignored_on_save(cfg):
+    """save_ignore_keys (composer's glob patterns of state dict paths left out of every checkpoint) that leave out
+    what a resume reads: measured, state/optimizers left out, the run resumed from its checkpoint with Adam's moments
+    at zero and ended at another loss, exit 0."""
+    import fnmatch
+
+    patterns = value(cfg, "save_ignore_keys")
+    if not patterns or isinstance(patterns, str) or not value(cfg, "autoresume"):
+        return
+    for pattern in map(str, patterns):
+        hit = [p for p in _RESUMED if fnmatch.fnmatch(p, pattern) or fnmatch.fnmatch(p + "/x", pattern)
+               or p.startswith(pattern.rstrip("*/") + "/") or pattern.startswith(p + "/")]
+        if hit:
+            part = "part of " if any(pattern.rstrip("*/").startswith(p + "/") for p in hit) else ""
+            yield Problem("save_ignore_keys", f"{pattern!r} leaves {part}{', '.join(hit)} out of every checkpoint, which "
+                          "a run resumes from: each restart (a requeue, a preemption, the same command again) goes "
+                          "on with that part new, unlike the uninterrupted run",
+                          "remove it (export=hf writes the weights alone at the end); or autoresume=false for a "
+                          "run that is never restarted")
+        elif pattern.startswith(("state", "rng")) or pattern.startswith("*"):
+            yield Problem("save_ignore_keys", f"{pattern!r} leaves part of the state out of every checkpoint: a "
+                          "restart goes on without it" + (" (other random draws than the uninterrupted run)"
+                                                          if pattern.startswith("rng") else ""),
+                          "remove it unless that part is meant to start afresh at every restart", WARNING)
 
 
 def _step_seconds(cfg, world: int) -> float | None:
@@ -350,8 +382,20 @@ def continued_run(cfg, ctx):
                       "model as a new run", WARNING)
     # keys both name (a default spelled out on one side is no change); max_duration: a longer run is what
     # run_name= is for
-    other = [f"{k}={theirs[k]!r} there, {ours[k]!r} here" for k in sorted(set(theirs) & set(ours))
-             if theirs[k] != ours[k] and k != "max_duration"]
+    both = sorted(k for k in set(theirs) & set(ours) if theirs[k] != ours[k] and k != "max_duration")
+    restored = [f"{k}={theirs[k]!r} there, {ours[k]!r} here" for k in both if k.startswith("optimizer.")]
+    if restored:
+        # composer loads the optimizer's state with its param groups, whose lr, betas, eps and weight decay replace
+        # the new ones, and the scheduler's base_lrs (measured: optimizer.lr=1e-12 went on at 0.003, recorded as
+        # 1e-12). The schedule's shape (t_warmup, alpha_f) is rebuilt from this command.
+        yield Problem(restored[0].split("=")[0], f"the checkpoints this command continues ({given}=), in {folder} "
+                      f"(up to batch {found[-1].batch}), hold the optimizer's own settings, which a resume restores "
+                      f"over this command's: {'; '.join(restored)}; it would go on under the first and record the "
+                      "second", "keep the run's optimizer settings to continue it; to go on from its weights under "
+                      f"these, start a new run from them (drop {given}=, add load_path=<its newest checkpoint> "
+                      "+load_weights_only=true: the optimizer starts afresh)")
+        return
+    other = [f"{k}={theirs[k]!r} there, {ours[k]!r} here" for k in both]
     if other and not (ctx.given("run_name") or ctx.given("save_folder")):  # asked on the command line: as asked
         yield Problem("save_folder", f"continues the run in {folder} (up to batch {found[-1].batch}) under other settings: "
                       + "; ".join(other[:6]) + (f"; and {len(other) - 6} more" if len(other) > 6 else ""),

@@ -338,12 +338,30 @@ def _mds_fix(key: str, local: Path, split: str, tokenizer: str) -> str:
             "to stream one)")
 
 
+def _mock_counts(cfg):
+    """The mock set already in its folder is the one a run reads (train/task/mock_data.py keeps it): asked for
+    other counts, the run would train on the folder's and report the asked ones (measured: train_samples=4096 read
+    1024 samples, exit 0)."""
+    from train.task.mock_data import held
+
+    folder = value(cfg, "variables.data_local")
+    there = held(folder) if folder else None
+    if there is None:
+        return
+    for key, has in zip(("data.train_samples", "data.val_samples"), there):
+        asked = value(cfg, key)
+        if asked != has:
+            yield Problem(key, f"{asked} asked, but the mock set in {folder} holds {has} (it is written once, and "
+                          "kept)", f"{key}={has}; or variables.data_local=<another folder> for a set of {asked}")
+
+
 def data(cfg, ctx):
     """Each loader's own MDS folder (dataset.local, dataset.split), as streaming will open it: llm-foundry's YAMLs
     set them through variables.data_local, and a command line may set a loader's directly. A loader that streams
     from a remote fills its local folder when it starts; eval_loader=null evaluates nothing."""
     if value(cfg, "data.kind") == "mock":
-        return  # mock data is written when the run starts
+        yield from _mock_counts(cfg)  # written when the run starts, unless a set is there already
+        return
     tokenizer_name = str(value(cfg, "tokenizer.name"))
     # what the loaders refer to in llm-foundry's YAMLs: unset is fine where each loader names its own folder (a
     # loader that refers to it stops at its value below: variables.data_local has no value)

@@ -38,7 +38,7 @@ HOW_TOP = {
     "save_latest_filename", "save_weights_only", "save_ignore_keys", "autoresume",
     # how it is reported and followed
     "loggers", "progress_bar", "log_to_console", "console_log_interval", "python_log_level", "metadata",
-    "log_config",
+    "log_config", "flatten_metadata", "profiler",
     # how each step is computed: the global batch fixes the maths, the microbatch only splits it
     "device_train_microbatch_size", "device_train_batch_size", "dist_timeout",
     "compile_config", "max_split_size_mb", "expandable_segments", "cuda_load_lazy", "code_paths",
@@ -68,7 +68,11 @@ HOW_SUB = (
         "speed_monitor", "lr_monitor", "runtime_estimator", "memory_monitor", "run_report", "hf_checkpointer", "tracking",
         "optimizer_monitor", "memory_snapshot", "oom_observer", "mono_checkpoint_saver", "scheduled_gc",
         "generate_callback", "log_model_parameters", "system_metrics_monitor", "nan_monitor",
-        "activation_monitor", "load_checkpoint")),
+        "activation_monitor",
+        # they report, score or time the run (async_eval launches other runs on its checkpoints; run_timeout ends
+        # a start, which resumes): composer's load_checkpoint is not here, it loads weights
+        "eval_output_logging", "loss_perp_v_len", "env_logging", "fdiff_metrics", "mbmoe_tok_per_expert",
+        "async_eval", "run_timeout")),
 )
 
 
@@ -89,7 +93,7 @@ def _plain(value):
 
 # A composer time written with a number in another spelling: 2e1ba, 20.0ba and 20ba are 20 batches, one run
 # (measured: three run names, the later ones new runs from batch 0 with a warning).
-_TIME_SPELLING = re.compile(r"\s*\+?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?(ba|ep|tok|sp|dur|iter)\s*", re.IGNORECASE)
+_TIME_SPELLING = re.compile(r"\s*\+?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*(ba|ep|tok|sp|dur|iter)\s*", re.IGNORECASE)
 
 
 def same_time(a, b) -> bool:
@@ -143,7 +147,7 @@ def _relative_to_roots(cfg, flat: dict) -> None:
         except Exception:
             continue
         if isinstance(root, str) and root.strip("/"):
-            roots.append((root.rstrip("/"), "<data>" if key.startswith("storage.data_") else f"<{key}>"))
+            roots.append((_path(root), "<data>" if key.startswith("storage.data_") else f"<{key}>"))
     roots.sort(key=lambda r: len(r[0]), reverse=True)
     for k, v in flat.items():
         if isinstance(v, str):
@@ -163,8 +167,29 @@ def identity(cfg) -> dict:
     dataset = "train_loader.dataset"
     remote, local = flat.pop(f"{dataset}.remote", None), flat.pop(f"{dataset}.local", None)
     flat[f"{dataset}.source"] = remote if remote not in (None, "") else local
+    for k, v in flat.items():
+        if _is_path_key(k):
+            flat[k] = _path(v)
+    if isinstance(flat.get("fsdp_config.mixed_precision"), str):  # composer upper-cases it: pure is PURE
+        flat["fsdp_config.mixed_precision"] = flat["fsdp_config.mixed_precision"].upper()
     _relative_to_roots(cfg, flat)
     return dict(sorted(flat.items()))
+
+
+def _is_path_key(key: str) -> bool:
+    return key in ("tokenizer.name", "load_path") or (
+        key.startswith(("train_loader.", "eval_loader.")) and key.rpartition(".")[2] in ("local", "remote", "source"))
+
+
+def _path(value):
+    """One spelling of a local path: /data/c4/, /data//c4 and /data/./c4 are one folder (measured: each another
+    run from batch 0, unwarned, since the data differed by its text). A URL (s3://...) and a hub name are kept."""
+    import posixpath
+
+    if not isinstance(value, str) or not value or "://" in value:
+        return value
+    normal = posixpath.normpath(value)
+    return "/" + normal.lstrip("/") if normal.startswith("//") else normal
 
 
 def digest(ident: dict) -> str:
@@ -204,9 +229,10 @@ def run_id(model: str, recipe=None, _root_=None) -> str:
         return "<run_name>"  # a value that holds the name (a node-local cache folder) while the name is computed
     _naming.busy = True
     try:
-        new = name(model, _root_)
+        ident = identity(_root_)
     finally:
         _naming.busy = False
+    new = f"{model}-{digest(ident)}"
     try:
         from hydra.core.hydra_config import HydraConfig
 
@@ -216,7 +242,11 @@ def run_id(model: str, recipe=None, _root_=None) -> str:
         return new
     old = legacy_name(model, overrides)
     if old != new and root and _has_checkpoints(Path(root) / old) and not (Path(root) / new).exists():
-        return old
+        # The old rule hashed the command line alone: the same line after a preset or a yaml=PATH file was edited
+        # trains something else. Where the old run left a record of what it trained, only that training is it.
+        record = read_record(Path(root) / old).get("identity")
+        if record is None or record == ident:
+            return old
     return new
 
 
@@ -266,18 +296,18 @@ def same_model_and_data(root, run_name: str, model: str, ident: dict) -> list:
         other = theirs.get("identity") or {}
         if theirs.get("run_name") == run_name or theirs.get("model") != model:
             continue
-        if any(other.get(k) != ident.get(k) for k in DATA_KEYS):
+        if any(_path(other.get(k)) != ident.get(k) for k in DATA_KEYS):  # a record of before paths were normalised
             continue
         differs = {k: (other.get(k), ident.get(k)) for k in sorted(set(other) | set(ident))
-                   if other.get(k) != ident.get(k)}
+                   if other.get(k) != ident.get(k) and _counted(k)}  # a record's key the rule no longer counts: not a difference
         found.append((rec.stat().st_mtime, theirs["run_name"], differs))
     return [(n, d) for _, n, d in sorted(found, key=lambda f: f[0], reverse=True)]
 
 
 def distinct_names(points: list, cfgs: list) -> list | None:
     """Sweep points that train the same thing and differ only in how they run (a node-count scaling sweep:
-    `-m cluster.nodes=1,2,4`) are still a run each: each gets `run_name=<name>-<6 hex of its own overrides>`, the
-    same for the same command line. points: each point's overrides; cfgs: their configs. Returns the points'
+    `-m cluster.nodes=1,2,4`) are still a run each: each gets `run_name=<name>-<6 hex of the overrides that set it
+    apart from the others>`, the same for the same command line and for it with an override added to every point. points: each point's overrides; cfgs: their configs. Returns the points'
     overrides with those names added, or None when every point already has its own name."""
     groups: dict = {}
     for num, (overrides, cfg) in enumerate(zip(points, cfgs)):
@@ -287,14 +317,29 @@ def distinct_names(points: list, cfgs: list) -> list | None:
             groups.setdefault(str(cfg.run_name), []).append(num)
         except Exception:
             continue  # a point that does not resolve: the checks name its problem
-    shared = {num for nums in groups.values() if len(nums) > 1 for num in nums}
-    if not shared:
+    groups = [nums for nums in groups.values() if len(nums) > 1]
+    if not groups:
         return None
-    out = []
-    for num, overrides in enumerate(points):
-        overrides = list(overrides)
-        if num in shared:
-            mark = hashlib.sha1("\n".join(sorted(map(str, overrides))).encode()).hexdigest()[:6]
-            overrides.append(f"run_name={cfgs[num].run_name}-{mark}")
-        out.append(overrides)
+    out = [list(overrides) for overrides in points]
+    for nums in groups:
+        # A point's mark is what sets it apart from the others of its group: an override all of them share (an env
+        # var added to the whole line, plan=true) leaves each point its name, so the same sweep with it resumes.
+        common = set.intersection(*(set(map(str, points[num])) for num in nums))
+        for num in nums:
+            own = sorted(set(map(str, points[num])) - common)
+            base = str(cfgs[num].run_name)
+            name = f"{base}-{_mark(own)}"
+            # the rule before (every override hashed) named points of sweeps run then: they go on under those names
+            before = f"{base}-{_mark(sorted(map(str, points[num])))}"
+            try:
+                root = OmegaConf.select(cfgs[num], "storage.checkpoint_root", default=None)
+            except Exception:
+                root = None
+            if before != name and root and _has_checkpoints(Path(root) / before) and not (Path(root) / name).exists():
+                name = before
+            out[num].append(f"run_name={name}")
     return out
+
+
+def _mark(overrides: list) -> str:
+    return hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:6]

@@ -114,8 +114,15 @@ def run(cfg: DictConfig) -> dict:
 
         if trained:  # a sweep run again submits nothing for this point (train/launch/finished.py)
             finished.write(fcfg.save_folder, fcfg.max_duration, report, metrics, ended)
-        elif not metrics:  # already trained, and this run's outputs folder is new: that run's numbers
-            metrics = (finished.read(cfg) or {}).get("value") or {}
+        else:
+            # Already trained: the numbers of the start that finished it, as its finished.json keeps them. This
+            # command's outputs folder may hold an earlier stretch's (measured: a run continued under -m, whose
+            # outputs go to the sweep's folder, then run plainly: batch 40's numbers printed for a run at 80).
+            done = finished.read(cfg)
+            if done and done.get("value") and done["value"].get("batches") != metrics.get("batches"):
+                metrics = done["value"]
+                if done.get("report"):
+                    report = Path(done["report"])
         print(f"\nfinal train loss {metrics.get('final_train_loss')}, "
               f"eval {metrics.get('final_eval')}\n"
               f"checkpoints: {fcfg.save_folder or 'none (checkpoint=none)'}\n"

@@ -8,8 +8,6 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
-
 from common import files
 
 EOS = "<|endoftext|>"
@@ -34,7 +32,9 @@ def write_tokenizer(folder: Path) -> None:
         "model_input_names": ["input_ids", "attention_mask"]}))
 
 
-def token_stream(n_tokens: int, seed: int) -> np.ndarray:
+def token_stream(n_tokens: int, seed: int):
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     out, total = [], 0
     while total < n_tokens:
@@ -53,6 +53,19 @@ def write_split(folder: Path, samples: int, seq_len: int, seed: int) -> None:
     writer = ShardWriter(folder, seq_len, compression=None, size_limit=1 << 26)  # streaming's default size_limit
     writer.add(token_stream(samples * seq_len, seed).reshape(samples, seq_len))
     writer.finish()
+
+
+def held(folder) -> tuple | None:
+    """(train samples, val samples) of the complete mock set in `folder`, None where there is none. Light: the
+    checks read it before anything is written."""
+    counts = []
+    for split in ("train", "val"):
+        try:
+            index = json.loads((Path(folder) / split / "index.json").read_text())
+            counts.append(sum(int(shard["samples"]) for shard in index["shards"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    return tuple(counts)
 
 
 def ensure(folder: str, seq_len: int, train_samples: int, val_samples: int) -> Path:
