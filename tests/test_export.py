@@ -299,6 +299,62 @@ def test_a_run_named_whose_newest_export_is_older_than_its_checkpoints_is_warned
 
 
 @pytest.mark.e2e  # starts a Python process of its own
+def test_an_export_left_from_a_training_since_gone_back_is_not_taken_for_the_runs(tmp_path, caplog):
+    """Trained to 80 with an export, checkpoints past 40 deleted by hand, trained again to 60: `train.evaluate
+    <run>` scored the export of batch 80, beside the run's own number at 60, exit 0. Named by the run or by its
+    outputs folder, the export at the run's end is taken; without one, it stops naming the stale export."""
+    from common.errors import UserError
+    from train.hf_model import find_folder
+
+    hf, save = tmp_path / "outputs" / "r" / "huggingface", tmp_path / "checkpoints" / "r"
+    for batch in (60, 80):
+        (hf / f"ba{batch}").mkdir(parents=True)
+        (hf / f"ba{batch}" / "config.json").write_text("{}")
+    save.mkdir(parents=True)
+    (save / "ep0-ba60-rank0.pt").write_bytes(b"")
+    (save / "finished.json").write_text(json.dumps({"max_duration": "60ba", "batch": 60}))
+    roots = (tmp_path / "outputs", tmp_path / "checkpoints")
+    for arg in ("r", str(tmp_path / "outputs" / "r"), str(hf)):
+        caplog.clear()
+        assert find_folder(arg, *roots) == hf / "ba60", arg
+        assert "past where the run now ends (batch 60" in caplog.records[0].getMessage()
+    shutil.rmtree(hf / "ba60")
+    with pytest.raises(UserError) as err:
+        find_folder("r", *roots)
+    assert "ba80" in err.value.problem and "python -m train.export r" in err.value.fix
+    assert find_folder(str(hf / "ba80"), *roots) == hf / "ba80"  # its own path: what is meant
+    (save / "ep0-ba80-rank0.pt").write_bytes(b"")  # trained to 80 again since: its export is the newest
+    assert find_folder("r", *roots) == hf / "ba80"
+
+
+def test_data_of_another_tokenizer_is_refused_and_longer_samples_warned_before_the_model_loads(tmp_path, caplog):
+    """`train.evaluate RUN --data` on a folder tokenized with another vocabulary printed a cross-entropy of ids
+    that mean other words, exit 0 (a training on it is refused); 256-token samples were cut to the model's 128
+    unsaid. What data_prep recorded beside the split decides."""
+    from common.errors import UserError
+    from data_prep.facts import SUMMARY_FILE, tokenizer_fingerprint
+    from train.evaluate import _same_tokens
+    from train.task.mock_data import write_tokenizer
+
+    export, split = tmp_path / "ba10", tmp_path / "data" / "val"
+    write_tokenizer(export)
+    split.mkdir(parents=True)
+    (split / "index.json").write_text(json.dumps({"version": 2, "shards": []}))
+    facts = {"sample_tokens": 128, "tokenizer": "/data/other-tokenizer", "tokenizer_fingerprint": "0" * 64}
+    (split / SUMMARY_FILE).write_text(json.dumps(facts))
+    with pytest.raises(UserError) as err:
+        _same_tokens(export, split, 128)
+    assert err.value.key == "--data" and "/data/other-tokenizer" in err.value.problem
+    ours = tokenizer_fingerprint(str(export))
+    assert ours and ours != "0" * 64
+    (split / SUMMARY_FILE).write_text(json.dumps({**facts, "tokenizer_fingerprint": ours}))
+    _same_tokens(export, split, 128)
+    assert not caplog.records
+    (split / SUMMARY_FILE).write_text(json.dumps({**facts, "tokenizer_fingerprint": ours, "sample_tokens": 256}))
+    _same_tokens(export, split, 128)
+    assert "samples of 256 tokens: each is scored on its first 128" in caplog.text
+
+
 def test_status_and_export_look_on_the_storage_the_training_command_named(tmp_path):
     """`python -m train.status storage=amlfs storage.root=...` / `train.export NAME storage=...`: the storage presets
     composed as the training composed them, not the local root."""

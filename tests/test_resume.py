@@ -75,6 +75,10 @@ def test_killed_after_a_checkpoint_then_finished_the_same_command_resumes_then_d
     assert got["world_size"] == ranks
     assert_same_run(got, want)
 
+    if ranks == 1:  # this command's outputs folder holding an earlier stretch's numbers, as a start continued
+        # under -m leaves it (its outputs go to the sweep's folder): the numbers of the start that finished it
+        stale = max((tmp_path / "outputs").rglob("metrics.json"), key=lambda p: p.stat().st_mtime)
+        stale.write_text(json.dumps({**got, "batches": 20, "final_train_loss": 99.0}))
     before = {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file() and p.name != ".lock"}
     again = run(*cmd, root=tmp_path, check=True)  # (b) the same command after the run finished
     if ranks == 1:  # a plain run: it starts, finds the run at max_duration, says so and writes nothing

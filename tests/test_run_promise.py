@@ -263,7 +263,8 @@ def test_continuing_a_run_by_name_with_a_model_of_another_shape_is_refused_befor
         tmp_path, tmp_path_factory):
     """run_name=<a run> model.n_layers=3 (the run trained 2) rewrote the run's record, then failed loading its
     checkpoint with a KeyError traceback, after the queue. Now refused by the key, the record untouched (a key the run
-    left at MPT's default as well); another changed setting (the learning rate) continues the run, as asked."""
+    left at MPT's default as well); another changed setting (the schedule's) continues the run, as asked, but not the
+    optimizer's, which the checkpoint restores over the command's."""
     root = tmp_path / "root"
     shutil.copytree(finished(1, "sharded", tmp_path_factory), root, symlinks=True)
     [folder] = (root / "checkpoints").iterdir()
@@ -284,24 +285,30 @@ def test_continuing_a_run_by_name_with_a_model_of_another_shape_is_refused_befor
     # not refused (it was, as a load that would fail)
     proc = run(*line, "model.n_heads=8", "plan=true", root=root, check=True)
     assert "warning: model.n_heads: " in proc.stderr and "model.n_heads=4 there, 8 here" in proc.stderr, proc.stderr
-    plan = run(*line, "optimizer.lr=0.5", "max_duration=80ba", "plan=true", root=root, check=True)
+    plan = run(*line, "scheduler.alpha_f=0.5", "max_duration=80ba", "plan=true", root=root, check=True)
     assert "model.n_layers" not in plan.stderr  # other settings: continued under them, as run_name= asks
     assert "continues the run in" not in plan.stderr
+    # but not the optimizer's: composer restores them from the checkpoint (measured: lr=1e-12 went on at 0.003)
+    proc = run(*line, "optimizer.lr=0.5", "max_duration=80ba", "plan=true", root=root, check=2)
+    assert "error: optimizer.lr: " in proc.stderr and "optimizer.lr=0.003 there, 0.5 here" in proc.stderr
     # a save_folder fixed in a user's YAML is a continuation too (every variant of the YAML shares it): a model of
     # another shape there is refused as by run_name= (it was not checked: the KeyError came after the queue), and
-    # other settings are said (the YAML's other learning rate resumed the run's checkpoint without a word)
+    # other settings are said (the YAML's other seed resumed the run's checkpoint without a word)
     model = "model: {name: mpt_causal_lm, d_model: 128, n_heads: 4, n_layers: %d, max_seq_len: 128, vocab_size: 320}"
-    for layers in (3, 2):
+    for layers, lr, seed in ((3, 0.5, 17), (2, 0.5, 17), (2, 0.003, 7)):
         (tmp_path / "mine.yaml").write_text(
             "variables: {data_local: /tmp/nowhere-c4}\nmax_seq_len: 128\n" + model % layers +
-            f"\noptimizer: {{name: decoupled_adamw, lr: 0.5}}\nsave_folder: {folder}\n")
+            f"\noptimizer: {{name: decoupled_adamw, lr: {lr}}}\nseed: {seed}\nsave_folder: {folder}\n")
         proc = run("-m", "train", f"yaml={tmp_path / 'mine.yaml'}", "plan=true", root=root)
         if layers == 3:
             assert proc.returncode == 2 and "error: model.n_layers: the checkpoints this command continues " \
                 "(save_folder=)" in proc.stderr, proc.stderr
+        elif lr == 0.5:
+            assert proc.returncode == 2 and "error: optimizer.lr: the checkpoints this command continues " \
+                "(save_folder=)" in proc.stderr and "optimizer.lr=0.003 there, 0.5 here" in proc.stderr, proc.stderr
         else:
             assert "warning: save_folder: continues the run in" in proc.stderr and \
-                "optimizer.lr=0.003 there, 0.5 here" in proc.stderr, proc.stderr
+                "seed=17 there, 7 here" in proc.stderr, proc.stderr
     # its weights loaded into a model of another shape: the same refusal (the run's record names the model)
     from train.checkpoint.resume import find
 

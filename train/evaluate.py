@@ -239,6 +239,7 @@ def main(argv=None) -> int:
                                 "otherwise than its training evaluated", "--eos-token-id=<the run's "
                                 "eval_loader.dataset.eos_token_id> (or --bos-token-id), or score the run's own "
                                 "evaluation without --data")
+            _same_tokens(folder, args.data / (args.split or SPLIT), args.max_seq_len or _model_seq(folder))
             model, tokenizer = hf_model.load(folder)
             result = cross_entropy(model, tokenizer, args.data.resolve(), args.split or SPLIT,
                                    args.max_seq_len or model.config.max_seq_len, args.batch_size or BATCH_SIZE,
@@ -336,6 +337,24 @@ def _problems(args) -> list:
         if v is not None and v <= 0:
             found.append(Problem(key, f"must be positive, got {v}", f"e.g. {key}=8"))
     return found
+
+
+def _same_tokens(folder: Path, split: Path, seq: int) -> None:
+    """--data tokenized with another vocabulary than the model's is refused, as a training on it is (measured: a
+    cross-entropy of another tokenizer's ids printed, exit 0); samples longer than the model's sequence warned:
+    each is scored on its first `seq` tokens. What data_prep recorded beside the split says (data_prep/facts.py)."""
+    from data_prep.facts import dataset_facts, tokenizer_fingerprint
+
+    facts = dataset_facts(split)
+    theirs, ours = facts.get("tokenizer_fingerprint"), tokenizer_fingerprint(str(folder))
+    if theirs and ours and theirs != ours:
+        raise UserError("--data", f"{split} was tokenized with {facts.get('tokenizer')}, not with the tokenizer of "
+                        f"{folder}: its token ids mean other words to this model", "data made by data_prep with the "
+                        "run's tokenizer (the one saved in the export)")
+    length = facts.get("sample_tokens")
+    if isinstance(length, int) and length > seq:
+        log.warning("%s holds samples of %d tokens: each is scored on its first %d (the model's max_seq_len; "
+                    "--max-seq-len to set it)", split, length, seq)
 
 
 def _model_seq(folder: Path) -> int:

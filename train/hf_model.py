@@ -26,13 +26,39 @@ def find_folder(arg: str, output_root: Path | None = None, checkpoint_root: Path
         found = [p for p in base.glob("ba*") if _BATCH.match(p.name) and (p / "config.json").is_file()]
         if found:
             newest = max(found, key=lambda p: int(_BATCH.match(p.name)[1]))
-            if by_name:
-                _warn_if_trained_past(newest, int(_BATCH.match(newest.name)[1]), (checkpoint_root or
-                                                                                  roots([])[0]) / arg)
+            # the run's checkpoint folder, found by name or from its outputs folder's (<run>/huggingface/ba{B})
+            run = arg if by_name else (path.name if base != path else path.parent.name)
+            save_folder = (checkpoint_root or roots([])[0]) / run
+            if by_name or base.name == HF_SUBFOLDER and save_folder.is_dir():
+                newest = _of_the_runs_end(newest, found, save_folder)
+                _warn_if_trained_past(newest, int(_BATCH.match(newest.name)[1]), save_folder)
             return newest.resolve()
     raise UserError("model", f"{arg!r}: no exported model there (a folder with config.json, or a run whose outputs "
                     f"hold {HF_SUBFOLDER}/ba{{B}}/)", "export one first: train with export=hf, or run "
                     "`python -m train.export <checkpoint>`; or pass the exported folder's path")
+
+
+def _of_the_runs_end(newest: Path, found: list, save_folder: Path) -> Path:
+    """The export of the batch the run now ends at, where an export past it is left from a training since gone
+    back (its later checkpoints deleted by hand and the run trained again to an earlier end: measured, the older
+    training's export scored as the run's, exit 0). An export past the run's end without one at it: refused, named."""
+    from train.checkpoint.resume import find
+    from train.launch import finished
+
+    ended, batch = finished.ended_at(save_folder), int(_BATCH.match(newest.name)[1])
+    if ended is None or batch <= ended or any(c.batch >= batch for c in find(save_folder)):
+        return newest
+    at_end = [p for p in found if int(_BATCH.match(p.name)[1]) == ended]
+    if at_end:
+        import logging
+
+        logging.getLogger(__name__).warning("%s is of a training past where the run now ends (batch %d, %s): "
+                                            "using %s", newest, ended, save_folder / finished.FILE, at_end[0])
+        return at_end[0]
+    raise UserError("model", f"{newest} is the run's newest export, of batch {batch}, but the run now ends at batch "
+                    f"{ended} ({save_folder / finished.FILE}) with no checkpoint past it: the export is of a training "
+                    "since gone back", f"export the run as it is: python -m train.export {save_folder.name}; or pass "
+                    "the exported folder's path to use it anyway")
 
 
 def _warn_if_trained_past(folder: Path, batch: int, save_folder: Path) -> None:

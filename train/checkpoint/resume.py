@@ -45,6 +45,12 @@ class Checkpoint:
         return f"ep{self.epoch}-ba{self.batch}"
 
 
+def batch_of(path) -> int | None:
+    """The batch a checkpoint's name says (ep0-ba20, ep0-ba20-rank0.pt), None for a name of the user's."""
+    m = _NAME.match(Path(str(path)).name)
+    return int(m[2]) if m else None
+
+
 def find(folder) -> list[Checkpoint]:
     """Every checkpoint in `folder` named as composer names them, oldest first."""
     folder = Path(folder)

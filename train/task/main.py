@@ -101,8 +101,19 @@ def run(cfg: DictConfig) -> dict:
                             f"max_duration={fcfg.max_duration}: nothing would be trained",
                             "a max_duration past that checkpoint's batch (to train on from it)") from None
         trained = False
+        from train.checkpoint import resume
+        from train.checks.core import batches_in
+
+        at, end = resume.batch_of(fcfg.load_path), batches_in(fcfg, str(fcfg.max_duration).strip())
+        past = (f" It was trained on past it since (run_name= continued it), to batch {at}: the numbers printed "
+                f"are of that training." if at is not None and end is not None and at > end else "")
+        hf = (fcfg.get("callbacks") or {}).get("hf_checkpointer")
+        if hf and at is not None and not (Path(hf["save_folder"]) / "huggingface" / f"ba{at}").is_dir():
+            # export=hf added to a finished run's command: the trainer that would write it does not run
+            past += (f" Nothing is exported either (export=hf writes at the end of training): python -m "
+                     f"train.export {fcfg.run_name} writes the Hugging Face folder of that checkpoint.")
         log.warning(f"{fcfg.run_name} already trained to max_duration={fcfg.max_duration} (checkpoint "
-                    f"{fcfg.load_path}): nothing to do. To train this run longer, add run_name={fcfg.run_name} and "
+                    f"{fcfg.load_path}): nothing to do.{past} To train this run longer, add run_name={fcfg.run_name} and "
                     f"a larger max_duration to the command (the run name is kept, so it resumes from this "
                     f"checkpoint; the LR schedule follows the new max_duration). To start afresh, pass another "
                     f"run_name. The numbers printed are that run's, from its own evaluation settings (settings of "
@@ -409,8 +420,11 @@ def _end_not_reached(ckpt, fcfg) -> str | None:
     ended = finished.ended_at(ckpt.path.parent)
     if ended is None:
         ended = batches_in(fcfg, str(finished.reached(ckpt.path.parent)).strip())
-    if ended is not None and ended >= ckpt.batch:
-        return None  # the run reached its end at this batch or later (continued to a longer max_duration since)
+    if ended is not None and ended == ckpt.batch:
+        return None  # the run reached its end at this batch
+    # A finished.json past its final checkpoint is of a training whose later checkpoints are gone (deleted by
+    # hand to go back, then this shorter one stopped after its final checkpoint): not this one's end (measured: its
+    # numbers printed as this run's, exit 0). Past a later checkpoint, this is no final one (returned above).
     if not any(c.batch < ckpt.batch and resume.problem(c) is None for c in resume.find(ckpt.path.parent)):
         log.warning("the run stopped after its final checkpoint %s and before its end (no %s): its final "
                     "evaluation, export and report may be missing, and no earlier checkpoint is left to train its "
