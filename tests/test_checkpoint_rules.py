@@ -141,7 +141,8 @@ def test_save_ignore_keys_that_leave_out_what_a_resume_reads_are_refused():
     """`+save_ignore_keys=[state/optimizers]`: measured, a run killed after a checkpoint resumed with Adam's moments
     at zero and ended at another loss than the uninterrupted run (4.8189 against 5.2075), exit 0."""
     for pattern, part in [("state/optimizers", ""), ("state/optimizers/*", ""), ("state/*", ""),
-                          ("state/model/transformer.wte.*", "part of ")]:
+                          ("state/model/transformer.wte.*", "part of "), ("*exp_avg*", "part of "),
+                          ("state/optimizers/*/param_groups/*/lr", "part of ")]:
         [p] = keyed(errors(found([f"+save_ignore_keys=[{pattern}]"])), "save_ignore_keys")
         assert f"leaves {part}state/" in p.problem and "export=hf" in p.fix, (pattern, p)
     [rng] = keyed(found(["+save_ignore_keys=[rng]"]), "save_ignore_keys")
@@ -183,5 +184,14 @@ def test_a_mock_set_already_written_with_other_counts_is_refused_naming_the_coun
     assert "holds 1024" in p.problem and str(folder) in p.problem and "data.train_samples=1024" in p.fix
     [p] = keyed(errors(found(["data.val_samples=128"])), "data.val_samples")
     assert "holds 64" in p.problem
-    assert not keyed(found(["data.train_samples=4096", f"variables.data_local={tmp_path / 'other'}"]),
+    assert "storage.data_local_root=" in p.fix and f"delete {folder}" in p.fix
+    # a sweep's points asking other counts of one folder pass the checks (none is there yet): the task stops
+    from common.errors import UserError
+    from train.task.mock_data import ensure
+
+    with pytest.raises(UserError) as err:
+        ensure(str(folder), 128, 1024, 128)
+    assert err.value.key == "data.val_samples" and "holds 64" in err.value.problem
+    assert ensure(str(folder), 128, 1024, 64) == folder
+    assert not keyed(found(["data.train_samples=4096", f"storage.data_local_root={tmp_path / 'other'}"]),
                      "data.train_samples")  # another folder: written with those counts

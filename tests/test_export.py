@@ -207,9 +207,10 @@ def test_errors_name_the_key_and_the_fix_and_write_nothing(tmp_path):
     assert not (tmp_path / "root").exists() and sorted(p.name for p in tmp_path.rglob("*")) == ["ep0-ba5", "save"]
 
 
-def test_an_out_inside_a_checkpoint_or_a_runs_checkpoint_folder_is_refused(tmp_path):
+def test_an_out_inside_a_checkpoint_is_refused(tmp_path):
     """`train.export CKPT --out CKPT/hf` wrote into the checkpoint, which then failed its manifest: the next export
-    by run name set it aside and took the one before, exit 0."""
+    by run name set it aside and took the one before, exit 0. Beside the checkpoints (the default --out of a
+    save_folder= not under checkpoints/) is fine."""
     from common.errors import UserError
     from train.export import replaceable
 
@@ -217,14 +218,16 @@ def test_an_out_inside_a_checkpoint_or_a_runs_checkpoint_folder_is_refused(tmp_p
     (run_folder / "ep0-ba30").mkdir(parents=True)
     (run_folder / "ep0-ba30" / ".metadata").write_bytes(b"x")
     (run_folder / "identity.json").write_text("{}")
-    for out, inside in [(run_folder / "ep0-ba30" / "hf", "a checkpoint"), (run_folder / "hf", "a run's checkpoint"),
-                        (run_folder / "ep0-ba30", "a checkpoint")]:
+    (run_folder / "ep0-ba20").mkdir()  # a sharded checkpoint still being written: no .metadata yet
+    for out, ckpt in [(run_folder / "ep0-ba30" / "hf", "ep0-ba30"), (run_folder / "ep0-ba30", "ep0-ba30"),
+                      (run_folder / "ep0-ba20" / "x" / "hf", "ep0-ba20")]:
         with pytest.raises(UserError) as err:
             replaceable(out)
-        assert err.value.key == "--out" and inside in err.value.problem, err.value
+        assert err.value.key == "--out" and f"inside the checkpoint {run_folder / ckpt}:" in err.value.problem
     replaceable(tmp_path / "outputs" / "mpt-tiny-1" / "huggingface" / "ba30")  # the default: beside, not inside
-    assert sorted(p.name for p in tmp_path.rglob("*")) == [".metadata", "checkpoints", "ep0-ba30", "identity.json",
-                                                          "mpt-tiny-1"]
+    replaceable(run_folder / "huggingface" / "ba30")  # a save_folder= of the user's: the default is beside them
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [".metadata", "checkpoints", "ep0-ba20", "ep0-ba30",
+                                                          "identity.json", "mpt-tiny-1"]
 
 
 def test_the_readme_lines_of_export_sample_and_evaluate_parse():
@@ -298,7 +301,6 @@ def test_a_run_named_whose_newest_export_is_older_than_its_checkpoints_is_warned
     assert find_folder(str(export), tmp_path / "outputs", tmp_path / "checkpoints") == export and not caplog.records
 
 
-@pytest.mark.e2e  # starts a Python process of its own
 def test_an_export_left_from_a_training_since_gone_back_is_not_taken_for_the_runs(tmp_path, caplog):
     """Trained to 80 with an export, checkpoints past 40 deleted by hand, trained again to 60: `train.evaluate
     <run>` scored the export of batch 80, beside the run's own number at 60, exit 0. Named by the run or by its
@@ -355,6 +357,7 @@ def test_data_of_another_tokenizer_is_refused_and_longer_samples_warned_before_t
     assert "samples of 256 tokens: each is scored on its first 128" in caplog.text
 
 
+@pytest.mark.e2e  # starts a Python process of its own
 def test_status_and_export_look_on_the_storage_the_training_command_named(tmp_path):
     """`python -m train.status storage=amlfs storage.root=...` / `train.export NAME storage=...`: the storage presets
     composed as the training composed them, not the local root."""

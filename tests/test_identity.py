@@ -163,21 +163,43 @@ def test_an_old_rule_name_whose_record_trains_something_else_is_not_continued(tm
 
 def test_scaling_points_keep_their_names_when_every_point_gets_one_more_override(tmp_path):
     """`-m cluster.tasks_per_node=1,2` run again with cluster.env.NCCL_DEBUG=INFO added: each point's name hashed
-    every override, so both trained again from step 0, unwarned. A point is named by what sets it apart; a sweep
-    named by the rule before goes on under those names."""
+    every override, so both trained again from step 0, unwarned. A point is named by its overrides but those that
+    never make another run, whatever the other points; a sweep named by the rule before goes on under those names."""
     from omegaconf import OmegaConf
 
     from train.config.identity import distinct_names
 
-    cfgs = [OmegaConf.create({"run_name": "m-1", "storage": {"checkpoint_root": str(tmp_path)}})] * 2
+    cfgs = [OmegaConf.create({"run_name": "m-1", "storage": {"checkpoint_root": str(tmp_path)}})] * 3
     points = [["cluster.tasks_per_node=1", "data=mock"], ["cluster.tasks_per_node=2", "data=mock"]]
     names = [o[-1] for o in distinct_names(points, cfgs)]
     assert len(set(names)) == 2 and all(n.startswith("run_name=m-1-") for n in names)
-    more = [[*p, "cluster.env.NCCL_DEBUG=INFO", "plan=true"] for p in points]
+    more = [[*p, "cluster.env.NCCL_DEBUG=INFO", "plan=true", "cluster.timeout_min=30"] for p in points]
     assert [o[-1] for o in distinct_names(more, cfgs)] == names
+    wider = [*points, ["cluster.tasks_per_node=4", "data=mock"]]  # a point added: the others keep their names
+    assert [o[-1] for o in distinct_names(wider, cfgs)][:2] == names
     import hashlib
 
     before = "m-1-" + hashlib.sha1("\n".join(sorted(more[0])).encode()).hexdigest()[:6]
     (tmp_path / before).mkdir()
     (tmp_path / before / "ep0-ba20-rank0.pt").write_bytes(b"x")
-    assert [o[-1] for o in distinct_names(more, cfgs)] == [f"run_name={before}", names[1]]
+    assert [o[-1] for o in distinct_names(more, cfgs[:2])] == [f"run_name={before}", names[1]]
+
+
+def test_a_run_named_under_an_earlier_spelling_rule_goes_on_under_its_name(tmp_path):
+    """llm-foundry's YAMLs read `./my-copy-c4`: spelt once as my-copy-c4, every such run got another name and
+    started from step 0. A run whose record is this training spelt as an earlier rule left it keeps its name; one
+    of another training, or without checkpoints, does not."""
+    from train.config.identity import write_record
+
+    line = ["model=mpt-125m", "data=mds", "variables.data_local=./my-data"]
+    cfg = compose(line)
+    ident = identity(cfg)
+    assert ident["train_loader.dataset.source"] == "my-data"
+    folder = tmp_path / "checkpoints" / "mpt-125m-0ld0ld00"
+    folder.mkdir(parents=True)
+    write_record(folder, folder.name, "mpt-125m", {**ident, "train_loader.dataset.source": "./my-data/",
+                                                   "max_duration": "4800 ba"})
+    assert compose(line).run_name == cfg.run_name  # no checkpoint there: no run to go on with
+    (folder / "ep0-ba20-rank0.pt").write_bytes(b"x")
+    assert compose(line).run_name == folder.name
+    assert compose([*line, "optimizer.lr=1e-5"]).run_name != folder.name  # another training

@@ -472,9 +472,9 @@ def resume_candidates(folder: Path) -> list:
 
 def test_resuming_on_training_data_made_again_in_its_folder_is_refused_naming_it(tmp_path, tmp_path_factory):
     """The run is named by its settings and its data by the folder: data made again there (here: other samples,
-    half as many) would go on from streaming's place in the old data and end with exit 0. Stopped (2 ranks, after
-    evaluations) before anything is trained or written, naming the index, both sample counts, and how to go on
-    from its weights."""
+    as many: other counts in a mock folder are refused before the job, train/checks/node.py) would go on from
+    streaming's place in the old data and end with exit 0. Stopped (2 ranks, after evaluations) before anything is
+    trained or written, naming the index, both sample counts, and how to go on from its weights."""
     from train.task.mock_data import write_split
 
     src = finished(2, "sharded", tmp_path_factory)
@@ -483,13 +483,13 @@ def test_resuming_on_training_data_made_again_in_its_folder_is_refused_naming_it
     data = tmp_path / mock.relative_to(src)
     shutil.copytree(mock, data)
     shutil.rmtree(data / "train")
-    write_split(data / "train", 512, 128, seed=7)
+    write_split(data / "train", 1024, 128, seed=7)
     before = _files(folder)
     proc = run(*command(2, "sharded"), root=tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     said = proc.stderr + task_log(tmp_path)
-    assert (f"train_loader.dataset: {data / 'train' / 'index.json'} is not the data this run trained on (512 "
-            "samples now, 1024 when the run started;") in said, said[-3000:]
+    assert (f"train_loader.dataset: {data / 'train' / 'index.json'} is not the data this run trained on (1024 "
+            "samples now, 1024 when the run started; its index.json hashes") in said, said[-3000:]
     assert f"run_name=<a new name> load_path={folder}/ep0-ba20" in said
     assert "| FAILED |" in proc.stdout and "[progress] step" not in task_log(tmp_path)
     assert _files(folder) == before  # no checkpoint, and its record still names the data it trained on

@@ -29,7 +29,7 @@ def find_folder(arg: str, output_root: Path | None = None, checkpoint_root: Path
             # the run's checkpoint folder, found by name or from its outputs folder's (<run>/huggingface/ba{B})
             run = arg if by_name else (path.name if base != path else path.parent.name)
             save_folder = (checkpoint_root or roots([])[0]) / run
-            if by_name or base.name == HF_SUBFOLDER and save_folder.is_dir():
+            if by_name or (base.name == HF_SUBFOLDER and save_folder.is_dir()):
                 newest = _of_the_runs_end(newest, found, save_folder)
                 _warn_if_trained_past(newest, int(_BATCH.match(newest.name)[1]), save_folder)
             return newest.resolve()

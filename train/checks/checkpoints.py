@@ -60,6 +60,15 @@ def keeps_something(cfg, ctx):
 # What a resume reads back from a checkpoint (composer's state dict paths): without one, the run goes on from it
 # with that part new, a training no uninterrupted run would give.
 _RESUMED = ("state/model", "state/optimizers", "state/schedulers", "state/timestamp", "state/dataset_state")
+# Paths under each, as composer names them, for patterns written for the leaves (`*exp_avg*` drops Adam's moments)
+_LEAVES = {"state/model": ("state/model/model.transformer.wte.weight",),
+           "state/optimizers": ("state/optimizers/DecoupledAdamW/state/model.transformer.wte.weight/exp_avg",
+                                "state/optimizers/DecoupledAdamW/state/model.transformer.wte.weight/exp_avg_sq",
+                                "state/optimizers/DecoupledAdamW/state/model.transformer.wte.weight/step",
+                                "state/optimizers/DecoupledAdamW/param_groups/0/lr"),
+           "state/schedulers": ("state/schedulers/LambdaLR/base_lrs", "state/schedulers/LambdaLR/last_epoch"),
+           "state/timestamp": ("state/timestamp/batch",),
+           "state/dataset_state": ("state/dataset_state/train/sample_in_epoch",)}
 
 
 def _ignored_on_save(cfg):
@@ -73,9 +82,11 @@ def _ignored_on_save(cfg):
         return
     for pattern in map(str, patterns):
         hit = [p for p in _RESUMED if fnmatch.fnmatch(p, pattern) or fnmatch.fnmatch(p + "/x", pattern)
-               or p.startswith(pattern.rstrip("*/") + "/") or pattern.startswith(p + "/")]
+               or p.startswith(pattern.rstrip("*/") + "/") or pattern.startswith(p + "/")
+               or any(fnmatch.fnmatch(leaf, pattern) for leaf in _LEAVES[p])]
         if hit:
-            part = "part of " if any(pattern.rstrip("*/").startswith(p + "/") for p in hit) else ""
+            part = "" if any(fnmatch.fnmatch(p, pattern) or fnmatch.fnmatch(p + "/x", pattern) for p in hit) \
+                else "part of "
             yield Problem("save_ignore_keys", f"{pattern!r} leaves {part}{', '.join(hit)} out of every checkpoint, which "
                           "a run resumes from: each restart (a requeue, a preemption, the same command again) goes "
                           "on with that part new, unlike the uninterrupted run",
@@ -393,7 +404,8 @@ def continued_run(cfg, ctx):
                       f"over this command's: {'; '.join(restored)}; it would go on under the first and record the "
                       "second", "keep the run's optimizer settings to continue it; to go on from its weights under "
                       f"these, start a new run from them (drop {given}=, add load_path=<its newest checkpoint> "
-                      "+load_weights_only=true: the optimizer starts afresh)")
+                      "+load_weights_only=true: the optimizer, the schedule's step and warmup and the data position start "
+                      "afresh)")
         return
     other = [f"{k}={theirs[k]!r} there, {ours[k]!r} here" for k in both]
     if other and not (ctx.given("run_name") or ctx.given("save_folder")):  # asked on the command line: as asked

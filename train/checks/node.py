@@ -352,7 +352,8 @@ def _mock_counts(cfg):
         asked = value(cfg, key)
         if asked != has:
             yield Problem(key, f"{asked} asked, but the mock set in {folder} holds {has} (it is written once, and "
-                          "kept)", f"{key}={has}; or variables.data_local=<another folder> for a set of {asked}")
+                          "kept)", f"{key}={has}; or storage.data_local_root=<another folder> for a set of {asked} "
+                          f"there; or delete {folder} (synthetic: it is written again with the counts asked)")
 
 
 def data(cfg, ctx):

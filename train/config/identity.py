@@ -170,15 +170,33 @@ def identity(cfg) -> dict:
     for k, v in flat.items():
         if _is_path_key(k):
             flat[k] = _path(v)
-    if isinstance(flat.get("fsdp_config.mixed_precision"), str):  # composer upper-cases it: pure is PURE
-        flat["fsdp_config.mixed_precision"] = flat["fsdp_config.mixed_precision"].upper()
     _relative_to_roots(cfg, flat)
-    return dict(sorted(flat.items()))
+    return _spelt_once(flat)
+
+
+def _spelt_once(flat: dict) -> dict:
+    """One spelling of each value, also of a record written under an earlier rule (renormalised): local paths,
+    composer's times, mixed precision's case; keys the rule no longer counts left out."""
+    out = {}
+    for k, v in flat.items():
+        if not _counts(k):
+            continue
+        v = _plain(v)
+        if _is_path_key(k):
+            v = _path(v)
+        elif k == "fsdp_config.mixed_precision" and isinstance(v, str):  # composer upper-cases it: pure is PURE
+            v = v.upper()
+        out[k] = v
+    return dict(sorted(out.items()))
+
+
+def _counts(key: str) -> bool:
+    return key.split(".")[0] not in HOW_TOP and _counted(key)
 
 
 def _is_path_key(key: str) -> bool:
     return key in ("tokenizer.name", "load_path") or (
-        key.startswith(("train_loader.", "eval_loader.")) and key.rpartition(".")[2] in ("local", "remote", "source"))
+        key.startswith("train_loader.") and key.rpartition(".")[2] in ("local", "remote", "source"))
 
 
 def _path(value):
@@ -240,14 +258,52 @@ def run_id(model: str, recipe=None, _root_=None) -> str:
         root = OmegaConf.select(_root_, "storage.checkpoint_root")
     except Exception:
         return new
+    if not root or (Path(root) / new).exists():
+        return new
+    # A run named under an earlier rule goes on under its name: one whose record is this training spelt as that
+    # rule left it (./data and data, a trailing slash: each renamed runs, which then started from step 0)...
+    before = recorded_as(root, model, ident)
+    if before:
+        return before
+    # ...or, from before records, named by a hash of its command line. That rule hashed the line alone: the same
+    # line after a preset or a yaml=PATH file was edited trains something else; a record says which.
     old = legacy_name(model, overrides)
-    if old != new and root and _has_checkpoints(Path(root) / old) and not (Path(root) / new).exists():
-        # The old rule hashed the command line alone: the same line after a preset or a yaml=PATH file was edited
-        # trains something else. Where the old run left a record of what it trained, only that training is it.
+    if old != new and _has_checkpoints(Path(root) / old):
         record = read_record(Path(root) / old).get("identity")
-        if record is None or record == ident:
+        if record is None or _spelt_once(record) == ident:
             return old
     return new
+
+
+def recorded_as(root, model: str, ident: dict) -> str | None:
+    """The run under the checkpoint root `root` whose record is this training, with checkpoints (the newest
+    written first), under a name another rule gave it; None where there is none."""
+    found = [(mtime, run) for run, theirs, spelt, mtime in _records(str(root)) if theirs.get("model") == model
+             and spelt == ident and _has_checkpoints(Path(root) / run)]
+    return max(found)[1] if found else None
+
+
+_RECORDS: dict = {}
+
+
+def _records(root: str) -> list:
+    """(run name, record, its identity as this rule spells it, mtime) of every run under the checkpoint root, read
+    once per process while the root's listing is unchanged (a sweep names each point)."""
+    try:
+        stamp = Path(root).stat().st_mtime_ns
+    except OSError:
+        return []
+    if _RECORDS.get(root, (None,))[0] != stamp:
+        records = []
+        for rec in Path(root).glob(f"*/{RECORD}"):
+            try:
+                body = json.loads(rec.read_text())
+                spelt = _spelt_once(body.get("identity") or {})
+                records.append((rec.parent.name, body, spelt, rec.stat().st_mtime))
+            except (OSError, ValueError, AttributeError, TypeError):
+                continue
+        _RECORDS[root] = (stamp, records)
+    return _RECORDS[root][1]
 
 
 def _has_checkpoints(folder: Path) -> bool:
@@ -293,22 +349,23 @@ def same_model_and_data(root, run_name: str, model: str, ident: dict) -> list:
             theirs = json.loads(rec.read_text())
         except (OSError, ValueError):
             continue
-        other = theirs.get("identity") or {}
+        other = _spelt_once(theirs.get("identity") or {})  # as this rule spells it: spellings are no difference
         if theirs.get("run_name") == run_name or theirs.get("model") != model:
             continue
-        if any(_path(other.get(k)) != ident.get(k) for k in DATA_KEYS):  # a record of before paths were normalised
+        if any(other.get(k) != ident.get(k) for k in DATA_KEYS):
             continue
         differs = {k: (other.get(k), ident.get(k)) for k in sorted(set(other) | set(ident))
-                   if other.get(k) != ident.get(k) and _counted(k)}  # a record's key the rule no longer counts: not a difference
+                   if other.get(k) != ident.get(k)}
         found.append((rec.stat().st_mtime, theirs["run_name"], differs))
     return [(n, d) for _, n, d in sorted(found, key=lambda f: f[0], reverse=True)]
 
 
 def distinct_names(points: list, cfgs: list) -> list | None:
     """Sweep points that train the same thing and differ only in how they run (a node-count scaling sweep:
-    `-m cluster.nodes=1,2,4`) are still a run each: each gets `run_name=<name>-<6 hex of the overrides that set it
-    apart from the others>`, the same for the same command line and for it with an override added to every point. points: each point's overrides; cfgs: their configs. Returns the points'
-    overrides with those names added, or None when every point already has its own name."""
+    `-m cluster.nodes=1,2,4`) are still a run each: each gets `run_name=<name>-<6 hex of its overrides but those
+    that never make another run>`, the same for the same command line and for it with such an override added.
+    points: each point's overrides; cfgs: their configs. Returns the points' overrides with those names added, or
+    None when every point already has its own name."""
     groups: dict = {}
     for num, (overrides, cfg) in enumerate(zip(points, cfgs)):
         if any(str(o).lstrip("+~").startswith("run_name=") for o in overrides):
@@ -317,28 +374,39 @@ def distinct_names(points: list, cfgs: list) -> list | None:
             groups.setdefault(str(cfg.run_name), []).append(num)
         except Exception:
             continue  # a point that does not resolve: the checks name its problem
-    groups = [nums for nums in groups.values() if len(nums) > 1]
-    if not groups:
+    shared = {num for nums in groups.values() if len(nums) > 1 for num in nums}
+    if not shared:
         return None
-    out = [list(overrides) for overrides in points]
-    for nums in groups:
-        # A point's mark is what sets it apart from the others of its group: an override all of them share (an env
-        # var added to the whole line, plan=true) leaves each point its name, so the same sweep with it resumes.
-        common = set.intersection(*(set(map(str, points[num])) for num in nums))
-        for num in nums:
-            own = sorted(set(map(str, points[num])) - common)
+    out = []
+    for num, overrides in enumerate(points):
+        overrides = list(overrides)
+        if num in shared:
             base = str(cfgs[num].run_name)
-            name = f"{base}-{_mark(own)}"
+            # A point's mark: its own overrides but those that never make another run (an env var, the plan, the
+            # time limit: each point's name hashed every override, so adding cluster.env.NCCL_DEBUG=INFO started
+            # every point again from step 0), whatever the other points are
+            name = f"{base}-{_mark(sorted(o for o in map(str, overrides) if not _neutral(o)))}"
             # the rule before (every override hashed) named points of sweeps run then: they go on under those names
-            before = f"{base}-{_mark(sorted(map(str, points[num])))}"
+            before = f"{base}-{_mark(sorted(map(str, overrides)))}"
             try:
                 root = OmegaConf.select(cfgs[num], "storage.checkpoint_root", default=None)
             except Exception:
                 root = None
             if before != name and root and _has_checkpoints(Path(root) / before) and not (Path(root) / name).exists():
                 name = before
-            out[num].append(f"run_name={name}")
+            overrides.append(f"run_name={name}")
+        out.append(overrides)
     return out
+
+
+# Overrides of a sweep point that never make another run, left out of its mark (distinct_names).
+_NEUTRAL = (*_LEGACY_NEUTRAL, "cluster.env", "cluster.wait", "cluster.preflight", "cluster.container", "cluster.setup",
+            "cluster.sbatch_extra", "progress_bar", "console_log_interval", "log_to_console", "python_log_level")
+
+
+def _neutral(override: str) -> bool:
+    key = override.lstrip("+~").split("=", 1)[0]
+    return key in _NEUTRAL or key.startswith(tuple(n + "." for n in _NEUTRAL))
 
 
 def _mark(overrides: list) -> str:

@@ -48,6 +48,11 @@ def read(cfg: DictConfig) -> dict | None:
     return {"where": str(folder / FILE), "report": body.get("report"), "value": body.get("metrics") or {}}
 
 
+def last(save_folder) -> dict | None:
+    """The run's finished.json ({max_duration, report, batch, metrics}), whatever max_duration it finished at."""
+    return _body(_folder(save_folder))
+
+
 def reached(save_folder) -> str | None:
     """The max_duration the run of this save folder last finished at (whatever this command asks), or None."""
     body = _body(_folder(save_folder))

@@ -105,8 +105,8 @@ def run(cfg: DictConfig) -> dict:
         from train.checks.core import batches_in
 
         at, end = resume.batch_of(fcfg.load_path), batches_in(fcfg, str(fcfg.max_duration).strip())
-        past = (f" It was trained on past it since (run_name= continued it), to batch {at}: the numbers printed "
-                f"are of that training." if at is not None and end is not None and at > end else "")
+        past = (f" It was trained on past it since (run_name= continued it), to batch {at}." if at is not None
+                and end is not None and at > end else "")
         hf = (fcfg.get("callbacks") or {}).get("hf_checkpointer")
         if hf and at is not None and not (Path(hf["save_folder"]) / "huggingface" / f"ba{at}").is_dir():
             # export=hf added to a finished run's command: the trainer that would write it does not run
@@ -126,14 +126,21 @@ def run(cfg: DictConfig) -> dict:
         if trained:  # a sweep run again submits nothing for this point (train/launch/finished.py)
             finished.write(fcfg.save_folder, fcfg.max_duration, report, metrics, ended)
         else:
-            # Already trained: the numbers of the start that finished it, as its finished.json keeps them. This
-            # command's outputs folder may hold an earlier stretch's (measured: a run continued under -m, whose
-            # outputs go to the sweep's folder, then run plainly: batch 40's numbers printed for a run at 80).
-            done = finished.read(cfg)
-            if done and done.get("value") and done["value"].get("batches") != metrics.get("batches"):
-                metrics = done["value"]
-                if done.get("report"):
-                    report = Path(done["report"])
+            # Already trained: the numbers of the start that finished at the checkpoint it stands at, as its
+            # finished.json keeps them (whatever max_duration that start had: one continued past this command's).
+            # This command's outputs folder may hold an earlier stretch's (measured: a run continued under -m,
+            # whose outputs go to the sweep's folder, then run plainly: batch 40's numbers printed for a run at 80).
+            from train.checkpoint import resume
+
+            at = resume.batch_of(fcfg.get("load_path"))
+            last = finished.last(fcfg.save_folder)
+            if last and last.get("batch") == at and last.get("metrics") and metrics.get("batches") != at:
+                metrics = last["metrics"]
+                report = Path(last["report"]) if last.get("report") else report
+            if metrics and at is not None and metrics.get("batches") not in (None, at):
+                log.warning("the numbers printed are of batch %s (%s), the last this run recorded; its checkpoint "
+                            "%s is of batch %s: no start that finished there recorded its own", metrics["batches"],
+                            report / "metrics.json", fcfg.get("load_path"), at)
         print(f"\nfinal train loss {metrics.get('final_train_loss')}, "
               f"eval {metrics.get('final_eval')}\n"
               f"checkpoints: {fcfg.save_folder or 'none (checkpoint=none)'}\n"
@@ -393,7 +400,8 @@ def _said(scored) -> str:
 
 def _end_not_reached(ckpt, fcfg) -> str | None:
     """Why the run must not resume from `ckpt`, its final checkpoint, though the file is sound: the run stopped
-    after it and before its end (no finished.json of this batch or later). composer writes the final checkpoint
+    after it and before its end (no finished.json of this batch: one past it is of a training whose later
+    checkpoints are gone). composer writes the final checkpoint
     before what comes at the end of fit: the evaluation at the last batch when max_duration is not a multiple of
     eval_interval, the Hugging Face export, metrics.json and the trackers' last numbers. Resuming from it would
     find nothing to train and report the evaluation before as the final one, exit 0. The batches since the

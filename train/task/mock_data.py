@@ -72,6 +72,16 @@ def ensure(folder: str, seq_len: int, train_samples: int, val_samples: int) -> P
     """Write the mock dataset at `folder` unless a complete one is already there."""
     final = Path(folder)
     if (final / "val" / "index.json").is_file():
+        there = held(final)
+        if there is not None and there != (train_samples, val_samples):
+            # the checks refuse it before a run (train/checks/node.py); points of one sweep asking other counts of
+            # one folder pass them, as none is there yet when they are checked
+            from common.errors import UserError
+
+            key = "data.train_samples" if there[0] != train_samples else "data.val_samples"
+            raise UserError(key, f"{(train_samples, val_samples)[key.endswith('val_samples')]} asked, but the mock "
+                            f"set in {final} holds {there[key.endswith('val_samples')]} (written by another run)",
+                            "one count for every run of this folder; or storage.data_local_root=<another folder>")
         return final
     tmp = files.temp_name(final)
     shutil.rmtree(tmp, ignore_errors=True)
