@@ -109,6 +109,10 @@ def test_runs_of_the_same_model_and_data_are_found_with_what_differs(tmp_path):
     found = same_model_and_data(tmp_path / "checkpoints", b.run_name, "mpt-125m", identity(b))
     assert found == [(a.run_name, {"optimizer.lr": (0.003, 0.001)})]
     assert same_model_and_data(tmp_path / "checkpoints", a.run_name, "mpt-125m", identity(a)) == []
+    one = compose([*BASE, "train_loader.dataset.shuffle=1"])  # another name, and the warning says why
+    assert one.run_name != a.run_name
+    assert same_model_and_data(tmp_path / "checkpoints", one.run_name, "mpt-125m", identity(one)) == [
+        (a.run_name, {"train_loader.dataset.shuffle": (True, 1)})]
     assert same_model_and_data(tmp_path / "checkpoints", other_data.run_name, "mpt-125m", identity(other_data)) == []
 
 

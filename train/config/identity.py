@@ -354,8 +354,10 @@ def same_model_and_data(root, run_name: str, model: str, ident: dict) -> list:
             continue
         if any(other.get(k) != ident.get(k) for k in DATA_KEYS):
             continue
+        # by their JSON, as the name hashes them (shuffle=1 and true: two names, but 1 == True in Python, so the
+        # warning named no difference)
         differs = {k: (other.get(k), ident.get(k)) for k in sorted(set(other) | set(ident))
-                   if other.get(k) != ident.get(k)}
+                   if json.dumps(other.get(k), sort_keys=True) != json.dumps(ident.get(k), sort_keys=True)}
         found.append((rec.stat().st_mtime, theirs["run_name"], differs))
     return [(n, d) for _, n, d in sorted(found, key=lambda f: f[0], reverse=True)]
 
