@@ -199,7 +199,7 @@ def test_a_run_named_under_an_earlier_spelling_rule_goes_on_under_its_name(tmp_p
     cfg = compose(line)
     ident = identity(cfg)
     assert ident["train_loader.dataset.source"] == "my-data"
-    folder = tmp_path / "checkpoints" / "mpt-125m-0ld0ld00"
+    folder = tmp_path / "checkpoints" / "mpt-125m-0aa0aa00"
     folder.mkdir(parents=True)
     write_record(folder, folder.name, "mpt-125m", {**ident, "train_loader.dataset.source": "./my-data/",
                                                    "max_duration": "4800 ba"})
@@ -207,3 +207,6 @@ def test_a_run_named_under_an_earlier_spelling_rule_goes_on_under_its_name(tmp_p
     (folder / "ep0-ba20-rank0.pt").write_bytes(b"x")
     assert compose(line).run_name == folder.name
     assert compose([*line, "optimizer.lr=1e-5"]).run_name != folder.name  # another training
+    mine = tmp_path / "checkpoints" / "mpt-125m-0aa0aa00-1a2b3c"  # a sweep point's (or a user's) name: not taken
+    folder.rename(mine)
+    assert compose(line).run_name == cfg.run_name

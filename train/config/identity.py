@@ -277,9 +277,11 @@ def run_id(model: str, recipe=None, _root_=None) -> str:
 
 def recorded_as(root, model: str, ident: dict) -> str | None:
     """The run under the checkpoint root `root` whose record is this training, with checkpoints (the newest
-    written first), under a name another rule gave it; None where there is none."""
+    written first), under a name another rule gave it (`<model>-<8 hex>`: not a name of the user's, nor a sweep
+    point's); None where there is none."""
+    named = re.compile(re.escape(model) + r"-[0-9a-f]{8}")
     found = [(mtime, run) for run, theirs, spelt, mtime in _records(str(root)) if theirs.get("model") == model
-             and spelt == ident and _has_checkpoints(Path(root) / run)]
+             and named.fullmatch(run) and spelt == ident and _has_checkpoints(Path(root) / run)]
     return max(found)[1] if found else None
 
 
