@@ -370,11 +370,12 @@ def continued_run(cfg, ctx):
     if not folder or not (ctx.given("run_name") or fixed) or "://" in str(folder):
         return
     from train.checkpoint.resume import find
-    from train.config.identity import identity, read_record
+    from train.config.identity import identity, read_record, spelt_once
 
     found, theirs = find(folder), (read_record(folder) or {}).get("identity")
     if not found or not isinstance(theirs, dict):
         return
+    theirs = spelt_once(theirs)  # as this rule spells it: a record of an earlier one differs by no spelling
     ours = identity(cfg)
     shape = other_shape(theirs, ours)
     given = "run_name" if ctx.given("run_name") else "save_folder"

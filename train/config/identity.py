@@ -171,10 +171,10 @@ def identity(cfg) -> dict:
         if _is_path_key(k):
             flat[k] = _path(v)
     _relative_to_roots(cfg, flat)
-    return _spelt_once(flat)
+    return spelt_once(flat)
 
 
-def _spelt_once(flat: dict) -> dict:
+def spelt_once(flat: dict) -> dict:
     """One spelling of each value, also of a record written under an earlier rule (renormalised): local paths,
     composer's times, mixed precision's case; keys the rule no longer counts left out."""
     out = {}
@@ -270,7 +270,7 @@ def run_id(model: str, recipe=None, _root_=None) -> str:
     old = legacy_name(model, overrides)
     if old != new and _has_checkpoints(Path(root) / old):
         record = read_record(Path(root) / old).get("identity")
-        if record is None or _spelt_once(record) == ident:
+        if record is None or spelt_once(record) == ident:
             return old
     return new
 
@@ -300,7 +300,7 @@ def _records(root: str) -> list:
         for rec in Path(root).glob(f"*/{RECORD}"):
             try:
                 body = json.loads(rec.read_text())
-                spelt = _spelt_once(body.get("identity") or {})
+                spelt = spelt_once(body.get("identity") or {})
                 records.append((rec.parent.name, body, spelt, rec.stat().st_mtime))
             except (OSError, ValueError, AttributeError, TypeError):
                 continue
@@ -351,7 +351,7 @@ def same_model_and_data(root, run_name: str, model: str, ident: dict) -> list:
             theirs = json.loads(rec.read_text())
         except (OSError, ValueError):
             continue
-        other = _spelt_once(theirs.get("identity") or {})  # as this rule spells it: spellings are no difference
+        other = spelt_once(theirs.get("identity") or {})  # as this rule spells it: spellings are no difference
         if theirs.get("run_name") == run_name or theirs.get("model") != model:
             continue
         if any(other.get(k) != ident.get(k) for k in DATA_KEYS):
