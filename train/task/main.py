@@ -108,7 +108,8 @@ def run(cfg: DictConfig) -> dict:
         past = (f" It was trained on past it since (run_name= continued it), to batch {at}." if at is not None
                 and end is not None and at > end else "")
         hf = (fcfg.get("callbacks") or {}).get("hf_checkpointer")
-        if hf and at is not None and not (Path(hf["save_folder"]) / "huggingface" / f"ba{at}").is_dir():
+        out = str(hf.get("save_folder") or "") if hf else ""
+        if out and "://" not in out and at is not None and not (Path(out) / "huggingface" / f"ba{at}").is_dir():
             # export=hf added to a finished run's command: the trainer that would write it does not run
             past += (f" Nothing is exported either (export=hf writes at the end of training): python -m "
                      f"train.export {fcfg.run_name} writes the Hugging Face folder of that checkpoint.")
