@@ -110,6 +110,12 @@ def _shards(folder: Path) -> list | None:
     return shards if isinstance(shards, list) and all(isinstance(s, dict) for s in shards) else None
 
 
+def samples_in(split_folder: str | os.PathLike) -> int | None:
+    """Samples its index.json lists; None where there is no readable index."""
+    shards = _shards(Path(split_folder))
+    return sum(int(s.get("samples") or 0) for s in shards) if shards is not None else None
+
+
 def _tokens_in(data: bytes, encoding: str) -> int | None:
     """Token count of one `tokens` value as streaming encodes it."""
     if encoding == "bytes":
@@ -180,9 +186,8 @@ def dataset_facts(split_folder: str | os.PathLike) -> dict:
                                             data_prep_plan.json, "first sample", or None (nothing known)
     """
     folder = Path(split_folder)
-    shards = _shards(folder)
     facts = {"sample_tokens": None, "tokenizer": None, "tokenizer_fingerprint": None, "tokenizer_vocab_size": None,
-             "samples": sum(int(s.get("samples") or 0) for s in shards) if shards is not None else None,
+             "samples": samples_in(folder),
              "source": None}
     summary = _read_json(folder / SUMMARY_FILE)
     if isinstance(summary, dict) and summary.get("sample_tokens"):

@@ -342,18 +342,15 @@ def _mock_counts(cfg):
     """The mock set already in its folder is the one a run reads (train/task/mock_data.py keeps it): asked for
     other counts, the run would train on the folder's and report the asked ones (measured: train_samples=4096 read
     1024 samples, exit 0)."""
-    from train.task.mock_data import held
+    from train.task.mock_data import other_counts
 
     folder = value(cfg, "variables.data_local")
-    there = held(folder) if folder else None
-    if there is None:
+    if not folder:
         return
-    for key, has in zip(("data.train_samples", "data.val_samples"), there):
-        asked = value(cfg, key)
-        if asked != has:
-            yield Problem(key, f"{asked} asked, but the mock set in {folder} holds {has} (it is written once, and "
-                          "kept)", f"{key}={has}; or storage.data_local_root=<another folder> for a set of {asked} "
-                          f"there; or delete {folder} (synthetic: it is written again with the counts asked)")
+    for key, asked, has in other_counts(folder, value(cfg, "data.train_samples"), value(cfg, "data.val_samples")):
+        yield Problem(key, f"{asked} asked, but the mock set in {folder} holds {has} (it is written once, and "
+                      "kept)", f"{key}={has}; or storage.data_local_root=<another folder> for a set of {asked} "
+                      f"there; or delete {folder} (synthetic: it is written again with the counts asked)")
 
 
 def data(cfg, ctx):

@@ -131,10 +131,7 @@ def run(cfg: DictConfig) -> dict:
             # finished.json keeps them (whatever max_duration that start had: one continued past this command's).
             # This command's outputs folder may hold an earlier stretch's (measured: a run continued under -m,
             # whose outputs go to the sweep's folder, then run plainly: batch 40's numbers printed for a run at 80).
-            from train.checkpoint import resume
-
-            at = resume.batch_of(fcfg.get("load_path"))
-            last = finished.last(fcfg.save_folder)
+            last = finished.last(fcfg.save_folder)  # `at`: the batch of the checkpoint it stands at, found above
             if last and last.get("batch") == at and last.get("metrics") and metrics.get("batches") != at:
                 metrics = last["metrics"]
                 report = Path(last["report"]) if last.get("report") else report

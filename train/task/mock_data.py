@@ -55,32 +55,30 @@ def write_split(folder: Path, samples: int, seq_len: int, seed: int) -> None:
     writer.finish()
 
 
-def held(folder) -> tuple | None:
-    """(train samples, val samples) of the complete mock set in `folder`, None where there is none. Light: the
-    checks read it before anything is written."""
-    counts = []
-    for split in ("train", "val"):
-        try:
-            index = json.loads((Path(folder) / split / "index.json").read_text())
-            counts.append(sum(int(shard["samples"]) for shard in index["shards"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-    return tuple(counts)
+def other_counts(folder, train_samples: int, val_samples: int) -> list:
+    """[(key, asked, held)] where the complete mock set in `folder` holds other counts than asked; [] where it holds
+    these or there is none. Light: the checks read it before anything is written."""
+    from data_prep.facts import samples_in
+
+    held = [samples_in(Path(folder) / split) for split in ("train", "val")]
+    if None in held:
+        return []
+    return [(key, asked, has) for key, asked, has in zip(("data.train_samples", "data.val_samples"),
+                                                          (train_samples, val_samples), held) if asked != has]
 
 
 def ensure(folder: str, seq_len: int, train_samples: int, val_samples: int) -> Path:
     """Write the mock dataset at `folder` unless a complete one is already there."""
     final = Path(folder)
     if (final / "val" / "index.json").is_file():
-        there = held(final)
-        if there is not None and there != (train_samples, val_samples):
-            # the checks refuse it before a run (train/checks/node.py); points of one sweep asking other counts of
-            # one folder pass them, as none is there yet when they are checked
+        # the checks refuse other counts before a run (train/checks/node.py); points of one sweep asking other
+        # counts of one folder pass them, as none is there yet when they are checked
+        wrong = other_counts(final, train_samples, val_samples)
+        if wrong:
             from common.errors import UserError
 
-            key = "data.train_samples" if there[0] != train_samples else "data.val_samples"
-            raise UserError(key, f"{(train_samples, val_samples)[key.endswith('val_samples')]} asked, but the mock "
-                            f"set in {final} holds {there[key.endswith('val_samples')]} (written by another run)",
+            key, asked, has = wrong[0]
+            raise UserError(key, f"{asked} asked, but the mock set in {final} holds {has} (written by another run)",
                             "one count for every run of this folder; or storage.data_local_root=<another folder>")
         return final
     tmp = files.temp_name(final)
