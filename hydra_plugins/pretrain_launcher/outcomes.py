@@ -45,6 +45,11 @@ def local_alive(job) -> bool | None:
         if proc.status() == psutil.STATUS_ZOMBIE:  # ended, not yet reaped by its launcher
             return False
         cmd = proc.cmdline()
+        for _ in range(50):  # empty for a moment while a process just started is still exec'ing (Popen returns then)
+            if cmd:
+                break
+            time.sleep(0.02)
+            cmd = proc.cmdline()
     except psutil.NoSuchProcess:
         return False
     except (psutil.Error, ValueError):
