@@ -432,6 +432,42 @@ def test_an_export_scoring_apart_from_its_runs_number_at_the_same_batch_is_warne
     assert "scores 9.010000 where the run reported 9.000000 at that batch" in warned.getMessage()
 
 
+def test_an_export_of_an_earlier_batch_is_shown_beside_the_runs_number_at_that_batch():
+    """The run's number beside an export is the one it evaluated at the export's batch (measured: ba20 scored
+    5.5642 beside the run's 5.2517 of batch 40, which also kept the check above from ever comparing it); an export
+    of a batch the run did not evaluate is shown beside its last number, with that batch."""
+    from train.evaluate import _trainers
+
+    key = "eval/LanguageCrossEntropy"
+    metrics = {"eval": [[10, {key: 5.9}], [10, {"icl/0-shot/InContextLearningLMAccuracy": 0.1}], [20, {key: 5.56}],
+                        [40, {key: 5.25}]], "final_eval": {key: 5.25}}
+    assert _trainers(metrics, "eval", 20) == {"metric": key, "cross_entropy": 5.56, "batch": 20}
+    assert _trainers(metrics, "eval", 40) == {"metric": key, "cross_entropy": 5.25, "batch": 40}
+    assert _trainers(metrics, "eval", 30) == {"metric": key, "cross_entropy": 5.25, "batch": 40}
+    assert _trainers(metrics, "eval", None)["batch"] == 40 and _trainers(metrics, "other", 20) is None
+
+
+def test_icl_options_are_refused_where_they_would_be_ignored_and_a_bad_task_line_is_named(tmp_path):
+    """`train.evaluate --icl-tasks` scores the task file: --data's options with it were taken and ignored (exit 0),
+    a negative --fewshot ran 0-shot labelled -1-shot, and the ICL options without --icl-tasks were ignored; each is
+    refused by name before anything loads. A line the task type cannot read is named (it was a traceback)."""
+    from train.evaluate import _problems, parser
+
+    task = tmp_path / "t.jsonl"
+    task.write_text('{"context": "a", "continuation": "b"}\n')
+
+    def keys(*argv):
+        return [p.key for p in _problems(parser().parse_args(["run", *argv]))]
+
+    assert keys(f"--icl-tasks={task}", "--fewshot=2", "--icl-delimiter=:", "--max-seq-len=64", "--batch-size=2") == []
+    assert keys(f"--icl-tasks={task}", f"--data={tmp_path}", "--split=val", "--batches=2", "--eos-token-id=0",
+                "--fewshot=-1") == ["--data", "--split", "--batches", "--eos-token-id", "--fewshot"]
+    assert keys("--fewshot=1", "--icl-type=schema", "--icl-delimiter=:") == ["--icl-type", "--fewshot",
+                                                                               "--icl-delimiter"]
+    [bad] = _problems(parser().parse_args(["run", f"--icl-tasks={task}", "--icl-type=multiple_choice"]))
+    assert bad.key == "--icl-tasks" and "line 1: no query, choices, gold" in str(bad), str(bad)
+
+
 def test_the_runs_record_is_found_and_what_cannot_be_read_again_is_refused_before_the_model_loads(tmp_path):
     """Without --data, evaluate reads the newest metrics.json of the export's run (beside the export, or a sweep
     point's under <output_root>/sweeps/), and refuses at once, each by its evaluator's label, an evaluator whose

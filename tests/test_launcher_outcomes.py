@@ -2,6 +2,7 @@
 files and logs (written as submitit writes them) in a temporary folder. The real-Slurm tests
 (tests/test_slurm_sweeps.py, tests/test_sweep_summary.py) keep the end-to-end path; these cover every state and
 outcome, which a real cluster cannot be made to show on demand."""
+import json
 import os
 import time
 from types import SimpleNamespace
@@ -401,3 +402,28 @@ def test_an_ended_point_shows_no_eta(tmp_path):
     for state in ("FAILED", "CANCELLED", "NODE_FAIL", "NO PROCESS AND NO RESULT"):  # whatever ended it
         row = TrainApp().columns(point, state)
         assert row["eta"] == row["last_progress"] == "" and row["step"] == "step 20/40"
+
+
+def test_a_point_shows_only_its_own_runs_numbers(tmp_path):
+    """A point's folder of a sweep run again into the same sweep folder (hydra.sweep.dir) holds the files of the
+    run that had that number before: none of them is shown as this point's (measured: a failed point with another
+    run's metrics and loss curve). A point finished earlier (nothing submitted) shows its finished.json's numbers
+    where its run's report folder now holds a later stretch's (the run continued to 40 batches under run_name=)."""
+    from train.launch.sweep_app import TrainApp
+
+    folder = tmp_path / "0"
+    folder.mkdir()
+    (folder / "metrics.json").write_text(json.dumps({"run_name": "other", "batches": 40, "final_train_loss": 3.9,
+                                                     "final_eval": {"eval/LanguageCrossEntropy": 3.8}}))
+    (folder / "progress.json").write_text('{"run_name": "other", "starts": 1, "progress": "step 40/40", "step": 40}')
+    (folder / "loss_curve.png").write_bytes(b"png")
+    [point] = manifest(tmp_path)["points"]
+    row = TrainApp().columns({**point, "run": "mine"}, "COMPLETED")
+    assert (row["step"], row["final_loss"], row["eval_loss"], row["metrics"], row["loss_curve"]) == \
+        ("", None, None, "", "")
+    row = TrainApp().columns({**point, "run": "other"}, "COMPLETED")  # its own files: shown
+    assert (row["step"], row["final_loss"], row["eval_loss"]) == ("step 40/40", 3.9, 3.8)
+    assert row["metrics"] == str(folder / "metrics.json")
+    before = {"batches": 20, "final_train_loss": 5.2, "final_eval": {"eval/LanguageCrossEntropy": 5.23}}
+    row = TrainApp().columns({**point, "run": "other", "finished": before}, "COMPLETED")
+    assert (row["step"], row["final_loss"], row["eval_loss"]) == ("step 20", 5.2, 5.23)

@@ -557,6 +557,32 @@ def test_the_final_checkpoint_is_told_in_the_durations_own_unit_at_any_batch_siz
     assert _end_not_reached(twenty, command("40960tok", 32)) is None  # the run ended there
 
 
+def test_a_sweep_takes_a_run_for_finished_only_while_the_checkpoint_it_finished_at_is_kept(tmp_path):
+    """A sweep run again reports a finished point from its finished.json instead of submitting it. With the final
+    checkpoint deleted by hand the plain command trains the batches since the one before: so must the sweep
+    (measured: it said "finished earlier" with batch 40's numbers while the run's newest checkpoint was ba30)."""
+    from omegaconf import OmegaConf
+
+    from train.launch.finished import read
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    cfg = OmegaConf.create({"max_duration": "40ba", "save_folder": str(folder)})
+    (folder / "finished.json").write_text(json.dumps({"max_duration": "40ba", "batch": 40, "metrics": {"x": 1}}))
+    for name in ("ep0-ba30-rank0.pt", "ep0-ba40-rank0.pt"):
+        (folder / name).write_bytes(b"")
+    assert read(cfg)["value"] == {"x": 1}
+    (folder / "ep0-ba40-rank0.pt").unlink()
+    assert read(cfg) is None  # the checkpoint it finished at is gone: trained again
+    (folder / "ep0-ba40").mkdir()  # the same batch's sharded folder
+    assert read(cfg) is not None
+    (folder / "finished.json").write_text(json.dumps({"max_duration": "40ba", "metrics": {}}))  # no batch recorded
+    assert read(cfg) is not None
+    for p in [*folder.glob("ep0-ba*-rank0.pt"), folder / "ep0-ba40"]:
+        p.rmdir() if p.is_dir() else p.unlink()
+    assert read(cfg) is None  # no checkpoint at all
+
+
 def test_the_choice_by_content_on_made_up_folders(tmp_path):
     """Newest complete first; newer incomplete ones set aside only by the run that owns the folder; a conversion
     cut off (hidden partial) removed; at equal batch the format the run reads wins."""

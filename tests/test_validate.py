@@ -432,7 +432,18 @@ def test_an_icl_task_llm_foundry_cannot_build_is_named_inline_or_in_its_file(tmp
     tasks = tmp_path / "tasks.yaml"
     tasks.write_text(f"icl_tasks:\n- {good}\n- {{label: z, dataset_uri: {task_file}, icl_task_type: schema, "
                      "num_fewshot: [0], num_beams: 4}\n")
-    assert icl([f"+icl_tasks={tasks}"]) == [(f"icl_tasks ({tasks})[1].num_beams", ERROR)]
+    # ...and the schema task reads a file of language-modeling lines (no context_options, gold)
+    assert icl([f"+icl_tasks={tasks}"]) == [(f"icl_tasks ({tasks})[1].dataset_uri", ERROR),
+                                            (f"icl_tasks ({tasks})[1].num_beams", ERROR)]
+    # each line of a task file, read as llm-foundry reads it (it failed as the trainer was built, no line named)
+    mc = tmp_path / "mc.jsonl"
+    mc.write_text('{"query": "q", "choices": ["a", "b"], "gold": 1}\n\n{"query": "q", "choices": ["a"], "gold": 1}\n'
+                  '{"query": "q", "gold": 0}\n{"query": \n[1]\n' + '{"query": "q", "choices": ["a"], "gold": 0}\n' * 3)
+    [lines] = [p for p in check(compose([f"+icl_tasks=[{{label: m, dataset_uri: {mc}, icl_task_type: "
+                                          "multiple_choice, num_fewshot: [0]}]"]), Context())
+               if p.key == "icl_tasks[0].dataset_uri"]
+    assert lines.level == ERROR and "line 3: gold 1 is not an index of its choices; line 4: no choices; line 5: not " \
+        "JSON" in str(lines) and "and 1 more" in str(lines) and "line 7" not in str(lines), str(lines)
     assert icl([f"+icl_tasks={tmp_path / 'none.yaml'}"]) == [("icl_tasks", ERROR)]
     # llm-foundry opens a string icl_tasks with open(): a URI there fails as the trainer is built
     [uri] = [p for p in check(compose(["+icl_tasks=s3://bucket/tasks.yaml"]), Context()) if p.key == "icl_tasks"]

@@ -240,9 +240,59 @@ def icl_files(cfg, ctx):
         return
     for i, task in enumerate(tasks):
         uri = task.get("dataset_uri") if isinstance(task, dict) else None
-        if isinstance(uri, str) and not URI.match(uri) and not Path(os.path.expanduser(uri)).is_file():
+        if not isinstance(uri, str) or URI.match(uri):
+            continue
+        if not Path(os.path.expanduser(uri)).is_file():
             yield Problem(f"{where}[{i}].dataset_uri", f"{uri} is not a file (llm-foundry reads the task from it as "
                           "the trainer is built)", "the path of the task's .jsonl file, or a URI (s3://..., hf://...)")
+        else:
+            yield from icl_task_lines(Path(os.path.expanduser(uri)), task.get("icl_task_type"),
+                                      f"{where}[{i}].dataset_uri")
+
+
+# The fields llm-foundry's ICL datasets read of each line, by task type (llmfoundry/eval/datasets/
+# in_context_learning_evaluation.py); `gold` indexes the list named after it.
+ICL_FIELDS = {"language_modeling": ("context", "continuation"), "multiple_choice": ("query", "choices", "gold"),
+              "schema": ("context_options", "continuation", "gold"), "generation_task_with_answers": ("context",
+                                                                                                    "answer")}
+_GOLD_OF = {"multiple_choice": "choices", "schema": "context_options"}
+
+
+def icl_task_lines(path: Path, kind, key: str, shown: int = 3):
+    """Each line of an ICL task file is a JSON object with the fields its task type reads: llm-foundry finds a bad
+    one only as the trainer is built, on every rank (measured: a DatasetGenerationError, a ValueError, an
+    IndexError of a gold past its choices, none naming the line)."""
+    import json
+
+    fields, bad = ICL_FIELDS.get(kind), []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as err:
+                    bad.append(f"line {n}: not JSON ({err})")
+                    continue
+                if not isinstance(row, dict):
+                    bad.append(f"line {n}: not a JSON object")
+                    continue
+                missing = [k for k in fields or () if k not in row]
+                if missing:
+                    bad.append(f"line {n}: no {', '.join(missing)}")
+                elif kind in _GOLD_OF:
+                    gold, options = row["gold"], row[_GOLD_OF[kind]]
+                    if not isinstance(options, list) or not isinstance(gold, int) or not 0 <= gold < len(options):
+                        bad.append(f"line {n}: gold {gold!r} is not an index of its {_GOLD_OF[kind]}")
+    except (OSError, UnicodeDecodeError) as err:
+        yield Problem(key, f"{path}: cannot be read ({err})", "a UTF-8 JSON-lines task file")
+        return
+    if bad:
+        more = f"; and {len(bad) - shown} more" if len(bad) > shown else ""
+        need = f" (a {kind} task reads {', '.join(fields)} of each line)" if fields else ""
+        yield Problem(key, f"{path}: {'; '.join(bad[:shown])}{more}{need}", "one JSON object per line with those "
+                      "fields (llm-foundry reads them as the trainer is built)")
 
 
 def no_overwrite(cfg, ctx):

@@ -43,9 +43,20 @@ def read(cfg: DictConfig) -> dict | None:
 
     folder = _folder(OmegaConf.select(cfg, "save_folder"))
     body = _body(folder)
-    if body is None or not same_time(body.get("max_duration"), str(cfg.max_duration)):
+    if body is None or not same_time(body.get("max_duration"), str(cfg.max_duration)) or not _kept(folder, body):
         return None
     return {"where": str(folder / FILE), "report": body.get("report"), "value": body.get("metrics") or {}}
+
+
+def _kept(folder: Path, body: dict) -> bool:
+    """Whether the checkpoint the run finished at is still there: with it deleted by hand, the plain command
+    trains the batches since the one before, so a sweep must submit the point too (measured: it said "finished
+    earlier" and the run's newest export became the checkpoint before's). Listed, not hashed: a damaged one is
+    found by the task, which sets it aside and trains again."""
+    from train.checkpoint.resume import find
+
+    kept, batch = find(folder), body.get("batch")
+    return bool(kept) and (not isinstance(batch, int) or any(c.batch == batch for c in kept))
 
 
 def last(save_folder) -> dict | None:

@@ -179,7 +179,7 @@ class TrainApp(SweepApp):
             # numbers from finished.json where its report folder is gone; its world size, not this command's
             report, done = point.finished.get("report") or report, point.finished.get("value") or {}
             world = done.get("world_size") or world
-        return {"world_size": world, "checkpoint": cfg.save_folder,
+        return {"world_size": world, "checkpoint": cfg.save_folder, "run": cfg.run_name,
                 # train/task/run_report.py writes progress.json, metrics.json and the loss curve there
                 "report": report, **({"finished": done} if done else {}),
                 # said once the point is submitted: where what the job is for will be
@@ -195,10 +195,16 @@ class TrainApp(SweepApp):
         from train.task.preflight_report import exclusions, latest
 
         report = Path(point["report"])
-        progress, metrics = read_json(report / "progress.json"), read_json(report / "metrics.json")
-        if not metrics and point.get("finished"):  # a run finished earlier whose report folder is gone
-            metrics = point["finished"]
-            progress = progress or ({"progress": f"step {metrics['batches']}"} if metrics.get("batches") else {})
+        progress, metrics = (_of_run(read_json(report / name), point.get("run"))
+                             for name in ("progress.json", "metrics.json"))
+        # another run's report files in this point's folder (see _of_run): no links to them either
+        others = bool(read_json(report / "metrics.json")) and not metrics
+        done_before = point.get("finished")
+        # a run finished earlier (nothing submitted): its finished.json's numbers where its report folder is gone,
+        # or holds a later stretch's since (the run continued to a longer max_duration under run_name=)
+        if done_before and metrics.get("batches") != done_before.get("batches"):
+            metrics, progress = done_before, (
+                {"progress": f"step {done_before['batches']}"} if done_before.get("batches") else {})
         done = state == "COMPLETED"
         try:  # how long ago rank 0 last wrote a progress line: a point that stopped moving shows it
             age = time.time() - (report / "progress.json").stat().st_mtime
@@ -231,8 +237,8 @@ class TrainApp(SweepApp):
             "last_progress": "" if age is None or not going else f"{timedelta(seconds=int(age))} ago",
             "world_size": point["world_size"],
             "checkpoint": point["checkpoint"],
-            "metrics": existing(report, "metrics.json"),
-            "loss_curve": existing(report, "loss_curve.png"),
+            "metrics": "" if others else existing(report, "metrics.json"),
+            "loss_curve": "" if others else existing(report, "loss_curve.png"),
             # nodes the job's preflight check excluded before it requeued itself (train/task/preflight.py)
             "excluded": exclusions(str(report)),
             "preflight": latest(str(report)),  # the newest start's verdict and its report file
@@ -252,3 +258,9 @@ class TrainApp(SweepApp):
             print(f"[preflight] {line}", file=sys.stderr)
         return bool(failed)
 
+
+def _of_run(report: dict, run: str | None) -> dict:
+    """A report file (progress.json, metrics.json) of the point's run, or {}: a point folder of a sweep run again
+    into the same sweep folder holds the files of whatever run had that number before (measured: a failed point
+    shown with another run's metrics and loss curve). Files and points from before they recorded the run: kept."""
+    return {} if run and report.get("run_name") not in (None, run) else report

@@ -132,7 +132,7 @@ class RunReport(Callback):
             # here: one requeued while importing, in its preflight check, loading its checkpoint); the status
             # compares them with Slurm's count now to tell a current record from one a newer start has not
             # replaced yet. starts counts only the starts that got here (in this folder, across jobs).
-            self._status = {"starts": int(before.get("starts", 0)) + 1, "job": _job_id(),
+            self._status = {"run_name": state.run_name, "starts": int(before.get("starts", 0)) + 1, "job": _job_id(),
                             "requeues": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
                             "max_duration": _duration(state.max_duration)}
             self._write_status(step=int(state.timestamp.batch), state="training")
