@@ -180,6 +180,8 @@ def test_icl_evaluation_of_an_exported_model_on_a_task_file_from_real_c4(one_ran
     result = json.loads(cli("train.evaluate", str(folder), f"--icl-tasks={task}", "--json",
                             cwd=tmp_path, root=root, check=True, env=OFFLINE).stdout.strip().splitlines()[-1])
     assert result["model"] == str(folder)
+    # nothing left where the command ran (llm-foundry links each task's file into its working directory)
+    assert [p.name for p in tmp_path.iterdir()] == [task.name]
     accuracy = result["c4_next_word/0-shot/InContextLearningLMAccuracy"]
     assert 0.0 <= accuracy <= 1.0
 

@@ -17,7 +17,9 @@ import itertools
 import json
 import logging
 import math
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 from common import files
@@ -176,7 +178,15 @@ def icl(folder: Path, task_file: Path, task_type: str, max_seq_len: int, batch_s
                        "num_fewshot": [fewshot], "continuation_delimiter": delimiter}],
         "loggers": {}, "log_config": False, "python_log_level": None,
     })
-    trainers, _ = evaluate(cfg)
+    # llm-foundry links each task's file into the working directory as <label>-<shots>.jsonl, removing a file of
+    # that name first (measured: links left in the directory the command ran in): a directory of its own instead
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="icl-") as scratch:
+        os.chdir(scratch)
+        try:
+            trainers, _ = evaluate(cfg)
+        finally:
+            os.chdir(here)
     return {f"{label}/{name}": float(metric.compute()) for trainer in trainers
             for label, named in trainer.state.eval_metrics.items() for name, metric in named.items()}
 
