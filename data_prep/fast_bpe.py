@@ -30,6 +30,7 @@ import os
 import re
 import tempfile
 import unicodedata
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -265,9 +266,10 @@ def _cached(name: str, compute):
             with np.load(path, allow_pickle=False) as data:
                 return {k: data[k] for k in data.files}
         return json.loads(path.read_text())
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # none, or cut short: computed again
         pass
     value = compute()
+    fh = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("wb", dir=path.parent, delete=False, suffix=".tmp") as fh:
@@ -278,6 +280,8 @@ def _cached(name: str, compute):
         os.replace(fh.name, path)
     except OSError as err:
         log.info(f"data_prep: note: cannot cache {path} ({err.strerror or err})")
+        if fh is not None:
+            Path(fh.name).unlink(missing_ok=True)
     return value
 
 

@@ -46,7 +46,7 @@ def _expand(item: str, settings: Settings) -> list[str]:
         found: list[str] = []
         for pattern in settings.dataset.file_globs:
             found += glob.glob(os.path.join(glob.escape(path), pattern), recursive=True)
-        files = sorted({f for f in found if os.path.isfile(f)})
+        files = _not_output(sorted({f for f in found if os.path.isfile(f)}), settings)
         if not files:
             raise DataPrepError("input", f"folder {path} holds no {' or '.join(settings.dataset.file_globs)} files "
                                 f"(what dataset={settings.dataset.name} reads)",
@@ -55,11 +55,22 @@ def _expand(item: str, settings: Settings) -> list[str]:
     if os.path.isfile(path):
         return [path]
     if glob.has_magic(path):
-        files = sorted(f for f in glob.glob(path, recursive=True) if os.path.isfile(f))
+        files = _not_output(sorted(f for f in glob.glob(path, recursive=True) if os.path.isfile(f)), settings)
         if not files:
             raise DataPrepError("input", f"the pattern {path} matches no files", "check the path and quoting")
         return files
     raise DataPrepError("input", f"{path} does not exist", "pass input=<file|folder|glob> of JSON lines")
+
+
+def _not_output(files: list[str], settings: Settings) -> list[str]:
+    """The files of a folder or pattern, less those under out_root: an out_root inside the input folder held this
+    tool's own files on the next run (its plan, block records), read as documents or refused as another dataset."""
+    out = os.path.realpath(settings.out_root)
+    kept = [f for f in files if os.path.commonpath([os.path.realpath(f), out]) != out]
+    if len(kept) < len(files):
+        logging.getLogger(__name__).warning(f"data_prep: warning: input: {len(files) - len(kept)} file(s) under "
+                                            f"out_root {settings.out_root} left out (this tool's output, not input)")
+    return kept
 
 
 def _hub_sources(settings: Settings) -> list[Source]:
@@ -90,11 +101,14 @@ def _require_hub(repo: str) -> None:
 def resolve_sources(settings: Settings) -> list[Source]:
     if not settings.inputs:
         return _hub_sources(settings)
-    seen: dict[str, Source] = {}  # by the file itself: a link to a file already given is that file, read once
+    # by the file itself (its device and inode): a link to a file already given, symbolic or hard, is that file,
+    # read once (a hard link, which realpath does not see, was read twice: every document doubled)
+    seen: dict[tuple, Source] = {}
     for item in settings.inputs:
         for path in _expand(item, settings):
             source = _local(path)
-            first = seen.setdefault(os.path.realpath(source.path), source)
+            st = os.stat(source.path)
+            first = seen.setdefault((st.st_dev, st.st_ino), source)
             if first is not source and first.path != source.path:
                 logging.getLogger(__name__).warning(f"data_prep: warning: input: {source.path} is {first.path} "
                                                     "(a link to it): read once")

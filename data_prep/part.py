@@ -43,7 +43,21 @@ def damage(split_dir: Path, block: Block) -> list[str]:
         shards = None
     if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
         return [f"{folder / INDEX_FILE} cannot be read as the block's list of shards (cut short or overwritten?)"]
-    return shard_problems(folder, shards)
+    return _unreadable_record(folder) + shard_problems(folder, shards)
+
+
+# What the merge reads of each block's record (merge.py): a record without them stopped every later run
+_RECORD_KEYS = ("docs", "tokens", "skipped_lines", "skipped_by_reason", "skipped_examples", "tail")
+
+
+def _unreadable_record(folder: Path) -> list[str]:
+    try:
+        meta = json.loads((folder / BLOCK_FILE).read_text())
+    except (OSError, ValueError):
+        meta = None
+    if not isinstance(meta, dict) or any(k not in meta for k in _RECORD_KEYS):
+        return [f"{folder / BLOCK_FILE} cannot be read as the block's record (cut short or overwritten?)"]
+    return []
 
 
 @dataclass

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,13 +147,32 @@ def test_parts_dispatched_with_submitit_then_merged_equal_a_single_part(tmp_path
 
 def test_a_file_given_again_through_a_link_is_read_once_and_said_so(tmp_path):
     """The same file named twice was read once; through a link (a staging folder of links) it was read twice,
-    doubling its documents without a word."""
-    link = tmp_path / "staged" / C4_FIRST.name
+    doubling its documents without a word; so was a hard link (the same file under a second name)."""
+    given = tmp_path / "given" / C4_FIRST.name
+    given.parent.mkdir()
+    shutil.copy(C4_FIRST, given)
+    link, hard = tmp_path / "staged" / C4_FIRST.name, tmp_path / "staged" / "hard.json.gz"
     link.parent.mkdir()
-    link.symlink_to(C4_FIRST)
-    proc = prep("dataset=c4", f"input=[{C4_FIRST},{link}]", f"out_root={tmp_path / 'out'}", "progress=false")
-    assert f"input: {link} is {C4_FIRST} (a link to it): read once" in proc.stderr
+    link.symlink_to(given)
+    os.link(given, hard)
+    proc = prep("dataset=c4", f"input=[{given},{link},{hard}]", f"out_root={tmp_path / 'out'}", "progress=false")
+    assert f"input: {link} is {given} (a link to it): read once" in proc.stderr
+    assert f"input: {hard} is {given} (a link to it): read once" in proc.stderr
     assert json.loads((tmp_path / "out" / "train" / SUMMARY).read_text())["docs"] == 1000
+
+
+def test_an_out_root_inside_the_input_folder_is_not_read_as_input(tmp_path):
+    """dataset=jsonl of a folder with out_root inside it: the rerun read the tool's own files there as input (then
+    refused its own dataset as another's, for good); they are left out, said, and the rerun finds it made."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    with gzip.open(C4_FIRST, "rt") as f:
+        (folder / "a.jsonl").write_text("".join(line for _, line in zip(range(200), f)))
+    line = ("dataset=jsonl", f"input={folder}", f"out_root={folder / 'out'}", "progress=false")
+    prep(*line)
+    again = prep(*line)
+    assert "file(s) under out_root" in again.stderr and "left out" in again.stderr, again.stderr
+    assert json.loads((folder / "out" / "train" / SUMMARY).read_text())["docs"] == 200
 
 
 def test_a_sweep_of_some_of_the_parts_says_so_and_does_not_end_as_if_the_dataset_were_made(tmp_path):

@@ -333,3 +333,23 @@ def test_a_tokenizer_outside_the_fast_path_still_works_and_the_summary_says_so(t
     hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
     assert summary["tokens"] == sum(len(e.ids) + 1 for e in hf.encode_batch([json.loads(line)["text"]
                                                                            for line in gzip.open(first)]))
+
+
+def test_a_cache_file_cut_short_or_emptied_is_computed_again(tmp_path):
+    """The encoder's tables are kept in the cache folder; one cut short (a full disk, a copy interrupted) or emptied
+    stopped every run with that tokenizer (zipfile.BadZipFile, EOFError), where an unreadable JSON one was rebuilt."""
+    from data_prep.fast_bpe import _cached
+
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"a": np.arange(5000, dtype=np.int32)}
+
+    assert list(_cached("t.npz", compute)["a"]) == list(range(5000)) and len(calls) == 1
+    assert list(_cached("t.npz", compute)["a"]) == list(range(5000)) and len(calls) == 1  # from the cache
+    path = tmp_path / "cache" / "t.npz"
+    for damage in (path.read_bytes()[:1000], b""):
+        path.write_bytes(damage)
+        assert list(_cached("t.npz", compute)["a"]) == list(range(5000))
+    assert len(calls) == 3 and not list(path.parent.glob("*.tmp"))

@@ -65,8 +65,9 @@ def cut_short(path: Path) -> None:
         fh.truncate(50_000)
 
 
-@pytest.mark.parametrize("damage", ["cut short", "deleted", "index.json deleted"])
+@pytest.mark.parametrize("damage", ["cut short", "deleted", "index.json deleted", "block.json emptied"])
 def test_a_damaged_finished_block_is_redone_on_rerun(inputs, clean, tmp_path, damage):
+    """(An emptied block.json, as an interrupted copy leaves it, stopped every later run with a traceback.)"""
     out = copy_of(clean, tmp_path)
     block = out / "train" / "block-00003"
     shard = block / "shard.00001.mds"
@@ -74,11 +75,13 @@ def test_a_damaged_finished_block_is_redone_on_rerun(inputs, clean, tmp_path, da
         cut_short(shard)
     elif damage == "deleted":
         shard.unlink()
-    else:
+    elif damage == "index.json deleted":
         (block / "index.json").unlink()
+    else:
+        (block / "block.json").write_bytes(b"")
     proc = prep(*args(inputs, out))
     assert f"data_prep: warning: {block} is damaged" in proc.stderr, proc.stderr
-    named = shard if damage != "index.json deleted" else block / "index.json"
+    named = {"index.json deleted": block / "index.json", "block.json emptied": block / "block.json"}.get(damage, shard)
     assert str(named) in proc.stderr, proc.stderr
     assert "(1 blocks done, 16 already complete)" in proc.stdout, proc.stdout
     assert check_index(out / "train") == []

@@ -442,11 +442,16 @@ def test_an_export_of_an_earlier_batch_is_shown_beside_the_runs_number_at_that_b
 
     key = "eval/LanguageCrossEntropy"
     metrics = {"eval": [[10, {key: 5.9}], [10, {"icl/0-shot/InContextLearningLMAccuracy": 0.1}], [20, {key: 5.56}],
-                        [40, {key: 5.25}]], "final_eval": {key: 5.25}}
+                        [40, {key: 5.25}]], "final_eval": {key: 5.25}, "evaluators_since": 0}
     assert _trainers(metrics, "eval", 20) == {"metric": key, "cross_entropy": 5.56, "batch": 20}
     assert _trainers(metrics, "eval", 40) == {"metric": key, "cross_entropy": 5.25, "batch": 40}
     assert _trainers(metrics, "eval", 30) == {"metric": key, "cross_entropy": 5.25, "batch": 40}
     assert _trainers(metrics, "eval", None)["batch"] == 40 and _trainers(metrics, "other", 20) is None
+    # the last start resumed at batch 20 (at another world size, say): its evaluators, which evaluate scores on,
+    # read other samples than the evaluations before it: those are not shown beside an export's score
+    assert _trainers({**metrics, "evaluators_since": 20}, "eval", 20)["batch"] == 40
+    assert _trainers({**metrics, "evaluators_since": 10}, "eval", 20)["batch"] == 20
+    assert _trainers({k: v for k, v in metrics.items() if k != "evaluators_since"}, "eval", 20)["batch"] == 40
 
 
 def test_icl_options_are_refused_where_they_would_be_ignored_and_a_bad_task_line_is_named(tmp_path):

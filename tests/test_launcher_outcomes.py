@@ -424,6 +424,12 @@ def test_a_point_shows_only_its_own_runs_numbers(tmp_path):
     row = TrainApp().columns({**point, "run": "other"}, "COMPLETED")  # its own files: shown
     assert (row["step"], row["final_loss"], row["eval_loss"]) == ("step 40/40", 3.9, 3.8)
     assert row["metrics"] == str(folder / "metrics.json")
+    # a run killed there before its end left progress.json and its loss curve, no metrics.json
+    (folder / "metrics.json").unlink()
+    row = TrainApp().columns({**point, "run": "mine"}, "PENDING")
+    assert (row["step"], row["loss_curve"], row["last_progress"]) == ("", "", "")
+    assert TrainApp().columns({**point, "run": "other"}, "RUNNING")["loss_curve"] == str(folder / "loss_curve.png")
     before = {"batches": 20, "final_train_loss": 5.2, "final_eval": {"eval/LanguageCrossEntropy": 5.23}}
+    (folder / "metrics.json").write_text(json.dumps({"run_name": "other", "batches": 40, "final_train_loss": 3.9}))
     row = TrainApp().columns({**point, "run": "other", "finished": before}, "COMPLETED")
     assert (row["step"], row["final_loss"], row["eval_loss"]) == ("step 20", 5.2, 5.23)

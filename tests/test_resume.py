@@ -567,7 +567,7 @@ def test_a_sweep_takes_a_run_for_finished_only_while_the_checkpoint_it_finished_
 
     folder = tmp_path / "run"
     folder.mkdir()
-    cfg = OmegaConf.create({"max_duration": "40ba", "save_folder": str(folder)})
+    cfg = OmegaConf.create({"max_duration": "40ba", "save_folder": str(folder), "autoresume": True})
     (folder / "finished.json").write_text(json.dumps({"max_duration": "40ba", "batch": 40, "metrics": {"x": 1}}))
     for name in ("ep0-ba30-rank0.pt", "ep0-ba40-rank0.pt"):
         (folder / name).write_bytes(b"")
@@ -581,6 +581,8 @@ def test_a_sweep_takes_a_run_for_finished_only_while_the_checkpoint_it_finished_
     for p in [*folder.glob("ep0-ba*-rank0.pt"), folder / "ep0-ba40"]:
         p.rmdir() if p.is_dir() else p.unlink()
     assert read(cfg) is None  # no checkpoint at all
+    # checkpoints of the user's naming are not listed here (nor chosen among by the task): finished.json stands
+    assert read(OmegaConf.merge(cfg, {"save_filename": "step{batch}.pt"})) is not None
 
 
 def test_the_choice_by_content_on_made_up_folders(tmp_path):

@@ -444,6 +444,24 @@ def test_an_icl_task_llm_foundry_cannot_build_is_named_inline_or_in_its_file(tmp
                if p.key == "icl_tasks[0].dataset_uri"]
     assert lines.level == ERROR and "line 3: gold 1 is not an index of its choices; line 4: no choices; line 5: not " \
         "JSON" in str(lines) and "and 1 more" in str(lines) and "line 7" not in str(lines), str(lines)
+    # what llm-foundry reads too is not refused: the task's own key names, one JSON list of records (Hugging Face's
+    # JSON reader takes it), a byte-order mark; a null field is missing (llm-foundry fails on it)
+    named = tmp_path / "named.json"
+    named.write_text('\ufeff[{"question": "q", "options": ["a", "b"], "gold": 0},\n {"question": "q", "options": ["a"],'
+                     ' "gold": 0}]', encoding="utf-8")
+
+    def mc(path, keys=""):
+        return [str(p) for p in check(compose([f"+icl_tasks=[{{label: m, dataset_uri: {path}, icl_task_type: "
+                                                f"multiple_choice, num_fewshot: [0]{keys}}}]"]), Context())
+                if p.key == "icl_tasks[0].dataset_uri"]
+
+    assert mc(named, ", context_key: question, choices_key: options") == []
+    [wrong] = mc(named)  # the default names, which these records do not have
+    assert "record 0: no query, choices; record 1: no query, choices" in wrong, wrong
+    nulls = tmp_path / "nulls.jsonl"
+    nulls.write_text('{"query": null, "choices": ["a"], "gold": 0}\n')
+    [null] = mc(nulls)
+    assert "line 1: no query" in null, null
     assert icl([f"+icl_tasks={tmp_path / 'none.yaml'}"]) == [("icl_tasks", ERROR)]
     # llm-foundry opens a string icl_tasks with open(): a URI there fails as the trainer is built
     [uri] = [p for p in check(compose(["+icl_tasks=s3://bucket/tasks.yaml"]), Context()) if p.key == "icl_tasks"]

@@ -292,12 +292,14 @@ def _run_metrics(folder: Path) -> tuple[Path, dict]:
 
 
 def _trainers(metrics: dict, label: str, batch: int | None = None) -> dict | None:
-    """The run's reported cross-entropy of that evaluator at `batch` (the export's) where the run evaluated there,
-    else its last, with the batch it was evaluated at: an export of an earlier batch beside the run's final number
-    read as the same weights scoring apart (measured: ba20's 5.5642 shown beside the 5.2517 of batch 40)."""
+    """The run's reported cross-entropy of that evaluator at `batch` (the export's) where the run evaluated there on
+    the samples scored here (by its last start: `evaluators_since`), else its last, with the batch it was evaluated
+    at: an export of an earlier batch beside the run's final number read as the same weights scoring apart
+    (measured: ba20's 5.5642 shown beside the 5.2517 of batch 40)."""
     key = f"{label}/LanguageCrossEntropy"
     history = [(b, values[key]) for b, values in metrics.get("eval", []) if key in values]
-    at = [(b, v) for b, v in history if b == batch]
+    since = metrics.get("evaluators_since")
+    at = [(b, v) for b, v in history if b == batch and isinstance(since, int) and b > since]
     if at:
         return {"metric": key, "cross_entropy": at[-1][1], "batch": batch}
     value = (metrics.get("final_eval") or {}).get(key)
@@ -348,7 +350,7 @@ def _problems(args) -> list:
             found.append(Problem("--icl-tasks", f"{args.icl_tasks} is not a file", "a JSON-lines task file (see "
                                  "docs/after-training.md, \"Evaluate\")"))
         else:
-            found += icl_task_lines(args.icl_tasks, args.icl_type or ICL_TYPES[0], "--icl-tasks")
+            found += icl_task_lines(args.icl_tasks, {"icl_task_type": args.icl_type or ICL_TYPES[0]}, "--icl-tasks")
         for key, v in (("--data", args.data), ("--split", args.split), ("--batches", args.batches),
                        ("--eos-token-id", args.eos_token_id), ("--bos-token-id", args.bos_token_id)):
             if v is not None:  # measured: taken and ignored, exit 0

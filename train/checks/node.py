@@ -246,53 +246,85 @@ def icl_files(cfg, ctx):
             yield Problem(f"{where}[{i}].dataset_uri", f"{uri} is not a file (llm-foundry reads the task from it as "
                           "the trainer is built)", "the path of the task's .jsonl file, or a URI (s3://..., hf://...)")
         else:
-            yield from icl_task_lines(Path(os.path.expanduser(uri)), task.get("icl_task_type"),
-                                      f"{where}[{i}].dataset_uri")
+            yield from icl_task_lines(Path(os.path.expanduser(uri)), task, f"{where}[{i}].dataset_uri")
 
 
-# The fields llm-foundry's ICL datasets read of each line, by task type (llmfoundry/eval/datasets/
-# in_context_learning_evaluation.py); `gold` indexes the list named after it.
-ICL_FIELDS = {"language_modeling": ("context", "continuation"), "multiple_choice": ("query", "choices", "gold"),
-              "schema": ("context_options", "continuation", "gold"), "generation_task_with_answers": ("context",
-                                                                                                    "answer")}
-_GOLD_OF = {"multiple_choice": "choices", "schema": "context_options"}
+def icl_fields(task: dict) -> tuple[tuple, str | None]:
+    """(the fields llm-foundry's ICL dataset of this task reads of each record, the one `gold` indexes), by task
+    type and the task's own key names (llmfoundry/eval/datasets/in_context_learning_evaluation.py)."""
+    kind, get = task.get("icl_task_type"), task.get
+    if kind == "language_modeling":
+        return (get("context_key") or "context", "continuation"), None
+    if kind == "multiple_choice":
+        return (get("context_key") or "query", get("choices_key") or "choices", "gold"), get("choices_key") or "choices"
+    if kind == "schema":
+        return (get("choices_key") or "context_options", "continuation", "gold"), get("choices_key") or "context_options"
+    if kind == "generation_task_with_answers":
+        return (get("context_key") or "context", get("answer_key") or "answer"), None
+    return (), None
 
 
-def icl_task_lines(path: Path, kind, key: str, shown: int = 3):
-    """Each line of an ICL task file is a JSON object with the fields its task type reads: llm-foundry finds a bad
-    one only as the trainer is built, on every rank (measured: a DatasetGenerationError, a ValueError, an
-    IndexError of a gold past its choices, none naming the line)."""
-    import json
-
-    fields, bad = ICL_FIELDS.get(kind), []
+def icl_task_lines(path: Path, task: dict, key: str):
+    """Each record of a local ICL task file has the fields its task reads: llm-foundry finds a bad one only as the
+    trainer is built, on every rank (measured: a DatasetGenerationError, a ValueError, an IndexError of a gold past
+    its choices, none naming the line). The file as llm-foundry reads it (Hugging Face's JSON reader): JSON lines,
+    or one JSON list of records; a byte-order mark allowed. Read once per file and fields, however many points."""
+    fields, gold_of = icl_fields(task)
     try:
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError as err:
-                    bad.append(f"line {n}: not JSON ({err})")
-                    continue
-                if not isinstance(row, dict):
-                    bad.append(f"line {n}: not a JSON object")
-                    continue
-                missing = [k for k in fields or () if k not in row]
-                if missing:
-                    bad.append(f"line {n}: no {', '.join(missing)}")
-                elif kind in _GOLD_OF:
-                    gold, options = row["gold"], row[_GOLD_OF[kind]]
-                    if not isinstance(options, list) or not isinstance(gold, int) or not 0 <= gold < len(options):
-                        bad.append(f"line {n}: gold {gold!r} is not an index of its {_GOLD_OF[kind]}")
-    except (OSError, UnicodeDecodeError) as err:
+        st = path.stat()
+    except OSError as err:
         yield Problem(key, f"{path}: cannot be read ({err})", "a UTF-8 JSON-lines task file")
         return
+    bad = _icl_records(str(path), st.st_size, st.st_mtime_ns, fields, gold_of)
     if bad:
+        shown = 3
         more = f"; and {len(bad) - shown} more" if len(bad) > shown else ""
-        need = f" (a {kind} task reads {', '.join(fields)} of each line)" if fields else ""
+        need = f" (a {task.get('icl_task_type')} task reads {', '.join(fields)} of each record)" if fields else ""
         yield Problem(key, f"{path}: {'; '.join(bad[:shown])}{more}{need}", "one JSON object per line with those "
                       "fields (llm-foundry reads them as the trainer is built)")
+
+
+@functools.lru_cache(maxsize=64)
+def _icl_records(path: str, size: int, mtime_ns: int, fields: tuple, gold_of: str | None) -> tuple:
+    """What is wrong with the file's records, each with its line (or list index): () when nothing is."""
+    import json
+
+    bad = []
+
+    def check(where, row):
+        if not isinstance(row, dict):
+            bad.append(f"{where}: not a JSON object")
+            return
+        missing = [k for k in fields if row.get(k) is None]
+        if missing:
+            bad.append(f"{where}: no {', '.join(missing)}")
+        elif gold_of:
+            gold, options = row["gold"], row[gold_of]
+            if not isinstance(options, list) or isinstance(gold, bool) or not isinstance(gold, int) \
+                    or not 0 <= gold < len(options):
+                bad.append(f"{where}: gold {gold!r} is not an index of its {gold_of}")
+
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as err:
+        return (f"cannot be read ({err})",)
+    if text.lstrip().startswith("["):  # one JSON list of records, which Hugging Face's reader takes too
+        try:
+            rows = json.loads(text)
+        except ValueError as err:
+            return (f"not JSON ({err})",)
+        for i, row in enumerate(rows if isinstance(rows, list) else [rows]):
+            check(f"record {i}", row)
+        return tuple(bad)
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except ValueError as err:
+                bad.append(f"line {n}: not JSON ({err})")
+                continue
+            check(f"line {n}", row)
+    return tuple(bad)
 
 
 def no_overwrite(cfg, ctx):

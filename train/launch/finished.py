@@ -43,18 +43,22 @@ def read(cfg: DictConfig) -> dict | None:
 
     folder = _folder(OmegaConf.select(cfg, "save_folder"))
     body = _body(folder)
-    if body is None or not same_time(body.get("max_duration"), str(cfg.max_duration)) or not _kept(folder, body):
+    if body is None or not same_time(body.get("max_duration"), str(cfg.max_duration)) or not _kept(folder, body, cfg):
         return None
     return {"where": str(folder / FILE), "report": body.get("report"), "value": body.get("metrics") or {}}
 
 
-def _kept(folder: Path, body: dict) -> bool:
+def _kept(folder: Path, body: dict, cfg: DictConfig) -> bool:
     """Whether the checkpoint the run finished at is still there: with it deleted by hand, the plain command
     trains the batches since the one before, so a sweep must submit the point too (measured: it said "finished
     earlier" and the run's newest export became the checkpoint before's). Listed, not hashed: a damaged one is
-    found by the task, which sets it aside and trains again."""
+    found by the task, which sets it aside and trains again. Checkpoints named otherwise than composer's default
+    (save_filename, save_latest_filename) or not resumed from (autoresume=false) are not this tool's to list, as
+    the task does not choose among them (train/task/main.py): their finished.json is taken as it stands."""
     from train.checkpoint.resume import find
 
+    if not cfg.get("autoresume") or cfg.get("save_filename") or cfg.get("save_latest_filename"):
+        return True
     kept, batch = find(folder), body.get("batch")
     return bool(kept) and (not isinstance(batch, int) or any(c.batch == batch for c in kept))
 

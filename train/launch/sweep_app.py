@@ -195,10 +195,11 @@ class TrainApp(SweepApp):
         from train.task.preflight_report import exclusions, latest
 
         report = Path(point["report"])
-        progress, metrics = (_of_run(read_json(report / name), point.get("run"))
-                             for name in ("progress.json", "metrics.json"))
-        # another run's report files in this point's folder (see _of_run): no links to them either
-        others = bool(read_json(report / "metrics.json")) and not metrics
+        found = [read_json(report / name) for name in ("progress.json", "metrics.json")]
+        progress, metrics = (_of_run(f, point.get("run")) for f in found)
+        # another run's report files in this point's folder (see _of_run): nothing of its files either (its loss
+        # curve, progress age, preflight verdicts), and the folder is read as holding none of this point's yet
+        others = any(f and not _of_run(f, point.get("run")) for f in found)
         done_before = point.get("finished")
         # a run finished earlier (nothing submitted): its finished.json's numbers where its report folder is gone,
         # or holds a later stretch's since (the run continued to a longer max_duration under run_name=)
@@ -207,7 +208,7 @@ class TrainApp(SweepApp):
                 {"progress": f"step {done_before['batches']}"} if done_before.get("batches") else {})
         done = state == "COMPLETED"
         try:  # how long ago rank 0 last wrote a progress line: a point that stopped moving shows it
-            age = time.time() - (report / "progress.json").stat().st_mtime
+            age = None if others else time.time() - (report / "progress.json").stat().st_mtime
         except OSError:
             age = None
         going = state.split(" ")[0] in GOING  # "PENDING (Resources)"; an ended point has no ETA
@@ -240,8 +241,8 @@ class TrainApp(SweepApp):
             "metrics": "" if others else existing(report, "metrics.json"),
             "loss_curve": "" if others else existing(report, "loss_curve.png"),
             # nodes the job's preflight check excluded before it requeued itself (train/task/preflight.py)
-            "excluded": exclusions(str(report)),
-            "preflight": latest(str(report)),  # the newest start's verdict and its report file
+            "excluded": "" if others else exclusions(str(report)),
+            "preflight": "" if others else latest(str(report)),  # the newest start's verdict and its report file
         }
 
     def finish(self, results: list, rows: list) -> bool:

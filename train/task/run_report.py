@@ -124,6 +124,7 @@ class RunReport(Callback):
             # after composer's saver (appended last by the trainer): each checkpoint's manifest, once it is complete
             state.callbacks.append(Manifests(savers[0], create_interval_scheduler(self.save_interval)))
         self._flops_per_token = _flops_per_token(state.model)
+        self._started_at = int(state.timestamp.batch)  # where this start resumed (0: from scratch)
         if dist.get_global_rank() == 0:
             before = files.read_json(self.folder / "progress.json")
             # a fresh record: nothing of the previous start's progress line (step, loss, rate, ETA) is shown as this
@@ -260,6 +261,9 @@ class RunReport(Callback):
             "train_loss": self.train,
             "eval": self.evals,
             "evaluators": _evaluators(state),  # what `python -m train.evaluate RUN` scores
+            # ...as this start's evaluations read: those of `eval` past this batch (a start before, at another
+            # world size or eval batch size, read other samples)
+            "evaluators_since": getattr(self, "_started_at", 0),
         }
         files.atomic_write(self.folder / "metrics.json", json.dumps(summary, indent=1).encode())  # read by summaries
 
