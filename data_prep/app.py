@@ -94,6 +94,24 @@ def redo_damaged(split_dir: Path, blocks: list[Block]) -> None:
             shutil.rmtree(split_dir / block.folder)
 
 
+def strict_over_blocks_made_before(split_dir: Path, blocks: list[Block]) -> None:
+    """strict=true stops at the first line it cannot read; blocks finished by an earlier run with strict=false may
+    have skipped some, and a rerun with strict=true merged them, exit 0 (measured: "skipped lines 5" printed). The
+    first such line is named before the merge instead."""
+    from data_prep.part import BLOCK_FILE
+
+    skipped, first = 0, None
+    for block in blocks:
+        meta = json.loads((split_dir / block.folder / BLOCK_FILE).read_text())  # checked readable (part.damage)
+        skipped += meta["skipped_lines"]
+        first = first or next(iter(meta["skipped_examples"]), None)
+    if skipped:
+        where = f" (the first: {first[0]}:{first[1]}: {first[2]})" if first else ""
+        raise DataPrepError("strict", f"true, but blocks made before (with strict=false) skipped {skipped} line(s)"
+                            f"{where}", "fix those lines and run into a new out_root, or strict=false to merge with "
+                            "them skipped and counted")
+
+
 def check_other_parts(job: Job, mine: list[Block]) -> None:
     """Before a merge, the blocks of other parts (this run checked its own before it began): one damaged since it
     was made cannot be redone here, because its part's lock is not this run's to take."""
@@ -173,6 +191,8 @@ def _run_locked(job: Job, lock: OutRootLock, mine: list[Block], started: float) 
         log.warning(f"data_prep: {label} finished, but another part's merge removed the blocks (see its message)")
         return None
     check_other_parts(job, mine)
+    if s.strict:
+        strict_over_blocks_made_before(split_dir, job.blocks)
     totals = merge(split_dir, job.blocks, s)
     local = os.path.expanduser(s.tokenizer)
     facts = {"sample_tokens": s.concat_tokens,  # what a training run checks before it starts (facts.py reads them)

@@ -286,6 +286,12 @@ def test_strict_mode_stops_at_the_first_corrupt_line(tmp_path):
     assert "Traceback" not in proc.stderr
     split = tmp_path / "out" / "train"
     assert not (split / "index.json").exists() and not list(split.glob("block-*")) and not list(split.glob(".tmp-*"))
+    # made with strict=false (lines skipped, counted), then the same run with strict=true: refused, not merged
+    # again (it exited 0 printing "skipped lines 5")
+    prep("dataset=jsonl", f"input={src}", f"out_root={tmp_path / 'out'}", "progress=false")
+    again = prep("dataset=jsonl", f"input={src}", f"out_root={tmp_path / 'out'}", "strict=true", check=False)
+    assert again.returncode == 2 and f"skipped {len(bad)} line(s) (the first: {src}:{first_line}: {first_reason}" \
+        in again.stderr, again.stderr
 
 
 def c4_lines(folder: Path, change) -> Path:
