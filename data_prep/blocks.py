@@ -146,10 +146,14 @@ def check_out_root(settings: Settings, plan: dict) -> None:
             try:
                 old = json.loads(plan_file.read_text())
             except (OSError, ValueError):
-                old = {}
-            diffs = _differences(old, plan)
+                old = None
             # A plan with no finished block and no index protects nothing: a new run may replace it.
             started = (split_dir / "index.json").exists() or any(split_dir.glob("block-*/block.json"))
+            if not isinstance(old, dict) and started:  # the settings the blocks were made with are unknown
+                raise DataPrepError("out_root", f"{plan_file} cannot be read (emptied or cut short), so whether "
+                                    f"{split_dir}'s blocks were made with these settings is unknown",
+                                    "choose a new out_root (or split), or delete that folder to start over")
+            diffs = _differences(old or {}, plan)
             if diffs and started:
                 raise DataPrepError("out_root", f"{split_dir} holds another dataset made with different settings: "
                                     + "; ".join(diffs),
@@ -158,7 +162,11 @@ def check_out_root(settings: Settings, plan: dict) -> None:
         # temporary file, common.files.temp_name): seen as "files data_prep did not write" by a Slurm array's part
         elif any(p.name != LOCK_FOLDER and not p.name.startswith(f".{PLAN_FILE}.tmp-") for p in split_dir.iterdir()):
             what = "an MDS dataset" if (split_dir / "index.json").exists() else "files"
-            raise DataPrepError("out_root", f"{split_dir} already holds {what} that data_prep did not write",
+            # this tool's blocks without their plan (deleted since): not another tool's files, but made with
+            # settings no longer known
+            ours = f" (its blocks' settings file {PLAN_FILE} is gone)" if any(
+                split_dir.glob("block-*/block.json")) else " that data_prep did not write"
+            raise DataPrepError("out_root", f"{split_dir} already holds {what}{ours}",
                                 "choose a new out_root (or split), or empty that folder")
     _probe_writable(split_dir)
 

@@ -67,7 +67,8 @@ class DataPrepApp(SweepApp):
 
         split_dir = Path(manifest["points"][0]["split_dir"])
         missing = missing_blocks(split_dir)
-        if not missing and (split_dir / SUMMARY_FILE).is_file():
+        # merged: its summary and its index (streaming reads the index; one deleted since is no dataset)
+        if not missing and (split_dir / SUMMARY_FILE).is_file() and (split_dir / "index.json").is_file():
             s = json.loads((split_dir / SUMMARY_FILE).read_text())
             return (f"dataset {split_dir}: merged, {s['samples']:,} samples, {s['tokens']:,} tokens from "
                     f"{s['docs']:,} documents")

@@ -397,7 +397,7 @@ def _snapshot(folder: Path) -> list[str]:
 @pytest.mark.parametrize("case", ["missing input", "c4 hub while offline", "unknown dataset", "unwritable out_root",
                                   pytest.param("foreign dataset", marks=pytest.mark.torch),  # streaming's writer
                                   "other settings", "missing tokenizer", "model vocab too small", "sweep",
-                                  "swept input", "input added"])
+                                  "swept input", "input added", "plan emptied", "plan deleted"])
 def test_bad_input_gives_one_clear_message_and_writes_nothing(tmp_path, case):
     out = tmp_path / "out"
     args = ["dataset=c4", f"input={C4_FIRST}", f"out_root={out}"]
@@ -433,6 +433,11 @@ def test_bad_input_gives_one_clear_message_and_writes_nothing(tmp_path, case):
     elif case == "input added":  # the file named (it said only "the input files ... changed")
         prep(*args, "progress=false")
         args[1], expect = f"input=[{C4_FIRST},{C4_SECOND}]", f"the input files changed: {C4_SECOND} added"
+    elif case in ("plan emptied", "plan deleted"):  # it said "made with different settings: dataset: None then"
+        prep(*args, "progress=false")  # and "files that data_prep did not write"
+        plan = out / "train" / "data_prep_plan.json"
+        plan.write_bytes(b"") if case == "plan emptied" else plan.unlink()
+        expect = "cannot be read (emptied or cut short)" if case == "plan emptied" else "data_prep_plan.json is gone"
     elif case == "swept input":  # was "input: is required" (the common check saw no input at all)
         args[1], expect = f"input={C4_FIRST},{C4_SECOND}", "input: is swept (-m input=A,B)"
         args += ["-m"]

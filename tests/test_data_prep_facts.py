@@ -223,3 +223,17 @@ def test_facts_imports_nothing_beyond_the_standard_library():
     assert proc.returncode == 0, proc.stderr
     loaded = set(proc.stdout.split())
     assert loaded - set(sys.stdlib_module_names) == {"data_prep"}, loaded
+
+
+def test_the_status_calls_a_dataset_merged_only_while_its_index_is_there(tmp_path):
+    """`python -m data_prep.status`'s heading: merged (its size) needs the merged index.json too, which streaming
+    reads (it said "merged, 1,917 samples" with the index deleted)."""
+    from data_prep.facts import PLAN_FILE, SUMMARY_FILE
+    from data_prep.sweep_app import DataPrepApp
+
+    (tmp_path / PLAN_FILE).write_text(json.dumps({"blocks": []}))
+    (tmp_path / SUMMARY_FILE).write_text(json.dumps({"samples": 1917, "tokens": 981504, "docs": 1000}))
+    manifest = {"points": [{"split_dir": str(tmp_path)}]}
+    assert "not merged yet" in DataPrepApp().heading(manifest)
+    (tmp_path / "index.json").write_text("{}")
+    assert "merged, 1,917 samples" in DataPrepApp().heading(manifest)
