@@ -433,3 +433,14 @@ def test_a_point_shows_only_its_own_runs_numbers(tmp_path):
     (folder / "metrics.json").write_text(json.dumps({"run_name": "other", "batches": 40, "final_train_loss": 3.9}))
     row = TrainApp().columns({**point, "run": "other", "finished": before}, "COMPLETED")
     assert (row["step"], row["final_loss"], row["eval_loss"]) == ("step 20", 5.2, 5.23)
+
+    # a point submitted with nothing to train (its run already trained past this max_duration) writes no report of
+    # its own: the numbers the task reported, from its run's finished.json (the row was blank)
+    empty, ckpt = tmp_path / "1", tmp_path / "ckpt"
+    empty.mkdir()
+    ckpt.mkdir()
+    (ckpt / "finished.json").write_text(json.dumps({"max_duration": "40ba", "batch": 40, "metrics": {
+        "run_name": "other", "batches": 40, "final_train_loss": 3.9}}))
+    row = TrainApp().columns({**point, "report": str(empty), "run": "other"}, "COMPLETED")
+    assert (row["step"], row["final_loss"]) == ("step 40", 3.9)
+    assert TrainApp().columns({**point, "report": str(empty), "run": "mine"}, "COMPLETED")["final_loss"] is None
