@@ -114,7 +114,22 @@ def resolve_sources(settings: Settings) -> list[Source]:
                                                     "(a link to it): read once")
             elif first is source and source.size == 0 and source.codec == "plain":
                 _warn_empty(source.path)
-    return list(seen.values())
+    sources = list(seen.values())
+    _warn_compressed_copies(sources)
+    return sources
+
+
+def _warn_compressed_copies(sources: list[Source]) -> None:
+    """A file beside its compressed copy (a.jsonl and a.jsonl.gz, as `gzip -k` leaves them) is most likely the
+    same documents twice: both are read, as given, and said (measured: every document doubled, exit 0)."""
+    by_stem: dict[str, list[str]] = {}
+    for src in sources:
+        stem = src.path[: -len(os.path.splitext(src.path)[1])] if src.codec != "plain" else src.path
+        by_stem.setdefault(stem, []).append(src.path)
+    for paths in (p for p in by_stem.values() if len(p) > 1):
+        logging.getLogger(__name__).warning(f"data_prep: warning: input: {' and '.join(sorted(paths))} are one file "
+                                            "and its compressed copy, most likely the same documents: both are read "
+                                            "(give one of them to read them once)")
 
 
 def _warn_empty(path: str) -> None:

@@ -161,6 +161,22 @@ def test_a_file_given_again_through_a_link_is_read_once_and_said_so(tmp_path):
     assert json.loads((tmp_path / "out" / "train" / SUMMARY).read_text())["docs"] == 1000
 
 
+def test_a_file_beside_its_compressed_copy_is_read_as_given_and_said(tmp_path):
+    """a.jsonl and a.jsonl.gz (what `gzip -k` leaves) in one input folder: both are read, as given, every document
+    twice; said, naming both (it was silent)."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    with gzip.open(C4_FIRST, "rt") as f:
+        text = "".join(line for _, line in zip(range(50), f))
+    (folder / "a.jsonl").write_text(text)
+    with gzip.open(folder / "a.jsonl.gz", "wt") as f:
+        f.write(text)
+    proc = prep("dataset=jsonl", f"input={folder}", f"out_root={tmp_path / 'out'}", "progress=false")
+    assert f"input: {folder / 'a.jsonl'} and {folder / 'a.jsonl.gz'} are one file and its compressed copy" \
+        in proc.stderr, proc.stderr
+    assert json.loads((tmp_path / "out" / "train" / SUMMARY).read_text())["docs"] == 100
+
+
 def test_an_out_root_inside_the_input_folder_is_not_read_as_input(tmp_path):
     """dataset=jsonl of a folder with out_root inside it: the rerun read the tool's own files there as input (then
     refused its own dataset as another's, for good); they are left out, said, and the rerun finds it made."""
