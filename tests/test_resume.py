@@ -317,6 +317,23 @@ def test_consolidate_a_sharded_checkpoint_into_one_file_that_load_path_continues
     (mine / "keep").mkdir(parents=True)  # a folder of the user's as --out: never replaced
     assert run("-m", "train.consolidate", folder, "--out", mine, check=2).stderr.startswith("error: --out:")
     assert (mine / "keep").is_dir()
+    # only this checkpoint's own file beside it is replaced (another run's ep0-ba40-rank0.pt was overwritten by a
+    # batch-20 state that then verified, and was resumed from as batch 40); nor into a checkpoint folder, nor under
+    # another batch's checkpoint name
+    other = tmp_path / "other.pt"
+    shutil.copy(out, other)
+    for target, says in ((other, "exists; the conversion replaces it whole"),
+                         (folder / "ep0-ba40" / "full.pt", "is inside the checkpoint"),
+                         (tmp_path / "ep0-ba20-rank0.pt", "is named as composer names batch 20's checkpoint")):
+        proc = run("-m", "train.consolidate", folder, "--out", target, check=2)
+        assert f"error: --out: {target} {says}" in proc.stderr, proc.stderr
+    assert other.read_bytes() == out.read_bytes() and not (folder / "ep0-ba40" / "full.pt").exists()
+    # the default, beside the shards; then that file given with an --out: nothing to convert, refused (it printed
+    # the file's path, exit 0, and --out was never written)
+    beside = Path(run("-m", "train.consolidate", folder, check=True).stdout.strip())
+    assert beside == folder / "ep0-ba40-rank0.pt"
+    proc = run("-m", "train.consolidate", beside, "--out", tmp_path / "copy.pt", check=2)
+    assert "is already one full checkpoint file" in proc.stderr and not (tmp_path / "copy.pt").exists()
 
     proc = run("-m", "train", *args, "max_duration=40ba", f"load_path={out}", root=tmp_path / "b", check=1)
     assert f"error: max_duration: the checkpoint load_path={out} is already at max_duration=40ba" in proc.stderr

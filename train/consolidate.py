@@ -8,7 +8,6 @@ checkpoint (the whole training state: model, optimizer, schedulers, data positio
 import argparse
 import logging
 import sys
-import zipfile
 from pathlib import Path
 
 
@@ -36,17 +35,44 @@ def main(argv=None) -> int:
         print(f"error: {ckpt.path}: {why}", file=sys.stderr)
         return 2
     if not ckpt.sharded:
+        if args.out and args.out.resolve() != ckpt.path:  # it printed this path, exit 0, and wrote nothing there
+            print(f"error: --out: {ckpt.path} is already one full checkpoint file: nothing is converted, and "
+                  f"{args.out} would not be written (load_path= takes the file as it is)", file=sys.stderr)
+            return 2
         print(f"{ckpt.path} is already one full checkpoint file", file=sys.stderr)
         print(ckpt.path)
         return 0
-    out = (args.out or ckpt.path.parent / f"{ckpt.stem}-rank0.pt").resolve()
-    if out.is_dir() or out.exists() and not zipfile.is_zipfile(out):  # replaced whole: only an earlier checkpoint
-        print(f"error: --out: {out} exists and is not a checkpoint file; writing there would replace it",
-              file=sys.stderr)
+    default = ckpt.path.parent / f"{ckpt.stem}-rank0.pt"
+    out = (args.out or default).resolve()
+    problem = _out_problem(out, default.resolve(), ckpt.batch)
+    if problem:
+        print(f"error: --out: {out} {problem}", file=sys.stderr)
         return 2
     out.parent.mkdir(parents=True, exist_ok=True)
     print(resume.consolidate(ckpt.path, out))
     return 0
+
+
+def _out_problem(out: Path, default: Path, batch: int) -> str | None:
+    """Why the conversion must not be written to `out`, which it replaces whole: only this checkpoint's own file
+    beside it (an earlier conversion) is replaced (measured: another run's ep0-ba40-rank0.pt overwritten by a batch
+    20 state that then verified, and resumed from as batch 40); a name composer gives another batch's checkpoint
+    would be resumed from as that batch; a file inside a checkpoint folder fails its manifest."""
+    from train.checkpoint.resume import batch_of, holding_checkpoint
+
+    inside = holding_checkpoint(out.parent)
+    if inside is not None:
+        return (f"is inside the checkpoint {inside}: a file added there fails its manifest, and resumes set the "
+                "checkpoint aside")
+    if out.is_dir():
+        return "is a folder"
+    if out.exists() and out != default:
+        return "exists; the conversion replaces it whole: give a new --out, or delete that file first"
+    named = batch_of(out.name)
+    if named is not None and named != batch:
+        return (f"is named as composer names batch {named}'s checkpoint, and this one is of batch {batch}: a "
+                "resume would take it for that batch")
+    return None
 
 
 if __name__ == "__main__":

@@ -128,13 +128,13 @@ def replaceable(out: Path) -> None:
     user's (their models, a run's checkpoints, the working directory) must not go with it. Nor may it land inside a
     checkpoint: a file added there fails that checkpoint's manifest, and every later resume and export sets it aside
     (measured: the next export by run name took the checkpoint before, exit 0). Beside the checkpoints is fine."""
-    from train.checkpoint.resume import batch_of
+    from train.checkpoint.resume import holding_checkpoint
 
-    for folder in [out, *out.resolve().parents]:
-        if (folder / ".metadata").is_file() or (batch_of(folder.name) is not None and folder.is_dir()):
-            raise UserError("--out", f"{out} is inside the checkpoint {folder}: what the export writes there would "
-                            "no longer match the checkpoint's manifest, and resumes and exports would set it aside",
-                            "an --out outside the checkpoint (the default: the run's outputs folder)")
+    folder = holding_checkpoint(out)
+    if folder is not None:
+        raise UserError("--out", f"{out} is inside the checkpoint {folder}: what the export writes there would "
+                        "no longer match the checkpoint's manifest, and resumes and exports would set it aside",
+                        "an --out outside the checkpoint (the default: the run's outputs folder)")
     if not out.exists() and not out.is_symlink():
         return
     if out.is_dir() and not out.is_symlink():

@@ -51,6 +51,15 @@ def batch_of(path) -> int | None:
     return int(m[2]) if m else None
 
 
+def holding_checkpoint(path) -> Path | None:
+    """The checkpoint folder `path` is inside (or is), or None: a file added there fails that checkpoint's manifest,
+    and every later resume and export sets it aside."""
+    for folder in [Path(path), *Path(path).resolve().parents]:
+        if (folder / ".metadata").is_file() or (batch_of(folder.name) is not None and folder.is_dir()):
+            return folder
+    return None
+
+
 def find(folder) -> list[Checkpoint]:
     """Every checkpoint in `folder` named as composer names them, oldest first."""
     folder = Path(folder)
