@@ -49,8 +49,14 @@ def test_mlflow_one_run_named_by_run_name_continued_after_a_kill(tmp_path):
     assert before <= set(range(5)), before  # what reached the store before the kill (MLflow logs in batches)
 
     resumed_at = int(time.time() * 1000)
-    proc = run(*cmd, root=root, env=env, check=True)  # the same command: resumes from the batch-4 checkpoint
+    # the same training with another microbatch (how it runs, not what: the same run): resumes from the batch-4
+    # checkpoint. Its logged values differ (the microbatch, gradient accumulation, the overrides), which MLflow
+    # refuses within a run (and W&B online failed every start): the first start's are logged again, and said
+    proc = run(*cmd, "device_train_microbatch_size=4", root=root, env=env, check=True)
     assert "resuming from" in proc.stderr
+    [said] = [line for line in proc.stderr.splitlines() if "this start's parameters differ from" in line]
+    assert "device_train_microbatch_size" in said and "overrides" in said, said
+    assert "Changing param values is not allowed" not in proc.stderr, proc.stderr[-3000:]
     [again] = runs()  # still exactly one run: the same one, continued
     assert again.info.run_id == first.info.run_id and again.info.run_name == name
     assert again.info.status == "FINISHED"
@@ -60,6 +66,7 @@ def test_mlflow_one_run_named_by_run_name_continued_after_a_kill(tmp_path):
     for override in ("logger=mlflow", "optimizer.lr=1e-3", *ARGS):
         assert f"'{override}'" in overrides, overrides
     assert params["max_duration"] == "8ba" and params["run_name"] == name
+    assert params["device_train_microbatch_size"] == "8" and "microbatch" not in overrides  # the first start's
     assert "load_path" not in params  # the resume point of a start is not a parameter of the run
 
     history = client.get_metric_history(again.info.run_id, LOSS)

@@ -10,10 +10,21 @@ changed config value and fails. So the config is logged with the values the user
 by conf/logger/*.yaml, resolved before the resume point is chosen), and without the latter (nor W&B's local folder,
 which follows it).
 
+A start may also differ in how it runs: a resume at another world size (composer's and llm-foundry's rank counts,
+gradient accumulation, FSDP settings), another microbatch, a continuation's overrides. Measured with W&B online: a
+changed value failed every start of the run; MLflow refuses it with an error. The first start's values are kept in
+the save folder (`tracked-parameters.json`); a later start logs those, and says in its log which values differ.
+
 Registered with llm-foundry's callback registry as `tracking`. Parameters logged by anything else pass unchanged.
 """
+import json
+import logging
+from pathlib import Path
+
 from composer.core import Callback, State
 from composer.loggers import Logger
+
+RECORD = "tracked-parameters.json"
 
 # Folders of the submission a start belongs to (`<outputs>/sweeps/<time>/<point>` for `-m`): where it writes its
 # report, and W&B's local files unless WANDB_DIR is set.
@@ -21,8 +32,10 @@ PER_SUBMISSION = (("callbacks", "run_report", "folder"), ("loggers", "wandb", "i
 
 
 class Tracking(Callback):
-    def __init__(self, configured: dict):
+    def __init__(self, configured: dict, save_folder: str | None = None):
         self.configured = dict(configured)  # {key: the value the user configured (None: not set)}
+        # the record of the first start's values: in a save folder on a file system here (an object store: none)
+        self.record = Path(save_folder) / RECORD if save_folder and "://" not in str(save_folder) else None
 
     def init(self, state: State, logger: Logger) -> None:
         # INIT runs before composer and llm-foundry log any parameter
@@ -43,7 +56,37 @@ class Tracking(Callback):
                     out[key] = configured
         for path in PER_SUBMISSION:
             out = _without(out, path)
-        return out
+        return self._as_first_start(out)
+
+    def _as_first_start(self, out: dict) -> dict:
+        """`out` with the value the run's first start logged for each key where this start's differs (said). Each
+        logged key's first value is recorded as it is first logged (composer and llm-foundry log in several calls);
+        compared by their JSON, top-level key by key (llm-foundry logs the config as one dict)."""
+        from composer.utils import dist
+
+        if self.record is None:
+            return out
+        try:
+            first = json.loads(self.record.read_text())
+        except (OSError, ValueError):
+            first = {}
+        first = first if isinstance(first, dict) else {}
+        new = {k: v for k, v in out.items() if k not in first}
+        if new and dist.get_global_rank() == 0 and self.record.parent.is_dir():
+            from common.files import atomic_write
+
+            atomic_write(self.record, json.dumps({**first, **new}, default=str, sort_keys=True, indent=1).encode())
+        differ = sorted(k for k in out if k in first and _text(out[k]) != _text(first[k]))
+        if differ and dist.get_global_rank() == 0:
+            logging.getLogger(__name__).warning(
+                "tracking: this start's parameters differ from the tracking run's first start in %s (it resumed at "
+                "another world size, microbatch or overrides): the trackers keep the first start's values (%s), "
+                "which refuse a parameter that changes", ", ".join(differ), self.record)
+        return {**out, **{k: first[k] for k in differ}}
+
+
+def _text(value) -> str:
+    return json.dumps(value, default=str, sort_keys=True)
 
 
 def _without(node: dict, path: tuple) -> dict:
