@@ -24,6 +24,13 @@ def find_folder(arg: str, output_root: Path | None = None, checkpoint_root: Path
         return path.resolve()
     for base in (path / HF_SUBFOLDER, path):
         found = [p for p in base.glob("ba*") if _BATCH.match(p.name) and (p / "config.json").is_file()]
+        partial = [p for p in found if not _weights_complete(p)]
+        if partial:  # llm-foundry's hf_checkpointer writes in place, config first: one killed midway has no weights
+            import logging
+
+            logging.getLogger(__name__).warning("%s: an export without all its weights (written in place and "
+                                                "stopped midway?): passed over", ", ".join(map(str, partial)))
+            found = [p for p in found if p not in partial]
         if found:
             newest = max(found, key=lambda p: int(_BATCH.match(p.name)[1]))
             # the run's checkpoint folder, found by name or from its outputs folder's (<run>/huggingface/ba{B})
@@ -36,6 +43,21 @@ def find_folder(arg: str, output_root: Path | None = None, checkpoint_root: Path
     raise UserError("model", f"{arg!r}: no exported model there (a folder with config.json, or a run whose outputs "
                     f"hold {HF_SUBFOLDER}/ba{{B}}/)", "export one first: train with export=hf, or run "
                     "`python -m train.export <checkpoint>`; or pass the exported folder's path")
+
+
+def _weights_complete(folder: Path) -> bool:
+    """The folder holds its weights: one safetensors file, or an index whose every shard is there."""
+    import json
+
+    if (folder / "model.safetensors").is_file() or (folder / "pytorch_model.bin").is_file():
+        return True
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        try:
+            shards = set(json.loads((folder / index).read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        return bool(shards) and all((folder / name).is_file() for name in shards)
+    return False
 
 
 def _of_the_runs_end(newest: Path, found: list, save_folder: Path) -> Path:
