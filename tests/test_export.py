@@ -202,8 +202,8 @@ def test_errors_name_the_key_and_the_fix_and_write_nothing(tmp_path):
     assert proc.returncode == 2 and "error: --batch-size: applies to --data;" in proc.stderr
     assert "error: --split: applies to --data;" in proc.stderr
     assert "error: --batch-size: must be positive" in proc.stderr
-    proc = cli("train.sample", "no-such-run", "Hello", "--temperature=-1")
-    assert proc.returncode == 2 and "--temperature" in proc.stderr
+    proc = cli("train.sample", "no-such-run", "Hello", "", "--temperature=-1")
+    assert proc.returncode == 2 and "--temperature" in proc.stderr and "error: PROMPT: an empty prompt" in proc.stderr
     proc = cli("train.sample", "no-such-run", "Hello")
     assert proc.returncode == 2 and "error: model:" in proc.stderr and "python -m train.export" in proc.stderr
     assert not (tmp_path / "root").exists() and sorted(p.name for p in tmp_path.rglob("*")) == ["ep0-ba5", "save"]

@@ -71,6 +71,8 @@ def main(argv=None) -> int:
                 (("max_new_tokens", args.max_new_tokens), ("top_k", args.top_k)) if v <= 0]
     if args.temperature < 0:
         problems.append(f"error: --temperature: must be 0 (greedy) or more, got {args.temperature}")
+    if not all(args.prompts):  # no token to continue from: generate fails part way
+        problems.append("error: PROMPT: an empty prompt; the model continues a text of at least one token")
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 2
