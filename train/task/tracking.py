@@ -11,8 +11,9 @@ by conf/logger/*.yaml, resolved before the resume point is chosen), and without 
 which follows it).
 
 A start may also differ in how it runs: a resume at another world size (composer's and llm-foundry's rank counts,
-gradient accumulation, FSDP settings), another microbatch, a continuation's overrides. Measured with W&B online: a
-changed value failed every start of the run; MLflow refuses it with an error. The first start's values are kept in
+gradient accumulation, FSDP settings), another microbatch, a continuation's overrides. A resumed W&B run loads
+its config from the server and refuses a changed value (composer updates it without allow_val_change), failing
+every start; MLflow refuses it with an error (measured). The first start's values are kept in
 the save folder (`tracked-parameters.json`); a later start logs those, and says in its log which values differ.
 
 Registered with llm-foundry's callback registry as `tracking`. Parameters logged by anything else pass unchanged.
