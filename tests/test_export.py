@@ -291,7 +291,7 @@ def test_a_run_named_whose_newest_export_is_older_than_its_checkpoints_is_warned
     export = tmp_path / "outputs" / "r" / "huggingface" / "ba40"
     export.mkdir(parents=True)
     (export / "config.json").write_text("{}")
-    (export / "model.safetensors").write_bytes(b"")
+    whole_weights(export)
     (tmp_path / "checkpoints" / "r").mkdir(parents=True)
     (tmp_path / "checkpoints" / "r" / "ep0-ba40-rank0.pt").write_bytes(b"")
     assert find_folder("r", tmp_path / "outputs", tmp_path / "checkpoints") == export and not caplog.records
@@ -304,23 +304,43 @@ def test_a_run_named_whose_newest_export_is_older_than_its_checkpoints_is_warned
     assert find_folder(str(export), tmp_path / "outputs", tmp_path / "checkpoints") == export and not caplog.records
 
 
+def whole_weights(folder) -> None:
+    """A stand-in export's weights and tokenizer as a complete one has them: a safetensors file of one 4-byte
+    tensor, as long as its header says."""
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    (folder / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
+    (folder / "tokenizer_config.json").write_text("{}")
+
+
 def test_an_export_stopped_midway_is_passed_over_for_the_one_before(tmp_path, caplog):
-    """llm-foundry's hf_checkpointer writes its folder in place, config.json first: an export killed midway has no
-    weights (or not all of an index's shards), and `train.sample <run>` took it and failed with a traceback."""
+    """llm-foundry's hf_checkpointer writes its folder in place, config.json first, then the weights, then the
+    tokenizer: an export killed midway has no weights, part of them (a safetensors file cut short, not all of an
+    index's shards) or no tokenizer, and `train.sample <run>` took it and failed with a traceback."""
     from train.hf_model import find_folder
 
     hf = tmp_path / "outputs" / "r" / "huggingface"
     for batch in (20, 40):
         (hf / f"ba{batch}").mkdir(parents=True)
         (hf / f"ba{batch}" / "config.json").write_text("{}")
-    (hf / "ba20" / "model.safetensors").write_bytes(b"")
+        whole_weights(hf / f"ba{batch}")
+    roots = (tmp_path / "outputs", tmp_path / "checkpoints")
+    assert find_folder("r", *roots) == hf / "ba40"
+    weights = hf / "ba40" / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[:-2])  # cut short
+    assert find_folder("r", *roots) == hf / "ba20"
+    assert "ba40: an export without all its weights" in caplog.records[0].getMessage()
+    weights.write_bytes(whole)
+    (hf / "ba40" / "tokenizer_config.json").unlink()  # stopped before its tokenizer
+    assert find_folder("r", *roots) == hf / "ba20"
+    (hf / "ba40" / "tokenizer_config.json").write_text("{}")
+    weights.unlink()
     (hf / "ba40" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
         "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
     (hf / "ba40" / "model-00001-of-00002.safetensors").write_bytes(b"")
-    assert find_folder("r", tmp_path / "outputs", tmp_path / "checkpoints") == hf / "ba20"
-    assert "ba40: an export without all its weights" in caplog.records[0].getMessage()
+    assert find_folder("r", *roots) == hf / "ba20"  # a shard missing
     (hf / "ba40" / "model-00002-of-00002.safetensors").write_bytes(b"")
-    assert find_folder("r", tmp_path / "outputs", tmp_path / "checkpoints") == hf / "ba40"
+    assert find_folder("r", *roots) == hf / "ba40"
 
 
 def test_an_export_left_from_a_training_since_gone_back_is_not_taken_for_the_runs(tmp_path, caplog):
@@ -334,7 +354,7 @@ def test_an_export_left_from_a_training_since_gone_back_is_not_taken_for_the_run
     for batch in (60, 80):
         (hf / f"ba{batch}").mkdir(parents=True)
         (hf / f"ba{batch}" / "config.json").write_text("{}")
-        (hf / f"ba{batch}" / "model.safetensors").write_bytes(b"")
+        whole_weights(hf / f"ba{batch}")
     save.mkdir(parents=True)
     (save / "ep0-ba60-rank0.pt").write_bytes(b"")
     (save / "finished.json").write_text(json.dumps({"max_duration": "60ba", "batch": 60}))

@@ -444,3 +444,6 @@ def test_a_point_shows_only_its_own_runs_numbers(tmp_path):
     row = TrainApp().columns({**point, "report": str(empty), "run": "other"}, "COMPLETED")
     assert (row["step"], row["final_loss"]) == ("step 40", 3.9)
     assert TrainApp().columns({**point, "report": str(empty), "run": "mine"}, "COMPLETED")["final_loss"] is None
+    # a node check alone (cluster.preflight.only) trains nothing: no run's numbers
+    row = TrainApp().columns({**point, "report": str(empty), "run": "other", "preflight_only": True}, "COMPLETED")
+    assert (row["step"], row["final_loss"]) == ("", None)

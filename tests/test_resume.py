@@ -324,7 +324,8 @@ def test_consolidate_a_sharded_checkpoint_into_one_file_that_load_path_continues
     shutil.copy(out, other)
     for target, says in ((other, "exists; the conversion replaces it whole"),
                          (folder / "ep0-ba40" / "full.pt", "is inside the checkpoint"),
-                         (tmp_path / "ep0-ba20-rank0.pt", "is named as composer names batch 20's checkpoint")):
+                         (tmp_path / "ep0-ba20-rank0.pt", "is named as composer names a checkpoint (batch 20)"),
+                         (tmp_path / "B" / "ep0-ba40-rank0.pt", "is named as composer names a checkpoint (batch 40)")):
         proc = run("-m", "train.consolidate", folder, "--out", target, check=2)
         assert f"error: --out: {target} {says}" in proc.stderr, proc.stderr
     assert other.read_bytes() == out.read_bytes() and not (folder / "ep0-ba40" / "full.pt").exists()

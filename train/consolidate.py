@@ -44,7 +44,7 @@ def main(argv=None) -> int:
         return 0
     default = ckpt.path.parent / f"{ckpt.stem}-rank0.pt"
     out = (args.out or default).resolve()
-    problem = _out_problem(out, default.resolve(), ckpt.batch)
+    problem = _out_problem(out, default.resolve())
     if problem:
         print(f"error: --out: {out} {problem}", file=sys.stderr)
         return 2
@@ -53,11 +53,11 @@ def main(argv=None) -> int:
     return 0
 
 
-def _out_problem(out: Path, default: Path, batch: int) -> str | None:
+def _out_problem(out: Path, default: Path) -> str | None:
     """Why the conversion must not be written to `out`, which it replaces whole: only this checkpoint's own file
-    beside it (an earlier conversion) is replaced (measured: another run's ep0-ba40-rank0.pt overwritten by a batch
-    20 state that then verified, and resumed from as batch 40); a name composer gives another batch's checkpoint
-    would be resumed from as that batch; a file inside a checkpoint folder fails its manifest."""
+    beside it (an earlier conversion) is replaced (any zip was: another run's ep0-ba40-rank0.pt could be replaced by
+    a batch-20 state whose manifest then verifies); a name composer gives a checkpoint would be resumed from by
+    whatever run's save folder holds it; a file inside a checkpoint folder fails its manifest."""
     from train.checkpoint.resume import batch_of, holding_checkpoint
 
     inside = holding_checkpoint(out.parent)
@@ -69,9 +69,11 @@ def _out_problem(out: Path, default: Path, batch: int) -> str | None:
     if out.exists() and out != default:
         return "exists; the conversion replaces it whole: give a new --out, or delete that file first"
     named = batch_of(out.name)
-    if named is not None and named != batch:
-        return (f"is named as composer names batch {named}'s checkpoint, and this one is of batch {batch}: a "
-                "resume would take it for that batch")
+    if named is not None and out != default:
+        # in a save folder, a run's next start takes it for its own checkpoint of that batch (another run's state
+        # continued as this one's, or this one's as another batch)
+        return (f"is named as composer names a checkpoint (batch {named}): a run whose save folder holds it would "
+                "resume from it as its own; give a name of your own (or no --out: beside the shards)")
     return None
 
 

@@ -46,18 +46,37 @@ def find_folder(arg: str, output_root: Path | None = None, checkpoint_root: Path
 
 
 def _weights_complete(folder: Path) -> bool:
-    """The folder holds its weights: one safetensors file, or an index whose every shard is there."""
+    """The folder holds its weights whole and its tokenizer: one safetensors file as long as its header says, or an
+    index (written after its shards) whose every shard is there. hf_checkpointer writes the weights in place, then
+    the tokenizer: a folder stopped in between has config.json and part of them."""
     import json
 
-    if (folder / "model.safetensors").is_file() or (folder / "pytorch_model.bin").is_file():
-        return True
+    if not ((folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file()):
+        return False
+    if (folder / "model.safetensors").is_file():
+        return _safetensors_whole(folder / "model.safetensors")
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         try:
             shards = set(json.loads((folder / index).read_text())["weight_map"].values())
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
         return bool(shards) and all((folder / name).is_file() for name in shards)
-    return False
+    return (folder / "pytorch_model.bin").is_file()
+
+
+def _safetensors_whole(path: Path) -> bool:
+    """The file is as long as its header says (8 bytes of header length, the JSON header, then the tensors' bytes
+    up to the largest end offset the header gives)."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        return path.stat().st_size == 8 + n + end
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
 
 
 def _of_the_runs_end(newest: Path, found: list, save_folder: Path) -> Path:

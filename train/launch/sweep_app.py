@@ -184,7 +184,7 @@ class TrainApp(SweepApp):
                 "report": report, **({"finished": done} if done else {}),
                 # said once the point is submitted: where what the job is for will be
                 **({"note": f"preflight table: {report}/preflight.json (and in its log; `python -m train.status` "
-                            "shows the verdict)"} if c.preflight.only else {})}
+                            "shows the verdict)", "preflight_only": True} if c.preflight.only else {})}
 
     def columns(self, point: dict, state: str) -> dict:
         """A point's columns from what its rank 0 wrote (train/task/run_report.py): progress.json as it trains,
@@ -203,7 +203,7 @@ class TrainApp(SweepApp):
         done_before = point.get("finished")
         # a run finished earlier (nothing submitted): its finished.json's numbers where its report folder is gone,
         # or holds a later stretch's since (the run continued to a longer max_duration under run_name=)
-        if not done_before and not metrics and state == "COMPLETED":
+        if not done_before and not metrics and state == "COMPLETED" and not point.get("preflight_only"):
             # a point submitted with nothing to train (its run already past this max_duration: the task says so
             # and reports the checkpoint's numbers) writes no report of its own: those, from the run's finished.json
             from train.launch.finished import last

@@ -495,6 +495,7 @@ def _node_local_cwd(fcfg, env: dict) -> None:
     after making the config's relative paths absolute."""
     for key in ("save_folder", "load_path", "variables.data_local", "variables.data_remote", "eval_gauntlet",
                 "callbacks.hf_checkpointer.save_folder",  # else the Hugging Face folders go with the scratch folder
+                "callbacks.tracking.save_folder",  # else its record of logged values
                 *(f"{loader}.dataset.{where}" for loader in loader_keys(fcfg) for where in ("local", "remote")),
                 "tokenizer.name"):
         value = OmegaConf.select(fcfg, key)

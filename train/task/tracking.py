@@ -13,8 +13,9 @@ which follows it).
 A start may also differ in how it runs: a resume at another world size (composer's and llm-foundry's rank counts,
 gradient accumulation, FSDP settings), another microbatch, a continuation's overrides. A resumed W&B run loads
 its config from the server and refuses a changed value (composer updates it without allow_val_change), failing
-every start; MLflow refuses it with an error (measured). The first start's values are kept in
-the save folder (`tracked-parameters.json`); a later start logs those, and says in its log which values differ.
+every start; MLflow refuses it with an error (measured). So the values each key was first logged with in this
+tracking run are recorded in the save folder (`tracked-parameters.json`, with the tracking run they belong to); a
+later start logs those where its own differ (the tracker keeps the first), and says which.
 
 Registered with llm-foundry's callback registry as `tracking`. Parameters logged by anything else pass unchanged.
 """
@@ -33,10 +34,15 @@ PER_SUBMISSION = (("callbacks", "run_report", "folder"), ("loggers", "wandb", "i
 
 
 class Tracking(Callback):
-    def __init__(self, configured: dict, save_folder: str | None = None):
+    def __init__(self, configured: dict, save_folder: str | None = None, tracker: str | None = None,
+                 resumes: bool = True):
         self.configured = dict(configured)  # {key: the value the user configured (None: not set)}
-        # the record of the first start's values: in a save folder on a file system here (an object store: none)
-        self.record = Path(save_folder) / RECORD if save_folder and "://" not in str(save_folder) else None
+        # the record of the values first logged: in a save folder on a file system here (an object store: none), for
+        # a tracking run that every start continues (conf/logger/: `tracker` names it)
+        local = save_folder and "://" not in str(save_folder)
+        continued = resumes not in (None, False, "never")  # W&B's init_kwargs.resume: allow, must, auto
+        self.record = Path(save_folder) / RECORD if local and tracker and continued else None
+        self.tracker = tracker
 
     def init(self, state: State, logger: Logger) -> None:
         # INIT runs before composer and llm-foundry log any parameter
@@ -60,34 +66,35 @@ class Tracking(Callback):
         return self._as_first_start(out)
 
     def _as_first_start(self, out: dict) -> dict:
-        """`out` with the value the run's first start logged for each key where this start's differs (said). Each
-        logged key's first value is recorded as it is first logged (composer and llm-foundry log in several calls);
-        compared by their JSON, top-level key by key (llm-foundry logs the config as one dict)."""
+        """`out` with the value this tracking run first logged for each key where this start's differs (said).
+        Each key's first value is recorded as it is first logged (composer and llm-foundry log in several calls):
+        its text, as MLflow logs a parameter (str), and its JSON, as W&B keeps a config value; the one its tracker
+        compares is logged again. A record of another tracking run (tracked apart, another tracker) starts afresh."""
         from composer.utils import dist
 
         if self.record is None:
             return out
         try:
-            first = json.loads(self.record.read_text())
+            record = json.loads(self.record.read_text())
         except (OSError, ValueError):
-            first = {}
-        first = first if isinstance(first, dict) else {}
-        new = {k: v for k, v in out.items() if k not in first}
+            record = {}
+        ok = isinstance(record, dict) and record.get("tracker") == self.tracker and isinstance(record.get("values"), dict)
+        first = record["values"] if ok else {}
+        new = {k: {"text": str(v), "json": json.loads(json.dumps(v, default=str))} for k, v in out.items()
+               if k not in first}
         if new and dist.get_global_rank() == 0 and self.record.parent.is_dir():
             from common.files import atomic_write
 
-            atomic_write(self.record, json.dumps({**first, **new}, default=str, sort_keys=True, indent=1).encode())
-        differ = sorted(k for k in out if k in first and _text(out[k]) != _text(first[k]))
+            atomic_write(self.record, json.dumps({"tracker": self.tracker, "values": {**first, **new}},
+                                                 indent=1).encode())
+        differ = sorted(k for k, v in out.items() if k in first and str(v) != first[k].get("text"))
         if differ and dist.get_global_rank() == 0:
             logging.getLogger(__name__).warning(
-                "tracking: this start's parameters differ from the tracking run's first start in %s (it resumed at "
-                "another world size, microbatch or overrides): the trackers keep the first start's values (%s), "
-                "which refuse a parameter that changes", ", ".join(differ), self.record)
-        return {**out, **{k: first[k] for k in differ}}
-
-
-def _text(value) -> str:
-    return json.dumps(value, default=str, sort_keys=True)
+                "tracking: this start's parameters differ from those the tracking run first logged in %s (it resumed "
+                "at another world size, microbatch or overrides): the first values are logged again, as the tracker "
+                "keeps them (%s)", ", ".join(differ), self.record)
+        as_logged = "text" if str(self.tracker).startswith("mlflow") else "json"
+        return {**out, **{k: first[k].get(as_logged) for k in differ}}
 
 
 def _without(node: dict, path: tuple) -> dict:
