@@ -199,16 +199,16 @@ class TrainApp(SweepApp):
         progress, metrics = (_of_run(f, point.get("run")) for f in found)
         # another run's report files in this point's folder (see _of_run): nothing of its files either (its loss
         # curve, progress age, preflight verdicts), and the folder is read as holding none of this point's yet
-        others = any(f and not _of_run(f, point.get("run")) for f in found)
+        others = any(f and not ours for f, ours in zip(found, (progress, metrics)))
         done_before = point.get("finished")
-        # a run finished earlier (nothing submitted): its finished.json's numbers where its report folder is gone,
-        # or holds a later stretch's since (the run continued to a longer max_duration under run_name=)
         if not done_before and not metrics and state == "COMPLETED" and not point.get("preflight_only"):
             # a point submitted with nothing to train (its run already past this max_duration: the task says so
             # and reports the checkpoint's numbers) writes no report of its own: those, from the run's finished.json
             from train.launch.finished import last
 
             done_before = _of_run((last(point.get("checkpoint")) or {}).get("metrics") or {}, point.get("run"))
+        # a run finished earlier (nothing submitted): its finished.json's numbers where its report folder is gone,
+        # or holds a later stretch's since (the run continued to a longer max_duration under run_name=)
         if done_before and metrics.get("batches") != done_before.get("batches"):
             metrics, progress = done_before, (
                 {"progress": f"step {done_before['batches']}"} if done_before.get("batches") else {})
