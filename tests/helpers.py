@@ -157,8 +157,23 @@ def kill_after_checkpoint(root: Path, args: list, batch: int, env: dict | None =
     wait_for_checkpoint(root, batch, proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    for pid in processes_with(f"PRETRAIN_ROOT={root}"):  # ranks that submitit started in sessions of their own
-        os.kill(pid, signal.SIGKILL)
+    kill_all_with(f"PRETRAIN_ROOT={root}")  # ranks that submitit started in sessions of their own
+
+
+def kill_all_with(variable: str, within: float = 60) -> None:
+    """SIGKILL every process whose environment has `variable` and wait until each has ended. kill() returns
+    before the process is gone: a rank still exiting (its memory being freed on a busy machine) holds its save
+    folder's lock for a moment, and a command started at once is refused as a second run of that folder.
+    An ended process (a zombie) has no environment left to read, so it drops out of processes_with."""
+    deadline = time.monotonic() + within
+    while pids := processes_with(variable):
+        assert time.monotonic() < deadline, f"processes {pids} still running {within} s after SIGKILL"
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
 
 
 def processes_with(variable: str) -> list:

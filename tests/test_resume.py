@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT, command_env, finished, kill_after_checkpoint, processes_with, run
+from helpers import PYTHON, ROOT, command_env, finished, kill_after_checkpoint, kill_all_with, processes_with, run
 from helpers import train_command as command
 
 pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
@@ -382,8 +382,7 @@ def test_a_stopped_rank_ends_the_whole_job_within_the_timeout_and_the_error_name
         out, err = proc.communicate(timeout=600)
         ended = time.time() - stopped
     finally:
-        for pid in processes_with(f"PRETRAIN_ROOT={tmp_path}"):  # whatever is left if the test failed
-            os.kill(pid, signal.SIGKILL)
+        kill_all_with(f"PRETRAIN_ROOT={tmp_path}")  # whatever is left if the test failed
 
     assert proc.returncode == 1
     assert ended < 180, f"the job took {ended:.0f} s to end after a rank stopped"
