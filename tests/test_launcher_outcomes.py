@@ -4,6 +4,7 @@ files and logs (written as submitit writes them) in a temporary folder. The real
 outcome, which a real cluster cannot be made to show on demand."""
 import json
 import os
+import shutil
 import time
 from types import SimpleNamespace
 
@@ -35,6 +36,11 @@ class StandInJob:
 
     def __init__(self, folder, state="RUNNING", num_tasks=2, job_id="4242"):
         self.folder, self._state, self.num_tasks, self.job_id = folder, state, num_tasks, job_id
+        folder.mkdir(parents=True, exist_ok=True)  # submitit makes it when it submits (the job's pickle goes there)
+
+    @property
+    def paths(self):
+        return JobPaths(self.folder, self.job_id)
 
     @property
     def state(self):
@@ -347,6 +353,33 @@ def test_the_summary_job_needs_no_slurm_client(tmp_path, outcome, state):
     text = write_summary(tmp_path, manifest(tmp_path), [row])
     assert text.startswith("shared by every point: data=mock\n\n| point | overrides | job_id | state |")
     assert (tmp_path / "summary.md").read_text() == text and (tmp_path / "summary.csv").is_file()
+
+
+def test_a_point_whose_job_folder_is_gone_cannot_be_told_and_the_summary_files_stay(tmp_path, capsys):
+    """A completed local sweep's `.submitit/` deleted by hand takes its ranks' results with it: the point read as
+    FAILED ("no result") though its run had finished, and status rewrote summary.csv so. Its state cannot be told:
+    UNKNOWN with the folder named, the summary files left as they were, exit 1 (a point not known to be done)."""
+    import socket
+
+    from hydra_plugins.pretrain_launcher.sweep_status import main, rows, write_manifest
+
+    sweep = tmp_path / "sweep"
+    job = StandInJob(sweep / ".submitit" / "4242", "COMPLETED")
+    for k in (0, 1):
+        job.result(k, "success", success({"final_train_loss": 5.0}))
+    point = {**manifest(tmp_path)["points"][0], "scheduler": "local", "host": socket.gethostname(),
+             "folder": str(sweep / ".submitit" / "%j")}
+    write_manifest(sweep, "train.launch.sweep_app.TrainApp", [point], ["data=mock"])
+    assert main("status", None, [str(sweep)]) == 0  # the controller (pid 4242: not submitit's) has ended
+    assert "| COMPLETED |" in capsys.readouterr().out
+    written = {name: (sweep / name).read_text() for name in ("summary.md", "summary.csv")}
+
+    shutil.rmtree(sweep / ".submitit")
+    [row] = rows(json.loads((sweep / "sweep.json").read_text()), [job])
+    assert row["state"] == f"UNKNOWN (its job folder {sweep / '.submitit' / '4242'} is gone)" and row["error"] == ""
+    assert main("status", None, [str(sweep)]) == 1
+    assert f"| UNKNOWN (its job folder {sweep / '.submitit' / '4242'} is gone) |" in capsys.readouterr().out
+    assert {name: (sweep / name).read_text() for name in written} == written
 
 
 def test_an_app_imported_before_hydras_plugin_scan_runs_again_is_still_a_sweep_app():

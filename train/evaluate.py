@@ -237,7 +237,7 @@ def main(argv=None) -> int:
                 raise UserError(problems=problems)
             model, tokenizer = hf_model.load(folder)
             result = {"evaluators": {label: {**trainer_eval(model, tokenizer, label, reads),
-                                             "trainer": _trainers(metrics, label, _export_batch(folder))}
+                                             "trainer": _trainers(metrics, label, hf_model.export_batch(folder))}
                                      for label, reads in metrics["evaluators"].items()}, "metrics": str(metrics_path)}
             text = "\n".join(_line(label, r) for label, r in result["evaluators"].items()) + f"\nmodel {folder}"
             _warn_if_apart(folder, result["evaluators"], str(model.config.torch_dtype))
@@ -307,15 +307,12 @@ def _trainers(metrics: dict, label: str, batch: int | None = None) -> dict | Non
     return None if value is None else {"metric": key, "cross_entropy": value, "batch": last}
 
 
-def _export_batch(folder: Path) -> int | None:
-    """The batch of an export folder named as export=hf and train.export name it (huggingface/ba{B})."""
-    return int(folder.name[2:]) if folder.name.startswith("ba") and folder.name[2:].isdigit() else None
-
-
 def _warn_if_apart(folder: Path, scored: dict, dtype: str) -> None:
     """A float32 export of the batch the run last evaluated scores the run's own number on its samples (the sums
     add in another order: ~1e-7 apart); further apart, these are not the weights the run evaluated."""
-    batch = _export_batch(folder)
+    from train.hf_model import export_batch
+
+    batch = export_batch(folder)
     for label, r in scored.items():
         t = r["trainer"]
         if (t and t["batch"] == batch and dtype.endswith("float32")

@@ -9,6 +9,12 @@ from train.export import HF_SUBFOLDER
 _BATCH = re.compile(r"^ba(\d+)$")
 
 
+def export_batch(folder: Path) -> int | None:
+    """The batch of an export folder named as export=hf and train.export name it (`ba{B}`), or None."""
+    found = _BATCH.match(folder.name)
+    return int(found[1]) if found else None
+
+
 def find_folder(arg: str, output_root: Path | None = None, checkpoint_root: Path | None = None) -> Path:
     """The model folder `arg` names: a folder holding config.json, a run's `huggingface/` folder or output folder
     (its newest `ba{B}`), or a run name under `output_root` (train/config/storage_args.py: the local storage's,
@@ -23,7 +29,7 @@ def find_folder(arg: str, output_root: Path | None = None, checkpoint_root: Path
     if (path / "config.json").is_file():
         return path.resolve()
     for base in (path / HF_SUBFOLDER, path):
-        found = [p for p in base.glob("ba*") if _BATCH.match(p.name) and (p / "config.json").is_file()]
+        found = [p for p in base.glob("ba*") if export_batch(p) is not None and (p / "config.json").is_file()]
         partial = [p for p in found if not _weights_complete(p)]
         if partial:  # llm-foundry's hf_checkpointer writes in place, config first: one killed midway has no weights
             import logging
@@ -32,13 +38,13 @@ def find_folder(arg: str, output_root: Path | None = None, checkpoint_root: Path
                                                 "stopped midway?): passed over", ", ".join(map(str, partial)))
             found = [p for p in found if p not in partial]
         if found:
-            newest = max(found, key=lambda p: int(_BATCH.match(p.name)[1]))
+            newest = max(found, key=export_batch)
             # the run's checkpoint folder, found by name or from its outputs folder's (<run>/huggingface/ba{B})
             run = arg if by_name else (path.name if base != path else path.parent.name)
             save_folder = (checkpoint_root or roots([])[0]) / run
             if by_name or (base.name == HF_SUBFOLDER and save_folder.is_dir()):
                 newest = _of_the_runs_end(newest, found, save_folder)
-                _warn_if_trained_past(newest, int(_BATCH.match(newest.name)[1]), save_folder)
+                _warn_if_trained_past(newest, export_batch(newest), save_folder)
             return newest.resolve()
     raise UserError("model", f"{arg!r}: no exported model there (a folder with config.json, or a run whose outputs "
                     f"hold {HF_SUBFOLDER}/ba{{B}}/)", "export one first: train with export=hf, or run "
@@ -86,10 +92,10 @@ def _of_the_runs_end(newest: Path, found: list, save_folder: Path) -> Path:
     from train.checkpoint.resume import find
     from train.launch import finished
 
-    ended, batch = finished.ended_at(save_folder), int(_BATCH.match(newest.name)[1])
+    ended, batch = finished.ended_at(save_folder), export_batch(newest)
     if ended is None or batch <= ended or any(c.batch >= batch for c in find(save_folder)):
         return newest
-    at_end = [p for p in found if int(_BATCH.match(p.name)[1]) == ended]
+    at_end = [p for p in found if export_batch(p) == ended]
     if at_end:
         import logging
 

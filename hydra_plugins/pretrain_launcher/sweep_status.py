@@ -98,8 +98,11 @@ def rows(manifest: dict, point_jobs: list, wait_s: float = 0, all_ended: bool = 
         error, local = "", job is not None and p["scheduler"] == "local"
         here = not local or p.get("host") in (None, socket.gethostname())
         alive = local_alive(job) if local and here and not all_ended else None  # outcomes.ended's answer, asked once
+        gone = job is not None and not Path(str(job.paths.folder)).is_dir()
         if job is None:  # finished before this sweep: nothing was submitted
             state, log = "COMPLETED", "(finished earlier: nothing submitted)"
+        elif gone:  # its ranks' results and logs were deleted: no result would read as FAILED, a finished run too
+            state, log = f"{UNSURE} (its job folder {job.paths.folder} is gone)", Path(str(job.task(0).paths.stderr))
         elif not here or (local and not all_ended and alive is None):
             # a local point's processes are on the machine that ran the sweep (their ids mean nothing elsewhere),
             # or not ours to inspect: neither running nor ended can be said (the summary files are not rewritten)
