@@ -308,6 +308,16 @@ def test_strict_mode_stops_at_the_first_corrupt_line(tmp_path):
     again = prep("dataset=jsonl", f"input={src}", f"out_root={tmp_path / 'out'}", "strict=true", check=False)
     assert again.returncode == 2 and f"skipped {len(bad)} line(s) (the first: {src}:{first_line}: {first_reason}" \
         in again.stderr, again.stderr
+    # blocks of one part of two made with strict=false, the rest with strict=true: refused before tokenizing the
+    # rest (it was refused at the merge, after tokenizing every other block)
+    out = tmp_path / "parts"
+    prep("dataset=jsonl", f"input={src}", f"out_root={out}", "block_bytes=20000", "num_parts=2", "part=0",
+         "progress=false")
+    made = sorted(p.name for p in (out / "train").glob("block-*"))
+    again = prep("dataset=jsonl", f"input={src}", f"out_root={out}", "block_bytes=20000", "strict=true",
+                 "progress=false", check=False)
+    assert again.returncode == 2 and f"(the first: {src}:{first_line}: {first_reason}" in again.stderr, again.stderr
+    assert sorted(p.name for p in (out / "train").glob("block-*")) == made and len(made) >= 1
 
 
 def c4_lines(folder: Path, change) -> Path:
