@@ -544,6 +544,24 @@ def sweeper_storage(sweeper):
                       "every trial's result stays in its run's metrics.json and the sweep's summary)")
 
 
+def foreign_launcher(config):
+    """`-m` with a launcher other than this project's (`hydra/launcher=basic`, `submitit_local`, ...) runs each
+    point as it is handed, with none of what ours does first: the checks of every point, a run name each for points
+    that train alike, a plan. `plan=true` then trained the points (measured: `-m plan=true
+    hydra/launcher=submitit_local` wrote a finished run's checkpoints): refused; any other use is warned."""
+    target = str(OmegaConf.select(config, "hydra.launcher._target_") or "")
+    if not target or target.startswith("hydra_plugins.pretrain_launcher."):
+        return
+    choice = config.hydra.runtime.choices.get("hydra/launcher") or target
+    if OmegaConf.select(config, "plan", default=None) not in (None, False):
+        yield Problem("plan", f"set, but hydra/launcher={choice} runs the points: only this project's launcher "
+                      "shows a sweep's plan (and submits nothing)", f"leave out hydra/launcher={choice}")
+    else:
+        yield Problem("hydra/launcher", f"{choice} runs the points unchecked (this project's launcher checks every "
+                      "point before anything starts, and gives points that train alike a run each)",
+                      f"leave out hydra/launcher={choice} (local or Slurm follows cluster=)", WARNING)
+
+
 def objective_direction(config):
     """Optuna keeps the trial whose objective is lowest (direction=minimize, the presets') or highest, and writes
     its settings as best_params: an accuracy minimized, or a loss maximized, reports the worst trial as the best,
