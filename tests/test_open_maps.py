@@ -25,6 +25,30 @@ def test_a_misspelt_sbatch_option_is_refused_with_the_right_one():
                                     "cluster.sbatch_extra.mail-type=END") if "sbatch_extra" in p.key]
 
 
+def test_an_option_the_jobs_script_sets_is_refused_naming_its_own_key_in_either_spelling():
+    """submitit writes `cluster.sbatch_extra` after the options it sets from cluster.*: `nodes=4` replaced the
+    planned node count, `signal=B:USR2@60` the signal that stops and requeues the tasks, with no word."""
+    for given, home in [("nodes", "cluster.nodes"), ("signal", "cluster.signal_delay_s"), ("time", "cluster.timeout_min"),
+                        ("gpus_per_node", "cluster.gpus_per_node"), ("ntasks-per-node", "cluster.tasks_per_node"),
+                        ("no-requeue", "cluster.max_num_timeout")]:
+        [p] = [p for p in problems("cluster=ndv5", f"cluster.sbatch_extra.{given}=4") if "sbatch_extra" in p.key]
+        assert p.level == "error" and p.key == f"cluster.sbatch_extra.{given}" and p.fix == f"set {home} instead", p
+    [p] = [p for p in problems("cluster=ndv5", "cluster.sbatch_extra.array=0-3") if "sbatch_extra" in p.key]
+    assert p.level == "error" and "train.status reads" in p.problem
+
+
+def test_an_option_in_submitits_spelling_is_one_line_of_the_script():
+    """submitit writes `_` as `-`: `wait_all_nodes` and `mail_type` are sbatch's options, and a user's
+    `wait-all-nodes` replaces the default rather than standing beside it."""
+    from train.launch.executor import sbatch_script
+
+    assert not [p for p in problems("cluster=ndv5", "cluster.sbatch_extra.mail_type=END") if "sbatch_extra" in p.key]
+    script = sbatch_script(compose(["cluster=ndv5", "cluster.sbatch_extra.wait-all-nodes=0",
+                                    "cluster.sbatch_extra.mail_type=END"]))
+    assert [line.strip() for line in script.splitlines() if "wait-all-nodes" in line or "mail" in line] == \
+        ["#SBATCH --mail-type=END", "#SBATCH --wait-all-nodes=0"]
+
+
 def test_an_unknown_option_far_from_any_is_a_warning():
     [p] = [p for p in problems("cluster=ndv5", "cluster.sbatch_extra.frobnicate=1") if "sbatch_extra" in p.key]
     assert p.level == "warning"

@@ -5,6 +5,7 @@ nothing reads beside the preset's own. Light: the option list is kept here, no S
 import difflib
 
 from train.checks.core import WARNING, Problem, value
+from train.launch.executor import sbatch_name
 
 # sbatch's long options: those `sbatch --help` lists (Slurm 22.05, the loopback cluster's; tests/test_open_maps.py
 # compares), and those its manual documents beside them.
@@ -25,9 +26,31 @@ open-mode prefer test-only wait-all-nodes
 SBATCH_OPTIONS = SBATCH_HELP | SBATCH_MANUAL
 
 
+# Options the job's own script sets from other keys (train/launch/executor.py through submitit). submitit writes
+# `cluster.sbatch_extra` after them, so such a key replaced them with no word (`nodes=4` ran 32 ranks of a run
+# planned and checked at 8; `signal=B:USR2@60` signalled the batch shell alone, so no task stopped cleanly or
+# requeued; `time=30` beside the plan's 48 h), or, spelt with dashes, stood beside them as a second line.
+MANAGED = {
+    "nodes": "cluster.nodes", "ntasks-per-node": "cluster.tasks_per_node", "ntasks": "cluster.nodes and "
+    "cluster.tasks_per_node", "gpus-per-node": "cluster.gpus_per_node", "cpus-per-task": "cluster.cpus_per_task",
+    "mem": "cluster.mem_gb", "time": "cluster.timeout_min", "partition": "cluster.partition",
+    "account": "cluster.account", "qos": "cluster.qos", "constraint": "cluster.constraint",
+    "exclusive": "cluster.exclusive", "signal": "cluster.signal_delay_s", "job-name": "run_name",
+    "requeue": "cluster.max_num_timeout", "no-requeue": "cluster.max_num_timeout",
+    "output": None, "error": None, "open-mode": None, "array": None,  # submitit's logs and arrays: status reads them
+}
+
+
 def sbatch_extra(cfg, ctx):
     for key in (value(cfg, "cluster.sbatch_extra") or {}):
-        name = str(key).lstrip("-")
+        name = sbatch_name(key)
+        if name in MANAGED:
+            home = MANAGED[name]
+            why = f"from {home}" if home else "submitit's logs and one job per point, which train.status reads"
+            yield Problem(f"cluster.sbatch_extra.{key}", f"is set by the job's own script ({why}): this would "
+                          "replace it, unseen by the checks and the plan",
+                          f"set {home} instead" if home else f"leave out cluster.sbatch_extra.{key}")
+            continue
         if name in SBATCH_OPTIONS:
             continue
         close = difflib.get_close_matches(name, sorted(SBATCH_OPTIONS), n=1, cutoff=0.75)

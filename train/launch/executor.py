@@ -70,6 +70,11 @@ def shell_value(value) -> str:
     return '"' + "".join(out) + '"'
 
 
+def sbatch_name(key) -> str:
+    """A `cluster.sbatch_extra` key as sbatch reads it: submitit writes `_` as `-` (`wait_all_nodes`)."""
+    return str(key).lstrip("-").replace("_", "-")
+
+
 def preflight_lines(cfg: DictConfig) -> list[str]:
     # what the preflight check needs from Slurm to decide an exclusion, asked on the host (train/launch/requeue.py)
     p = cfg.cluster.preflight
@@ -89,7 +94,9 @@ def resources(cfg: DictConfig, folder: str) -> Resources:
         gpus_per_node=c.gpus_per_node, cpus_per_task=c.cpus_per_task, mem_gb=c.mem_gb, timeout_min=c.timeout_min,
         partition=c.partition, account=c.account, qos=c.qos, constraint=c.constraint, exclusive=c.exclusive,
         max_num_timeout=c.max_num_timeout, signal_delay_s=c.signal_delay_s,
-        sbatch_extra=tuple({"wait_all_nodes": 1, **c.sbatch_extra}.items()),
+        # one spelling per option, submitit's (it writes `_` as `-`): a user's `wait-all-nodes` replaces the default
+        sbatch_extra=tuple({"wait_all_nodes": 1, **{sbatch_name(k).replace("-", "_"): v
+                                                    for k, v in c.sbatch_extra.items()}}.items()),
         setup=(*env_lines(cfg), *([] if in_container else c.setup), *preflight_lines(cfg)),
         srun_args=tuple(srun_args(cfg)),
         # the requeue at a time limit or preemption runs here on the host: an image may have no Slurm client
