@@ -63,6 +63,21 @@ def test_a_plan_handed_to_another_plugins_launcher_is_refused_and_nothing_is_wri
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
+def test_the_launchers_resource_keys_are_refused_for_training_naming_the_cluster_key(tmp_path, cli):
+    """data_prep's parts take their resources from hydra.launcher.*; a training point's from its cluster group:
+    `hydra.launcher.partition=other` was taken and the job went to the preset's partition."""
+    proc = cli("train", "-m", "cluster=ndv5", "model=mpt-125m", "data=mock", "hydra.launcher.partition=other",
+               "hydra.launcher.timeout_min=10", "hydra.launcher.array_parallelism=1", "plan=true", check=2)
+    said = [line for line in proc.stderr.splitlines() if line.startswith(("error:", "  fix:"))]
+    assert said == ["error: hydra.launcher.partition: is not read by training: a training point's job takes its "
+                    "resources from its cluster group", "  fix: set cluster.partition instead",
+                    "error: hydra.launcher.timeout_min: is not read by training: a training point's job takes its "
+                    "resources from its cluster group", "  fix: set cluster.timeout_min instead",
+                    "error: hydra.launcher.array_parallelism: is not read by training: a training point's job takes "
+                    "its resources from its cluster group", "  fix: leave out hydra.launcher.array_parallelism"], said
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
 def test_a_task_started_with_plan_set_trains_nothing():
     from omegaconf import OmegaConf
 

@@ -67,9 +67,10 @@ class CheckBeforeWriting(Callback):
         """What the sweeper itself would fail on when it starts, before it writes anything (the points are checked
         by the launcher, all at once, before anything is submitted)."""
         from train.checks import report
-        from train.checks.values import foreign_launcher, objective_direction, sweeper_storage
+        from train.checks.values import foreign_launcher, launcher_resources, objective_direction, sweeper_storage
 
-        if not report([*sweeper_storage(config.hydra.sweeper), *objective_direction(config), *foreign_launcher(config)]):
+        if not report([*sweeper_storage(config.hydra.sweeper), *objective_direction(config), *foreign_launcher(config),
+                       *launcher_resources(config)]):
             sys.exit(2)
 
 

@@ -562,6 +562,31 @@ def foreign_launcher(config):
                       f"leave out hydra/launcher={choice} (local or Slurm follows cluster=)", WARNING)
 
 
+# The launcher's resource settings, which data_prep's parts and other apps take; a training point's come from its
+# cluster group (train/launch/executor.py), so these were taken and not used (measured: hydra.launcher.partition=
+# other submitted to the preset's partition).
+_LAUNCHER_RESOURCES = {"scheduler": "cluster=local or a Slurm preset", "partition": "cluster.partition",
+                       "account": "cluster.account", "qos": "cluster.qos", "cpus_per_task": "cluster.cpus_per_task",
+                       "mem_gb": "cluster.mem_gb", "timeout_min": "cluster.timeout_min",
+                       "max_num_timeout": "cluster.max_num_timeout", "signal_delay_s": "cluster.signal_delay_s",
+                       "setup": "cluster.setup", "wait": "cluster.wait", "summary_partition": "cluster.summary_partition",
+                       "array_parallelism": None}
+
+
+def launcher_resources(config):
+    """`hydra.launcher.<resource>` given for training, which reads its resources from cluster.* instead."""
+    target = str(OmegaConf.select(config, "hydra.launcher._target_") or "")
+    if not target.startswith("hydra_plugins.pretrain_launcher."):
+        return
+    for override in OmegaConf.select(config, "hydra.overrides.hydra") or []:
+        key = str(override).lstrip("+~").split("=", 1)[0]
+        name = key.removeprefix("hydra.launcher.")
+        if name != key and name in _LAUNCHER_RESOURCES:
+            home = _LAUNCHER_RESOURCES[name]
+            yield Problem(key, "is not read by training: a training point's job takes its resources from its "
+                          "cluster group", f"set {home} instead" if home else f"leave out {key}")
+
+
 def objective_direction(config):
     """Optuna keeps the trial whose objective is lowest (direction=minimize, the presets') or highest, and writes
     its settings as best_params: an accuracy minimized, or a loss maximized, reports the worst trial as the best,
