@@ -309,6 +309,13 @@ def test_continuing_a_run_by_name_with_a_model_of_another_shape_is_refused_befor
         else:
             assert "warning: save_folder: continues the run in" in proc.stderr and \
                 "seed=17 there, 7 here" in proc.stderr, proc.stderr
+    # so is a run named in a YAML (`run_name:`, or llm-foundry's `variables.run_name`): only run_name= on the command
+    # line was checked, and a model of another shape continued the run's checkpoints without a word
+    for named in (f"variables: {{data_local: /tmp/nowhere-c4}}\nrun_name: {folder.name}\n",
+                  f"variables: {{data_local: /tmp/nowhere-c4, run_name: {folder.name}}}\nrun_name: ${{variables.run_name}}\n"):
+        (tmp_path / "named.yaml").write_text(named + "max_seq_len: 128\n" + model % 3 + "\n")
+        proc = run("-m", "train", f"yaml={tmp_path / 'named.yaml'}", "plan=true", root=root, check=2)
+        assert "error: model.n_layers: the checkpoints this command continues (run_name=)" in proc.stderr, proc.stderr
     # its weights loaded into a model of another shape: the same refusal (the run's record names the model)
     from train.checkpoint.resume import find
 

@@ -359,6 +359,18 @@ def _as_built(ident: dict, defaults: dict) -> dict:
     return built
 
 
+def named(cfg, ctx) -> bool:
+    """The run's name is the user's: run_name= on the command line, or set in a YAML (`run_name: my-run`,
+    `variables.run_name: my-run`, as llm-foundry's YAMLs name runs), not the one made from what it trains
+    (`<model or yaml stem>-<8 hex>`, train/config/identity.py)."""
+    import re
+
+    from train.config.identity import label
+
+    made = re.escape(label(ctx.choices)) + r"-[0-9a-f]{8}"
+    return bool(ctx.given("run_name")) or not re.fullmatch(made, str(value(cfg, "run_name")))
+
+
 def continued_run(cfg, ctx):
     """run_name=<a run with checkpoints> (or its save_folder, given here or fixed in a YAML) continues it from its
     newest checkpoint under this command's settings, as asked (earlier_runs suggests it) and as composer's
@@ -367,7 +379,7 @@ def continued_run(cfg, ctx):
     every variant of it: one continued another's run without a word; other settings are said there, key by key."""
     folder = value(cfg, "save_folder")
     fixed = folder != value(cfg, "checkpoint.folder")  # not the checkpoint group's folder of this run's name
-    if not folder or not (ctx.given("run_name") or fixed) or "://" in str(folder):
+    if not folder or not (named(cfg, ctx) or fixed) or "://" in str(folder):
         return
     from train.checkpoint.resume import find
     from train.config.identity import identity, read_record, spelt_once
@@ -378,7 +390,7 @@ def continued_run(cfg, ctx):
     theirs = spelt_once(theirs)  # as this rule spells it: a record of an earlier one differs by no spelling
     ours = identity(cfg)
     shape = other_shape(theirs, ours)
-    given = "run_name" if ctx.given("run_name") else "save_folder"
+    given = "run_name" if named(cfg, ctx) else "save_folder"
     if shape:
         yield Problem(shape.split("=")[0], f"the checkpoints this command continues ({given}=), in {folder} (up to "
                       f"batch {found[-1].batch}), hold a model of another shape: {shape}; loading them would fail "
