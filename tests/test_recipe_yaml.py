@@ -173,6 +173,21 @@ def test_variables_change_everything_that_reads_them_as_in_llm_foundry():
     assert _composed("variables.global_seed=42")[0].seed == 42
 
 
+def test_a_variable_the_yaml_reads_and_does_not_set_is_asked_for_not_taken_from_ours(tmp_path):
+    """conf/train.yaml's variables lie beneath a YAML: one that misspelt `global_seed: 42` as `global_sed` trained
+    with our seed 17, and one without `variables.max_seq_len` at our 2048, exit 0. llm-foundry refuses such a YAML
+    (an InterpolationKeyError): so is it here, naming the variable, unless the command line sets it."""
+    text = (YAMLS / "testing.yaml").read_text().replace("global_seed: 17", "global_sed: 42")
+    assert "global_sed: 42" in text and "${variables.global_seed}" in text
+    (tmp_path / "typo.yaml").write_text(text)
+    found = _problems("plan", f"yaml={tmp_path / 'typo.yaml'}", *CPU)
+    assert found[("variables.global_seed", "error")] == (
+        "your YAML reads it and its `variables:` does not set it (llm-foundry refuses such a YAML: "
+        "InterpolationKeyError) set it under `variables:` in your YAML, or variables.global_seed=<value>")
+    cfg, _ = _composed(f"yaml={tmp_path / 'typo.yaml'}", "variables.global_seed=42")
+    assert (cfg.seed, cfg.train_loader.dataset.shuffle_seed) == (42, 42)
+
+
 def test_the_command_line_forms_llm_foundry_users_type():
     path = "../shared/data/llm-foundry-yamls/pretrain/mpt-7b.yaml"
     # `composer train.py <yaml> k=v`: the YAML as the first word; a relative path made absolute (a job composes
@@ -285,7 +300,8 @@ def test_bad_yamls_are_refused_in_one_pass_naming_each_key(tmp_path, cli):
     assert out.returncode == 2
     err = out.stderr
     assert "error: max_durations: is not a key llm-foundry or this tool knows" in err and "max_duration`?" in err
-    assert "error: train_loader.dataset.shuffle_seed: `${variables.global_sed}` cannot be resolved" in err
+    assert "error: variables.global_sed: your YAML reads it and its `variables:` does not set it (llm-foundry " \
+        "refuses such a YAML: InterpolationKeyError)" in err
     assert "error: optimizer.name: 'decoupled_adamw_nope' is not an optimizer llm-foundry knows" in err
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]  # nothing written

@@ -108,6 +108,10 @@ def unresolved(cfg, key: str, err: InterpolationResolutionError) -> Problem:
             except Exception:
                 continue
         else:
+            if str(raw).startswith("${undefined_variable:"):  # hydra_plugins/recipe_source/: a YAML's own gap
+                return Problem(key, "your YAML reads it and its `variables:` does not set it (llm-foundry refuses "
+                               "such a YAML: InterpolationKeyError)", f"set it under `variables:` in your YAML, or "
+                               f"{key}=<value>")
             return Problem(key, f"`{raw}` cannot be resolved: {' '.join(str(err).splitlines()[0].split())}",
                            "set the key it refers to (under `variables:` in your YAML, or on the command line), "
                            "or give this key a value")
