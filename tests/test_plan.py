@@ -125,6 +125,27 @@ def test_min_nodes(model, cluster, min_nodes):
         assert plan(f"model={model}", f"cluster={cluster}", f"cluster.nodes={min_nodes - 1}")["fits"] is False
 
 
+def test_the_smallest_node_count_is_the_same_from_any_node_count():
+    """llm-foundry cuts the microbatch to a rank's share of the global batch, which is larger on fewer nodes: the
+    smallest node count was found at the share of the nodes asked for (measured: 1 said from 16 nodes, where 1
+    node trains a microbatch of 16 and does not fit)."""
+    args = ("model=mpt-30b", "cluster=ndv5", "global_train_batch_size=128", "device_train_microbatch_size=16")
+    found = {nodes: plan(*args, f"cluster.nodes={nodes}") for nodes in (1, 2, 16)}
+    assert {p["min_nodes"] for p in found.values()} == {2}
+    assert found[1]["fits"] is False and found[2]["fits"] is True
+
+
+def test_microbatch_auto_is_counted_at_one_sample_not_none():
+    """composer's 'auto' halves the microbatch on each out-of-memory, down to 1: the run needs one sample's
+    activations to fit. They were counted as none (measured: mpt-70b on 2 nodes "fits" at 67.7 GiB, with 4
+    samples 84.3 GiB)."""
+    auto = plan("model=mpt-70b", "cluster=ndv5", "cluster.nodes=2", "device_train_microbatch_size=auto")
+    one = plan("model=mpt-70b", "cluster=ndv5", "cluster.nodes=2", "device_train_microbatch_size=1")
+    assert auto["memory_breakdown_bytes"]["activations"] == one["memory_breakdown_bytes"]["activations"] > 0
+    assert auto["memory_per_gpu_bytes"] == one["memory_per_gpu_bytes"]
+    assert "activations per sample (microbatch auto: it needs 1 to fit)" in render(auto)
+
+
 def test_local_cpu_plan_has_no_gpu_figures():
     p = plan()
     assert p["fits"] is None and p["gpu_memory_bytes"] is None and p["min_nodes"] is None

@@ -146,7 +146,9 @@ def memory_per_gpu(model, *, world_size: int, tasks_per_node: int, microbatch, p
     unit_bytes = 2 if pure else 4
     if checkpointing is None:
         checkpointing = bool(_get(fsdp, "activation_checkpointing", False)) if fsdp is not None else False
-    mb = microbatch if isinstance(microbatch, int) and not isinstance(microbatch, bool) else 0
+    # 'auto': composer halves the rank's share on each out-of-memory until one fits, down to 1: the run needs
+    # 1 to fit (counted as 0 before, which called any model's activations free)
+    mb = microbatch if isinstance(microbatch, int) and not isinstance(microbatch, bool) and microbatch > 0 else 1
     parts = {
         "params": WEIGHT_BYTES * n // shards,
         "grads": GRAD_BYTES * n // shards,
@@ -168,14 +170,18 @@ def usable_bytes(gpu_memory_bytes: int) -> int:
 def min_nodes(model, *, tasks_per_node: int, gpu_memory_bytes: int, microbatch, precision: str,
               fsdp: dict | None, max_nodes: int = 100_000, seq: int | None = None):
     """The smallest node count at which the estimate fits, or None if none does (the part that does not shrink
-    with more ranks, activations mostly, is too large already)."""
+    with more ranks, activations mostly, is too large already). microbatch: a number, or the microbatch a rank
+    trains with at a world size (llm-foundry cuts it to the rank's share of the global batch, larger on fewer
+    nodes: measured, 16 nodes' share of 1 said 1 node fits where 1 node trains 16 and does not)."""
     if not gpu_memory_bytes or not tasks_per_node:
         return None
     usable = usable_bytes(gpu_memory_bytes)
 
     def total(nodes):
-        return memory_per_gpu(model, world_size=nodes * tasks_per_node, tasks_per_node=tasks_per_node,
-                              microbatch=microbatch, precision=precision, fsdp=fsdp, seq=seq)
+        world = nodes * tasks_per_node
+        return memory_per_gpu(model, world_size=world, tasks_per_node=tasks_per_node,
+                              microbatch=microbatch(world) if callable(microbatch) else microbatch,
+                              precision=precision, fsdp=fsdp, seq=seq)
 
     one = total(1)
     if one["total"] <= usable:
@@ -235,12 +241,13 @@ def fit(cfg, world: int, device_bytes: int | None = None) -> dict | None:
     model = _plain(_select(cfg, "model"))
     fsdp = _plain(_select(cfg, "fsdp_config")) or None
     fsdp_used = fsdp if world > 1 else None  # llm-foundry drops FSDP with world size 1
-    common = dict(microbatch=microbatch_trained(cfg, world), precision=_select(cfg, "precision"),
-                  seq=trained_seq_len(cfg))
+    common = dict(precision=_select(cfg, "precision"), seq=trained_seq_len(cfg))
     tasks = _select(cfg, "cluster.tasks_per_node")
     mem = memory_per_gpu(model, world_size=world, tasks_per_node=tasks, fsdp=fsdp_used,
-                         checkpointing=bool(fsdp_used and fsdp_used.get("activation_checkpointing")), **common)
-    smallest = min_nodes(model, tasks_per_node=tasks, gpu_memory_bytes=device_bytes, fsdp=fsdp, **common)
+                         checkpointing=bool(fsdp_used and fsdp_used.get("activation_checkpointing")),
+                         microbatch=microbatch_trained(cfg, world), **common)
+    smallest = min_nodes(model, tasks_per_node=tasks, gpu_memory_bytes=device_bytes, fsdp=fsdp,
+                         microbatch=lambda w: microbatch_trained(cfg, w), **common)
     return {
         "memory": mem,
         "gpu_memory_bytes": device_bytes,

@@ -124,8 +124,10 @@ def render(p: dict) -> str:
             f"(checkpointing {ac}) + CUDA/NCCL {_size(b['runtime'])}")
     else:
         add("memory/GPU  no GPU memory to fit (CPU cluster)")
-    add(f"            activations per microbatch: {_size(p['activation_bytes_with_checkpointing'])} with "
-        f"activation checkpointing, {_size(p['activation_bytes_without_checkpointing'])} without (this run: {ac})")
+    auto = p["device_train_microbatch_size"] == "auto"  # composer halves it on each out-of-memory, down to 1
+    add(f"            activations per {'sample (microbatch auto: it needs 1 to fit)' if auto else 'microbatch'}: "
+        f"{_size(p['activation_bytes_with_checkpointing'])} with activation checkpointing, "
+        f"{_size(p['activation_bytes_without_checkpointing'])} without (this run: {ac})")
 
     per_rank = (f", {_size(p['checkpoint_bytes_per_rank'])} per rank in {p['checkpoint_files']} files"
                 if p["checkpoint_bytes_per_rank"] else ", one file written by rank 0")
