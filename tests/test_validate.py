@@ -669,6 +669,17 @@ def test_cluster_wait_false_on_this_machine_is_a_warning():
     assert check(compose(["cluster=slurm-local", "cluster.wait=false"]), Context(mode="sweep")) == []
 
 
+def test_fewer_tasks_than_gpus_per_node_is_a_warning_naming_the_idle_gpus():
+    """Each rank takes its local rank's GPU: `cluster.tasks_per_node=1` on 8-GPU nodes held 8 and trained on 1, and
+    the plan's world size and speed treated it as normal."""
+    found = [p for p in check(compose(["cluster=ndv5", "cluster.tasks_per_node=2"]), Context(mode="plan"))
+             if p.key == "cluster.tasks_per_node"]
+    assert [(p.level, p.problem, p.fix) for p in found] == [
+        (WARNING, "2 tasks on 8 GPUs per node: 6 GPUs of each node would sit idle (one rank per GPU; the job still "
+         "holds them all)", "cluster.tasks_per_node=8, or cluster.gpus_per_node=2")]
+    assert not [p for p in check(compose(["cluster=ndv5"]), Context(mode="plan")) if p.key == "cluster.tasks_per_node"]
+
+
 def test_attention_dropout_with_torch_attention_is_refused_where_llm_foundry_fails_at_the_first_backward():
     """gpt-375m keeps Megatron's 0.1 attention dropout: fine with flash attention on a GPU cluster; with the torch
     attention of a CPU run llm-foundry 0.22 fails at the first backward (an in-place dropout autograd needs)."""

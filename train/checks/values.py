@@ -307,6 +307,10 @@ def device(cfg, ctx):
         if is_int(tasks) and tasks > gpus:
             yield Problem("cluster.tasks_per_node", f"{tasks} tasks on {gpus} GPUs per node: ranks would share a GPU "
                           "(NCCL refuses two ranks on one device)", f"cluster.tasks_per_node={gpus} (one task per GPU)")
+        elif is_int(tasks) and 0 < tasks < gpus:  # each rank takes its local rank's GPU: the others sit idle
+            yield Problem("cluster.tasks_per_node", f"{tasks} tasks on {gpus} GPUs per node: {gpus - tasks} GPUs of "
+                          "each node would sit idle (one rank per GPU; the job still holds them all)",
+                          f"cluster.tasks_per_node={gpus}, or cluster.gpus_per_node={tasks}", WARNING)
     if precision not in PRECISIONS:
         yield Problem("precision", f"{precision!r} is not a composer precision",
                       close_match(str(precision), PRECISIONS) or f"one of {', '.join(PRECISIONS)}")
