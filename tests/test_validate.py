@@ -680,6 +680,19 @@ def test_fewer_tasks_than_gpus_per_node_is_a_warning_naming_the_idle_gpus():
     assert not [p for p in check(compose(["cluster=ndv5"]), Context(mode="plan")) if p.key == "cluster.tasks_per_node"]
 
 
+def test_setup_lines_beside_a_container_image_are_warned_as_not_run():
+    """With an image the job runs no setup lines (the image is the environment): they were dropped without a word."""
+    def found(*overrides):
+        return [(p.level, p.problem) for p in check(compose(list(overrides)), Context(
+            mode="sweep", overrides=overrides, choices={"cluster": "ndv5"})) if p.key == "cluster.setup"]
+
+    image = ["cluster=ndv5", "data=mock", 'cluster.container.image="nvcr.io#nvidia/pytorch:24.05-py3"']
+    assert found(*image, "cluster.setup=[module load nccl,'export FOO=1']") == [
+        (WARNING, "2 line(s) are not run with cluster.container.image set: the image is the tasks' environment (bare "
+         "mode alone runs setup lines before srun)")]
+    assert found(*image) == [] and found("cluster=ndv5", "data=mock", "cluster.setup=[module load nccl]") == []
+
+
 def test_attention_dropout_with_torch_attention_is_refused_where_llm_foundry_fails_at_the_first_backward():
     """gpt-375m keeps Megatron's 0.1 attention dropout: fine with flash attention on a GPU cluster; with the torch
     attention of a CPU run llm-foundry 0.22 fails at the first backward (an in-place dropout autograd needs)."""

@@ -388,6 +388,13 @@ def cluster_figures(cfg, ctx):
         yield Problem("cluster.wait", "false has no effect with cluster=local: a local sweep's tasks are this "
                       "command's children, so it waits for them", "drop cluster.wait=false, or run the sweep on a "
                       "Slurm cluster preset, which submits and returns", WARNING)
+    setup = value(cfg, "cluster.setup") or []
+    if value(cfg, "cluster.container.image") and setup and ctx.slurm:
+        # the image is the environment (train/launch/executor.py): setup lines prepare a bare node's, not run then
+        yield Problem("cluster.setup", f"{len(setup)} line(s) are not run with cluster.container.image set: the "
+                      "image is the tasks' environment (bare mode alone runs setup lines before srun)",
+                      "put what they prepare into the image, variables into cluster.env.<NAME>=..., or drop "
+                      "cluster.container.image to run them on bare nodes", WARNING)
 
 
 def batch(cfg, ctx):
