@@ -693,6 +693,19 @@ def test_setup_lines_beside_a_container_image_are_warned_as_not_run():
     assert found(*image) == [] and found("cluster=ndv5", "data=mock", "cluster.setup=[module load nccl]") == []
 
 
+@pytest.mark.parametrize("sweep", [False, True])
+def test_a_shell_variable_in_braces_in_cluster_env_is_refused_by_key_not_a_traceback(tmp_path, cli, sweep):
+    """`cluster.env.X=/tmp/${SLURM_JOB_ID}` is an OmegaConf interpolation of a key there is none of: the checks
+    read it unresolved and stopped with OmegaConf's traceback (a plan and a sweep alike)."""
+    proc = cli("train", *(["-m"] if sweep else []), "cluster=ndv5", "data=mock", "cluster.env.X=/tmp/${SLURM_JOB_ID}",
+               "plan=true", check=2)
+    at = "[sweep point #0] " if sweep else ""
+    assert f"error: {at}cluster.env.X: `/tmp/${{SLURM_JOB_ID}}`: ${{SLURM_JOB_ID}} is read as a config key here " \
+        "(an OmegaConf interpolation), and there is none\n  fix: for the job's environment variable write " \
+        "$SLURM_JOB_ID, without braces (expanded in the job)" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and (not tmp_path.exists() or not any(tmp_path.iterdir()))
+
+
 def test_attention_dropout_with_torch_attention_is_refused_where_llm_foundry_fails_at_the_first_backward():
     """gpt-375m keeps Megatron's 0.1 attention dropout: fine with flash attention on a GPU cluster; with the torch
     attention of a CPU run llm-foundry 0.22 fails at the first backward (an in-place dropout autograd needs)."""

@@ -33,6 +33,10 @@ def check(cfg, ctx: Context) -> list:
                 found.append(p.as_warning() if ctx.mode == "plan" and rule in SOFT_IN_PLAN else p)
         except ConfigError as err:  # a value the rule reads is missing or does not resolve
             found.extend(err.problems)
+        except InterpolationResolutionError as err:  # read unresolved (a config that does not resolve as a whole)
+            from train.checks.core import unresolved
+
+            found.append(unresolved(cfg, getattr(err, "full_key", None) or "config", err))
         except (TypeError, ValueError, ZeroDivisionError, AttributeError, KeyError):
             # A rule reading a value an earlier problem already names (nodes=0, a string for a number).
             if not errors(found):

@@ -108,6 +108,11 @@ def unresolved(cfg, key: str, err: InterpolationResolutionError) -> Problem:
             except Exception:
                 continue
         else:
+            shell = [r for r in _REFERENCE.findall(str(raw)) if "." not in r and OmegaConf.select(cfg, r) is None]
+            if key.startswith("cluster.env.") and shell:  # `${SLURM_JOB_ID}`: the shell's spelling, read by OmegaConf
+                return Problem(key, f"`{raw}`: ${{{shell[0]}}} is read as a config key here (an OmegaConf "
+                               "interpolation), and there is none", f"for the job's environment variable write "
+                               f"${shell[0]}, without braces (expanded in the job)")
             if str(raw).startswith("${undefined_variable:"):  # hydra_plugins/recipe_source/: a YAML's own gap
                 return Problem(key, "your YAML reads it and its `variables:` does not set it (llm-foundry refuses "
                                "such a YAML: InterpolationKeyError)", f"set it under `variables:` in your YAML, or "
