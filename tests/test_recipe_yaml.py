@@ -213,7 +213,10 @@ def test_a_group_the_yaml_overrides_is_said_and_mock_data_never_lands_in_the_yam
     recipe.write_text(MINIMAL.replace("/tmp/nowhere-c4", str(tmp_path / "my-data"))
                       + "save_folder: ./{run_name}/checkpoints\nfsdp_config: {state_dict_type: full}\n")
     found = _problems("plan", f"yaml={recipe}", "model=mpt-350m", "checkpoint=none", f"tokenizer.name={TOKENIZER}")
-    assert "whose model is what trains" in found[("model", "warning")]
+    # the YAML's model trains, and the preset's values where the YAML leaves a key out (it said "not used")
+    assert found[("model", "warning")].startswith("model=mpt-350m goes beneath your YAML: what the YAML sets trains, "
+                                                  "and the preset's values where it leaves a key out: "
+                                                  "eval_interval=1000ba; fsdp_config.activation_checkpointing=False ")
     assert "save_folder, fsdp_config.state_dict_type are what trains" in found[("checkpoint", "warning")]
     # set on the command line, the YAML's key is not what trains: not said
     found = _problems("plan", f"yaml={recipe}", "checkpoint=none", "save_folder=null", f"tokenizer.name={TOKENIZER}")
@@ -225,6 +228,27 @@ def test_a_group_the_yaml_overrides_is_said_and_mock_data_never_lands_in_the_yam
     own = _problems("run", f"yaml={recipe}", "data=mock", f"variables.data_local={tmp_path / 'mock'}",
                     f"tokenizer.name={TOKENIZER}")
     assert ("data", "error") not in own
+
+
+def test_an_experiment_with_a_yaml_says_what_it_puts_over_and_beneath_it():
+    """An experiment goes over the YAML, and its model and data presets beneath it: measured, exit 0 and no word,
+    gpt-375m's dropout, GELU, init, param groups and a schedule to 430000ba trained mpt-125m.yaml's shape on the
+    experiment's slimpajama folder; with mpt-30b-ndv5-amlfs the YAML's ./my-copy-c4 beat the experiment's data=c4."""
+    path = YAMLS / "mpt-125m.yaml"
+    found = _problems("plan", f"yaml={path}", "experiment=gpt-375m-ndv5-check")
+    assert found[("model", "warning")].startswith(
+        "model=gpt-375m (of experiment=gpt-375m-ndv5-check) goes beneath your YAML: what the YAML sets trains, and "
+        "the preset's values where it leaves a key out: model.learned_pos_emb=True; ")
+    assert "model.attn_config.attn_pdrop=0.1" in found[("model", "warning")]
+    assert "scheduler.t_max=430000ba" in found[("model", "warning")]
+    assert found[("experiment", "warning")].startswith(
+        "experiment=gpt-375m-ndv5-check goes over your YAML, and its values replace the YAML's: variables.data_local: "
+        "./my-copy-c4 in the YAML, /data/datasets/slimpajama here")
+    assert ("data", "warning") not in found  # the experiment's own folder trains: said above
+    found = _problems("plan", f"yaml={path}", "experiment=mpt-30b-ndv5-amlfs")
+    assert found[("data", "warning")].startswith("data=c4 (of experiment=mpt-30b-ndv5-amlfs) goes beneath your YAML, "
+                                                 "whose variables.data_local (./my-copy-c4) is what trains")
+    assert ("model", "warning") not in found  # mpt-30b's keys are all the YAML's
 
 
 def test_what_llm_foundry_refuses_of_a_yamls_evaluators_is_refused_before_the_queue(tmp_path):

@@ -640,12 +640,14 @@ def _recipe_value(ctx, key):
 def data_beneath_the_yaml(cfg, ctx):
     """`data=c4` with a YAML that names its own data folder: the group goes beneath the YAML (docs/config.md), so
     the YAML's variables.data_local trains, and the preset chosen on the command line did nothing, without a word."""
-    chosen = ctx.given("data")
+    chosen = ctx.given("data") or (ctx.choices.get("data") if ctx.choices.get("experiment") else None)
     if not chosen or chosen in ("_recipe", "mock") or ctx.given("variables.data_local"):
         return  # (data=mock: refused above, as it would write into the YAML's folder)
     theirs = _recipe_value(ctx, "variables.data_local")
-    if theirs is not None:
-        yield Problem("data", f"data={chosen} goes beneath your YAML, whose variables.data_local ({theirs}) is what "
+    if theirs is not None and str(value(cfg, "variables.data_local")) == str(theirs):
+        # (an experiment that sets its own folder goes over the YAML's: experiment_over_the_yaml says so)
+        how = f"data={chosen}" if ctx.given("data") else f"data={chosen} (of experiment={ctx.choices['experiment']})"
+        yield Problem("data", f"{how} goes beneath your YAML, whose variables.data_local ({theirs}) is what "
                       "trains: the preset's folder is not read", f"variables.data_local=<the folder> on the command line "
                       f"to train on another (data={chosen}'s: {value(cfg, 'storage.data_local_root')}/{chosen}), "
                       "or leave data= out", WARNING)
@@ -655,7 +657,66 @@ def data_beneath_the_yaml(cfg, ctx):
 # on the command line changes nothing the YAML sets. Measured: `model=mpt-350m` on mpt-125m.yaml trained the 125M
 # model under the same run name; `checkpoint=sharded` (or `none`) on a YAML with state_dict_type full and a
 # save_folder saved full checkpoints (or kept saving), exit 0, no word.
-_GROUP_KEYS = {"model": ("model",), "checkpoint": ("save_folder", "fsdp_config.state_dict_type", "autoresume")}
+_GROUP_KEYS = {"checkpoint": ("save_folder", "fsdp_config.state_dict_type", "autoresume")}
+
+
+def _preset_keys(group: str, name: str) -> list:
+    """The dotted keys a preset of conf/<group>/ sets, with the presets it builds on (a list is one key)."""
+    from common.paths import CONF
+
+    raw = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{name}.yaml"), resolve=False)
+    keys = []
+    for base in raw.pop("defaults", None) or []:
+        if isinstance(base, str) and base != "_self_":  # another preset of the same group (gpt-375m: gpt175b)
+            keys += _preset_keys(group, base)
+
+    def flat(node, prefix):
+        for k, v in node.items():
+            if isinstance(v, dict) and v:
+                flat(v, f"{prefix}{k}.")
+            else:
+                keys.append(f"{prefix}{k}")
+
+    flat(raw, "")
+    return list(dict.fromkeys(keys))
+
+
+def model_beneath_the_yaml(cfg, ctx):
+    """A model preset beneath a YAML (model= on the command line, or an experiment's): the YAML goes over it, and
+    what it leaves out is the preset's. Measured: gpt-375m (by experiment=gpt-375m-ndv5-check) under mpt-125m.yaml
+    trained the YAML's shape with the preset's dropout, GELU, init and optimizer param groups and a schedule to
+    430000ba over 4800, no word; model= was warned as "not used"."""
+    chosen = ctx.choices.get("model") if ctx.choices.get("yaml") else None
+    if not chosen:
+        return
+    how = f"model={chosen}" if ctx.given("model") else f"model={chosen} (of experiment={ctx.choices.get('experiment')})"
+    taken = [k for k in _preset_keys("model", chosen) if _recipe_value(ctx, k) is None and ctx.given(k) is None]
+    if not taken:
+        if ctx.given("model"):
+            yield Problem("model", f"{how} goes beneath your YAML, which sets every key of it: the preset is not "
+                          "used", "leave model= out", WARNING)
+        return
+    shown = "; ".join(f"{k}={str(value(cfg, k))[:60]}" for k in taken[:12]) + (
+        f"; and {len(taken) - 12} more" if len(taken) > 12 else "")
+    yield Problem("model", f"{how} goes beneath your YAML: what the YAML sets trains, and the preset's values where "
+                  f"it leaves a key out: {shown}", "set those keys in the YAML or on the command line, or leave the "
+                  "preset out (model.<key>=<value> changes the YAML's model)", WARNING)
+
+
+def experiment_over_the_yaml(cfg, ctx):
+    """An experiment goes over everything beneath the command line, a YAML too (conf/train.yaml): its values
+    replaced the YAML's without a word (measured: experiment=gpt-375m-ndv5-check's slimpajama folder over the
+    YAML's variables.data_local)."""
+    name = ctx.choices.get("experiment") if ctx.choices.get("yaml") else None
+    if not name:
+        return
+    over = [k for k in _preset_keys("experiment", name) if _recipe_value(ctx, k) is not None and ctx.given(k) is None]
+    if over:
+        shown = "; ".join(f"{k}: {str(_recipe_value(ctx, k))[:40]} in the YAML, {str(value(cfg, k))[:40]} here"
+                          for k in over[:6]) + (f"; and {len(over) - 6} more" if len(over) > 6 else "")
+        yield Problem("experiment", f"experiment={name} goes over your YAML, and its values replace the YAML's: "
+                      f"{shown}", "set the YAML's on the command line (it goes over both), or leave experiment= "
+                      "out", WARNING)
 
 
 def groups_beneath_the_yaml(cfg, ctx):
@@ -665,9 +726,7 @@ def groups_beneath_the_yaml(cfg, ctx):
         theirs = [k for k in keys if _recipe_value(ctx, k) is not None and (k == group or ctx.given(k) is None)]
         if not chosen or not theirs:
             continue
-        fix = {"model": "model.<key>=<value> on the command line changes the YAML's model (model.n_layers=24), "
-                        "or leave model= out",
-               "checkpoint": "set the YAML's keys on the command line (" + ", ".join(
+        fix = {"checkpoint": "set the YAML's keys on the command line (" + ", ".join(
                    f"{k}=..." for k in theirs) + "; save_folder=null saves none), or leave checkpoint= out"}[group]
         yield Problem(group, f"{group}={chosen} goes beneath your YAML, whose {', '.join(theirs)} "
                       f"{'is' if len(theirs) == 1 else 'are'} what trains: the preset's values there are not used",
@@ -675,4 +734,5 @@ def groups_beneath_the_yaml(cfg, ctx):
 
 
 RULES = [plan_form, known_keys, resolves, slurm_preset_needs_m, mock_data_only_where_asked, numbers, schedule, seq_len, eval_loader_shape, held_out, device, fsdp, checkpoint,
-         storage, cluster_figures, batch, export, objective_reported, data_beneath_the_yaml, groups_beneath_the_yaml]
+         storage, cluster_figures, batch, export, objective_reported, data_beneath_the_yaml, model_beneath_the_yaml, experiment_over_the_yaml,
+         groups_beneath_the_yaml]
