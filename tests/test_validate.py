@@ -706,6 +706,23 @@ def test_a_shell_variable_in_braces_in_cluster_env_is_refused_by_key_not_a_trace
     assert "Traceback" not in proc.stderr and (not tmp_path.exists() or not any(tmp_path.iterdir()))
 
 
+def test_a_run_longer_than_its_allocations_is_warned_with_the_requeues_it_needs(tmp_path):
+    """A job runs cluster.max_num_timeout + 1 allocations of cluster.timeout_min at most: mpt-30b on 2 nodes plans
+    197.5 days, and 21 allocations of 48 h are 42 days; it would end TIMEOUT before max_duration, unsaid."""
+    def found(*overrides):
+        cfg = compose(["model=mpt-30b", "cluster=ndv5", "data=mock", f"storage.root={tmp_path}", *overrides])
+        return [(p.level, p.problem, p.fix) for p in check(cfg, Context(mode="plan", overrides=overrides, choices={
+            "cluster": "ndv5"})) if p.key == "cluster.max_num_timeout"]
+
+    [(level, problem, fix)] = found("cluster.nodes=2")
+    assert level == WARNING and problem == (
+        "20 requeues after the first allocation: 21 x 48 h = 42.0 days, and the 143100 batches to max_duration take "
+        "about 197.5 days at the plan's 119 s/step: the job would stop at its last time limit before the end (the "
+        "same command again goes on from its checkpoint)")
+    assert fix == "cluster.max_num_timeout=109, or more nodes"
+    assert found("cluster.nodes=2", "cluster.max_num_timeout=109") == [] and found("cluster.nodes=16") == []
+
+
 def test_attention_dropout_with_torch_attention_is_refused_where_llm_foundry_fails_at_the_first_backward():
     """gpt-375m keeps Megatron's 0.1 attention dropout: fine with flash attention on a GPU cluster; with the torch
     attention of a CPU run llm-foundry 0.22 fails at the first backward (an in-place dropout autograd needs)."""

@@ -149,6 +149,42 @@ def lands_before_the_time_limit(cfg, ctx):
                       "cluster.timeout_min", WARNING)
 
 
+def ends_within_its_requeues(cfg, ctx):
+    """A job runs cluster.max_num_timeout + 1 allocations of cluster.timeout_min at most (each time limit requeues
+    it until then): a run longer than that at the plan's speed stops at its last time limit, its point TIMEOUT
+    (measured: mpt-30b on 2 nodes plans 197 days; 21 allocations of 48 h are 42), with no word before."""
+    if not (ctx.slurm and _saves_checkpoints(cfg)):
+        return
+    limit, requeues = value(cfg, "cluster.timeout_min"), value(cfg, "cluster.max_num_timeout")
+    if not (is_number(limit) and limit > 0 and isinstance(requeues, int) and requeues >= 0):
+        return
+    steps = batches_in(cfg, value(cfg, "max_duration"))
+    try:
+        step_s = _step_seconds(cfg, ctx.world_size(cfg))
+    except (TypeError, ValueError, KeyError, ZeroDivisionError):
+        return
+    if not steps or not step_s:
+        return
+    folder = value(cfg, "save_folder")
+    if folder and "://" not in str(folder):  # a run that resumes has only the rest to train
+        from train.checkpoint.resume import find
+
+        done = find(folder)
+        steps -= done[-1].batch if done else 0
+    need, budget = steps * step_s, (requeues + 1) * limit * 60
+    if need > budget:
+        enough = math.ceil(need / (limit * 60 * 0.9))  # allocations, each losing some time to starting and saving
+
+        def span(seconds):
+            return f"{seconds / 86400:.1f} days" if seconds >= 2 * 86400 else f"{seconds / 3600:.1f} h"
+
+        yield Problem("cluster.max_num_timeout", f"{requeues} requeues after the first allocation: {requeues + 1} x "
+                      f"{limit / 60:g} h = {span(budget)}, and the {steps} batches to max_duration take about "
+                      f"{span(need)} at the plan's {step_s:.3g} s/step: the job would stop at its last time limit "
+                      "before the end (the same command again goes on from its checkpoint)",
+                      f"cluster.max_num_timeout={enough - 1}, or more nodes", WARNING)
+
+
 def outlives_the_node(cfg, ctx):
     """A Slurm job is requeued (at its time limit, on preemption, by the host-side requeue) onto whichever nodes
     are free, and resumes from the checkpoints in save_folder: under a folder each node has its own of (/tmp),
@@ -428,5 +464,5 @@ def continued_run(cfg, ctx):
                       "save_folder to the checkpoint group or put ${run_name} in it", WARNING)
 
 
-RULES = [keeps_something, outlives_the_node, lands_before_the_time_limit, fits_on_the_storage, earlier_runs,
-         continued_run]
+RULES = [keeps_something, outlives_the_node, lands_before_the_time_limit, ends_within_its_requeues, fits_on_the_storage,
+         earlier_runs, continued_run]
