@@ -332,14 +332,23 @@ def test_data_prep_parts_run_as_a_slurm_array_on_the_cpu_partition(slurm, tmp_pa
 
 def test_a_pending_point_shows_why_it_waits(slurm, tmp_path):
     # held back by Slurm itself (a begin time an hour away): the status says so, not a bare PENDING; two points
-    # with the same resources, one array: each task has the reason
+    # with the same resources, one array: each task has the reason. The plan shows that array's script (it showed
+    # each point's own job, with another name and log paths, which was not what was submitted)
     env = command_env(tmp_path)
-    proc = subprocess.run([str(PYTHON), "-m", "train", "-m", *TINY, "max_duration=4ba", "optimizer.lr=1e-3,2e-3",
-                           "cluster.sbatch_extra={begin: now+3600}"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    line = [str(PYTHON), "-m", "train", "-m", *TINY, "max_duration=4ba", "optimizer.lr=1e-3,2e-3",
+            "cluster.sbatch_extra={begin: now+3600}"]
+    plan = subprocess.run([*line, "plan=json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    planned = json.loads(plan.stdout)
+    assert [p["sbatch_array"] for p in planned] == [{"task": 0, "points": [0, 1]}, {"task": 1, "points": [0, 1]}]
+    assert planned[0]["sbatch_script"] == planned[1]["sbatch_script"]
+    proc = subprocess.run(line, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [sweep_dir] = (tmp_path / "outputs" / "sweeps").iterdir()
     manifest = json.loads((sweep_dir / "sweep.json").read_text())
+    [submitted] = [p for p in sweep_dir.rglob("*_submission.sh") if "#SBATCH --array=0-1" in p.read_text()]
+    script = planned[0]["sbatch_script"]
+    assert submitted.read_text() == script.replace(script.split("--error=")[1].split("/.submitit/")[0], str(sweep_dir))
     try:
         deadline = time.time() + 60  # Slurm gives a new job its reason at its next scheduling pass
         while True:

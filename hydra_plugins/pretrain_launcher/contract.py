@@ -61,14 +61,35 @@ def executor(res: Resources, folder: str):
     return ex
 
 
-def sbatch_script(res: Resources, folder: str, python: str) -> str:
-    """The sbatch script submitit writes for one job of `res` (what `plan` shows). submitit has no public way to
-    render it: this is its private `_make_submission_file_text`, pinned by tests/test_security.py (the script
-    submitted equals the plan's)."""
+def sbatch_script(res: Resources, folder: str, python: str, count: int = 1) -> str:
+    """The sbatch script submitit writes for one job of `res`, or for a job array of `count` (what `plan` shows).
+    submitit has no public way to render it: this is its private `_make_submission_file_text`, with the
+    `map_count` its array submission sets, pinned by tests/test_security.py and tests/test_slurm_sweeps.py (the
+    script submitted equals the plan's)."""
     import shlex
 
-    return executor(res, folder)._executor._make_submission_file_text(
-        f"{python} -u -m submitit.core._submit {shlex.quote(folder)}", "plan")
+    slurm = executor(res, folder)._executor
+    if count > 1:
+        slurm.parameters["map_count"] = count
+    return slurm._make_submission_file_text(f"{python} -u -m submitit.core._submit {shlex.quote(folder)}", "plan")
+
+
+def job_arrays(resources: list) -> list:
+    """Points with equal resources as one job array (submitit's batch: one sbatch, one entry in a site's job
+    limits), each other point as its own job: [(the job's resources, the indices of its points)]. An array is
+    named by what its points' names share (training: the model); the summary and status name each point's run."""
+    import os
+    from dataclasses import replace
+
+    groups: dict = {}
+    for i, res in enumerate(resources):
+        groups.setdefault(replace(res, name=""), []).append(i)
+    out = []
+    for res, idx in groups.items():
+        names = [resources[i].name for i in idx]
+        name = names[0] if len(set(names)) == 1 else os.path.commonprefix(names).rstrip("-_.") or "sweep"
+        out.append((replace(res, name=name), idx))
+    return out
 
 
 @dataclass

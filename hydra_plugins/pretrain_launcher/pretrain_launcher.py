@@ -14,12 +14,11 @@ on timeout or preemption through `checkpoint`) is reused, with the requeue done 
 (common/host_requeue.py).
 """
 import logging
-import os
 import socket
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -28,7 +27,7 @@ from hydra.core.utils import JobReturn, JobStatus, setup_globals
 
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from hydra_plugins.pretrain_launcher import sweep_status
-from hydra_plugins.pretrain_launcher.contract import Point, executor, load_app
+from hydra_plugins.pretrain_launcher.contract import Point, executor, job_arrays, load_app
 from hydra_plugins.pretrain_launcher.outcomes import (
     bucket,
     ended,
@@ -219,18 +218,11 @@ class SweepLauncher(BaseSubmititLauncher):
         return self._sweeper() not in _RESULTS_UNREAD
 
     def _submit(self, points: list, folder: str, sweep_dir: Path) -> None:
-        """Points with equal resources as one job array (submitit's batch: one sbatch, one entry in a site's
-        job limits), each other point as its own job. An array is named by what its points' names share
-        (training: the model); the summary and status name each point's run."""
-        groups: dict = {}
-        for p in points:
-            groups.setdefault(replace(p.resources, name=""), []).append(p)
-        for res, group in groups.items():
-            names = [p.resources.name for p in group]
-            name = names[0] if len(set(names)) == 1 else os.path.commonprefix(names).rstrip("-_.") or "sweep"
-            ex = executor(replace(res, name=name), folder)
+        """Each job of contract.job_arrays: points with equal resources as one job array."""
+        for res, idx in job_arrays([p.resources for p in points]):
+            ex = executor(res, folder)
             with ex.batch():
-                for p in group:
+                for p in (points[i] for i in idx):
                     p.job = ex.submit(self, self.app.job_overrides(p.overrides, sweep_dir), "hydra.sweep.dir", p.num,
                                       f"job_id_for_{p.num}",
                                       _singleton_state())

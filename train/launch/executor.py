@@ -103,6 +103,18 @@ def resources(cfg: DictConfig, folder: str) -> Resources:
         teardown=tuple(host_requeue.teardown_lines(folder)), python="python3" if in_container else None)
 
 
+def array_scripts(cfgs: list, folder: str) -> list:
+    """What each of a sweep's Slurm points is submitted as, as the launcher submits them (contract.job_arrays):
+    (its job's script, its index in that job, the indices of the job's points)."""
+    out: list = [None] * len(cfgs)
+    for job, idx in contract.job_arrays([resources(cfg, folder) for cfg in cfgs]):
+        python = "python3" if cfgs[idx[0]].cluster.container.image else shlex.quote(sys.executable)
+        script = contract.sbatch_script(job, folder, python, count=len(idx))
+        for k, i in enumerate(idx):
+            out[i] = (script, k, idx)
+    return out
+
+
 def sbatch_script(cfg: DictConfig, folder: str = "<sweep dir>/.submitit/%j") -> str | None:
     """The sbatch script a `-m` run of this config submits; None for a local run."""
     if cfg.cluster.name == "local":

@@ -36,7 +36,8 @@ def _submitit_folder() -> str:
     try:
         from hydra.core.hydra_config import HydraConfig
 
-        return f"{HydraConfig.get().sweep.dir}/.submitit/%j"
+        hydra = HydraConfig.get()
+        return str(OmegaConf.select(hydra, "launcher.submitit_folder") or f"{hydra.sweep.dir}/.submitit/%j")
     except Exception:
         return "<sweep dir>/.submitit/%j"
 
@@ -174,6 +175,7 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
         "checkpoint_overhead": (saves * write_s / train_s) if (saves and write_s and train_s) else None,
         "preflight": _preflight(cfg, nodes, tasks),
         "sbatch_script": sbatch_script(cfg, _submitit_folder()),
+        "sbatch_array": None,  # a sweep's points with equal resources: one job array (forecast_report.print_plans)
         # what `-m` does after submitting (hydra_plugins/pretrain_launcher/): return at once, or wait
         "sweep_waits": bool(cfg.cluster.name == "local" or cfg.cluster.wait),
         "summary_partition": None if cfg.cluster.name == "local" else (cfg.cluster.summary_partition

@@ -164,7 +164,12 @@ def render(p: dict) -> str:
     else:
         add("speed       unknown here (no cluster.peak_flops / cluster.mfu for this cluster)")
     out.extend(_render_preflight(p))
-    if p["sbatch_script"]:
+    array = p.get("sbatch_array")
+    if p["sbatch_script"] and array:
+        add(f"sbatch      the job array `-m` would submit for points #{', #'.join(map(str, array['points']))} "
+            f"(this point: its task {array['task']}):")
+        out.extend("    " + line for line in p["sbatch_script"].rstrip().splitlines())
+    elif p["sbatch_script"]:
         add("sbatch      the script `-m` would submit:")
         out.extend("    " + line for line in p["sbatch_script"].rstrip().splitlines())
     else:
@@ -230,6 +235,17 @@ def print_plans(cfgs: list, problems=(), batch_of: str | None = None) -> list:
     first batch these points are, when it launches more later."""
     prefix = [f"[sweep point #{i}] " for i in range(len(cfgs))]
     plans = [build_plan(cfg, [p for p in problems if p.key.startswith(prefix[i])]) for i, cfg in enumerate(cfgs)]
+    # Points with equal resources go as one job array (hydra_plugins/pretrain_launcher/contract.py): its script
+    # is what they are submitted with, not each one's own
+    submitted = [i for i, p in enumerate(plans) if p["sbatch_script"] and not p.get("finished")]
+    if len(submitted) > 1:
+        from train.launch.executor import array_scripts
+        from train.plan.forecast import _submitit_folder
+
+        for i, (script, k, idx) in zip(submitted, array_scripts([cfgs[i] for i in submitted], _submitit_folder())):
+            if len(idx) > 1:
+                plans[i]["sbatch_script"] = script
+                plans[i]["sbatch_array"] = {"task": k, "points": [submitted[j] for j in idx]}
     if value(cfgs[0], "plan") == "json":
         _emit(to_json(plans))
     else:
