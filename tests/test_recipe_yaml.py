@@ -188,6 +188,17 @@ def test_a_variable_the_yaml_reads_and_does_not_set_is_asked_for_not_taken_from_
     assert (cfg.seed, cfg.train_loader.dataset.shuffle_seed) == (42, 42)
 
 
+def test_a_yaml_without_a_microbatch_gets_llm_foundrys_auto(tmp_path):
+    """llm-foundry's TrainConfig defaults device_train_microbatch_size to 'auto': a YAML without it was refused
+    ("has no value", ours beneath is `???`), which llm-foundry trains."""
+    text = "".join(line for line in (YAMLS / "mpt-125m.yaml").read_text().splitlines(keepends=True)
+                   if not line.startswith("device_train_microbatch_size"))
+    (tmp_path / "nomb.yaml").write_text(text)
+    found = _problems("plan", f"yaml={tmp_path / 'nomb.yaml'}", "cluster=ndv5")
+    assert not [k for k, level in found if k == "device_train_microbatch_size"]
+    assert _composed(f"yaml={tmp_path / 'nomb.yaml'}")[0].device_train_microbatch_size == "auto"
+
+
 def test_the_command_line_forms_llm_foundry_users_type():
     path = "../shared/data/llm-foundry-yamls/pretrain/mpt-7b.yaml"
     # `composer train.py <yaml> k=v`: the YAML as the first word; a relative path made absolute (a job composes

@@ -15,6 +15,7 @@ llm-foundry read the file, not a value of ours.
   save_interval, would otherwise leak in); `model=<preset>` on the command line still picks one beneath it.
 - `override /data: _recipe`: the YAML's `variables.data_local` is an MDS folder (llm-foundry's text loader), not
   our mock data; its model's vocab_size is its own (data=mds would size it from the tokenizer).
+- A YAML without `device_train_microbatch_size` gets llm-foundry's `auto` (composer's search, on a GPU).
 - A YAML without `eval_loader` (or `fsdp_config`) gets `null` there: no evaluation (no FSDP), as in llm-foundry,
   whatever our groups set inside them (a CPU cluster's loader workers, the checkpoint group's state_dict_type);
   without FSDP the default checkpoint is `checkpoint=full` (one file, what composer writes then).
@@ -161,6 +162,8 @@ class RecipeConfigSource(ConfigSource):
             cfg.eval_loaders, cfg.eval_loader = cfg.eval_loader, None
         if "callbacks" in cfg and cfg.callbacks is None:  # `callbacks:` left empty: none of its own, as absent; a
             del cfg["callbacks"]  # null would also drop the run's report callback (the run crashed at its start)
+        if "device_train_microbatch_size" not in cfg:  # llm-foundry's TrainConfig default (ours is `???`: refused)
+            cfg.device_train_microbatch_size = "auto"
         for section in ("eval_loader", "fsdp_config"):  # absent: llm-foundry's None, not our groups' keys in it
             if section not in cfg:  # (eval_loaders alone: eval_loader None too, as llm-foundry wants it)
                 cfg[section] = None
