@@ -343,12 +343,18 @@ def test_bad_yamls_are_refused_in_one_pass_naming_each_key(tmp_path, cli):
 
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     (tmp_path / "broken.yaml").write_text("model: {d_model: 128\n")
+    # keys of this command, which llm-foundry refuses: `plan: json` made every run of the YAML a plan
+    (tmp_path / "planned.yaml").write_text("plan: json\n" + text)
+    (tmp_path / "hydra.yaml").write_text("hydra: {run: {dir: elsewhere}}\n" + text)
     out = cli("train", "yaml=missing.yaml", "-m", root=tmp_path / "root", cwd=tmp_path)
     assert out.returncode == 2 and f"error: yaml: {tmp_path / 'missing.yaml'}: no such file" in out.stderr
-    for name, says in (("list.yaml", "is not a mapping of llm-foundry keys"), ("broken.yaml", "is not readable YAML")):
+    for name, says in (("list.yaml", "is not a mapping of llm-foundry keys"), ("broken.yaml", "is not readable YAML"),
+                       ("planned.yaml", "has a `plan:` key, which is not llm-foundry's"),
+                       ("hydra.yaml", "has a `hydra:` key, which is not llm-foundry's")):
         out = cli("train", f"yaml={name}", root=tmp_path / "root", cwd=tmp_path)
         assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "broken.yaml", "list.yaml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "broken.yaml", "hydra.yaml", "list.yaml",
+                                                          "planned.yaml"]
 
 
 @pytest.mark.e2e  # reads MDS data made by data_prep's command (the c4_mds fixture)

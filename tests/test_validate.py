@@ -723,6 +723,13 @@ def test_a_run_longer_than_its_allocations_is_warned_with_the_requeues_it_needs(
     assert found("cluster.nodes=2", "cluster.max_num_timeout=109") == [] and found("cluster.nodes=16") == []
 
 
+def test_callbacks_null_is_refused_naming_how_to_leave_one_out():
+    """It dropped the run report with llm-foundry's callbacks: the plan passed, the run stopped at its start."""
+    [p] = [p for p in check(compose(["callbacks=null"]), Context(mode="plan")) if p.key == "callbacks"]
+    assert p.level == ERROR and "~callbacks.lr_monitor" in p.fix
+    assert not [p for p in check(compose(["~callbacks.lr_monitor"]), Context(mode="plan")) if p.key == "callbacks"]
+
+
 def test_attention_dropout_with_torch_attention_is_refused_where_llm_foundry_fails_at_the_first_backward():
     """gpt-375m keeps Megatron's 0.1 attention dropout: fine with flash attention on a GPU cluster; with the torch
     attention of a CPU run llm-foundry 0.22 fails at the first backward (an in-place dropout autograd needs)."""

@@ -140,6 +140,10 @@ class RecipeConfigSource(ConfigSource):
         if not OmegaConf.is_dict(cfg):
             raise ConfigLoadError(f"yaml={path}: an llm-foundry YAML is a mapping of keys, not a "
                                   f"{type(OmegaConf.to_container(cfg)).__name__}")
+        ours = [key for key in ("plan", "hydra") if key in cfg]
+        if ours:  # not llm-foundry's keys (it refuses them): ours, which would change what the command does
+            raise ConfigLoadError(f"yaml={path}: has a `{ours[0]}:` key, which is not llm-foundry's (it refuses "
+                                  f"unknown keys) but this tool's: give it on the command line")
         if "defaults" in cfg:
             raise ConfigLoadError(f"yaml={path}: has a `defaults:` key, which is Hydra's; llm-foundry's YAMLs have "
                                   "none (put presets on the command line instead)")

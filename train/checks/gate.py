@@ -254,6 +254,11 @@ def _recipe_problems(override) -> list:
         elif "defaults" in loaded:
             found.append(Problem("yaml", f"{path} has a `defaults:` key (Hydra's; llm-foundry's YAMLs have none)",
                                  "remove it and name the presets on the command line (cluster=ndv5 storage=amlfs)"))
+        else:  # keys of this tool's command, not llm-foundry's (which refuses them): `plan: json` made every run a plan
+            for key in (k for k in ("plan", "hydra") if k in loaded):
+                found.append(Problem("yaml", f"{path} has a `{key}:` key, which is not llm-foundry's (it refuses "
+                                     "unknown keys) but this command's", "remove it (on the command line: " +
+                                     ("plan=true)" if key == "plan" else "hydra.<key>=...)")))
     return found
 
 

@@ -86,6 +86,16 @@ def resolves(cfg, ctx):
     yield from walk(cfg, "")
 
 
+def keeps_the_run_report(cfg, ctx):
+    """`callbacks=null` drops this tool's callbacks with llm-foundry's: the run report (progress, loss curve,
+    metrics.json, which status, resume and export read) and tracking; the run stopped at its start (measured: an
+    AttributeError after the imports), though its plan passed."""
+    if "callbacks" in cfg and value(cfg, "callbacks") is None:
+        yield Problem("callbacks", "null drops this tool's run report with llm-foundry's callbacks (the run would "
+                      "stop at its start: the report's progress, metrics.json and loss curve are what status, resume "
+                      "and export read)", "leave out one callback with ~callbacks.<name> (e.g. ~callbacks.lr_monitor)")
+
+
 def mock_data_only_where_asked(cfg, ctx):
     """Synthetic tokens only where nobody asked for real data: never silently on a real cluster, and never
     written into a folder the user named for their own data."""
@@ -733,6 +743,6 @@ def groups_beneath_the_yaml(cfg, ctx):
                       fix, WARNING)
 
 
-RULES = [plan_form, known_keys, resolves, slurm_preset_needs_m, mock_data_only_where_asked, numbers, schedule, seq_len, eval_loader_shape, held_out, device, fsdp, checkpoint,
+RULES = [plan_form, known_keys, resolves, keeps_the_run_report, slurm_preset_needs_m, mock_data_only_where_asked, numbers, schedule, seq_len, eval_loader_shape, held_out, device, fsdp, checkpoint,
          storage, cluster_figures, batch, export, objective_reported, data_beneath_the_yaml, model_beneath_the_yaml, experiment_over_the_yaml,
          groups_beneath_the_yaml]
