@@ -109,6 +109,9 @@ def test_compose_equals_hydras_own_composition_from_scratch_each_time(tmp_path, 
         assert context["overrides"]["task"] == [open_map_override(o) for o in overrides]  # as Hydra was given them
 
 
+# Tests that add a file to conf/ or list its groups run one after another on one worker: a listing taken beside
+# another test's temporary conf/local/test-*.yaml differed from one taken before it (two workers share conf/).
+@pytest.mark.xdist_group("conf")
 def test_compose_sees_a_config_file_added_or_changed_in_a_group(tmp_path, monkeypatch):
     import uuid
 
@@ -214,6 +217,7 @@ def test_a_command_composes_once_what_hydra_composes_twice(line, tmp_path, monke
         assert ours["hydra"]["mode"] == (RunMode.MULTIRUN if multirun else RunMode.RUN)
 
 
+@pytest.mark.xdist_group("conf")  # (see above)
 def test_a_commands_help_lists_what_hydras_lists_from_one_copy_of_the_repository(monkeypatch):
     """`--help` lists every config group's options: Hydra copies the whole config repository for each question it
     asks; a command (compose_once_per_command) asks one copy, and lists the same."""

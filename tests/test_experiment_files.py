@@ -74,6 +74,7 @@ def local_option():
         path.unlink()
 
 
+@pytest.mark.xdist_group("conf")  # it adds a file to conf/local (tests/test_compose.py)
 def test_the_local_config_applies_after_the_groups_and_before_the_command_line(local_option):
     cfg = compose(["experiment=mpt-30b-ndv5-amlfs", f"local={local_option}"])
     assert (cfg.cluster.account, cfg.cluster.partition, cfg.cluster.container.image) == \
