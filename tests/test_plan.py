@@ -146,6 +146,14 @@ def test_microbatch_auto_is_counted_at_one_sample_not_none():
     assert "activations per sample (microbatch auto: it needs 1 to fit)" in render(auto)
 
 
+def test_the_script_is_in_the_launchers_submitit_folder():
+    """The plan wrote `<sweep>/.submitit/%j` whatever hydra.launcher.submitit_folder said, which `-m` uses."""
+    assert "#SBATCH --error=/data/jobs/%j/%j_0_log.err" in plan(
+        "cluster=ndv5", "hydra.launcher.submitit_folder=/data/jobs/%j")["sbatch_script"]
+    script = plan("cluster=ndv5")["sbatch_script"]
+    assert "/.submitit/%j/%j_0_log.err" in script and "<sweep dir>" not in script
+
+
 def test_local_cpu_plan_has_no_gpu_figures():
     p = plan()
     assert p["fits"] is None and p["gpu_memory_bytes"] is None and p["min_nodes"] is None

@@ -37,7 +37,13 @@ def _submitit_folder() -> str:
         from hydra.core.hydra_config import HydraConfig
 
         hydra = HydraConfig.get()
-        return str(OmegaConf.select(hydra, "launcher.submitit_folder") or f"{hydra.sweep.dir}/.submitit/%j")
+        sweep = f"{hydra.sweep.dir}"
+        # the launcher's own setting, `${hydra.sweep.dir}/.submitit/%j` by default (Hydra's config node alone
+        # cannot resolve an interpolation of the whole config's `hydra.`: read it as written)
+        raw = OmegaConf.select(hydra, "launcher", default=None)
+        raw = OmegaConf.to_container(raw, resolve=False).get("submitit_folder") if raw is not None else None
+        folder = str(raw or "${hydra.sweep.dir}/.submitit/%j").replace("${hydra.sweep.dir}", sweep)
+        return folder if "${" not in folder else f"{sweep}/.submitit/%j"
     except Exception:
         return "<sweep dir>/.submitit/%j"
 
