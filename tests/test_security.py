@@ -53,6 +53,31 @@ def test_env_values_stay_data_in_the_submitted_script(tmp_path, override):
     assert not pwned.exists(), text
 
 
+def test_the_task_sets_each_env_value_as_the_job_script_exported_it(tmp_path, monkeypatch):
+    """The task sets cluster.env again in its own process (a local run has no script): an unset `$NAME` was kept
+    as written (os.path.expandvars), over the "" the script's export gave it."""
+    from train.config.compose import compose
+    from train.launch.executor import sbatch_script
+    from train.task.main import _as_the_shell_expands
+
+    values = {"A": "/tmp/c-$SLURM_JOB_ID", "B": "$UNSET_IN_THE_JOB-z", "C": "a$", "D": "p$$x", "E": "$1x"}
+    cfg = compose(["cluster=ndv5", "global_train_batch_size=64", *(f"+cluster.env.{k}='{v}'" for k, v in values.items())])
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$A\" \"$B\" \"$C\" \"$D\" \"$E\" > {tmp_path / 'seen'}\n")
+    (fake / "srun").chmod(0o755)
+    (tmp_path / "job.sh").write_text(sbatch_script(cfg))
+    job_env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "SLURM_JOB_ID": "42"}
+    job_env.pop("UNSET_IN_THE_JOB", None)
+    ran = subprocess.run(["bash", str(tmp_path / "job.sh")], capture_output=True, text=True, timeout=60, env=job_env)
+    assert ran.returncode == 0, ran.stderr
+    exported = (tmp_path / "seen").read_text().splitlines()
+    assert exported == ["/tmp/c-42", "-z", "a$", "p$", "$1x"]  # `$x` expands (to nothing), `$$` does not
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.delenv("UNSET_IN_THE_JOB", raising=False)
+    assert [_as_the_shell_expands(str(cfg.cluster.env[k])) for k in values] == exported
+
+
 REFUSED = [
     ("cluster.account='acct\ntouch /tmp/pwned'", "cluster.account"),
     ("cluster.partition='gpu\ntouch /tmp/pwned'", "cluster.partition"),

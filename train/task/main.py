@@ -5,6 +5,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import stat
 import sys
@@ -31,7 +32,7 @@ def run(cfg: DictConfig) -> dict:
     # A log file on a full file system must not print a traceback per message (logging's default): the
     # writes that matter say so themselves (common/files.py: DiskFull).
     logging.raiseExceptions = False
-    os.environ.update({k: os.path.expandvars(str(v)) for k, v in cfg.cluster.env.items()})
+    os.environ.update({k: _as_the_shell_expands(str(v)) for k, v in cfg.cluster.env.items()})
     dist_env = export_from_submitit()
     shards.check_mounts(cfg)  # on every node, before anything is written there
     if dist_env:
@@ -491,6 +492,15 @@ def _checkpoint_disk_full(fcfg):
                        fix="free space there (or raise the quota), or set save_num_checkpoints_to_keep lower; then "
                        "run the same command again: it resumes exactly from the newest complete checkpoint (the "
                        "cut-off one is set aside)")
+
+
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))")
+
+
+def _as_the_shell_expands(value: str) -> str:
+    """`$NAME` / `${NAME}` as the job script's `export` expanded them (train/launch/executor.py), an unset one to
+    nothing: os.path.expandvars keeps it as written, so a task set `$UNSET` literally over the script's ""."""
+    return _VARIABLE.sub(lambda m: os.environ.get(m.group(1) or m.group(2), ""), value)
 
 
 def _node_local_cwd(fcfg, env: dict) -> None:
