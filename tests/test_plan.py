@@ -133,6 +133,11 @@ def test_the_smallest_node_count_is_the_same_from_any_node_count():
     found = {nodes: plan(*args, f"cluster.nodes={nodes}") for nodes in (1, 2, 16)}
     assert {p["min_nodes"] for p in found.values()} == {2}
     assert found[1]["fits"] is False and found[2]["fits"] is True
+    # and where one node's microbatch is too large for any count's sharding alone: more nodes shrink it too
+    # (measured: "no node count fits" for mpt-7b at a microbatch of 64, which fits at 4 nodes)
+    wide = plan("model=mpt-7b", "cluster=ndv5", "device_train_microbatch_size=64", "cluster.nodes=4")
+    assert wide["fits"] is True and wide["min_nodes"] == 4
+    assert plan("model=mpt-7b", "cluster=ndv5", "device_train_microbatch_size=64", "cluster.nodes=3")["fits"] is False
 
 
 def test_microbatch_auto_is_counted_at_one_sample_not_none():

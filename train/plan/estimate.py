@@ -4,7 +4,6 @@ Units: sizes in bytes; GiB = 2**30 bytes. Storage bandwidths (`storage.write_GBp
 in the units of the vendor tables they come from: the AMLFS table (2.3 TiB written in 2.04 min at 19.2 "GB/s")
 works out only with 2**30 bytes per "GB", so that is what a "GB/s" is here.
 """
-import math
 
 GiB = 2**30
 TiB = 2**40
@@ -183,21 +182,17 @@ def min_nodes(model, *, tasks_per_node: int, gpu_memory_bytes: int, microbatch, 
                               microbatch=microbatch(world) if callable(microbatch) else microbatch,
                               precision=precision, fsdp=fsdp, seq=seq)
 
-    one = total(1)
-    if one["total"] <= usable:
+    # More nodes never need more memory per GPU (the shards and the rank's microbatch shrink, the rest stays):
+    # the smallest count that fits, by bisection
+    if total(1)["total"] <= usable:
         return 1
-    if total(2)["shards"] == one["shards"]:
-        return None  # sharding does not grow with the node count
-    sharded = one["params"] + one["grads"] + one["optimizer"]  # shrinks as 1/nodes
-    room = usable - (one["total"] - sharded)
-    if room <= 0:
-        return None
-    nodes = max(1, math.ceil(sharded / room) - 1)
-    while nodes <= max_nodes:
-        if total(nodes)["total"] <= usable:
-            return nodes
-        nodes += 1
-    return None
+    if total(max_nodes)["total"] > usable:
+        return None  # what does not shrink with the node count (activations mostly) is too large already
+    lo, hi = 1, max_nodes  # lo does not fit, hi does
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if total(mid)["total"] <= usable else (mid, hi)
+    return hi
 
 
 def checkpoint_bytes(params: int) -> int:
@@ -247,7 +242,7 @@ def fit(cfg, world: int, device_bytes: int | None = None) -> dict | None:
                          checkpointing=bool(fsdp_used and fsdp_used.get("activation_checkpointing")),
                          microbatch=microbatch_trained(cfg, world), **common)
     smallest = min_nodes(model, tasks_per_node=tasks, gpu_memory_bytes=device_bytes, fsdp=fsdp,
-                         microbatch=lambda w: microbatch_trained(cfg, w), **common)
+                         microbatch=lambda w: _share(cfg, w), **common)
     return {
         "memory": mem,
         "gpu_memory_bytes": device_bytes,
@@ -271,6 +266,13 @@ def microbatch_trained(cfg, world: int):
     if isinstance(mb, int) and isinstance(gbs, int) and world and gbs % world == 0:
         return min(mb, gbs // world)
     return mb
+
+
+def _share(cfg, world: int):
+    """The microbatch at a world size, for the smallest node count: the rank's share of the global batch where
+    that is smaller (also where it does not divide: _divides_from says which counts do), so it only shrinks."""
+    gbs, mb = _select(cfg, "global_train_batch_size"), _select(cfg, "device_train_microbatch_size")
+    return min(mb, max(1, gbs // world)) if isinstance(mb, int) and isinstance(gbs, int) and world else mb
 
 
 def _divides_from(cfg, nodes):
