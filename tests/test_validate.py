@@ -725,9 +725,11 @@ def test_a_run_longer_than_its_allocations_is_warned_with_the_requeues_it_needs(
 
 def test_callbacks_null_is_refused_naming_how_to_leave_one_out():
     """It dropped the run report with llm-foundry's callbacks: the plan passed, the run stopped at its start."""
-    [p] = [p for p in check(compose(["callbacks=null"]), Context(mode="plan")) if p.key == "callbacks"]
-    assert p.level == ERROR and "~callbacks.lr_monitor" in p.fix
-    assert not [p for p in check(compose(["~callbacks.lr_monitor"]), Context(mode="plan")) if p.key == "callbacks"]
+    for given, key in (("callbacks=null", "callbacks"), ("~callbacks", "callbacks"),
+                       ("~callbacks.run_report", "callbacks.run_report")):
+        [p] = [p for p in check(compose([given]), Context(mode="plan")) if p.key.startswith("callbacks")]
+        assert (p.key, p.level) == (key, ERROR) and "~callbacks.lr_monitor" in p.fix, given
+    assert not [p for p in check(compose(["~callbacks.lr_monitor"]), Context(mode="plan")) if p.key.startswith("callbacks")]
 
 
 def test_attention_dropout_with_torch_attention_is_refused_where_llm_foundry_fails_at_the_first_backward():

@@ -87,13 +87,15 @@ def resolves(cfg, ctx):
 
 
 def keeps_the_run_report(cfg, ctx):
-    """`callbacks=null` drops this tool's callbacks with llm-foundry's: the run report (progress, loss curve,
+    """`callbacks=null` (or `~callbacks`) drops this tool's callbacks with llm-foundry's: the run report (progress, loss curve,
     metrics.json, which status, resume and export read) and tracking; the run stopped at its start (measured: an
     AttributeError after the imports), though its plan passed."""
-    if "callbacks" in cfg and value(cfg, "callbacks") is None:
-        yield Problem("callbacks", "null drops this tool's run report with llm-foundry's callbacks (the run would "
-                      "stop at its start: the report's progress, metrics.json and loss curve are what status, resume "
-                      "and export read)", "leave out one callback with ~callbacks.<name> (e.g. ~callbacks.lr_monitor)")
+    if value(cfg, "callbacks.run_report") is None:  # `callbacks=null`, `~callbacks`, `~callbacks.run_report`
+        key = "callbacks" if value(cfg, "callbacks") is None else "callbacks.run_report"
+        what = "is gone, and with it this tool's run report" if key == "callbacks" else "is gone: this tool's run report"
+        yield Problem(key, f"{what} (the run would stop at its start: the report's progress, metrics.json and loss "
+                      "curve are what status, resume and export read)",
+                      "leave out llm-foundry's callbacks one by one with ~callbacks.<name> (e.g. ~callbacks.lr_monitor)")
 
 
 def mock_data_only_where_asked(cfg, ctx):
