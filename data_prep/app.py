@@ -169,7 +169,9 @@ def _run_locked(job: Job, lock: OutRootLock, mine: list[Block], started: float) 
     redo_damaged(split_dir, mine)  # a stat per shard: cheap enough for every rerun
     todo = [b for b in mine if not is_complete(split_dir, b)]
     if s.strict:  # before tokenizing the rest; again before the merge, for blocks other parts finish meanwhile
-        strict_over_blocks_made_before(split_dir, [b for b in job.blocks if is_complete(split_dir, b)])
+        # (another part's damaged block is named at the merge, check_other_parts: its record may not read)
+        strict_over_blocks_made_before(split_dir, [b for b in job.blocks if is_complete(split_dir, b)
+                                                   and not damage(split_dir, b)])
     label = "data_prep" if s.part is None else f"part {s.part}/{s.num_parts}"
     known = all(src.size for src in job.sources)  # hub files have no size until they are fetched
     tok = job.tokenizer
