@@ -316,6 +316,13 @@ def test_continuing_a_run_by_name_with_a_model_of_another_shape_is_refused_befor
         (tmp_path / "named.yaml").write_text(named + "max_seq_len: 128\n" + model % 3 + "\n")
         proc = run("-m", "train", f"yaml={tmp_path / 'named.yaml'}", "plan=true", root=root, check=2)
         assert "error: model.n_layers: the checkpoints this command continues (run_name=)" in proc.stderr, proc.stderr
+        # the same model under another seed: continued, said under the name's key (every variant of the YAML
+        # shares its name), with a fix that applies to a name
+        (tmp_path / "named.yaml").write_text(named + "max_seq_len: 128\n" + model % 2 +
+                                             "\noptimizer: {name: decoupled_adamw, lr: 0.003}\nseed: 7\n")
+        proc = run("-m", "train", f"yaml={tmp_path / 'named.yaml'}", "plan=true", root=root)
+        assert "warning: run_name: continues the run in" in proc.stderr and "seed=17 there, 7 here" in proc.stderr \
+            and "give it another name (run_name=... on the command line)" in proc.stderr, proc.stderr
     # its weights loaded into a model of another shape: the same refusal (the run's record names the model)
     from train.checkpoint.resume import find
 

@@ -457,11 +457,15 @@ def continued_run(cfg, ctx):
                       "afresh)")
         return
     other = [f"{k}={theirs[k]!r} there, {ours[k]!r} here" for k in both]
-    if other and not (ctx.given("run_name") or ctx.given("save_folder")):  # asked on the command line: as asked
-        yield Problem("save_folder", f"continues the run in {folder} (up to batch {found[-1].batch}) under other settings: "
-                      + "; ".join(other[:6]) + (f"; and {len(other) - 6} more" if len(other) > 6 else ""),
-                      "composer's autoresume does the same; to train these settings as a run of their own, leave "
-                      "save_folder to the checkpoint group or put ${run_name} in it", WARNING)
+    asked = ctx.given("run_name") or ctx.given("save_folder") or ctx.given("variables.run_name")
+    if other and not asked:  # asked on the command line: as asked; fixed in a YAML, every variant of it shares it
+        fix = ("leave save_folder to the checkpoint group or put ${run_name} in it" if fixed else
+               "give it another name (run_name=... on the command line), or leave the YAML's run_name out")
+        yield Problem("save_folder" if fixed else "run_name", f"continues the run in {folder} (up to batch "
+                      f"{found[-1].batch}) under other settings: " + "; ".join(other[:6])
+                      + (f"; and {len(other) - 6} more" if len(other) > 6 else ""),
+                      f"composer's autoresume does the same; to train these settings as a run of their own, {fix}",
+                      WARNING)
 
 
 RULES = [keeps_something, outlives_the_node, lands_before_the_time_limit, ends_within_its_requeues, fits_on_the_storage,
