@@ -182,10 +182,18 @@ def test_a_variable_the_yaml_reads_and_does_not_set_is_asked_for_not_taken_from_
     (tmp_path / "typo.yaml").write_text(text)
     found = _problems("plan", f"yaml={tmp_path / 'typo.yaml'}", *CPU)
     assert found[("variables.global_seed", "error")] == (
-        "your YAML reads it and its `variables:` does not set it (llm-foundry refuses such a YAML: "
-        "InterpolationKeyError) set it under `variables:` in your YAML, or variables.global_seed=<value>")
+        "your YAML reads it and its `variables:` does not set it: llm-foundry refuses such a YAML "
+        "(InterpolationKeyError), and here it would take this tool's default, 17 set it under `variables:` in your "
+        "YAML, or variables.global_seed=<value>")
+    found = _problems("plan", f"yaml={tmp_path / 'typo.yaml'}", *CPU, "variables.global_seed=42")
+    assert ("variables.global_seed", "error") not in found
     cfg, _ = _composed(f"yaml={tmp_path / 'typo.yaml'}", "variables.global_seed=42")
     assert (cfg.seed, cfg.train_loader.dataset.shuffle_seed) == (42, 42)
+    # a preset chosen for it gives it as asked: data=c4 names the data folder a YAML without one reads
+    (tmp_path / "nodata.yaml").write_text("".join(line for line in (YAMLS / "mpt-125m.yaml").read_text().splitlines(
+        keepends=True) if "data_local:" not in line))
+    found = _problems("plan", f"yaml={tmp_path / 'nodata.yaml'}", "cluster=ndv5", "data=c4")
+    assert ("variables.data_local", "error") not in found, found
 
 
 def test_a_yaml_without_a_microbatch_gets_llm_foundrys_auto(tmp_path):
@@ -335,8 +343,7 @@ def test_bad_yamls_are_refused_in_one_pass_naming_each_key(tmp_path, cli):
     assert out.returncode == 2
     err = out.stderr
     assert "error: max_durations: is not a key llm-foundry or this tool knows" in err and "max_duration`?" in err
-    assert "error: variables.global_sed: your YAML reads it and its `variables:` does not set it (llm-foundry " \
-        "refuses such a YAML: InterpolationKeyError)" in err
+    assert "error: train_loader.dataset.shuffle_seed: `${variables.global_sed}` cannot be resolved" in err
     assert "error: optimizer.name: 'decoupled_adamw_nope' is not an optimizer llm-foundry knows" in err
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]  # nothing written

@@ -95,10 +95,8 @@ _VARIABLE = re.compile(r"\$\{variables\.([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def undefined_variables(cfg) -> set:
-    """`variables.<name>` the YAML's interpolations read and its `variables:` does not set. llm-foundry refuses
-    such a YAML (an InterpolationKeyError); here conf/train.yaml's variables lie beneath it, so a misspelt
-    `global_sed: 42` trained with seed 17 and a YAML without `variables.max_seq_len` at 2048, exit 0. They are
-    asked for instead (the command line may give them: `variables.global_seed=42`)."""
+    """`variables.<name>` the YAML's interpolations read and its `variables:` does not set (llm-foundry refuses
+    such a YAML: an InterpolationKeyError; train/checks/values.py says which of them only our defaults fill)."""
     raw = OmegaConf.to_container(cfg, resolve=False)
     used: set = set()
 
@@ -154,8 +152,6 @@ class RecipeConfigSource(ConfigSource):
                 cfg.run_name = "${given_or:${oc.select:variables.run_name,null}," + OUR_RUN_NAME + "}"
             else:
                 del cfg["run_name"]
-        for name in sorted(undefined_variables(cfg)):  # not conf/train.yaml's beneath: asked for
-            OmegaConf.update(cfg, f"variables.{name}", f"${{undefined_variable:{name}}}", force_add=True)
         if isinstance(cfg.get("save_folder"), str):  # `./{run_name}/checkpoints`: composer's placeholder
             from train.config.compose import run_name_placeholder
 

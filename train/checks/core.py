@@ -113,10 +113,6 @@ def unresolved(cfg, key: str, err: InterpolationResolutionError) -> Problem:
                 return Problem(key, f"`{raw}`: ${{{shell[0]}}} is read as a config key here (an OmegaConf "
                                "interpolation), and there is none", f"for the job's environment variable write "
                                f"${shell[0]}, without braces (expanded in the job)")
-            if str(raw).startswith("${undefined_variable:"):  # hydra_plugins/recipe_source/: a YAML's own gap
-                return Problem(key, "your YAML reads it and its `variables:` does not set it (llm-foundry refuses "
-                               "such a YAML: InterpolationKeyError)", f"set it under `variables:` in your YAML, or "
-                               f"{key}=<value>")
             return Problem(key, f"`{raw}` cannot be resolved: {' '.join(str(err).splitlines()[0].split())}",
                            "set the key it refers to (under `variables:` in your YAML, or on the command line), "
                            "or give this key a value")

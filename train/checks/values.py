@@ -649,6 +649,40 @@ def _recipe_value(ctx, key):
         return None
 
 
+_UNSET = object()
+
+
+def variables_the_yaml_leaves_to_ours(cfg, ctx):
+    """A `${variables.<name>}` the YAML reads and its `variables:` does not set: llm-foundry refuses such a YAML
+    (an InterpolationKeyError). Here conf/train.yaml's variables lie beneath it: a misspelt `global_sed: 42`
+    trained with our seed 17, and a YAML without `variables.max_seq_len` at our 2048, exit 0. Refused where only
+    that default fills it; a preset chosen for it (data=c4's data_local, a model's max_seq_len) or the command line
+    gives it as asked."""
+    path = ctx.choices.get("yaml")
+    if not path:
+        return
+    from common.paths import CONF
+    from hydra_plugins.recipe_source.recipe_source import read, recipe_file, undefined_variables
+
+    try:
+        raw = OmegaConf.load(io.BytesIO(read(recipe_file(path))))
+    except Exception:
+        return  # an unreadable YAML: refused before (train/checks/gate.py)
+    chosen = [(group, ctx.choices.get(group)) for group in ("experiment", "model", "data", "cluster", "storage")]
+    preset = {k for group, name in chosen if name and (CONF / group / f"{name}.yaml").is_file()
+              for k in _preset_keys(group, name)}
+    for name in sorted(undefined_variables(raw)):
+        key = f"variables.{name}"
+        if ctx.given(key) is not None or key in preset:
+            continue
+        ours = OmegaConf.select(cfg, key, default=_UNSET, throw_on_missing=False)
+        if ours is _UNSET or ours == "???":  # nothing sets it: `resolves` names where, or it "has no value"
+            continue
+        yield Problem(key, "your YAML reads it and its `variables:` does not set it: llm-foundry refuses such a YAML "
+                      f"(InterpolationKeyError), and here it would take this tool's default, {ours}",
+                      f"set it under `variables:` in your YAML, or {key}=<value>")
+
+
 def data_beneath_the_yaml(cfg, ctx):
     """`data=c4` with a YAML that names its own data folder: the group goes beneath the YAML (docs/config.md), so
     the YAML's variables.data_local trains, and the preset chosen on the command line did nothing, without a word."""
@@ -745,6 +779,7 @@ def groups_beneath_the_yaml(cfg, ctx):
                       fix, WARNING)
 
 
-RULES = [plan_form, known_keys, resolves, keeps_the_run_report, slurm_preset_needs_m, mock_data_only_where_asked, numbers, schedule, seq_len, eval_loader_shape, held_out, device, fsdp, checkpoint,
-         storage, cluster_figures, batch, export, objective_reported, data_beneath_the_yaml, model_beneath_the_yaml, experiment_over_the_yaml,
-         groups_beneath_the_yaml]
+RULES = [plan_form, known_keys, resolves, keeps_the_run_report, slurm_preset_needs_m, mock_data_only_where_asked,
+         numbers, schedule, seq_len, eval_loader_shape, held_out, device, fsdp, checkpoint, storage, cluster_figures,
+         batch, export, objective_reported, variables_the_yaml_leaves_to_ours, data_beneath_the_yaml,
+         model_beneath_the_yaml, experiment_over_the_yaml, groups_beneath_the_yaml]

@@ -16,13 +16,6 @@ def given_or(value, otherwise):
     return otherwise if value in (None, "") else value
 
 
-def undefined_variable(name):
-    """What a user's YAML reads as `${variables.<name>}` and does not set (hydra_plugins/recipe_source/): resolving
-    it stops, naming it, as llm-foundry stops on such a YAML; the command line may set it."""
-    raise ValueError(f"your YAML reads variables.{name} and does not set it (llm-foundry refuses such a YAML: "
-                     "InterpolationKeyError)")
-
-
 def vocab_size(tokenizer_name) -> int:
     from train.config.vocab import vocab_size as size
 
@@ -36,7 +29,7 @@ def register_resolvers() -> None:
     from train.config.identity import run_id  # the run's name: what it trains (train/config/identity.py)
 
     for name, fn in {"run_id": run_id, "subdir": subdir, "abspath": os.path.abspath, "vocab_size": vocab_size,
-                     "given_or": given_or, "undefined_variable": undefined_variable}.items():
+                     "given_or": given_or}.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
 
