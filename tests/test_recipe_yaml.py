@@ -249,7 +249,7 @@ def test_a_group_the_yaml_overrides_is_said_and_mock_data_never_lands_in_the_yam
     assert ("data", "error") not in own
 
 
-def test_an_experiment_with_a_yaml_says_what_it_puts_over_and_beneath_it():
+def test_an_experiment_with_a_yaml_says_what_it_puts_over_and_beneath_it(tmp_path):
     """An experiment goes over the YAML, and its model and data presets beneath it: measured, exit 0 and no word,
     gpt-375m's dropout, GELU, init, param groups and a schedule to 430000ba trained mpt-125m.yaml's shape on the
     experiment's slimpajama folder; with mpt-30b-ndv5-amlfs the YAML's ./my-copy-c4 beat the experiment's data=c4."""
@@ -268,6 +268,18 @@ def test_an_experiment_with_a_yaml_says_what_it_puts_over_and_beneath_it():
     assert found[("data", "warning")].startswith("data=c4 (of experiment=mpt-30b-ndv5-amlfs) goes beneath your YAML, "
                                                  "whose variables.data_local (./my-copy-c4) is what trains")
     assert ("model", "warning") not in found  # mpt-30b's keys are all the YAML's
+    # a value the YAML already holds is replaced by nothing: not said (it said "1000ba in the YAML, 1000ba here")
+    (tmp_path / "saves.yaml").write_text((YAMLS / "mpt-7b.yaml").read_text() + "\nsave_interval: 1000ba\n")
+    assert ("experiment", "warning") not in _problems("plan", f"yaml={tmp_path / 'saves.yaml'}",
+                                                      "experiment=mpt-7b-p5-fsx")
+    (tmp_path / "other.yaml").write_text((YAMLS / "mpt-7b.yaml").read_text() + "\nsave_interval: 500ba\n")
+    assert "save_interval: 500ba in the YAML, 1000ba here" in _problems(
+        "plan", f"yaml={tmp_path / 'other.yaml'}", "experiment=mpt-7b-p5-fsx")[("experiment", "warning")]
+    # nor a key the YAML's loader gives (llm-foundry's default microbatch, auto), taken for the preset's
+    (tmp_path / "nomb.yaml").write_text("".join(line for line in (YAMLS / "mpt-125m.yaml").read_text().splitlines(
+        keepends=True) if not line.startswith("device_train_microbatch_size")))
+    said = _problems("plan", f"yaml={tmp_path / 'nomb.yaml'}", "cluster=ndv5", "model=mpt-125m")[("model", "warning")]
+    assert said.startswith("model=mpt-125m goes beneath your YAML, which sets every key of it"), said
 
 
 def test_what_llm_foundry_refuses_of_a_yamls_evaluators_is_refused_before_the_queue(tmp_path):

@@ -706,25 +706,35 @@ def data_beneath_the_yaml(cfg, ctx):
 _GROUP_KEYS = {"checkpoint": ("save_folder", "fsdp_config.state_dict_type", "autoresume")}
 
 
-def _preset_keys(group: str, name: str) -> list:
-    """The dotted keys a preset of conf/<group>/ sets, with the presets it builds on (a list is one key)."""
+def _preset_keys(group: str, name: str) -> dict:
+    """{dotted key: value as written} of what a preset of conf/<group>/ sets, over the presets it builds on (a list
+    is one key)."""
     from common.paths import CONF
 
     raw = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{name}.yaml"), resolve=False)
-    keys = []
+    keys: dict = {}
     for base in raw.pop("defaults", None) or []:
         if isinstance(base, str) and base != "_self_":  # another preset of the same group (gpt-375m: gpt175b)
-            keys += _preset_keys(group, base)
+            keys.update(_preset_keys(group, base))
 
     def flat(node, prefix):
         for k, v in node.items():
             if isinstance(v, dict) and v:
                 flat(v, f"{prefix}{k}.")
             else:
-                keys.append(f"{prefix}{k}")
+                keys[f"{prefix}{k}"] = v
 
     flat(raw, "")
-    return list(dict.fromkeys(keys))
+    return keys
+
+
+def _is(cfg, key, written) -> bool:
+    """Whether the composed `key` holds `written` (a preset's value as written; an interpolation: taken as so)."""
+    if isinstance(written, str) and "${" in written:
+        return True
+    held = value(cfg, key)
+    held = OmegaConf.to_container(held, resolve=True) if OmegaConf.is_config(held) else held
+    return held == written or str(held) == str(written)
 
 
 def model_beneath_the_yaml(cfg, ctx):
@@ -736,7 +746,10 @@ def model_beneath_the_yaml(cfg, ctx):
     if not chosen:
         return
     how = f"model={chosen}" if ctx.given("model") else f"model={chosen} (of experiment={ctx.choices.get('experiment')})"
-    taken = [k for k in _preset_keys("model", chosen) if _recipe_value(ctx, k) is None and ctx.given(k) is None]
+    # what the YAML leaves out and the config holds as the preset has it (not a value the YAML's loader gives:
+    # device_train_microbatch_size auto, fsdp_config or eval_loader null)
+    taken = [k for k, v in _preset_keys("model", chosen).items()
+             if _recipe_value(ctx, k) is None and ctx.given(k) is None and _is(cfg, k, v)]
     if not taken:
         if ctx.given("model"):
             yield Problem("model", f"{how} goes beneath your YAML, which sets every key of it: the preset is not "
@@ -756,7 +769,8 @@ def experiment_over_the_yaml(cfg, ctx):
     name = ctx.choices.get("experiment") if ctx.choices.get("yaml") else None
     if not name:
         return
-    over = [k for k in _preset_keys("experiment", name) if _recipe_value(ctx, k) is not None and ctx.given(k) is None]
+    over = [k for k, v in _preset_keys("experiment", name).items() if _recipe_value(ctx, k) is not None
+            and ctx.given(k) is None and _is(cfg, k, v) and not _is(cfg, k, _recipe_value(ctx, k))]
     if over:
         shown = "; ".join(f"{k}: {str(_recipe_value(ctx, k))[:40]} in the YAML, {str(value(cfg, k))[:40]} here"
                           for k in over[:6]) + (f"; and {len(over) - 6} more" if len(over) > 6 else "")
