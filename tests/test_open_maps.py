@@ -35,6 +35,28 @@ def test_an_option_the_jobs_script_sets_is_refused_naming_its_own_key_in_either_
         assert p.level == "error" and p.key == f"cluster.sbatch_extra.{given}" and p.fix == f"set {home} instead", p
     [p] = [p for p in problems("cluster=ndv5", "cluster.sbatch_extra.array=0-3") if "sbatch_extra" in p.key]
     assert p.level == "error" and "train.status reads" in p.problem
+    # only what the script writes: no --account without cluster.account, no --exclusive with cluster.exclusive=false
+    # (`--exclusive=user` is then the user's own); with them, refused (exclusive: how to give it a value)
+    assert not [p for p in problems("cluster=ndv5", "cluster.sbatch_extra.account=x") if "sbatch_extra" in p.key]
+    assert not [p for p in problems("cluster=ndv5", "cluster.exclusive=false", "cluster.sbatch_extra.exclusive=user")
+                if "sbatch_extra" in p.key]
+    [p] = [p for p in problems("cluster=ndv5", "cluster.sbatch_extra.exclusive=user") if "sbatch_extra" in p.key]
+    assert p.fix == "set cluster.exclusive instead, or cluster.exclusive=false to give --exclusive a value of your " \
+        "own here"
+
+
+def test_an_option_sbatch_refuses_beside_the_scripts_own_is_refused_and_more_gpus_warned():
+    """Slurm takes --mem-per-cpu/--mem-per-gpu or --mem, --cpus-per-gpu or --cpus-per-task, not both; a second GPU
+    request (gres=gpu:4 beside --gpus-per-node=8) passed unsaid."""
+    def found(*overrides):
+        return [(p.key, p.level) for p in problems("cluster=ndv5", *overrides) if "sbatch_extra" in p.key]
+
+    assert found("cluster.mem_gb=100", "cluster.sbatch_extra.mem-per-cpu=4G") == \
+        [("cluster.sbatch_extra.mem-per-cpu", "error")]
+    assert found("cluster.sbatch_extra.mem-per-cpu=4G") == []  # no --mem: cluster.mem_gb is null
+    assert found("cluster.sbatch_extra.cpus-per-gpu=4") == [("cluster.sbatch_extra.cpus-per-gpu", "error")]
+    assert found("cluster.sbatch_extra.gres=gpu:4") == [("cluster.sbatch_extra.gres", "warning")]
+    assert found("cluster.sbatch_extra.gres=nvme:1") == []
 
 
 def test_an_option_in_submitits_spelling_is_one_line_of_the_script():

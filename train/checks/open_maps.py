@@ -30,26 +30,49 @@ SBATCH_OPTIONS = SBATCH_HELP | SBATCH_MANUAL
 # `cluster.sbatch_extra` after them, so such a key replaced them with no word (`nodes=4` ran 32 ranks of a run
 # planned and checked at 8; `signal=B:USR2@60` signalled the batch shell alone, so no task stopped cleanly or
 # requeued; `time=30` beside the plan's 48 h), or, spelt with dashes, stood beside them as a second line.
-MANAGED = {
-    "nodes": "cluster.nodes", "ntasks-per-node": "cluster.tasks_per_node", "ntasks": "cluster.nodes and "
-    "cluster.tasks_per_node", "gpus-per-node": "cluster.gpus_per_node", "cpus-per-task": "cluster.cpus_per_task",
-    "mem": "cluster.mem_gb", "time": "cluster.timeout_min", "partition": "cluster.partition",
-    "account": "cluster.account", "qos": "cluster.qos", "constraint": "cluster.constraint",
-    "exclusive": "cluster.exclusive", "signal": "cluster.signal_delay_s", "job-name": "run_name",
-    "requeue": "cluster.max_num_timeout", "no-requeue": "cluster.max_num_timeout",
-    "output": None, "error": None, "open-mode": None, "array": None,  # submitit's logs and arrays: status reads them
-}
+# (`requeue`/`no-requeue`: the job is requeued from its own script, up to cluster.max_num_timeout times.)
+ALWAYS = {"nodes": "cluster.nodes", "ntasks-per-node": "cluster.tasks_per_node",
+          "ntasks": "cluster.nodes and cluster.tasks_per_node", "cpus-per-task": "cluster.cpus_per_task",
+          "time": "cluster.timeout_min", "signal": "cluster.signal_delay_s", "job-name": "run_name",
+          "requeue": "cluster.max_num_timeout", "no-requeue": "cluster.max_num_timeout",
+          "output": None, "error": None, "open-mode": None, "array": None}  # submitit's logs and arrays
+# ...and these where their key sets one (`exclusive=user` with cluster.exclusive=false adds what the script lacks)
+WHEN_SET = {"gpus-per-node": "cluster.gpus_per_node", "mem": "cluster.mem_gb", "partition": "cluster.partition",
+            "account": "cluster.account", "qos": "cluster.qos", "constraint": "cluster.constraint",
+            "exclusive": "cluster.exclusive"}
+# sbatch refuses these beside the script's own (Slurm: mutually exclusive with --mem, --cpus-per-task)
+EXCLUSIVE_WITH = {"mem-per-cpu": "mem", "mem-per-gpu": "mem", "cpus-per-gpu": "cpus-per-task"}
+# a second request of GPUs beside --gpus-per-node: legal, but which Slurm grants is not the plan's
+MORE_GPUS = ("gpus", "gpus-per-task", "gres")
+
+
+def _written(cfg) -> dict:
+    """{sbatch option: the key it comes from (None: submitit's own)} of what this config's job script sets."""
+    return {**ALWAYS, **{name: key for name, key in WHEN_SET.items() if value(cfg, key) not in (None, False, 0, "")}}
 
 
 def sbatch_extra(cfg, ctx):
-    for key in (value(cfg, "cluster.sbatch_extra") or {}):
+    written = _written(cfg)
+    for key, given in (value(cfg, "cluster.sbatch_extra") or {}).items():
         name = sbatch_name(key)
-        if name in MANAGED:
-            home = MANAGED[name]
+        if name in written:
+            home = written[name]
             why = f"from {home}" if home else "submitit's logs and one job per point, which train.status reads"
+            fix = (f"set {home} instead" if home else f"leave out cluster.sbatch_extra.{key}") + (
+                f", or {home}=false to give --exclusive a value of your own here" if name == "exclusive" else "")
             yield Problem(f"cluster.sbatch_extra.{key}", f"is set by the job's own script ({why}): this would "
-                          "replace it, unseen by the checks and the plan",
-                          f"set {home} instead" if home else f"leave out cluster.sbatch_extra.{key}")
+                          "replace it, unseen by the checks and the plan", fix)
+            continue
+        if EXCLUSIVE_WITH.get(name) in written:
+            other = EXCLUSIVE_WITH[name]
+            yield Problem(f"cluster.sbatch_extra.{key}", f"beside the script's --{other} (from {written[other]}): "
+                          "sbatch refuses the two together", f"set {written[other]} alone, or leave out "
+                          f"cluster.sbatch_extra.{key}")
+            continue
+        if name in MORE_GPUS and (name != "gres" or "gpu" in str(given)) and "gpus-per-node" in written:
+            yield Problem(f"cluster.sbatch_extra.{key}", "asks for GPUs beside the script's --gpus-per-node (from "
+                          "cluster.gpus_per_node): the job may get other GPUs than the plan and the checks count",
+                          "set cluster.gpus_per_node alone", WARNING)
             continue
         if name in SBATCH_OPTIONS:
             continue
