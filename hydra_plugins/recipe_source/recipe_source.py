@@ -32,7 +32,6 @@ submitted, not the file as edited since (which would also be another run: its na
 """
 import hashlib
 import io
-import re
 from pathlib import Path
 from typing import List, Optional
 
@@ -89,30 +88,6 @@ def blank_run_name(cfg) -> bool:
     if raw == VARIABLE_RUN_NAME:
         return OmegaConf.select(cfg, "variables.run_name", default=None, throw_on_missing=False) in (None, "")
     return False
-
-
-_VARIABLE = re.compile(r"\$\{variables\.([A-Za-z_][A-Za-z0-9_]*)")
-
-
-def undefined_variables(cfg) -> set:
-    """`variables.<name>` the YAML's interpolations read and its `variables:` does not set (llm-foundry refuses
-    such a YAML: an InterpolationKeyError; train/checks/values.py says which of them only our defaults fill)."""
-    raw = OmegaConf.to_container(cfg, resolve=False)
-    used: set = set()
-
-    def walk(node):
-        if isinstance(node, dict):
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-        elif isinstance(node, str):
-            used.update(_VARIABLE.findall(node))
-
-    walk(raw)
-    variables = raw.get("variables")
-    return used - set(variables if isinstance(variables, dict) else ())
 
 
 class RecipeConfigSource(ConfigSource):

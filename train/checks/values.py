@@ -1,5 +1,6 @@
 """Rules about the config's values alone: what llm-foundry, composer or Slurm would refuse, or what surely fails
 (errors), and what is legal but likely a mistake (warnings). Each rule yields every problem it finds."""
+import functools
 import io
 import os
 import re
@@ -634,19 +635,39 @@ def objective_direction(config):
                       f"hydra.sweeper.direction={better}")
 
 
-def _recipe_value(ctx, key):
-    """A key as the user's YAML (`yaml=`) itself writes it, unresolved; None without a YAML or that key."""
-    path = ctx.choices.get("yaml")
-    if not path:
-        return None
-    from omegaconf import OmegaConf
-
+@functools.lru_cache(maxsize=8)
+def _recipe(path: str):
+    """The user's YAML (`yaml=`) as this process read it (hydra_plugins/recipe_source/: its bytes once per
+    process), parsed once: the rules below ask it for many keys. None when it does not parse."""
     from hydra_plugins.recipe_source.recipe_source import read, recipe_file
 
     try:
-        return OmegaConf.select(OmegaConf.load(io.BytesIO(read(recipe_file(path)))), key, default=None)
+        return OmegaConf.load(io.BytesIO(read(recipe_file(path))))
     except Exception:
         return None
+
+
+def _recipe_value(ctx, key):
+    """A key as the user's YAML (`yaml=`) itself writes it; None without a YAML or that key."""
+    recipe = _recipe(str(ctx.choices["yaml"])) if ctx.choices.get("yaml") else None
+    try:
+        return None if recipe is None else OmegaConf.select(recipe, key, default=None)
+    except Exception:  # an interpolation that the YAML alone does not resolve
+        return None
+
+
+# `${variables.<name>}` in a YAML's values
+_VARIABLE = re.compile(r"\$\{variables\.([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _undefined_variables(recipe) -> set:
+    """`variables.<name>` the YAML's interpolations read and its `variables:` does not set."""
+    from train.checks.safety import _walk
+
+    raw = OmegaConf.to_container(recipe, resolve=False)
+    used = {name for _, _, leaf in _walk(raw) if isinstance(leaf, str) for name in _VARIABLE.findall(leaf)}
+    variables = raw.get("variables")
+    return used - set(variables if isinstance(variables, dict) else ())
 
 
 _UNSET = object()
@@ -658,20 +679,15 @@ def variables_the_yaml_leaves_to_ours(cfg, ctx):
     trained with our seed 17, and a YAML without `variables.max_seq_len` at our 2048, exit 0. Refused where only
     that default fills it; a preset chosen for it (data=c4's data_local, a model's max_seq_len) or the command line
     gives it as asked."""
-    path = ctx.choices.get("yaml")
-    if not path:
-        return
+    recipe = _recipe(str(ctx.choices["yaml"])) if ctx.choices.get("yaml") else None
+    if recipe is None:
+        return  # no YAML, or an unreadable one: refused before (train/checks/gate.py)
     from common.paths import CONF
-    from hydra_plugins.recipe_source.recipe_source import read, recipe_file, undefined_variables
 
-    try:
-        raw = OmegaConf.load(io.BytesIO(read(recipe_file(path))))
-    except Exception:
-        return  # an unreadable YAML: refused before (train/checks/gate.py)
     chosen = [(group, ctx.choices.get(group)) for group in ("experiment", "model", "data", "cluster", "storage")]
     preset = {k for group, name in chosen if name and (CONF / group / f"{name}.yaml").is_file()
               for k in _preset_keys(group, name)}
-    for name in sorted(undefined_variables(raw)):
+    for name in sorted(_undefined_variables(recipe)):
         key = f"variables.{name}"
         if ctx.given(key) is not None or key in preset:
             continue
@@ -710,21 +726,15 @@ def _preset_keys(group: str, name: str) -> dict:
     """{dotted key: value as written} of what a preset of conf/<group>/ sets, over the presets it builds on (a list
     is one key)."""
     from common.paths import CONF
+    from train.checkpoint.resume import model_keys  # the same flattening, under any top-level key
 
     raw = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{name}.yaml"), resolve=False)
     keys: dict = {}
     for base in raw.pop("defaults", None) or []:
         if isinstance(base, str) and base != "_self_":  # another preset of the same group (gpt-375m: gpt175b)
             keys.update(_preset_keys(group, base))
-
-    def flat(node, prefix):
-        for k, v in node.items():
-            if isinstance(v, dict) and v:
-                flat(v, f"{prefix}{k}.")
-            else:
-                keys[f"{prefix}{k}"] = v
-
-    flat(raw, "")
+    for k, v in raw.items():
+        keys.update(model_keys(v, k) if isinstance(v, dict) and v else {k: v})
     return keys
 
 
