@@ -399,8 +399,6 @@ def named(cfg, ctx) -> bool:
     """The run's name is the user's: run_name= on the command line, or set in a YAML (`run_name: my-run`,
     `variables.run_name: my-run`, as llm-foundry's YAMLs name runs), not the one made from what it trains
     (`<model or yaml stem>-<8 hex>`, train/config/identity.py)."""
-    import re
-
     from train.config.identity import label
 
     made = re.escape(label(ctx.choices)) + r"-[0-9a-f]{8}"

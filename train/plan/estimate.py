@@ -128,6 +128,13 @@ def activation_bytes(model, microbatch: int, act_bytes: int, checkpointing: bool
     return layer_part + logits
 
 
+def counted_microbatch(microbatch) -> int:
+    """The microbatch whose activations a plan counts. 'auto': composer halves the rank's share on each
+    out-of-memory until one fits, down to 1, so the run needs 1 to fit (counted as 0 before, which called any
+    model's activations free)."""
+    return microbatch if isinstance(microbatch, int) and not isinstance(microbatch, bool) and microbatch > 0 else 1
+
+
 def memory_per_gpu(model, *, world_size: int, tasks_per_node: int, microbatch, precision: str,
                    fsdp: dict | None, checkpointing: bool | None = None, seq: int | None = None) -> dict:
     """Bytes per GPU, by part. fsdp: the fsdp_config (None: no FSDP, every rank holds everything).
@@ -145,9 +152,7 @@ def memory_per_gpu(model, *, world_size: int, tasks_per_node: int, microbatch, p
     unit_bytes = 2 if pure else 4
     if checkpointing is None:
         checkpointing = bool(_get(fsdp, "activation_checkpointing", False)) if fsdp is not None else False
-    # 'auto': composer halves the rank's share on each out-of-memory until one fits, down to 1: the run needs
-    # 1 to fit (counted as 0 before, which called any model's activations free)
-    mb = microbatch if isinstance(microbatch, int) and not isinstance(microbatch, bool) and microbatch > 0 else 1
+    mb = counted_microbatch(microbatch)
     parts = {
         "params": WEIGHT_BYTES * n // shards,
         "grads": GRAD_BYTES * n // shards,

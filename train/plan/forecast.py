@@ -74,7 +74,7 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
     fig = estimate.fit(cfg, world)
     precision = value(cfg, "precision")
     act_bytes = 2 if precision != "fp32" else 4
-    mb_int = mb if isinstance(mb, int) and mb > 0 else 1  # 'auto': the least composer tries (estimate.py)
+    mb_int = estimate.counted_microbatch(mb)
     fsdp = value(cfg, "fsdp_config")
     ac = bool(fsdp and fsdp.get("activation_checkpointing")) and world > 1
 
