@@ -75,9 +75,43 @@ def test_a_forked_worker_leaves_signals_to_the_task():
     assert signal.getsignal(signal.SIGTERM) != signal.SIG_IGN  # this process is untouched
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_libraries_are_imported_with_no_collection_then_frozen_and_the_gc_left_as_it_was(tmp_path, monkeypatch,
+                                                                                          enabled):
+    """common/collector.py: an import that makes many objects (as composer's and llm-foundry's do) runs no
+    collection; what exists afterwards is frozen; the GC is as it was, also when the import fails."""
+    import gc
+
+    from common.collector import imported_without_collections
+
+    (tmp_path / "many_objects.py").write_text("KEPT = [[i] for i in range(300_000)]\n")
+    (tmp_path / "broken_library.py").write_text("KEPT = [[i] for i in range(1_000)]\nraise ImportError('broken')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    collections = []
+    gc.callbacks.append(lambda phase, info: collections.append(info) if phase == "start" else None)
+    try:
+        (gc.enable if enabled else gc.disable)()
+        imported_without_collections("json", "many_objects")
+        assert not collections and gc.isenabled() == enabled
+        frozen = gc.get_freeze_count()
+        assert frozen > 300_000 and sys.modules["many_objects"].KEPT[-1] == [299_999]
+        with pytest.raises(ImportError, match="broken"):
+            imported_without_collections("broken_library")
+        assert not collections and gc.isenabled() == enabled
+        # without the pause, the same number of new objects is collected as it is made
+        gc.enable()
+        KEPT = [[i] for i in range(300_000)]  # noqa: N806
+        assert collections and len(KEPT) == 300_000
+    finally:
+        gc.callbacks.pop()
+        gc.unfreeze()
+        gc.enable()
+        sys.modules.pop("many_objects", None)
+
+
 @pytest.mark.e2e  # starts a Python process of its own
 def test_a_process_of_ours_ends_with_garbage_finalized_then_the_gc_frozen():
-    """common/exit.py: at exit, after every handler registered later (logging's, the trackers'), what is garbage
+    """common/collector.py: at exit, after every handler registered later (logging's, the trackers'), what is garbage
     is collected (a cycle's finalizer runs) and the GC is frozen for the modules' teardown."""
     code = ("import atexit, gc\n"
             "atexit.register(lambda: print('frozen' if gc.get_freeze_count() else 'not frozen'))\n"

@@ -2,9 +2,9 @@
 
 Importing this package stays light (no torch): it only registers the OmegaConf resolvers the configs use and the
 typed schemas of our groups (train/config/schema.py), has OmegaConf parse each interpolation once, and ends the
-process without the GC's walk at teardown (common/exit.py).
+process without the GC's walk at teardown (common/collector.py).
 """
-from common.exit import without_teardown_collections
+from common.collector import without_teardown_collections
 from train.config.resolvers import parse_each_interpolation_once, register_resolvers
 from train.config.schema import register as register_schemas
 

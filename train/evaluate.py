@@ -159,6 +159,9 @@ def icl(folder: Path, task_file: Path, task_type: str, max_seq_len: int, batch_s
         delimiter: str = " ") -> dict:
     """llm-foundry's in-context-learning evaluation (`llmfoundry.command_utils.evaluate`) of the exported model on
     one task file; {metric name: value}."""
+    from common.collector import imported_without_collections
+
+    imported_without_collections("llmfoundry.command_utils")
     from llmfoundry.command_utils import evaluate
     from omegaconf import OmegaConf
 

@@ -153,6 +153,9 @@ def replaceable(out: Path) -> None:
 
 def export(ckpt, out: Path, precision: str = "float32") -> Path:
     """Write the Hugging Face folder of `ckpt` to `out` (built under a hidden name, then renamed into place)."""
+    from common.collector import imported_without_collections
+
+    imported_without_collections("composer.models", "llmfoundry.models.mpt")
     import torch
     from composer.models import HuggingFaceModel
     from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM

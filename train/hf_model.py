@@ -123,6 +123,9 @@ def _warn_if_trained_past(folder: Path, batch: int, save_folder: Path) -> None:
 
 def load(folder: Path, dtype: str | None = None):
     """(model, tokenizer) from the folder alone: no hub access, MPT's code from the folder (trust_remote_code)."""
+    from common.collector import imported_without_collections
+
+    imported_without_collections("torch", "transformers")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
