@@ -1,4 +1,4 @@
-"""Experiment tracking (conf/logger/): one tracking run per run_name, continued by every start of the same command.
+"""Experiment tracking (conf/logger/): one tracking run per training, continued by every start that resumes it.
 
 Real runs of the tiny model on CPU. MLflow writes to a file store in the test's folder, named through
 MLFLOW_TRACKING_URI as users would, and is read back through MLflow's own client; W&B runs offline
@@ -8,6 +8,8 @@ the logger settings run in-process in the fast tier.
 """
 import json
 import os
+import re
+import shutil
 import time
 from pathlib import Path
 
@@ -57,6 +59,7 @@ def test_mlflow_one_run_named_by_run_name_continued_after_a_kill(tmp_path):
     assert "resuming from" in proc.stderr
     [said] = [line for line in proc.stderr.splitlines() if "this start's parameters differ from those" in line]
     assert "device_train_microbatch_size" in said and "overrides" in said and "callbacks" in said, said
+    assert "loggers" not in said  # how each start found its MLflow run is not a parameter of it
     assert "Changing param values is not allowed" not in proc.stderr, proc.stderr[-3000:]
     [again] = runs()  # still exactly one run: the same one, continued
     assert again.info.run_id == first.info.run_id and again.info.run_name == name
@@ -79,6 +82,18 @@ def test_mlflow_one_run_named_by_run_name_continued_after_a_kill(tmp_path):
     metrics = json.loads(next((root / "outputs").rglob("metrics.json")).read_text())
     last = max(history, key=lambda m: (m.step, m.timestamp))
     assert last.value == pytest.approx(metrics["final_train_loss"], rel=1e-6)
+
+    # The same command once the run's checkpoints are deleted: another training from batch 0, in a tracking run of
+    # its own (the same name alone would have logged its batches 1-8 into the first one's history)
+    shutil.rmtree(root / "checkpoints" / name)
+    fresh = run(*cmd, "device_train_microbatch_size=2", root=root, env=env, check=True)
+    assert "resuming from" not in fresh.stderr and "a new MLflow run" in fresh.stderr
+    assert "parameters differ" not in fresh.stderr  # the values the first training's run logged are not its own
+    [second, first_again] = runs()  # newest first
+    assert first_again.info.run_id == first.info.run_id and second.info.run_name == name
+    assert client.get_metric_history(first.info.run_id, LOSS) == history  # the first training's, untouched
+    assert sorted(m.step for m in client.get_metric_history(second.info.run_id, LOSS)) == list(range(8))
+    assert second.data.params["device_train_microbatch_size"] == "2"  # its own, not the first training's 8
 
 
 def wandb_records(run_file: Path, killed: bool = False) -> dict:
@@ -137,12 +152,15 @@ def test_wandb_offline_run_folders_hold_the_history_and_every_start_keeps_the_ru
     assert "nothing to do" in run(*cmd, root=root, env=env, check=True).stderr  # the run is finished; a start all the same
     name = run_name(root)
 
-    # one offline folder per start, each of the run whose id is the run_name (`wandb sync` sends them to it)
+    # one offline folder per start, each of the one W&B run of this training (`wandb sync` sends them to it): its
+    # id is the run_name and the time its first start began
     folders = sorted((wandb_dir / "wandb").glob("offline-run-*"))
-    assert len(folders) == 3 and all(f.name.endswith(f"-{name}") for f in folders), folders
-    killed = wandb_records(folders[0] / f"run-{name}.wandb", killed=True)
-    resumed, finished = (wandb_records(f / f"run-{name}.wandb") for f in folders[1:])
-    assert resumed["run"][0].run.run_id == name and resumed["run"][0].run.project == "pretrain-tests"
+    [wandb_id] = {f.name.split("-", 3)[3] for f in folders}
+    assert len(folders) == 3 and re.fullmatch(f"{name}-[0-9]{{8}}-[0-9]{{6}}", wandb_id), folders
+    killed = wandb_records(folders[0] / f"run-{wandb_id}.wandb", killed=True)
+    resumed, finished = (wandb_records(f / f"run-{wandb_id}.wandb") for f in folders[1:])
+    assert resumed["run"][0].run.run_id == wandb_id and resumed["run"][0].run.project == "pretrain-tests"
+    assert resumed["run"][0].run.display_name == name
 
     history = wandb_history(resumed)  # batches 5-8, at composer's steps 4-7: continued from the checkpoint
     assert sorted(history) == [4, 5, 6, 7] and all(v > 0 for v in history.values()), history
@@ -155,6 +173,14 @@ def test_wandb_offline_run_folders_hold_the_history_and_every_start_keeps_the_ru
     # W&B run refuses a changed value. (The finished start stops before training: it logs no more than that.)
     later = wandb_config(finished)
     assert "load_path" not in config and later and {k: config.get(k) for k in later} == later
+
+    # its checkpoints deleted, the same command trains from batch 0 again: a W&B run of its own, batches 1-8
+    shutil.rmtree(root / "checkpoints" / name)
+    run(*cmd, root=root, env=env, check=True)
+    [newest] = set(sorted((wandb_dir / "wandb").glob("offline-run-*"))) - set(folders)
+    other_id = newest.name.split("-", 3)[3]
+    assert other_id != wandb_id and other_id.startswith(f"{name}-")
+    assert sorted(wandb_history(wandb_records(newest / f"run-{other_id}.wandb"))) == list(range(8))
 
 
 # The settings checks, in-process (fast tier): the values are never echoed.
@@ -212,6 +238,45 @@ def test_every_logger_composes_to_llm_foundry_keys_and_a_tracking_location():
     cfg = compose(["logger=wandb"])
     resolve_all(cfg)
     assert cfg.loggers.wandb.init_kwargs.id == cfg.run_name and cfg.loggers.wandb.init_kwargs.resume == "allow"
+
+
+@pytest.mark.torch  # train/task/tracking.py imports composer
+@pytest.mark.parametrize("logger, resumed, env, want", [
+    # a start from batch 0 opens a tracking run of its own and starts the record afresh
+    ("mlflow", None, {}, (False, None, "a new MLflow run", "deleted")),
+    ("wandb", None, {}, (None, "RUN-*", "a new W&B run, id RUN-", "deleted")),
+    ("none", None, {}, (None, None, None, "deleted")),  # a later start with a logger must not find the old run
+    # a start that resumes continues its training's: W&B's id from the record
+    ("wandb", "ckpt", {}, (None, "RUN-20261128-010203", "continuing the W&B run", "kept")),
+    ("mlflow", "ckpt", {}, (None, None, None, "kept")),
+    # a tracking run the configuration names stays as configured, with its record
+    ("wandb:my-id", None, {}, (None, None, None, "kept")),
+    ("wandb:my-id", "ckpt", {}, (None, None, None, "kept")),
+    ("wandb:must", None, {}, (None, None, None, "kept")),
+    ("mlflow", None, {"MLFLOW_RUN_ID": "abc"}, (None, None, None, "kept")),
+])
+def test_a_start_from_batch_0_opens_its_own_tracking_run_and_a_resumed_one_continues_its_trainings(
+        tmp_path, monkeypatch, logger, resumed, env, want):
+    from omegaconf import OmegaConf
+
+    from train.task.tracking import RECORD, _choose
+
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    name, _, how = logger.partition(":")
+    loggers = {"mlflow": {"resume": True, "run_name": "RUN"},
+               "wandb": {"init_kwargs": {"id": "my-id" if how == "my-id" else "RUN",
+                                         "resume": "must" if how == "must" else "allow"}}}
+    loggers = OmegaConf.create({name: loggers[name]} if name in loggers else {})
+    record = tmp_path / RECORD
+    record.write_text(json.dumps({"tracker": "wandb RUN-20261128-010203", "values": {}}))
+    mlflow_resume, wandb_id, said = _choose(loggers, resumed, record, record, "RUN")
+    want_resume, want_id, want_said, want_record = want
+    assert mlflow_resume == want_resume
+    assert (wandb_id == want_id) if not str(want_id).endswith("*") else re.fullmatch(r"RUN-\d{8}-\d{6}", wandb_id)
+    assert (said is None) if want_said is None else want_said in said
+    assert record.exists() == (want_record == "kept")
 
 
 PROBE = ("import atexit, runpy, sys\n"

@@ -31,6 +31,9 @@ RECORD = "tracked-parameters.json"
 # Folders of the submission a start belongs to (`<outputs>/sweeps/<time>/<point>` for `-m`): where it writes its
 # report, and W&B's local files unless WANDB_DIR is set.
 PER_SUBMISSION = (("callbacks", "run_report", "folder"), ("loggers", "wandb", "init_kwargs", "dir"))
+# How a start finds its tracking run, not what the run trains: a start from batch 0 opens one (`resume: false`), the
+# starts that resume it continue it (for_this_training).
+PER_START = (("loggers", "mlflow", "resume"),)
 
 
 class Tracking(Callback):
@@ -61,7 +64,7 @@ class Tracking(Callback):
                     del out[key]  # not configured: logged by no start
                 else:
                     out[key] = configured
-        for path in PER_SUBMISSION:
+        for path in PER_SUBMISSION + PER_START:
             out = _without(out, path)
         return self._as_first_start(out)
 
@@ -108,6 +111,78 @@ def _without(node: dict, path: tuple) -> dict:
     else:
         del out[key]
     return out
+
+
+def for_this_training(fcfg, resumed: str | None) -> None:
+    """Which tracking run this start logs to. A start that resumes this run's own checkpoint continues the tracking
+    run its earlier starts logged to; a start from batch 0 (a new save folder, its checkpoints deleted, killed
+    before its first checkpoint) is another training and opens a tracking run of its own. A name alone would give
+    both one tracking run: the second training's batches from 1 on logged into the first's history, exit 0, and its
+    parameters, where they differ, refused by the tracker.
+    - MLflow (`resume: true`, composer's search for the newest run tagged with the run_name): a start from batch 0
+      opens a new MLflow run of that name; a resumed start finds it, the newest of that name.
+    - W&B (`init_kwargs.id`, the run_name unless set): a start from batch 0 takes the run_name with the time it
+      started as its id; a resumed start the id its save folder records (tracked-parameters.json).
+    The record of the values first logged starts afresh with the training. rank 0 chooses for every rank. Where
+    composer's autoresume decides whether a start resumes (a remote save folder), the tracking run is as configured;
+    so is one the configuration names (a W&B id set, `init_kwargs.resume: must`, $MLFLOW_RUN_ID), whose record is
+    kept."""
+    from composer.utils import dist
+
+    if fcfg.get("autoresume") and fcfg.get("save_folder"):
+        return  # composer's autoresume decides whether this start resumes (a remote save folder, its own file names)
+    save_folder = str(fcfg.get("save_folder") or "")
+    record = Path(save_folder) / RECORD if save_folder and "://" not in save_folder else None
+    choice = [None]
+    if dist.get_global_rank() == 0:
+        try:  # every rank must hear a failure, not wait for rank 0
+            recorded = record if (fcfg.get("callbacks") or {}).get("tracking") is not None else None
+            choice = [("chosen", _choose(fcfg.get("loggers") or {}, resumed, record, recorded, fcfg.get("run_name")))]
+        except Exception as err:
+            choice = [("failed", err)]
+    dist.broadcast_object_list(choice)
+    kind, chosen = choice[0]
+    if kind == "failed":
+        raise chosen
+    mlflow_resume, wandb_id, said = chosen
+    if mlflow_resume is not None:
+        fcfg.loggers.mlflow.resume = mlflow_resume
+    if wandb_id is not None:
+        fcfg.loggers.wandb.init_kwargs.id = wandb_id
+        fcfg.callbacks.tracking.tracker = f"wandb {wandb_id}"
+    if said and dist.get_global_rank() == 0:
+        logging.getLogger(__name__).info("tracking: %s", said)
+
+
+def _choose(loggers, resumed, record: Path | None, recorded: Path | None, run_name) -> tuple:
+    """(MLflow's resume, W&B's id, what to say) for this start; None: as configured. `recorded`: the record where the
+    Tracking callback keeps the tracking run's name (a W&B id chosen here is found again only there)."""
+    import os
+    import time
+
+    wandb = ((loggers.get("wandb") or {}).get("init_kwargs") or {}) if "wandb" in loggers else None
+    by_run_name = (wandb is not None and recorded is not None and wandb.get("id") == run_name
+                   and wandb.get("resume") in ("allow", "auto", True))
+    new_mlflow_run = ("mlflow" in loggers and bool((loggers.get("mlflow") or {}).get("resume"))
+                      and not os.environ.get("MLFLOW_RUN_ID"))
+    named = (wandb is not None and not by_run_name) or ("mlflow" in loggers and os.environ.get("MLFLOW_RUN_ID"))
+    if not resumed:
+        if record is not None and record.exists() and not named:
+            record.unlink()  # the values an earlier training's tracking run first logged
+        wandb_id = f"{run_name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}" if by_run_name else None
+        said = [w for w, new in (("a new MLflow run", new_mlflow_run), (f"a new W&B run, id {wandb_id}", wandb_id))
+                if new]
+        return (False if new_mlflow_run else None), wandb_id, (
+            f"this start trains from batch 0: {' and '.join(said)}" if said else None)
+    if by_run_name:
+        try:
+            tracker = json.loads(recorded.read_text()).get("tracker")
+        except (OSError, ValueError, AttributeError):
+            tracker = None
+        if isinstance(tracker, str) and tracker.startswith("wandb "):
+            wandb_id = tracker.partition(" ")[2]
+            return None, wandb_id, f"continuing the W&B run {wandb_id} of this training ({recorded})"
+    return None, None, None
 
 
 def register() -> None:
