@@ -131,6 +131,26 @@ def check_loss(loss, step: str) -> None:
                          "the same command again: it resumes from the newest checkpoint")
 
 
+def check_eval(values: dict, step: str, after_fit: bool) -> None:
+    """An evaluation whose cross-entropy is not finite scored a diverged model, whatever the training loss said (a
+    finite but huge one gives logits that overflow on the validation data): it stops the run, on every rank (the
+    metric is the same on each). Composer evaluates before it checkpoints a step, and after the fit's last
+    checkpoint when the evaluation interval does not end there."""
+    import math
+
+    bad = [(k, v) for k, v in values.items() if k.endswith("CrossEntropy") and not math.isfinite(v)]
+    if not bad:
+        return
+    key, v = bad[0]
+    if after_fit:
+        raise RunStopped(key, f"the final evaluation's cross-entropy is {v} at {step}: the model diverged; the run's "
+                         "final checkpoint holds these weights", "lower optimizer.lr (or lengthen "
+                         "scheduler.t_warmup) and train again under another run_name (or delete the checkpoints)")
+    raise RunStopped(key, f"the evaluation's cross-entropy is {v} at {step}: the model diverged; the run stopped "
+                     "there, before that step's checkpoint", "lower optimizer.lr (or lengthen scheduler.t_warmup), "
+                     "then run the same command again: it resumes from the newest checkpoint")
+
+
 def check_weights(state, step: str) -> None:
     """Every rank's shard of the weights finite, agreed by all ranks (one flag all-reduced), before a checkpoint."""
     import torch
