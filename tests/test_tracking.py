@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from helpers import kill_after_checkpoint, run
+from omegaconf import OmegaConf
 
 # 8 batches, a checkpoint at 4, no evaluation: the shortest run that can be killed after a checkpoint and resumed
 ARGS = ("max_duration=8ba", "save_interval=4ba", "eval_interval=0", "progress_bar=false")
@@ -277,6 +278,22 @@ def test_a_start_from_batch_0_opens_its_own_tracking_run_and_a_resumed_one_conti
     assert (wandb_id == want_id) if not str(want_id).endswith("*") else re.fullmatch(r"RUN-\d{8}-\d{6}", wandb_id)
     assert (said is None) if want_said is None else want_said in said
     assert record.exists() == (want_record == "kept")
+
+
+@pytest.mark.parametrize("args", [
+    ["logger=wandb", "loggers.wandb.init_kwargs.id=my-id"],
+    ["logger=mlflow", "loggers.mlflow.resume=false", "loggers.mlflow.experiment_name=mine"],
+    ["-m", "logger=wandb", "loggers.wandb.project=a,b"],
+])
+def test_the_keys_a_chosen_logger_sets_are_overrides_as_the_docs_write_them(args):
+    """docs/tracking.md's `loggers.<name>.<key>=...` beside `logger=<name>`: keys of the composed config, which the
+    check before Hydra refused as keys of no config (the logger presets add `loggers` at the top)."""
+    from train.checks.gate import hydra_problems
+    from train.config.compose import compose
+
+    assert hydra_problems(args) == []
+    cfg = compose([a for a in args if a != "-m" and "," not in a])
+    assert OmegaConf.select(cfg, args[-1].split("=")[0], default="absent") != "absent"
 
 
 PROBE = ("import atexit, runpy, sys\n"

@@ -96,7 +96,9 @@ _INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "search
 
 def _app_shape(config_name: str = "train"):
     """(the app's config groups -> their public presets, the top-level keys of its config), from conf/ alone: the
-    primary config's keys and those of the recipe presets (conf/recipe/, which hold llm-foundry's training keys)."""
+    primary config's keys, those of the recipe presets (conf/recipe/, which hold llm-foundry's training keys), and
+    those a preset of any group adds at the top (`# @package _global_`: logger=wandb adds `loggers`; a key that
+    only a preset not chosen adds is Hydra's to refuse, by key, before anything is written)."""
     from omegaconf import OmegaConf
 
     from common.paths import CONF
@@ -114,7 +116,13 @@ def _app_shape(config_name: str = "train"):
                 elif "@" not in group and not group.startswith("override") and (CONF / group).is_dir():
                     # files starting with `_` are building blocks of the presets, not choices
                     groups[group] = sorted(p.stem for p in (CONF / group).glob("*.yaml") if not p.name.startswith("_"))
-    return groups, set(primary) - {"defaults"}
+    added = set()
+    for group in groups:
+        for preset in (CONF / group).glob("*.yaml") if group != "yaml" else ():
+            text = preset.read_text()
+            if "@package _global_" in text.split("\n", 1)[0]:
+                added |= set(OmegaConf.to_container(OmegaConf.create(text), resolve=False) or {})
+    return groups, (set(primary) | added) - {"defaults"}
 
 
 def _raw_value(arg: str) -> str:
