@@ -49,7 +49,16 @@ def test_mlflow_one_run_named_by_run_name_continued_after_a_kill(tmp_path):
     name = run_name(root)
     assert first.info.run_name == name and first.data.tags["run_name"] == name
     before = {m.step for m in client.get_metric_history(first.info.run_id, LOSS)}
-    assert before <= set(range(5)), before  # what reached the store before the kill (MLflow logs in batches)
+    # MLflow logs asynchronously, every 10 s: the queue is sent before each checkpoint is written, so the batches
+    # up to the checkpoint (steps 0-3) and the parameters are in the store, not lost with the killed process
+    assert set(range(4)) <= before <= set(range(5)), before
+    assert first.data.params["max_duration"] == "8ba"
+
+    # Another training of the same name (another save folder), started while the first waits to be resumed: the
+    # newest MLflow run tagged with the name is now this one's, not the first's
+    other = run(*cmd, f"save_folder={tmp_path / 'elsewhere'}", root=root, env=env, check=True)
+    assert "a new MLflow run" in other.stderr
+    [elsewhere] = [r for r in runs() if r.info.run_id != first.info.run_id]
 
     resumed_at = int(time.time() * 1000)
     # the same training with another microbatch (how it runs, not what: the same run): resumes from the batch-4
@@ -62,8 +71,10 @@ def test_mlflow_one_run_named_by_run_name_continued_after_a_kill(tmp_path):
     assert "device_train_microbatch_size" in said and "overrides" in said and "callbacks" in said, said
     assert "loggers" not in said  # how each start found its MLflow run is not a parameter of it
     assert "Changing param values is not allowed" not in proc.stderr, proc.stderr[-3000:]
-    [again] = runs()  # still exactly one run: the same one, continued
-    assert again.info.run_id == first.info.run_id and again.info.run_name == name
+    assert f"continuing the MLflow run {first.info.run_id}" in proc.stderr  # the id its save folder records
+    [again] = [r for r in runs() if r.info.run_id == first.info.run_id]  # the same run, continued
+    assert again.info.run_name == name and len(runs()) == 2
+    assert sorted(m.step for m in client.get_metric_history(elsewhere.info.run_id, LOSS)) == list(range(8))
     assert again.info.status == "FINISHED"
 
     params = again.data.params
@@ -90,7 +101,7 @@ def test_mlflow_one_run_named_by_run_name_continued_after_a_kill(tmp_path):
     fresh = run(*cmd, "device_train_microbatch_size=2", root=root, env=env, check=True)
     assert "resuming from" not in fresh.stderr and "a new MLflow run" in fresh.stderr
     assert "parameters differ" not in fresh.stderr  # the values the first training's run logged are not its own
-    [second, first_again] = runs()  # newest first
+    [second, _, first_again] = runs()  # newest first
     assert first_again.info.run_id == first.info.run_id and second.info.run_name == name
     assert client.get_metric_history(first.info.run_id, LOSS) == history  # the first training's, untouched
     assert sorted(m.step for m in client.get_metric_history(second.info.run_id, LOSS)) == list(range(8))
@@ -244,22 +255,22 @@ def test_every_logger_composes_to_llm_foundry_keys_and_a_tracking_location():
 @pytest.mark.torch  # train/task/tracking.py imports composer
 @pytest.mark.parametrize("logger, resumed, env, want", [
     # a start from batch 0 opens a tracking run of its own and starts the record afresh
-    ("mlflow", None, {}, (False, None, "a new MLflow run", "deleted")),
-    ("wandb", None, {}, (None, "RUN-*", "a new W&B run, id RUN-", "deleted")),
-    ("none", None, {}, (None, None, None, "deleted")),  # a later start with a logger must not find the old run
-    # a start that resumes continues its training's: W&B's id from the record
-    ("wandb", "ckpt", {}, (None, "RUN-20261128-010203", "continuing the W&B run", "kept")),
-    ("mlflow", "ckpt", {}, (None, None, None, "kept")),
+    ("mlflow", None, {}, (False, None, None, "a new MLflow run", "deleted")),
+    ("wandb", None, {}, (None, None, "RUN-*", "a new W&B run, id RUN-", "deleted")),
+    ("none", None, {}, (None, None, None, None, "deleted")),  # a later start with a logger must not find the old run
+    # a start that resumes continues its training's, by the id its save folder records
+    ("wandb", "ckpt", {}, (None, None, "RUN-20261128-010203", "continuing the W&B run", "kept")),
+    ("mlflow", "ckpt", {}, (None, "0a1b2c", None, "continuing the MLflow run 0a1b2c", "kept")),
     # a tracking run the configuration names stays as configured, with its record
-    ("wandb:my-id", None, {}, (None, None, None, "kept")),
-    ("wandb:my-id", "ckpt", {}, (None, None, None, "kept")),
-    ("wandb:must", None, {}, (None, None, None, "kept")),
-    ("mlflow", None, {"MLFLOW_RUN_ID": "abc"}, (None, None, None, "kept")),
+    ("wandb:my-id", None, {}, (None, None, None, None, "kept")),
+    ("wandb:my-id", "ckpt", {}, (None, None, None, None, "kept")),
+    ("wandb:set-as-RUN", None, {}, (None, None, None, None, "kept")),  # ++loggers.wandb.init_kwargs.id=<run_name>
+    ("wandb:must", None, {}, (None, None, None, None, "kept")),
+    ("mlflow", None, {"MLFLOW_RUN_ID": "abc"}, (None, None, None, None, "kept")),
+    ("mlflow", "ckpt", {"MLFLOW_RUN_ID": "abc"}, (None, None, None, None, "kept")),
 ])
 def test_a_start_from_batch_0_opens_its_own_tracking_run_and_a_resumed_one_continues_its_trainings(
         tmp_path, monkeypatch, logger, resumed, env, want):
-    from omegaconf import OmegaConf
-
     from train.task.tracking import RECORD, _choose
 
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
@@ -271,13 +282,27 @@ def test_a_start_from_batch_0_opens_its_own_tracking_run_and_a_resumed_one_conti
                                          "resume": "must" if how == "must" else "allow"}}}
     loggers = OmegaConf.create({name: loggers[name]} if name in loggers else {})
     record = tmp_path / RECORD
-    record.write_text(json.dumps({"tracker": "wandb RUN-20261128-010203", "values": {}}))
-    mlflow_resume, wandb_id, said = _choose(loggers, resumed, record, record, "RUN")
-    want_resume, want_id, want_said, want_record = want
-    assert mlflow_resume == want_resume
-    assert (wandb_id == want_id) if not str(want_id).endswith("*") else re.fullmatch(r"RUN-\d{8}-\d{6}", wandb_id)
+    tracker = "wandb RUN-20261128-010203" if name == "wandb" else "mlflow  RUN"
+    record.write_text(json.dumps({"tracker": tracker, "values": {}, "run_id": "0a1b2c"}))
+    *chosen, said = _choose(loggers, resumed, record, record, "RUN", wandb_default=how != "set-as-RUN")
+    *wanted, want_said, want_record = want
+    if str(wanted[2]).endswith("*"):
+        assert re.fullmatch(r"RUN-\d{8}-\d{6}", chosen[2]), chosen
+        chosen[2] = wanted[2]
+    assert chosen == wanted
     assert (said is None) if want_said is None else want_said in said
     assert record.exists() == (want_record == "kept")
+
+
+@pytest.mark.torch  # train/task/tracking.py imports composer
+def test_a_wandb_id_the_user_sets_is_told_from_the_presets_run_name_even_when_equal():
+    from train.config.compose import compose
+    from train.task.tracking import _wandb_id_is_the_run_name
+
+    assert _wandb_id_is_the_run_name(compose(["logger=wandb"]))
+    cfg = compose(["logger=wandb", "run_name=foo", "loggers.wandb.init_kwargs.id=foo"])
+    assert cfg.loggers.wandb.init_kwargs.id == "foo" and not _wandb_id_is_the_run_name(cfg)
+    assert not _wandb_id_is_the_run_name(compose(["logger=mlflow"]))
 
 
 @pytest.mark.parametrize("args", [

@@ -75,7 +75,7 @@ def run(cfg: DictConfig) -> dict:
 
     register()
     tracking.register()  # conf/logger/: one tracking run per training run
-    tracking.for_this_training(fcfg, resumed)
+    tracking.for_this_training(fcfg, resumed, cfg)
     cpu_model_from_proc()  # what building composer's Trainer does for nothing this run uses
     _mpt_is_in_no_transformers_mapping()
     report = Path(fcfg.callbacks.run_report.folder)

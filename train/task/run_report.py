@@ -220,6 +220,9 @@ class RunReport(Callback):
         integrity.check_weights(state, _step(state))
         if dist.get_global_rank() == 0:
             self._plot()
+            from train.task.tracking import flush_queued
+
+            flush_queued()  # the batches up to this checkpoint in the tracking store before it exists
 
     def eval_end(self, state: State, logger: Logger) -> None:
         # composer fires EVAL_END once per evaluator (llm-foundry's eval_loaders, ICL tasks), with the one that just

@@ -88,8 +88,9 @@ class Tracking(Callback):
         if new and dist.get_global_rank() == 0 and self.record.parent.is_dir():
             from common.files import atomic_write
 
-            atomic_write(self.record, json.dumps({"tracker": self.tracker, "values": {**first, **new}},
-                                                 indent=1).encode())
+            run_id = (record.get("run_id") if ok else None) or _mlflow_run_id()
+            atomic_write(self.record, json.dumps({"tracker": self.tracker, "values": {**first, **new},
+                                                  **({"run_id": run_id} if run_id else {})}, indent=1).encode())
         differ = sorted(k for k, v in out.items() if k in first and str(v) != first[k].get("text"))
         if differ and dist.get_global_rank() == 0:
             logging.getLogger(__name__).warning(
@@ -98,6 +99,27 @@ class Tracking(Callback):
                 "keeps them (%s)", ", ".join(differ), self.record)
         as_logged = "text" if str(self.tracker).startswith("mlflow") else "json"
         return {**out, **{k: first[k].get(as_logged) for k in differ}}
+
+
+def _mlflow_run_id() -> str | None:
+    """The MLflow run this process logs to (composer's logger started it), or None."""
+    import sys
+
+    mlflow = sys.modules.get("mlflow")
+    run = mlflow.active_run() if mlflow is not None else None
+    return run.info.run_id if run is not None else None
+
+
+def flush_queued() -> None:
+    """MLflow logs asynchronously (composer's default) and sends its queue every 10 s: a job killed after a
+    checkpoint lost what was queued, batches that its resume, starting at the checkpoint, never trains again, so
+    no start logged them (measured: steps 360-399 of a run killed after its batch-400 checkpoint). Called on rank 0
+    just before each checkpoint is written (train/task/run_report.py): once a checkpoint exists, its batches are in
+    the tracking store."""
+    if _mlflow_run_id() is not None:
+        import mlflow
+
+        mlflow.flush_async_logging()
 
 
 def _without(node: dict, path: tuple) -> dict:
@@ -113,16 +135,17 @@ def _without(node: dict, path: tuple) -> dict:
     return out
 
 
-def for_this_training(fcfg, resumed: str | None) -> None:
+def for_this_training(fcfg, resumed: str | None, cfg=None) -> None:
     """Which tracking run this start logs to. A start that resumes this run's own checkpoint continues the tracking
     run its earlier starts logged to; a start from batch 0 (a new save folder, its checkpoints deleted, killed
     before its first checkpoint) is another training and opens a tracking run of its own. A name alone would give
     both one tracking run: the second training's batches from 1 on logged into the first's history, exit 0, and its
     parameters, where they differ, refused by the tracker.
-    - MLflow (`resume: true`, composer's search for the newest run tagged with the run_name): a start from batch 0
-      opens a new MLflow run of that name; a resumed start finds it, the newest of that name.
-    - W&B (`init_kwargs.id`, the run_name unless set): a start from batch 0 takes the run_name with the time it
-      started as its id; a resumed start the id its save folder records (tracked-parameters.json).
+    - MLflow (`resume: true`): a start from batch 0 opens a new MLflow run of that name; a resumed start continues
+      the one whose id its save folder records (tracked-parameters.json, through $MLFLOW_RUN_ID), not composer's
+      newest run tagged with the name, which may be another training's (another save folder, $RUN_NAME).
+    - W&B (`init_kwargs.id`, `${run_name}` unless set): a start from batch 0 takes the run_name with the time it
+      started as its id; a resumed start the id its save folder records.
     The record of the values first logged starts afresh with the training. rank 0 chooses for every rank. Where
     composer's autoresume decides whether a start resumes (a remote save folder), the tracking run is as configured;
     so is one the configuration names (a W&B id set, `init_kwargs.resume: must`, $MLFLOW_RUN_ID), whose record is
@@ -137,16 +160,21 @@ def for_this_training(fcfg, resumed: str | None) -> None:
     if dist.get_global_rank() == 0:
         try:  # every rank must hear a failure, not wait for rank 0
             recorded = record if (fcfg.get("callbacks") or {}).get("tracking") is not None else None
-            choice = [("chosen", _choose(fcfg.get("loggers") or {}, resumed, record, recorded, fcfg.get("run_name")))]
+            choice = [("chosen", _choose(fcfg.get("loggers") or {}, resumed, record, recorded, fcfg.get("run_name"),
+                                         _wandb_id_is_the_run_name(cfg)))]
         except Exception as err:
             choice = [("failed", err)]
     dist.broadcast_object_list(choice)
     kind, chosen = choice[0]
     if kind == "failed":
         raise chosen
-    mlflow_resume, wandb_id, said = chosen
+    mlflow_resume, mlflow_run_id, wandb_id, said = chosen
     if mlflow_resume is not None:
         fcfg.loggers.mlflow.resume = mlflow_resume
+    if mlflow_run_id is not None:
+        import os
+
+        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # composer's MLflow logger continues exactly that run
     if wandb_id is not None:
         fcfg.loggers.wandb.init_kwargs.id = wandb_id
         fcfg.callbacks.tracking.tracker = f"wandb {wandb_id}"
@@ -154,14 +182,26 @@ def for_this_training(fcfg, resumed: str | None) -> None:
         logging.getLogger(__name__).info("tracking: %s", said)
 
 
-def _choose(loggers, resumed, record: Path | None, recorded: Path | None, run_name) -> tuple:
-    """(MLflow's resume, W&B's id, what to say) for this start; None: as configured. `recorded`: the record where the
-    Tracking callback keeps the tracking run's name (a W&B id chosen here is found again only there)."""
+def _wandb_id_is_the_run_name(cfg) -> bool:
+    """Whether W&B's id is conf/logger/wandb.yaml's `${run_name}` (an id the user set, even one equal to the
+    run_name, is theirs). Without the composed config: judged by the value."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.select(cfg, "loggers.wandb.init_kwargs", default=None) if cfg is not None else None
+    if node is None:
+        return cfg is None
+    return OmegaConf.to_container(node, resolve=False).get("id") == "${run_name}"
+
+
+def _choose(loggers, resumed, record: Path | None, recorded: Path | None, run_name, wandb_default: bool = True) -> tuple:
+    """(MLflow's resume, MLflow's run id, W&B's id, what to say) for this start; None: as configured. `recorded`: the
+    record where the Tracking callback keeps the tracking run's name (a W&B id chosen here is found again only
+    there); wandb_default: W&B's id is the run_name as conf/logger/wandb.yaml gives it."""
     import os
     import time
 
     wandb = ((loggers.get("wandb") or {}).get("init_kwargs") or {}) if "wandb" in loggers else None
-    by_run_name = (wandb is not None and recorded is not None and wandb.get("id") == run_name
+    by_run_name = (wandb is not None and recorded is not None and wandb_default and wandb.get("id") == run_name
                    and wandb.get("resume") in ("allow", "auto", True))
     new_mlflow_run = ("mlflow" in loggers and bool((loggers.get("mlflow") or {}).get("resume"))
                       and not os.environ.get("MLFLOW_RUN_ID"))
@@ -172,17 +212,20 @@ def _choose(loggers, resumed, record: Path | None, recorded: Path | None, run_na
         wandb_id = f"{run_name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}" if by_run_name else None
         said = [w for w, new in (("a new MLflow run", new_mlflow_run), (f"a new W&B run, id {wandb_id}", wandb_id))
                 if new]
-        return (False if new_mlflow_run else None), wandb_id, (
+        return (False if new_mlflow_run else None), None, wandb_id, (
             f"this start trains from batch 0: {' and '.join(said)}" if said else None)
-    if by_run_name:
-        try:
-            tracker = json.loads(recorded.read_text()).get("tracker")
-        except (OSError, ValueError, AttributeError):
-            tracker = None
-        if isinstance(tracker, str) and tracker.startswith("wandb "):
-            wandb_id = tracker.partition(" ")[2]
-            return None, wandb_id, f"continuing the W&B run {wandb_id} of this training ({recorded})"
-    return None, None, None
+    try:
+        kept = json.loads(recorded.read_text()) if recorded is not None else {}
+    except (OSError, ValueError):
+        kept = {}
+    tracker = kept.get("tracker") if isinstance(kept, dict) else None
+    tracker = tracker if isinstance(tracker, str) else ""
+    if new_mlflow_run and tracker.startswith("mlflow") and isinstance(kept.get("run_id"), str):
+        return None, kept["run_id"], None, f"continuing the MLflow run {kept['run_id']} of this training ({recorded})"
+    if by_run_name and tracker.startswith("wandb "):
+        wandb_id = tracker.partition(" ")[2]
+        return None, None, wandb_id, f"continuing the W&B run {wandb_id} of this training ({recorded})"
+    return None, None, None, None
 
 
 def register() -> None:
