@@ -13,6 +13,7 @@ import csv
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -144,6 +145,10 @@ def test_a_non_finite_loss_fails_a_two_rank_sweep_point(tmp_path, cli):
     assert proc.returncode == 1
     [row] = csv.DictReader(next(tmp_path.glob("outputs/sweeps/*/summary.csv")).open())
     assert row["state"] == "FAILED" and "RunStopped" in row["error"] and "stopped" in row["error"]
+    # the point's step: its last checkpoint's (written every 2 batches), not the "step 0" of a start before its
+    # first progress line (every 10 batches)
+    stopped_at = int(row["error"].split(" at step ")[1].split("/")[0])
+    assert re.fullmatch(r"step \d+/30", row["step"]) and 2 <= int(row["step"][5:].split("/")[0]) < stopped_at, row
 
 
 # lr=1e6 on the tiny model: the training loss stays finite to batch 4 (~1e12), the evaluation at batch 3 is finite

@@ -87,6 +87,38 @@ def test_a_job_out_of_time_and_not_requeued_says_why(slurm, tmp_path):
     assert row["metrics"] == row["loss_curve"] == ""
 
 
+def test_a_point_whose_controller_alone_was_killed_runs_on_and_status_says_so_until_it_completes(tmp_path):
+    """submitit's local controller SIGKILLed alone (its task, orphaned, trains on): `train.status` said FAILED "no
+    result" while the point's step still rose, then COMPLETED. The task carries the job's id: RUNNING until it ends."""
+    import os
+    import signal
+
+    log = tmp_path / "sweep.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([str(PYTHON), "-m", "train", "-m", "progress_bar=false", "checkpoint=none",
+                                 "max_duration=200ba", "eval_interval=0", "console_log_interval=1ba"],
+                                cwd=ROOT, env=command_env(tmp_path), stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 300
+            while not list(tmp_path.glob("outputs/sweeps/*/0/progress.json")) or \
+                    "eta_s" not in next(tmp_path.glob("outputs/sweeps/*/0/progress.json")).read_text():
+                assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+                time.sleep(0.5)
+            [sweep_dir] = (tmp_path / "outputs" / "sweeps").iterdir()
+            controller = json.loads((sweep_dir / "sweep.json").read_text())["points"][0]["job_id"]
+            os.kill(int(controller), signal.SIGKILL)
+            now = run("-m", "train.status", str(sweep_dir), root=tmp_path, timeout=120)
+            metrics = sweep_dir / "0" / "metrics.json"
+            assert not metrics.exists(), "the point ended before the status was asked: a longer max_duration"
+            assert now.returncode == 0 and "| RUNNING |" in now.stdout, now.stdout + now.stderr
+            proc.wait(timeout=300)
+        finally:
+            proc.kill()
+    assert json.loads(metrics.read_text())["batches"] == 200
+    after = run("-m", "train.status", str(sweep_dir), root=tmp_path, timeout=120)
+    assert after.returncode == 0 and "| COMPLETED |" in after.stdout, after.stdout + after.stderr
+
+
 def test_status_beside_a_running_local_sweep_sees_it_running_and_a_killed_point_failed_with_no_eta(tmp_path):
     """`python -m train.status` from another shell holds no process of the local sweep's jobs: a point whose
     controller runs is RUNNING (the command exits 0 and writes that), not a dead point. Its task killed

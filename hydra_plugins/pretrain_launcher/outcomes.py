@@ -31,10 +31,34 @@ LOCAL_CONTROLLER = "submitit.local._local"  # the module submitit's local contro
 
 
 def local_alive(job) -> bool | None:
-    """Whether a local job's controller process (submitit's, which waits for the job's tasks) still runs. The
-    launcher that started it holds its process handle; any other process (the status command) has only its pid,
-    which counts only if it is still submitit's controller of this job's folder, not a process that took the pid
-    since. None: cannot be told here (the process is not ours to inspect)."""
+    """Whether a local job still runs: its controller process (submitit's, which waits for the job's tasks), or,
+    where the controller was killed alone, a task it started (they train on, orphaned: the point was FAILED while
+    its step still rose, then COMPLETED). The launcher that started the controller holds its process handle; any
+    other process (the status command) has only its pid, which counts only if it is still submitit's controller of
+    this job's folder, not a process that took the pid since. None: cannot be told here (the process is not ours
+    to inspect)."""
+    alive = _controller_alive(job)
+    return True if alive is False and _tasks_alive(job) else alive
+
+
+def _tasks_alive(job) -> bool:
+    """A task of this local job runs: submitit gives each the controller's id (the job id) in SUBMITIT_LOCAL_JOB_ID,
+    and it runs the job's folder."""
+    want, folder = f"SUBMITIT_LOCAL_JOB_ID={job.job_id}".encode(), Path(job.paths.folder).resolve()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if want not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            cmd = (proc / "cmdline").read_bytes().decode(errors="replace").rstrip("\0").split("\0")
+        except OSError:  # ended meanwhile, or another user's
+            continue
+        # `python -u -m submitit.core._submit FOLDER`, the executor's folder with `%j` unreplaced
+        if cmd and Path(cmd[-1].replace("%j", str(job.job_id))).resolve() == folder:
+            return True
+    return False
+
+
+def _controller_alive(job) -> bool | None:
     import psutil
 
     process = getattr(job, "_process", None)

@@ -1,6 +1,6 @@
 """A Composer callback that keeps the loss history, logs the run's progress and writes its report:
 `metrics.json` (final losses, tokens/s and MFU over the batches, tokens/s over the wall clock) at the end of fit, `loss_curve.png` at every checkpoint and at the
-end, and `progress.json` at every progress line, in the run's output folder.
+end, and `progress.json` at every progress line (training and evaluation) and checkpoint, in the run's output folder.
 
 progress.json is what `python -m train.status` reads to follow a running sweep without parsing logs: the latest
 step, loss, tokens/s, MFU and ETA, when it was written, the job that wrote it and how many times Slurm had requeued
@@ -219,6 +219,7 @@ class RunReport(Callback):
             return
         integrity.check_weights(state, _step(state))
         if dist.get_global_rank() == 0:
+            self._write_status(step=int(state.timestamp.batch), progress=_step(state))  # a kill after it: this step
             self._plot()
             from train.task.tracking import flush_queued
 
@@ -234,6 +235,7 @@ class RunReport(Callback):
         if dist.get_global_rank() == 0:  # one line per evaluation (composer's console logger is off)
             shown = ", ".join(f"{k} {v:.4f}" for k, v in values.items())
             log.info(f"[progress] eval at {_step(state)}: {shown}")
+            self._write_status(step=int(state.timestamp.batch), progress=_step(state))
         if self._fit_ended and dist.get_global_rank() == 0:
             # composer runs the final evaluation after FIT_END: the report's numbers must be the last ones
             self._write_metrics(state)
