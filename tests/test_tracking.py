@@ -155,8 +155,7 @@ def wandb_config(records: dict) -> dict:
 
 @pytest.mark.train
 def test_wandb_offline_run_folders_hold_the_history_and_every_start_keeps_the_run_id_and_config(tmp_path):
-    root, wandb_dir = tmp_path / "root", tmp_path / "wandb"
-    wandb_dir.mkdir()
+    root, wandb_dir = tmp_path / "root", tmp_path / "wandb"  # not made yet: the run makes it (W&B would use /tmp)
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_PROJECT": "pretrain-tests"}
     cmd = command("logger=wandb")
     kill_after_checkpoint(root, cmd, batch=4, env=env)

@@ -152,6 +152,9 @@ def for_this_training(fcfg, resumed: str | None, cfg=None) -> None:
     kept."""
     from composer.utils import dist
 
+    wandb_dir = (((fcfg.get("loggers") or {}).get("wandb") or {}).get("init_kwargs") or {}).get("dir")
+    if wandb_dir:  # W&B writes a folder it cannot find (WANDB_DIR=/new/folder) to the system's temp folder instead
+        Path(wandb_dir).mkdir(parents=True, exist_ok=True)
     if fcfg.get("autoresume") and fcfg.get("save_folder"):
         return  # composer's autoresume decides whether this start resumes (a remote save folder, its own file names)
     save_folder = str(fcfg.get("save_folder") or "")
