@@ -87,24 +87,30 @@ def test_a_job_out_of_time_and_not_requeued_says_why(slurm, tmp_path):
     assert row["metrics"] == row["loss_curve"] == ""
 
 
+def _training(root: Path, proc: subprocess.Popen) -> Path:
+    """The folder of the one-point local sweep `proc` started (its log in root/sweep.log), once its point has
+    written a progress line with an ETA."""
+    deadline = time.time() + 300
+    while not list(root.glob("outputs/sweeps/*/0/progress.json")) or \
+            "eta_s" not in next(root.glob("outputs/sweeps/*/0/progress.json")).read_text():
+        assert proc.poll() is None and time.time() < deadline, (root / "sweep.log").read_text()[-3000:]
+        time.sleep(0.5)
+    [sweep_dir] = (root / "outputs" / "sweeps").iterdir()
+    return sweep_dir
+
+
 def test_a_point_whose_controller_alone_was_killed_runs_on_and_status_says_so_until_it_completes(tmp_path):
     """submitit's local controller SIGKILLed alone (its task, orphaned, trains on): `train.status` said FAILED "no
     result" while the point's step still rose, then COMPLETED. The task carries the job's id: RUNNING until it ends."""
     import os
     import signal
 
-    log = tmp_path / "sweep.log"
-    with log.open("w") as out:
+    with (tmp_path / "sweep.log").open("w") as out:
         proc = subprocess.Popen([str(PYTHON), "-m", "train", "-m", "progress_bar=false", "checkpoint=none",
                                  "max_duration=200ba", "eval_interval=0", "console_log_interval=1ba"],
                                 cwd=ROOT, env=command_env(tmp_path), stdout=out, stderr=subprocess.STDOUT)
         try:
-            deadline = time.time() + 300
-            while not list(tmp_path.glob("outputs/sweeps/*/0/progress.json")) or \
-                    "eta_s" not in next(tmp_path.glob("outputs/sweeps/*/0/progress.json")).read_text():
-                assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
-                time.sleep(0.5)
-            [sweep_dir] = (tmp_path / "outputs" / "sweeps").iterdir()
+            sweep_dir = _training(tmp_path, proc)
             controller = json.loads((sweep_dir / "sweep.json").read_text())["points"][0]["job_id"]
             os.kill(int(controller), signal.SIGKILL)
             now = run("-m", "train.status", str(sweep_dir), root=tmp_path, timeout=120)
@@ -136,12 +142,7 @@ def test_status_beside_a_running_local_sweep_sees_it_running_and_a_killed_point_
                                  "console_log_interval=1ba"],
                                 cwd=ROOT, env=command_env(tmp_path), stdout=out, stderr=subprocess.STDOUT)
         try:
-            deadline = time.time() + 300
-            while not list(tmp_path.glob("outputs/sweeps/*/0/progress.json")) or \
-                    "eta_s" not in next(tmp_path.glob("outputs/sweeps/*/0/progress.json")).read_text():
-                assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
-                time.sleep(0.5)
-            [sweep_dir] = (tmp_path / "outputs" / "sweeps").iterdir()
+            sweep_dir = _training(tmp_path, proc)
 
             def status():
                 return subprocess.run([str(PYTHON), "-m", "train.status", str(sweep_dir)], cwd=ROOT,
