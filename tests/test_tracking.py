@@ -318,6 +318,10 @@ def test_the_keys_a_chosen_logger_sets_are_overrides_as_the_docs_write_them(args
     assert hydra_problems(args) == []
     cfg = compose([a for a in args if a != "-m" and "," not in a])
     assert OmegaConf.select(cfg, args[-1].split("=")[0], default="absent") != "absent"
+    # without the preset, refused here, by key, with the preset to choose and no secret (Hydra's error echoes it)
+    [problem] = hydra_problems([f"loggers.mlflow.tracking_uri=https://u:{SECRET}@h"])
+    assert problem.key == "loggers.mlflow.tracking_uri" and "logger=mlflow or logger=wandb" in problem.fix
+    assert SECRET not in problem.render()
 
 
 PROBE = ("import atexit, runpy, sys\n"

@@ -96,9 +96,7 @@ _INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "search
 
 def _app_shape(config_name: str = "train"):
     """(the app's config groups -> their public presets, the top-level keys of its config), from conf/ alone: the
-    primary config's keys, those of the recipe presets (conf/recipe/, which hold llm-foundry's training keys), and
-    those a preset of any group adds at the top (`# @package _global_`: logger=wandb adds `loggers`; a key that
-    only a preset not chosen adds is Hydra's to refuse, by key, before anything is written)."""
+    primary config's keys and those of the recipe presets (conf/recipe/, which hold llm-foundry's training keys)."""
     from omegaconf import OmegaConf
 
     from common.paths import CONF
@@ -116,13 +114,28 @@ def _app_shape(config_name: str = "train"):
                 elif "@" not in group and not group.startswith("override") and (CONF / group).is_dir():
                     # files starting with `_` are building blocks of the presets, not choices
                     groups[group] = sorted(p.stem for p in (CONF / group).glob("*.yaml") if not p.name.startswith("_"))
-    added = set()
-    for group in groups:
-        for preset in (CONF / group).glob("*.yaml") if group != "yaml" else ():
-            text = preset.read_text()
-            if "@package _global_" in text.split("\n", 1)[0]:
-                added |= set(OmegaConf.to_container(OmegaConf.create(text), resolve=False) or {})
-    return groups, (set(primary) | added) - {"defaults"}
+    return groups, set(primary) - {"defaults"}
+
+
+def _added_at_the_top(group: str, choice: str, seen=()) -> set:
+    """The top-level keys a chosen preset adds (`# @package _global_`: logger=wandb adds `loggers`), with those of
+    the presets it chooses in turn (an experiment's `override /logger: wandb`)."""
+    from omegaconf import OmegaConf
+
+    from common.paths import CONF
+
+    path = CONF / group / f"{choice}.yaml"
+    if (group, choice) in seen or not path.is_file():
+        return set()
+    text = path.read_text()
+    node = OmegaConf.to_container(OmegaConf.create(text), resolve=False) or {}
+    keys = set(node) - {"defaults"} if "@package _global_" in text.split("\n", 1)[0] else set()
+    for entry in node.get("defaults") or []:
+        for key, value in (entry.items() if isinstance(entry, dict) else ()):
+            if isinstance(value, str):
+                keys |= _added_at_the_top(key.removeprefix("override").strip().strip("/"), value,
+                                          (*seen, (group, choice)))
+    return keys
 
 
 def _raw_value(arg: str) -> str:
@@ -144,6 +157,13 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
     from train.checks.values import FOUNDRY_KEYS
 
     groups, top = _app_shape(config_name)
+    # the keys the presets chosen on this command line add at the top (`loggers.mlflow.resume=false` beside
+    # logger=mlflow); without its preset such a key stays refused here, masked (Hydra's own error echoes the value)
+    for arg in args:
+        group, _, choices = arg.lstrip("+").partition("=")
+        if group in groups and group != "yaml":
+            for choice in choices.split(","):
+                top = top | _added_at_the_top(group, choice.strip())
     parser = OverridesParser.create()
     found, skip = [], False
     for i, arg in enumerate(args):
@@ -198,7 +218,11 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
             continue
         options = sorted(top | set(groups))
         close = difflib.get_close_matches(first, options, n=1, cutoff=0.6)
-        if first in FOUNDRY_KEYS:
+        setters = [f"{g}={c}" for g in groups if g not in ("yaml", "experiment") for c in groups[g]
+                   if first in _added_at_the_top(g, c)]
+        if setters:
+            fix = f"choose the preset that sets {first}: {' or '.join(setters)}"
+        elif first in FOUNDRY_KEYS:
             fix = f"+{arg} (an llm-foundry key this config does not set yet: add it with +)"
         elif close:
             fix = f"did you mean {close[0]}? ({close[0]}{key[len(first):]}={_raw_value(arg)})"
