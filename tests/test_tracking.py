@@ -294,6 +294,29 @@ def test_a_start_from_batch_0_opens_its_own_tracking_run_and_a_resumed_one_conti
 
 
 @pytest.mark.torch  # train/task/tracking.py imports composer
+def test_a_tracking_server_that_does_not_answer_delays_a_checkpoint_by_a_bounded_wait_said(monkeypatch, caplog):
+    """MLflow retries a request to an unreachable server for minutes; the checkpoint waits FLUSH_WAIT_S for the
+    queue, says so, and training goes on (the queue's send stands in for the server: a run against a server that
+    never answers would hang first where it opens its MLflow run)."""
+    import mlflow
+
+    from train.task import tracking
+
+    started = []
+    monkeypatch.setattr(tracking, "_mlflow_run_id", lambda: "0a1b2c")
+    monkeypatch.setattr(tracking, "FLUSH_WAIT_S", 1)
+    monkeypatch.setattr(mlflow, "flush_async_logging", lambda: started.append(1) or time.sleep(5))
+    t0 = time.monotonic()
+    tracking.flush_queued("step 4/8")
+    assert started and 1 <= time.monotonic() - t0 < 4
+    assert "not sent within 1 s before the checkpoint at step 4/8" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(mlflow, "flush_async_logging", lambda: started.append(2))
+    tracking.flush_queued("step 8/8")
+    assert started[-1] == 2 and "not sent" not in caplog.text
+
+
+@pytest.mark.torch  # train/task/tracking.py imports composer
 def test_a_wandb_id_the_user_sets_is_told_from_the_presets_run_name_even_when_equal():
     from train.config.compose import compose
     from train.task.tracking import _wandb_id_is_the_run_name

@@ -223,7 +223,7 @@ class RunReport(Callback):
             self._plot()
             from train.task.tracking import flush_queued
 
-            flush_queued()  # the batches up to this checkpoint in the tracking store before it exists
+            flush_queued(_step(state))  # the batches up to this checkpoint in the tracking store before it exists
 
     def eval_end(self, state: State, logger: Logger) -> None:
         # composer fires EVAL_END once per evaluator (llm-foundry's eval_loaders, ICL tasks), with the one that just

@@ -110,16 +110,30 @@ def _mlflow_run_id() -> str | None:
     return run.info.run_id if run is not None else None
 
 
-def flush_queued() -> None:
+FLUSH_WAIT_S = 30  # what a checkpoint waits for MLflow's queue at the most; the other ranks wait in its save
+
+
+def flush_queued(step: str = "") -> None:
     """MLflow logs asynchronously (composer's default) and sends its queue every 10 s: a job killed after a
     checkpoint lost what was queued, batches that its resume, starting at the checkpoint, never trains again, so
     no start logged them (measured: steps 360-399 of a run killed after its batch-400 checkpoint). Called on rank 0
     just before each checkpoint is written (train/task/run_report.py): once a checkpoint exists, its batches are in
-    the tracking store."""
-    if _mlflow_run_id() is not None:
-        import mlflow
+    the tracking store. An unreachable server (MLflow retries each request for minutes) costs the checkpoint
+    FLUSH_WAIT_S, said, and training goes on: a tracker never stops a training."""
+    if _mlflow_run_id() is None:
+        return
+    import threading
 
-        mlflow.flush_async_logging()
+    import mlflow
+
+    sending = threading.Thread(target=mlflow.flush_async_logging, name="mlflow-flush", daemon=True)
+    sending.start()
+    sending.join(FLUSH_WAIT_S)
+    if sending.is_alive():
+        logging.getLogger(__name__).warning(
+            "tracking: MLflow's queued metrics were not sent within %d s before the checkpoint at %s (is the server "
+            "reachable?): training goes on; if this job is killed before they are sent, the batches up to this "
+            "checkpoint may be missing from MLflow (metrics.json has them)", FLUSH_WAIT_S, step)
 
 
 def _without(node: dict, path: tuple) -> dict:
