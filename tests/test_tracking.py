@@ -294,6 +294,24 @@ def test_a_start_from_batch_0_opens_its_own_tracking_run_and_a_resumed_one_conti
 
 
 @pytest.mark.torch  # train/task/tracking.py imports composer
+def test_a_recorded_mlflow_run_is_continued_only_where_mlflow_can_continue_it(tmp_path):
+    """A resumed start continues the run its save folder records, unless this store cannot (the run deleted, or
+    the tracking URI is another store): composer's start_run would raise on rank 0 alone."""
+    from mlflow import MlflowClient
+
+    from train.task.tracking import _not_continuable
+
+    uri = f"file://{tmp_path / 'mlruns'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("pretrain-tests")
+    kept, deleted = (client.create_run(experiment).info.run_id for _ in range(2))
+    client.delete_run(deleted)
+    assert _not_continuable(uri, kept) is None
+    assert _not_continuable(uri, deleted) == "is deleted in MLflow"
+    assert "is not in this tracking store" in _not_continuable(f"file://{tmp_path / 'other'}", kept)
+
+
+@pytest.mark.torch  # train/task/tracking.py imports composer
 def test_a_tracking_server_that_does_not_answer_delays_a_checkpoint_by_a_bounded_wait_said(monkeypatch, caplog):
     """MLflow retries a request to an unreachable server for minutes; the checkpoint waits FLUSH_WAIT_S for the
     queue, says so, and training goes on (the queue's send stands in for the server: a run against a server that

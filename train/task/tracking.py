@@ -177,8 +177,16 @@ def for_this_training(fcfg, resumed: str | None, cfg=None) -> None:
     if dist.get_global_rank() == 0:
         try:  # every rank must hear a failure, not wait for rank 0
             recorded = record if (fcfg.get("callbacks") or {}).get("tracking") is not None else None
-            choice = [("chosen", _choose(fcfg.get("loggers") or {}, resumed, record, recorded, fcfg.get("run_name"),
-                                         _wandb_id_is_the_run_name(cfg)))]
+            chosen = _choose(fcfg.get("loggers") or {}, resumed, record, recorded, fcfg.get("run_name"),
+                             _wandb_id_is_the_run_name(cfg))
+            if chosen[1] is not None:  # the MLflow run to continue: one it can continue, or composer's search
+                why = _not_continuable(fcfg.loggers.mlflow.get("tracking_uri"), chosen[1])
+                if why:
+                    logging.getLogger(__name__).warning(
+                        "tracking: the MLflow run %s this training logged to %s: continuing composer's newest run "
+                        "named %s instead (%s)", chosen[1], why, fcfg.get("run_name"), recorded)
+                    chosen = (chosen[0], None, *chosen[2:])
+            choice = [("chosen", chosen)]
         except Exception as err:
             choice = [("failed", err)]
     dist.broadcast_object_list(choice)
@@ -197,6 +205,21 @@ def for_this_training(fcfg, resumed: str | None, cfg=None) -> None:
         fcfg.callbacks.tracking.tracker = f"wandb {wandb_id}"
     if said and dist.get_global_rank() == 0:
         logging.getLogger(__name__).info("tracking: %s", said)
+
+
+def _not_continuable(tracking_uri, run_id: str) -> str | None:
+    """Why MLflow would refuse to continue `run_id` in this store (composer's start_run would raise on rank 0
+    alone, the other ranks waiting), or None."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = MlflowClient(tracking_uri=tracking_uri).get_run(run_id)
+    except MlflowException:
+        return "is not in this tracking store (deleted for good, or the store is another)"
+    if run.info.lifecycle_stage != "active":
+        return f"is {run.info.lifecycle_stage} in MLflow"
+    return None
 
 
 def _wandb_id_is_the_run_name(cfg) -> bool:
