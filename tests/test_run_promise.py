@@ -153,23 +153,32 @@ def test_a_non_finite_loss_fails_a_two_rank_sweep_point(tmp_path, cli):
 
 # lr=1e6 on the tiny model: the training loss stays finite to batch 4 (~1e12), the evaluation at batch 3 is finite
 # (~5e12) and the one at batch 4 is not: the logits overflow on the validation data
-@pytest.mark.parametrize("eval_interval, after_fit", [("4ba", False), ("3ba", True)])
+@pytest.mark.parametrize("eval_interval, save_interval, after_fit", [("4ba", "2ba", False), ("3ba", "2ba", True),
+                                                                    ("3ba", "4ba", True)])
 def test_a_non_finite_evaluation_stops_the_run_however_finite_its_training_loss(tmp_path, cli, eval_interval,
-                                                                                 after_fit):
+                                                                                 save_interval, after_fit):
     """At batch 4 (eval_interval=4ba) composer evaluates before it checkpoints that step: the run stops without
     that checkpoint. With 3ba the evaluation at batch 4 is the one after the fit, its final checkpoint written:
-    the run stops naming it. Either way exit 1, no result printed, and the record holds the non-finite number."""
-    proc = cli("train", "optimizer.lr=1e6", "max_duration=4ba", f"eval_interval={eval_interval}", "save_interval=2ba")
+    the run stops naming it. Either way exit 1, no result printed, and the record holds the non-finite number.
+    Where that final checkpoint is the only one (no earlier one to go back to), the same command again stands at
+    max_duration: it refuses that result too, not "nothing to do", exit 0."""
+    args = ("optimizer.lr=1e6", "max_duration=4ba", f"eval_interval={eval_interval}", f"save_interval={save_interval}")
+    proc = cli("train", *args)
     assert proc.returncode == 1, proc.stderr[-3000:]
     [line] = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
     assert line.startswith("error: eval/LanguageCrossEntropy: the ") and "cross-entropy is nan at step 4/4" in line
     assert ("final checkpoint holds these weights" in line) == after_fit
     assert "Traceback" not in proc.stderr and "final train loss" not in proc.stdout
     [folder] = (tmp_path / "checkpoints").iterdir()
-    assert (folder / "ep0-ba4-rank0.pt").exists() == after_fit and (folder / "ep0-ba2-rank0.pt").exists()
+    assert (folder / "ep0-ba4-rank0.pt").exists() == after_fit
+    assert (folder / "ep0-ba2-rank0.pt").exists() == (save_interval == "2ba")
     if after_fit:
         metrics = json.loads(next((tmp_path / "outputs").rglob("metrics.json")).read_text())
         assert math.isnan(metrics["final_eval"]["eval/LanguageCrossEntropy"])
+    if save_interval == "4ba":
+        again = cli("train", *args)
+        assert again.returncode == 1 and "final train loss" not in again.stdout, again.stderr[-3000:]
+        assert "error: eval/LanguageCrossEntropy: the final evaluation's cross-entropy is nan" in again.stderr
 
 
 def test_a_non_finite_evaluation_fails_a_two_rank_sweep_point_on_every_rank(tmp_path, cli):

@@ -148,6 +148,11 @@ def run(cfg: DictConfig) -> dict:
                 log.warning("the numbers printed are of batch %s (%s), the last this run recorded; its checkpoint "
                             "%s is of batch %s: no start that finished there recorded its own", metrics["batches"],
                             report / "metrics.json", fcfg.get("load_path"), at)
+            from train.checkpoint.integrity import check_eval
+
+            # a run stopped by its final evaluation's non-finite loss, whose final checkpoint is its only one (none
+            # before it to go back to): that checkpoint stands at max_duration, but its numbers are not a result
+            check_eval(metrics.get("final_eval") or {}, f"batch {at}", after_fit=True)
         print(f"\nfinal train loss {metrics.get('final_train_loss')}, "
               f"eval {metrics.get('final_eval')}\n"
               f"checkpoints: {fcfg.save_folder or 'none (checkpoint=none)'}\n"
