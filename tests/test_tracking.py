@@ -312,6 +312,32 @@ def test_a_recorded_mlflow_run_is_continued_only_where_mlflow_can_continue_it(tm
 
 
 @pytest.mark.torch  # train/task/tracking.py imports composer
+def test_a_resumed_start_continues_its_recorded_mlflow_run_and_leaves_no_trace_for_the_next_run(tmp_path,
+                                                                                               monkeypatch):
+    """The run id reaches composer through $MLFLOW_RUN_ID for this start's trainer only: a next run in the same
+    process (a sweep's next point under Hydra's basic launcher) would otherwise continue this one's."""
+    from mlflow import MlflowClient
+
+    from train.task import tracking
+
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    uri = f"file://{tmp_path / 'mlruns'}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("pretrain-tests")).info.run_id
+    (tmp_path / tracking.RECORD).write_text(json.dumps({"tracker": "mlflow  RUN", "values": {}, "run_id": run_id}))
+    fcfg = OmegaConf.create({"run_name": "RUN", "save_folder": str(tmp_path), "autoresume": False,
+                             "loggers": {"mlflow": {"resume": True, "tracking_uri": uri}},
+                             "callbacks": {"tracking": {"tracker": "mlflow  RUN"}}})
+    tracking.for_this_training(fcfg, f"{tmp_path}/ep0-ba4-rank0.pt")
+    assert os.environ["MLFLOW_RUN_ID"] == run_id and fcfg.loggers.mlflow.resume is True
+    tracking.after_the_trainer()
+    assert "MLFLOW_RUN_ID" not in os.environ
+    client.delete_run(run_id)  # a run MLflow cannot continue: composer's search by name instead, said
+    tracking.for_this_training(fcfg, f"{tmp_path}/ep0-ba4-rank0.pt")
+    assert "MLFLOW_RUN_ID" not in os.environ
+
+
+@pytest.mark.torch  # train/task/tracking.py imports composer
 def test_a_tracking_server_that_does_not_answer_delays_a_checkpoint_by_a_bounded_wait_said(monkeypatch, caplog):
     """MLflow retries a request to an unreachable server for minutes; the checkpoint waits FLUSH_WAIT_S for the
     queue, says so, and training goes on (the queue's send stands in for the server: a run against a server that

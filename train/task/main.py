@@ -92,6 +92,7 @@ def run(cfg: DictConfig) -> dict:
                 trainer.close()
             finally:
                 shm_registry.release()
+                tracking.after_the_trainer()
     except BaseException as err:  # torch's CheckpointException (a sharded write failed on a rank) is no Exception
         from common.files import is_disk_full
 

@@ -200,11 +200,24 @@ def for_this_training(fcfg, resumed: str | None, cfg=None) -> None:
         import os
 
         os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # composer's MLflow logger continues exactly that run
+        _SET_HERE.append("MLFLOW_RUN_ID")
     if wandb_id is not None:
         fcfg.loggers.wandb.init_kwargs.id = wandb_id
         fcfg.callbacks.tracking.tracker = f"wandb {wandb_id}"
     if said and dist.get_global_rank() == 0:
         logging.getLogger(__name__).info("tracking: %s", said)
+
+
+_SET_HERE = []  # the environment variables for_this_training set for this start's trainer
+
+
+def after_the_trainer() -> None:
+    """Unset what for_this_training set for this start: the next run in this process (a sweep's next point under
+    Hydra's basic launcher) must not continue this one's MLflow run."""
+    import os
+
+    while _SET_HERE:
+        os.environ.pop(_SET_HERE.pop(), None)
 
 
 def _not_continuable(tracking_uri, run_id: str) -> str | None:
