@@ -332,6 +332,10 @@ def test_a_resumed_start_continues_its_recorded_mlflow_run_and_leaves_no_trace_f
     assert os.environ["MLFLOW_RUN_ID"] == run_id and fcfg.loggers.mlflow.resume is True
     tracking.after_the_trainer()
     assert "MLFLOW_RUN_ID" not in os.environ
+    # its own checkpoint named by hand (autoresume=false load_path=...): this training goes on, in its run
+    tracking.for_this_training(OmegaConf.merge(fcfg, {"load_path": f"{tmp_path}/ep0-ba4-rank0.pt"}), None)
+    assert os.environ["MLFLOW_RUN_ID"] == run_id and (tmp_path / tracking.RECORD).exists()
+    tracking.after_the_trainer()
     client.delete_run(run_id)  # a run MLflow cannot continue: composer's search by name instead, said
     tracking.for_this_training(fcfg, f"{tmp_path}/ep0-ba4-rank0.pt")
     assert "MLFLOW_RUN_ID" not in os.environ

@@ -173,6 +173,10 @@ def for_this_training(fcfg, resumed: str | None, cfg=None) -> None:
         return  # composer's autoresume decides whether this start resumes (a remote save folder, its own file names)
     save_folder = str(fcfg.get("save_folder") or "")
     record = Path(save_folder) / RECORD if save_folder and "://" not in save_folder else None
+    load = str(fcfg.get("load_path") or "")
+    if not resumed and record is not None and load and "://" not in load and not fcfg.get("load_weights_only") \
+            and Path(load).resolve().is_relative_to(record.parent.resolve()):
+        resumed = load  # its own checkpoint named by hand (autoresume=false load_path=...): this training goes on
     choice = [None]
     if dist.get_global_rank() == 0:
         try:  # every rank must hear a failure, not wait for rank 0
