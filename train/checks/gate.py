@@ -6,6 +6,7 @@ callbacks run earlier. So a plain run's checks, and its `plan`, happen here: a r
 before anything is submitted, and by our sweeper before anything is written (train/launch/sweep_app.py,
 hydra_plugins/pretrain_launcher/checked_sweeper.py). Hydra's global state is read here, once, into the Context.
 """
+import functools
 import sys
 
 from hydra.experimental.callback import Callback
@@ -117,7 +118,8 @@ def _app_shape(config_name: str = "train"):
     return groups, set(primary) - {"defaults"}
 
 
-def _added_at_the_top(group: str, choice: str, seen=()) -> set:
+@functools.lru_cache(maxsize=None)  # a refused key asks it of every preset; a sweep's choices, of each
+def _added_at_the_top(group: str, choice: str, seen=()) -> frozenset:
     """The top-level keys a chosen preset adds (`# @package _global_`: logger=wandb adds `loggers`), with those of
     the presets it chooses in turn (an experiment's `override /logger: wandb`)."""
     from omegaconf import OmegaConf
@@ -126,7 +128,7 @@ def _added_at_the_top(group: str, choice: str, seen=()) -> set:
 
     path = CONF / group / f"{choice}.yaml"
     if (group, choice) in seen or not path.is_file():
-        return set()
+        return frozenset()
     text = path.read_text()
     node = OmegaConf.to_container(OmegaConf.create(text), resolve=False) or {}
     keys = set(node) - {"defaults"} if "@package _global_" in text.split("\n", 1)[0] else set()
@@ -135,7 +137,7 @@ def _added_at_the_top(group: str, choice: str, seen=()) -> set:
             if isinstance(value, str):
                 keys |= _added_at_the_top(key.removeprefix("override").strip().strip("/"), value,
                                           (*seen, (group, choice)))
-    return keys
+    return frozenset(keys)
 
 
 def _raw_value(arg: str) -> str:

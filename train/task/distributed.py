@@ -36,6 +36,24 @@ def export_from_submitit() -> dict:
     return env
 
 
+def decided_on_rank_0(decide):
+    """What `decide()` returns on global rank 0, on every rank; its error, raised on every rank: a raise on rank 0
+    alone would leave the others waiting in their next collective until dist_timeout."""
+    from composer.utils import dist
+
+    box = [None]
+    if dist.get_global_rank() == 0:
+        try:
+            box = [("decided", decide())]
+        except Exception as err:
+            box = [("failed", err)]
+    dist.broadcast_object_list(box)
+    kind, value = box[0]
+    if kind == "failed":
+        raise value  # rank 0's error, on every rank
+    return value
+
+
 def gloo_reduce_scatter_averages() -> None:
     """Make a reduce-scatter asked to average over gloo average. torch 2.7's gloo sums instead, without a word
     (pytorch/pytorch#162338), and FSDP2 asks for the average of fp32 gradients: every CPU run of more than one

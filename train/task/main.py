@@ -19,7 +19,7 @@ from common.errors import UserError
 from common.signals import leave_to_the_task_in_every_fork
 from train.config.loaders import loader_keys
 from train.task import shards
-from train.task.distributed import export_from_submitit, gloo_reduce_scatter_averages
+from train.task.distributed import decided_on_rank_0, export_from_submitit, gloo_reduce_scatter_averages
 from train.task.foundry import foundry_config
 
 log = logging.getLogger(__name__)
@@ -279,37 +279,32 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
             "not deleted); the run did not start from batch 0 over them",
             "restore the checkpoint files from a copy (then move them back), or start afresh under another "
             "run_name")
-    found = [None]
-    if rank == 0:
-        try:  # a conversion or the record may fail (a full disk): every rank must hear it, not wait for rank 0
-            if chosen and integrity.read_manifest(chosen.path) is None:
-                # written before manifests existed, or the run ended between its last file and its manifest
-                # (composer's `latest` link already pointed at it): complete by its structure (train/checkpoint/resume.py),
-                # so it is resumed from rather than lost, and hashed now for every later start
-                log.warning("%s has no manifest: its files are complete by their structure; resuming from it and "
-                            "writing its manifest now", chosen.path)
-                integrity.write_manifest(chosen.path, integrity.hash_files(chosen.path,
-                                                                           integrity.files_of(chosen.path)))
-            data, before = shards.train_data(fcfg), identity.read_record(folder) or {}
-            if chosen:  # the data it goes on with is the data it trained on
-                shards.same_train_data(before.get("train_data"), data, fcfg, chosen.path)
-            scored = _samples_scored(fcfg, world)
-            if chosen and scored is not None and before.get("eval_samples") not in (None, scored):
-                log.warning("the evaluations from batch %d on score %s of the validation data, the run's earlier "
-                            "ones %s (composer scores eval_subset_num_batches batches of device_eval_batch_size "
-                            "samples on each rank): the eval curve and the final evaluation are not comparable "
-                            "with the earlier evaluations (eval_subset_num_batches=-1 scores the whole split at any "
-                            "world size)", chosen.batch, _said(scored), _said(before["eval_samples"]))
-            path = resume.in_format(chosen, reads_sharded) if chosen else None
-            identity.write_record(folder, fcfg.run_name, _model_choice(), identity.identity(cfg),
-                                  **({"train_data": data} if data else {}), eval_samples=scored)
-            found = [("load", path)]
-        except Exception as err:
-            found = [("failed", err)]
-    dist.broadcast_object_list(found)
-    kind, path = found[0]
-    if kind == "failed":
-        raise path  # rank 0's error, on every rank
+
+    def record_and_load_path():  # a conversion or the record may fail (a full disk): every rank hears it
+        if chosen and integrity.read_manifest(chosen.path) is None:
+            # written before manifests existed, or the run ended between its last file and its manifest
+            # (composer's `latest` link already pointed at it): complete by its structure (train/checkpoint/resume.py),
+            # so it is resumed from rather than lost, and hashed now for every later start
+            log.warning("%s has no manifest: its files are complete by their structure; resuming from it and "
+                        "writing its manifest now", chosen.path)
+            integrity.write_manifest(chosen.path, integrity.hash_files(chosen.path,
+                                                                       integrity.files_of(chosen.path)))
+        data, before = shards.train_data(fcfg), identity.read_record(folder) or {}
+        if chosen:  # the data it goes on with is the data it trained on
+            shards.same_train_data(before.get("train_data"), data, fcfg, chosen.path)
+        scored = _samples_scored(fcfg, world)
+        if chosen and scored is not None and before.get("eval_samples") not in (None, scored):
+            log.warning("the evaluations from batch %d on score %s of the validation data, the run's earlier "
+                        "ones %s (composer scores eval_subset_num_batches batches of device_eval_batch_size "
+                        "samples on each rank): the eval curve and the final evaluation are not comparable "
+                        "with the earlier evaluations (eval_subset_num_batches=-1 scores the whole split at any "
+                        "world size)", chosen.batch, _said(scored), _said(before["eval_samples"]))
+        path = resume.in_format(chosen, reads_sharded) if chosen else None
+        identity.write_record(folder, fcfg.run_name, _model_choice(), identity.identity(cfg),
+                              **({"train_data": data} if data else {}), eval_samples=scored)
+        return path
+
+    path = decided_on_rank_0(record_and_load_path)
     if path:
         # as composer's autoresume does: the whole state of the run's own checkpoint, whatever load_* said
         fcfg.load_path, fcfg.load_weights_only, fcfg.load_ignore_keys = path, False, None

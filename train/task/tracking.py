@@ -26,6 +26,8 @@ from pathlib import Path
 from composer.core import Callback, State
 from composer.loggers import Logger
 
+from train.task.distributed import decided_on_rank_0
+
 RECORD = "tracked-parameters.json"
 
 # Folders of the submission a start belongs to (`<outputs>/sweeps/<time>/<point>` for `-m`): where it writes its
@@ -177,27 +179,20 @@ def for_this_training(fcfg, resumed: str | None, cfg=None) -> None:
     if not resumed and record is not None and load and "://" not in load and not fcfg.get("load_weights_only") \
             and Path(load).resolve().is_relative_to(record.parent.resolve()):
         resumed = load  # its own checkpoint named by hand (autoresume=false load_path=...): this training goes on
-    choice = [None]
-    if dist.get_global_rank() == 0:
-        try:  # every rank must hear a failure, not wait for rank 0
-            recorded = record if (fcfg.get("callbacks") or {}).get("tracking") is not None else None
-            chosen = _choose(fcfg.get("loggers") or {}, resumed, record, recorded, fcfg.get("run_name"),
-                             _wandb_id_is_the_run_name(cfg))
-            if chosen[1] is not None:  # the MLflow run to continue: one it can continue, or composer's search
-                why = _not_continuable(fcfg.loggers.mlflow.get("tracking_uri"), chosen[1])
-                if why:
-                    logging.getLogger(__name__).warning(
-                        "tracking: the MLflow run %s this training logged to %s: continuing composer's newest run "
-                        "named %s instead (%s)", chosen[1], why, fcfg.get("run_name"), recorded)
-                    chosen = (chosen[0], None, *chosen[2:])
-            choice = [("chosen", chosen)]
-        except Exception as err:
-            choice = [("failed", err)]
-    dist.broadcast_object_list(choice)
-    kind, chosen = choice[0]
-    if kind == "failed":
-        raise chosen
-    mlflow_resume, mlflow_run_id, wandb_id, said = chosen
+    def choose():
+        recorded = record if (fcfg.get("callbacks") or {}).get("tracking") is not None else None
+        chosen = _choose(fcfg.get("loggers") or {}, resumed, record, recorded, fcfg.get("run_name"),
+                         _wandb_id_is_the_run_name(cfg))
+        if chosen[1] is not None:  # the MLflow run to continue: one it can continue, or composer's search
+            why = _not_continuable(fcfg.loggers.mlflow.get("tracking_uri"), chosen[1])
+            if why:
+                logging.getLogger(__name__).warning(
+                    "tracking: the MLflow run %s this training logged to %s: continuing composer's newest run "
+                    "named %s instead (%s)", chosen[1], why, fcfg.get("run_name"), recorded)
+                chosen = (chosen[0], None, *chosen[2:])
+        return chosen
+
+    mlflow_resume, mlflow_run_id, wandb_id, said = decided_on_rank_0(choose)
     if mlflow_resume is not None:
         fcfg.loggers.mlflow.resume = mlflow_resume
     if mlflow_run_id is not None:
