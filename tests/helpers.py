@@ -97,11 +97,17 @@ def run(*args, root=None, check=None, env=None, cwd=ROOT, timeout=600, **popen) 
     """`python ARGS...` as a user types it, in the checkout: run("-m", "train", "plan=true", root=tmp_path).
     check=None returns whatever happened, check=True asserts exit 0, an int asserts that exit status; a failed
     check shows the command and the ends of its stdout and stderr."""
+    import prestarted
+
     _may_run()
     cmd = [str(PYTHON), *map(str, args)]
+    environment = command_env(root, env)
     try:
-        proc = subprocess.run(cmd, cwd=cwd, env=command_env(root, env), capture_output=True, text=True,
-                              timeout=timeout, **popen)
+        if kind := prestarted.kind_for(cmd[1:], environment, popen):  # forked from one that has imported
+            proc = prestarted.run(kind, cmd[1:], cwd, environment, timeout)
+        else:
+            proc = subprocess.run(cmd, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout,
+                                  **popen)
     except subprocess.TimeoutExpired as e:  # what it printed, and where a Slurm test's jobs stood
         out, err = (x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr))
         raise AssertionError(f"{' '.join(cmd[1:])}: still running after {timeout} s\n{out[-2000:]}\n{err[-2000:]}"

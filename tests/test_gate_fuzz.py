@@ -5,12 +5,10 @@ secret of the table appears in what the command printed. The counts are printed 
 
 Warned inputs are legal, so they go through `plan=true` (a run would train): the plan prints the same warnings.
 """
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from helpers import TOKENIZER, command_env
+from helpers import TOKENIZER, run
 
 SECRET = "s3cr3t-fuzz-4d9c2b"
 HF_TOKEN = "hf_" + "Q" * 34
@@ -270,11 +268,8 @@ def _run(case, tmp_path, num):
     for folder in (root, cwd, scratch, empty):
         folder.mkdir(parents=True)
     args = [o.replace("{tmp}", str(scratch)).replace("{empty}", str(empty)) for o in overrides]
-    env = command_env(root, {"HF_HUB_OFFLINE": "1"})
-    for name in ("WORLD_SIZE", "SLURM_JOB_ID", "MLFLOW_TRACKING_URI"):
-        env.pop(name, None)
-    proc = subprocess.run([sys.executable, "-m", "train", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=180)
+    # as from a clean login shell (no WORLD_SIZE, SLURM_JOB_ID, tracking URI: helpers.command_env)
+    proc = run("-m", "train", *args, root=root, env={"HF_HUB_OFFLINE": "1"}, cwd=cwd, timeout=180)
     lines = proc.stderr.splitlines()
     level = "error" if outcome == "refused" else "warning"
     named = [i for i, line in enumerate(lines) if line.startswith(f"{level}: ")
