@@ -74,8 +74,10 @@ def train_command(ranks: int, fmt: str, *extra: str) -> list:
 def finished(ranks: int, fmt: str, tmp_path_factory) -> Path:
     """The root of the reference training run uninterrupted to its end, made once per session: what a resumed
     run must equal (the checkpoint format does not change training), and checkpoints to damage (copied first)."""
+    # fresh: what is compared with it may be forked from a prestarted interpreter (tests/prestarted.py), whose
+    # forks share one string hash seed; a reference from another seed keeps an order that hangs on it in view
     return made_once(tmp_path_factory, f"finished-{fmt}{ranks}",
-                     lambda root: run(*train_command(ranks, fmt), root=root, check=True))
+                     lambda root: run(*train_command(ranks, fmt), root=root, check=True, fresh=True))
 
 
 def need_shared():
@@ -93,17 +95,19 @@ def command_env(root=None, env=None) -> dict:
     return {**base, **(env or {})}
 
 
-def run(*args, root=None, check=None, env=None, cwd=ROOT, timeout=600, **popen) -> subprocess.CompletedProcess:
+def run(*args, root=None, check=None, env=None, cwd=ROOT, timeout=600, fresh=False,
+        **popen) -> subprocess.CompletedProcess:
     """`python ARGS...` as a user types it, in the checkout: run("-m", "train", "plan=true", root=tmp_path).
     check=None returns whatever happened, check=True asserts exit 0, an int asserts that exit status; a failed
-    check shows the command and the ends of its stdout and stderr."""
+    check shows the command and the ends of its stdout and stderr. A command is forked from a prestarted
+    interpreter where that makes no difference (tests/prestarted.py); fresh=True starts a new one regardless."""
     import prestarted
 
     _may_run()
     cmd = [str(PYTHON), *map(str, args)]
     environment = command_env(root, env)
     try:
-        if kind := prestarted.kind_for(cmd[1:], environment, popen):  # forked from one that has imported
+        if kind := prestarted.kind_for(cmd[1:], environment, popen, fresh):  # forked from one that has imported
             proc = prestarted.run(kind, cmd[1:], cwd, environment, timeout)
         else:
             proc = subprocess.run(cmd, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout,
@@ -167,7 +171,9 @@ def kill_after_checkpoint(root: Path, args: list, batch: int, env: dict | None =
 
 
 def kill_all_with(variable: str, within: float = 60) -> None:
-    """SIGKILL every process whose environment has `variable` and wait until each has ended. kill() returns
+    """SIGKILL every process whose environment has `variable` and wait until each has ended (the environment a
+    process started with, /proc/PID/environ: a command `run` forked from a prestarted interpreter shows that
+    interpreter's, so this finds Popen'd commands and the ranks they start, which are fresh processes). kill() returns
     before the process is gone: a rank still exiting (its memory being freed on a busy machine) holds its save
     folder's lock for a moment, and a command started at once is refused as a second run of that folder.
     An ended process (a zombie) has no environment left to read, so it drops out of processes_with."""

@@ -3,31 +3,40 @@
 Every command a test runs is `python -m MODULE ARGS`, as a user types it, and a fresh interpreter pays for its
 imports each time: ~0.25 s of CPU for a light command (Hydra, our config and checks: plans, refusals, sweeps
 submitted), ~5.5 s for one that imports composer and llm-foundry (a one-process training, export, evaluate). Here
-one process per pytest worker and kind imports them once, then forks a child for each command: the child takes the
-command's working directory, environment, arguments and standard streams, runs the module as `python -m` does
-(runpy, as `__main__`, the working directory first on sys.path) and ends as the interpreter ends (non-daemon
-threads joined, exit handlers run, streams flushed).
+one process per pytest worker and kind imports them once, in a fresh command's order, then forks a child for each
+command: the child takes the command's working directory, environment, arguments and standard streams, runs the
+module as `python -m` does (runpy's `_run_module_as_main` in a new `__main__`, the working directory first on
+sys.path) and ends as the interpreter ends (non-daemon threads joined, exit handlers run, `__main__`'s globals
+cleared and garbage collected, streams flushed; an uncaught exception through sys.excepthook, an interrupt by the
+signal). Its output is read through pipes to their end, as subprocess.run reads it.
 
 What a fork cannot make the same runs in a fresh interpreter instead (`kind_for` returns None):
 - an environment that differs from the one the imports ran under in a variable read as the interpreter starts
-  (PYTHON*, LC_*); one that differs in a variable read as torch or Hugging Face's libraries are imported (HF_*,
-  TORCH*, OMP_*, TMPDIR, ...) is forked from the light server, whose command imports them itself; the others are
-  set before the command runs, as in a fresh process, and read when the command reads them;
-- a command given Popen options (stdin, input), a script, `python -c`, data_prep, and any command while
-  PRESTARTED=0 (every command fresh, for a check of this module's fidelity).
-A forked command's command line and initial environment in /proc are its server's: nothing reads them for a
-synchronous command (tests and the launcher look there for ranks, which submitit starts as fresh interpreters, as
-Slurm does; a test that kills a command starts it with Popen)."""
+  (PYTHON*, LC_*, TZ); one that differs in a variable read as torch or Hugging Face's libraries are imported (HF_*,
+  (PY)TORCH*, OMP_*, TMPDIR, ...), or a command that sets its own (cluster.env), is forked from the light server and
+  imports them itself; the others are set before the command runs, as in a fresh process, and read when read;
+- a command given Popen options (stdin, input), a script, `python -c`, data_prep, `run(..., fresh=True)`, and any
+  command while PRESTARTED=0 (every command fresh).
+A heavy command that sets such a variable anyway before it imports the libraries (a preset's cluster.env) fails
+loudly, exit 70, naming it.
+Forks share their server's string hash seed where fresh processes each draw one (numpy's global generator is
+reseeded in each): references a run is compared with are made fresh (helpers.finished). A forked command's command
+line and initial environment in /proc are its server's: nothing reads them for a synchronous command (tests and the
+launcher look there for ranks, which submitit starts as fresh interpreters, as Slurm does; a test that kills a
+command starts it with Popen)."""
 import atexit
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 # What each kind imports before it forks: a light command's imports (train/__main__.py, Hydra's plugin scan), and
@@ -42,19 +51,25 @@ _MODULES = {"train": None, "train.status": "light", "train.export": "heavy", "tr
 _LOOK = re.compile(r"(plan=.*|--cfg|--help|-h|--info|--hydra-help|-c|-m|--multirun)")
 # Read by the interpreter as it starts (any kind), and by torch and Hugging Face's libraries as they are imported
 # (the heavy kind; a light one imports neither: serve() asserts it).
-_READ_AT_START = re.compile(r"PYTHON|LD_|MALLOC|LANG$|LC_")
-_READ_AT_IMPORT = re.compile(r"HF_|HUGGINGFACE|TRANSFORMERS|TOKENIZERS|TORCH|OMP_|MKL_|KMP_|OPENBLAS|CUDA|NVIDIA|NCCL|"
-                             r"GLOO|XDG_CACHE|TMPDIR$|TEMP$|TMP$|HOME$")
+_READ_AT_START = re.compile(r"PYTHON|LD_|MALLOC|LANG$|LC_|TZ$|COLOREDLOGS|SETUPTOOLS")
+_READ_AT_IMPORT = re.compile(r"HF_|HUGGINGFACE|TRANSFORMERS|TOKENIZERS|(PY)?TORCH|USE_|OMP_|MKL_|KMP_|OPENBLAS|CUDA|"
+                             r"NVIDIA|NCCL|GLOO|XDG_CACHE|TMPDIR$|TEMP$|TMP$|HOME$")
+# The command sets environment variables of its own before it imports the libraries (train/task/main.py): forked
+# from the light server, it imports them after, as a fresh one does.
+_SETS_ENV = re.compile(r"[+~]*(cluster\.env|hydra\.job\.env_set)\b.*")
 _READ = {"light": (_READ_AT_START,), "heavy": (_READ_AT_START, _READ_AT_IMPORT)}
 _SERVERS: dict = {}  # kind -> (its process, its socket, the environment it imported under)
+_FOLDER = None  # this worker's servers' sockets
 _STARTING = threading.Lock()
 
 
-def kind_for(args: list, env: dict, popen: dict) -> str | None:
+def kind_for(args: list, env: dict, popen: dict, fresh: bool = False) -> str | None:
     """'light', 'heavy', or None: run `python ARGS` in a fresh interpreter."""
-    if popen or os.environ.get("PRESTARTED") == "0" or len(args) < 2 or args[0] != "-m" or args[1] not in _MODULES:
+    if fresh or popen or os.environ.get("PRESTARTED") == "0" or len(args) < 2 or args[0] != "-m" \
+            or args[1] not in _MODULES:
         return None
-    wanted = _MODULES[args[1]] or ("light" if any(_LOOK.fullmatch(a) for a in args[2:]) else "heavy")
+    wanted = _MODULES[args[1]] or ("light" if any(_LOOK.fullmatch(a) or _SETS_ENV.fullmatch(a) for a in args[2:])
+                                   else "heavy")
     # a heavy command under other import-time settings goes to the light server, its command importing them itself
     for kind in dict.fromkeys((wanted, "light")):
         started_under = _SERVERS[kind][2] if kind in _SERVERS else _base_env()
@@ -72,25 +87,55 @@ def _base_env() -> dict:
 
 def run(kind: str, args: list, cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
     """`python ARGS` forked from the kind's server: what subprocess.run(capture_output=True, text=True) returns,
-    or raises (TimeoutExpired, the child killed)."""
+    or raises (TimeoutExpired, the command killed). As communicate() does, its output is read through pipes to their
+    end, so a process it left holding them (a launcher's job) is waited for."""
+    deadline = time.monotonic() + timeout
     server = _server(kind)
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, socket.socket(socket.AF_UNIX) as conn:
-        conn.connect(server)
-        request = json.dumps({"args": [str(a) for a in args], "cwd": str(cwd), "env": env}).encode() + b"\n"
-        sent = socket.send_fds(conn, [request], [0, out.fileno(), err.fileno()])
-        conn.sendall(request[sent:])
-        replies = conn.makefile()
-        pid = int(json.loads(replies.readline())["pid"])
-        conn.settimeout(timeout)
+    (out, out_w), (err, err_w) = os.pipe(), os.pipe()
+    read: dict = {out: b"", err: b""}
+    pid = None
+    with socket.socket(socket.AF_UNIX) as conn:
         try:
+            conn.connect(server)
+            request = json.dumps({"args": [str(a) for a in args], "cwd": str(cwd), "env": env}).encode() + b"\n"
+            sent = socket.send_fds(conn, [request], [0, out_w, err_w])
+            conn.sendall(request[sent:])
+            os.close(out_w), os.close(err_w)
+            replies = conn.makefile("rb")
+            pid = int(json.loads(replies.readline())["pid"])
+            _read_to_the_end(read, deadline)
+            conn.settimeout(max(0.1, deadline - time.monotonic()))
             status = json.loads(replies.readline())["status"]
-        except TimeoutError:
-            os.kill(pid, signal.SIGKILL)
-            out.seek(0), err.seek(0)
-            raise subprocess.TimeoutExpired(args, timeout, out.read(), err.read()) from None
-        out.seek(0), err.seek(0)
-        return subprocess.CompletedProcess(args, os.waitstatus_to_exitcode(status),
-                                           out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+        except BaseException as error:  # a timeout, an interrupted test: the command does not outlive its call
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if isinstance(error, TimeoutError):
+                raise subprocess.TimeoutExpired(args, timeout, read[out], read[err]) from None
+            raise
+        finally:
+            for fd in (out, err):
+                os.close(fd)
+    return subprocess.CompletedProcess(args, os.waitstatus_to_exitcode(status), read[out].decode(errors="replace"),
+                                       read[err].decode(errors="replace"))
+
+
+def _read_to_the_end(read: dict, deadline: float) -> None:
+    import selectors
+
+    with selectors.DefaultSelector() as selector:
+        for fd in read:
+            selector.register(fd, selectors.EVENT_READ)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            for key, _ in selector.select(timeout=left):
+                chunk = os.read(key.fd, 1 << 16)
+                if chunk:
+                    read[key.fd] += chunk
+                else:
+                    selector.unregister(key.fd)
 
 
 def _server(kind: str) -> str:
@@ -106,7 +151,11 @@ def _started(kind: str) -> str:
         return path
     from helpers import PYTHON, ROOT
 
-    path = tempfile.mktemp(prefix=f"prestarted-{kind}-", suffix=".sock", dir="/tmp")
+    global _FOLDER
+    if _FOLDER is None:  # private to this user (0700): whoever reaches a socket runs any command as them
+        _FOLDER = tempfile.mkdtemp(prefix="prestarted-")
+        atexit.register(shutil.rmtree, _FOLDER, True)
+    path = os.path.join(_FOLDER, f"{kind}.sock")
     env = _base_env()
     proc = subprocess.Popen([str(PYTHON), "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
                              f"import prestarted; prestarted.serve({kind!r}, {path!r}, {os.getpid()})"],
@@ -114,7 +163,7 @@ def _started(kind: str) -> str:
     ready = proc.stdout.readline()
     assert ready == b"ready\n", f"the prestarted {kind} interpreter did not start (exit {proc.wait()})"
     _SERVERS[kind] = (proc, path, env)
-    atexit.register(proc.kill)
+    atexit.register(proc.kill)  # registered after the folder's removal, so run before it
     return path
 
 
@@ -123,16 +172,23 @@ def serve(kind: str, path: str, parent: int) -> None:
     import importlib
     import selectors
 
-    sys.path.pop(0)  # this folder: a command's sys.path starts with its working directory
+    # this folder and `-c`'s '': a command's sys.path starts with its working directory alone
+    del sys.path[:2]
+    before = dict(os.environ)
     from hydra.core.plugins import Plugins
 
     from common.collector import imported_without_collections
 
+    # in a fresh command's order: `train` (whose exit handler must run after the libraries') before the libraries
+    for name in LIGHT:
+        importlib.import_module(name)
     if kind == "heavy":
         imported_without_collections(*FOUNDRY)
-    for name in LIGHT + (HEAVY if kind == "heavy" else ()):
-        importlib.import_module(name)
+        for name in HEAVY:
+            importlib.import_module(name)
     Plugins.instance()  # Hydra's plugin scan, as every command makes first
+    # what the imports themselves set (KMP_DUPLICATE_LIB_OK, ...): a fresh command's imports set it too
+    set_by_imports = {k: v for k, v in os.environ.items() if before.get(k) != v}
     if kind == "light":
         heavy = {"torch", "transformers", "huggingface_hub", "tokenizers"} & set(sys.modules)
         assert not heavy, f"a light command's imports imported {heavy}"
@@ -154,7 +210,7 @@ def serve(kind: str, path: str, parent: int) -> None:
             pid = os.fork()
             if pid == 0:
                 listener.close(), conn.close()
-                _command(json.loads(request), fds)  # never returns
+                _command(kind, json.loads(request), fds, before, set_by_imports)  # never returns
             for fd in fds:
                 os.close(fd)
             conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
@@ -176,39 +232,74 @@ def serve(kind: str, path: str, parent: int) -> None:
     os.unlink(path)
 
 
-def _command(request: dict, fds: list) -> None:
-    """In the forked child: become `python -m MODULE ARGS` in the request's folder and environment, run, exit."""
+def _command(kind: str, request: dict, fds: list, imported_under: dict, set_by_imports: dict) -> None:
+    """In the forked child: become `python -m MODULE ARGS` in the request's folder and environment, run as `-m`
+    runs a module (runpy._run_module_as_main, in a new __main__), and end as the interpreter ends."""
+    import gc
     import runpy
-    import traceback
+    import types
 
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
     os.chdir(request["cwd"])
     os.environ.clear()
-    os.environ.update(request["env"])
+    os.environ.update({**request["env"], **set_by_imports})
+    if kind == "heavy":
+        _loud_if_imported_under_other_settings(imported_under, set_by_imports)
+    tempfile.tempdir = None  # found again from this environment when asked
+    if "numpy" in sys.modules:  # a fresh process seeds numpy's global generator from the OS (`random` reseeds itself)
+        sys.modules["numpy"].random.seed()
     sys.path.insert(0, os.getcwd())
     _, module, *rest = request["args"]
     sys.argv = [module, *rest]
     # as in a fresh `python -m`: the module runs as __main__ before anything imports it under its name (one the
     # server imported as another's dependency is imported again, as a fresh run's later import would)
     sys.modules.pop(module, None)
-    code = 0
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    code, interrupted = 0, False
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    except SystemExit as exit_:
+        runpy._run_module_as_main(module)
+    except SystemExit as exit_:  # as the interpreter reads it
         code = exit_.code
         if code is not None and not isinstance(code, int):
             print(code, file=sys.stderr)
             code = 1
         code = code or 0
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    try:  # what the interpreter does at its end, in its order
+    except BaseException as error:
+        sys.excepthook(type(error), error, error.__traceback__)
+        code, interrupted = 1, isinstance(error, KeyboardInterrupt)
+    try:  # what the interpreter does at its end, in its order: threads, exit handlers, __main__'s globals, garbage
         threading._shutdown()
         atexit._run_exitfuncs()
+        sys.modules["__main__"].__dict__.clear()
+        gc.collect()
         sys.stdout.flush(), sys.stderr.flush()
     finally:
+        if interrupted:  # a fresh interpreter ends by the signal
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         os._exit(code & 0xFF)
 
+
+def _loud_if_imported_under_other_settings(imported_under: dict, set_by_imports: dict) -> None:
+    """Where a fresh command imports the libraries (common.collector.imported_without_collections, after the task
+    applied cluster.env), their import-time settings must be those this server imported them under: otherwise the
+    fork would run under other settings than a fresh command. Exit 70 naming them."""
+    import common.collector
+    import train.task.main
+
+    imported = common.collector.imported_without_collections
+
+    def checked(*modules: str) -> None:
+        changed = sorted(k for k in {*os.environ, *imported_under} if _READ_AT_IMPORT.match(k)
+                         and k not in set_by_imports and os.environ.get(k) != imported_under.get(k))
+        if changed:
+            print(f"prestarted: this command set {', '.join(changed)} before importing {', '.join(modules)}, which "
+                  "read it as they are imported, and the heavy interpreter had imported them already: run it fresh "
+                  "(helpers.run(..., fresh=True))", file=sys.stderr, flush=True)
+            os._exit(70)
+        imported(*modules)
+
+    common.collector.imported_without_collections = checked  # the exports' and evaluations' imports
+    train.task.main.imported_without_collections = checked  # the task's, imported by name

@@ -1,11 +1,10 @@
 """conf/experiment/: the seeds' runs as reviewed files, each composing, passing the checks and planning with the
 figures its header states; and the optional local config (conf/local/) applied before the command line."""
 import json
-import subprocess
 import uuid
 
 import pytest
-from helpers import PYTHON, ROOT, command_env
+from helpers import ROOT, run
 from hydra.core.hydra_config import HydraConfig
 
 from common.paths import CONF
@@ -52,9 +51,8 @@ def test_each_experiment_composes_passes_the_checks_and_plans(name):
 
 @pytest.mark.e2e  # starts a Python process of its own
 def test_an_experiment_is_a_plan_on_the_command_line_that_writes_nothing(tmp_path):
-    out = subprocess.run([str(PYTHON), "-m", "train", "experiment=mpt-30b-ndv5-amlfs", "cluster.nodes=8",
-                          "plan=json"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         env=command_env(tmp_path / "root"))
+    out = run("-m", "train", "experiment=mpt-30b-ndv5-amlfs", "cluster.nodes=8", "plan=json", root=tmp_path / "root",
+              cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     plan = json.loads(out.stdout)
     assert plan["world_size"] == 64 and plan["run_name"].startswith("mpt-30b-")  # the command line over the file

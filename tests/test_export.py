@@ -14,10 +14,9 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
-from helpers import C4, PYTHON, ROOT, TOKENIZER, command_env, finished, made_once, run
+from helpers import C4, PYTHON, ROOT, TOKENIZER, finished, made_once, run
 
 BATCH = 4  # samples a batch on each rank, training and evaluating (device_eval_batch_size follows the microbatch)
 ARGS = ("data=mds", "max_duration=10ba", "eval_interval=10ba", "save_interval=10ba", "progress_bar=false",
@@ -190,8 +189,7 @@ def test_icl_evaluation_of_an_exported_model_on_a_task_file_from_real_c4(one_ran
 def test_errors_name_the_key_and_the_fix_and_write_nothing(tmp_path):
     """Checked before torch is imported: no checkpoint, an incomplete one, no data, bad sampling values."""
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                              env=command_env(tmp_path / "root"))
+        return run("-m", *args, root=tmp_path / "root", timeout=120)
 
     proc = cli("train.export", "no-such-run")
     assert proc.returncode == 2 and "error: checkpoint: 'no-such-run'" in proc.stderr and "fix:" in proc.stderr
@@ -407,8 +405,7 @@ def test_status_and_export_look_on_the_storage_the_training_command_named(tmp_pa
     for args, where in ((["train.status", "storage=amlfs", f"storage.root={tmp_path}"], tmp_path / "outputs" / "sweeps"),
                         (["train.export", "a-run", "storage=amlfs", f"storage.root={tmp_path}"],
                          tmp_path / "checkpoints")):
-        proc = subprocess.run([str(PYTHON), "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                              env=command_env(tmp_path / "local"))
+        proc = run("-m", *args, root=tmp_path / "local", timeout=120)
         assert proc.returncode == 2 and str(where) in proc.stderr, proc.stderr
 
 

@@ -4,10 +4,9 @@ checks) and on every node as a job starts (train/task/shards.py). Tested with a 
 import contextlib
 import os
 import subprocess
-import sys
 
 import pytest
-from helpers import ROOT, command_env
+from helpers import ROOT, run
 
 from train.checks import ERROR, Context, check
 from train.config.compose import compose
@@ -45,9 +44,8 @@ def test_an_empty_mount_point_is_refused_on_the_login_node_and_nothing_is_writte
     data, root = tmp_path / "data", tmp_path / "root"
     data.mkdir()
     root.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "train", *_amlfs(data), "max_duration=2ba"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120,
-                          env=command_env(root, {"HF_HUB_OFFLINE": "1"}))
+    proc = run("-m", "train", *_amlfs(data), "max_duration=2ba", root=root, env={"HF_HUB_OFFLINE": "1"}, cwd=tmp_path,
+               timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"error: storage.mounts: {data} is not a mount point on this node" in proc.stderr
     assert "fix: mount the amlfs file system at" in proc.stderr

@@ -54,9 +54,24 @@ def test_what_a_fork_cannot_make_the_same_goes_to_a_fresh_interpreter(monkeypatc
     assert prestarted.kind_for(["-m", "train"], {**env, "HF_HUB_OFFLINE": "1"}, {}) == "light"
     assert prestarted.kind_for(["-m", "train", "plan=true"], {**env, "HF_HUB_OFFLINE": "1"}, {}) == "light"
     assert prestarted.kind_for(["-m", "train", "plan=true"], {**env, "PYTHONHASHSEED": "1"}, {}) is None
+    assert prestarted.kind_for(["-m", "train"], {**env, "PYTORCH_JIT": "0"}, {}) == "light"
     assert prestarted.kind_for(["-m", "train"], {**env, "SLURM_CONF": "/elsewhere"}, {}) == "heavy"
+    # a command that sets its own variables before it imports the libraries imports them itself
+    assert prestarted.kind_for(["-m", "train", "cluster.env.HF_HUB_OFFLINE=1"], env, {}) == "light"
+    assert prestarted.kind_for(["-m", "train", "+cluster.env.TMPDIR=/x"], env, {}) == "light"
+    assert prestarted.kind_for(["-m", "train"], env, {}, fresh=True) is None
     assert prestarted.kind_for(["-m", "train"], env, {"input": "x"}) is None
     assert prestarted.kind_for(["-m", "data_prep"], env, {}) is None
     assert prestarted.kind_for(["-c", "print(1)"], env, {}) is None
     monkeypatch.setenv("PRESTARTED", "0")
     assert prestarted.kind_for(["-m", "train"], env, {}) is None
+
+
+@pytest.mark.train
+def test_a_heavy_fork_whose_command_sets_what_its_imports_read_fails_naming_it(tmp_path):
+    """cluster.env applied by the task before it imports torch (train/task/main.py) came too late in a fork of the
+    heavy interpreter: loud, never a run under other settings than a fresh one's."""
+    proc = prestarted.run("heavy", ["-m", "train", "cluster.env.OMP_NUM_THREADS=2", "max_duration=2ba",
+                                    "checkpoint=none", "progress_bar=false"], ROOT, command_env(tmp_path), 600)
+    assert proc.returncode == 70, proc.stderr[-2000:]
+    assert "this command set OMP_NUM_THREADS" in proc.stderr and "fresh=True" in proc.stderr

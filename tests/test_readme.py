@@ -5,11 +5,10 @@ traceback, and print every line shown. Every docs/ page is linked from README.md
 pages points to a file that exists (and, with an anchor, to a heading of that page). So the docs cannot rot."""
 import re
 import shlex
-import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT, command_env
+from helpers import ROOT, run
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TEXTS = {page.relative_to(ROOT).as_posix(): page.read_text() for page in PAGES}
@@ -76,9 +75,7 @@ def test_every_readme_command_line_runs_as_a_look(tmp_path, page, line, error):
         if "-m" in args:
             args = [_first_point(a) for a in args if a != "-m"]
         look = [] if "--cfg" in args else ["--cfg", "job"]
-    env = command_env(root, {"HF_HUB_OFFLINE": "1"})
-    proc = subprocess.run([str(PYTHON), "-m", module, *args, *look], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = run("-m", module, *args, *look, root=root, env={"HF_HUB_OFFLINE": "1"}, timeout=120)
     assert "Traceback" not in proc.stderr, (page, proc.stderr[-3000:])
     if error:  # our checks exit 2; Hydra's own refusals (a wrong type, an unknown key) exit 1
         assert proc.returncode in (1, 2), (page, proc.stderr[-3000:])

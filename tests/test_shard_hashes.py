@@ -2,12 +2,10 @@
 and a training run hashes the train and val shards it will read before it builds the trainer, naming a damaged
 one. A real byte flip in a real shard."""
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from helpers import ROOT, command_env, streaming_dataset
+from helpers import run, streaming_dataset
 
 from data_prep.mds import HASHES, ShardWriter
 from train.task import mock_data
@@ -103,8 +101,7 @@ def test_a_run_stops_before_training_naming_the_damaged_val_shard(tmp_path):
     mock = mock_data.ensure(str(root / "datasets" / "mock-seq128"), 128, 1024, 64)  # what data=mock reads
     [victim] = (mock / "val").glob("shard.*.mds")
     _flip(victim)
-    proc = subprocess.run([sys.executable, "-m", "train", "max_duration=4ba", "checkpoint=none"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, env=command_env(root))
+    proc = run("-m", "train", "max_duration=4ba", "checkpoint=none", root=root, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"error: eval_loader.dataset: shard {victim} is damaged: its xxh3_64 is" in proc.stderr
     assert "Traceback" not in proc.stderr and "[progress]" not in proc.stderr
