@@ -58,7 +58,7 @@ _READ_AT_IMPORT = re.compile(r"HF_|HUGGINGFACE|TRANSFORMERS|TOKENIZERS|(PY)?TORC
 # from the light server, it imports them after, as a fresh one does.
 _SETS_ENV = re.compile(r"[+~]*(cluster\.env|hydra\.job\.env_set)\b.*")
 _READ = {"light": (_READ_AT_START,), "heavy": (_READ_AT_START, _READ_AT_IMPORT)}
-_SERVERS: dict = {}  # kind -> (its process, its socket, the environment it imported under)
+_SERVERS: dict = {}  # kind -> (its process, its socket, the environment it imported under, what its imports set)
 _FOLDER = None  # this worker's servers' sockets
 _STARTING = threading.Lock()
 
@@ -72,8 +72,11 @@ def kind_for(args: list, env: dict, popen: dict, fresh: bool = False) -> str | N
                                    else "heavy")
     # a heavy command under other import-time settings goes to the light server, its command importing them itself
     for kind in dict.fromkeys((wanted, "light")):
-        started_under = _SERVERS[kind][2] if kind in _SERVERS else _base_env()
-        differ = {k for k in {*env, *started_under} if env.get(k) != started_under.get(k)}
+        started_under, set_by_imports = _SERVERS[kind][2:] if kind in _SERVERS else (_base_env(), {})
+        # (a value the server's imports set themselves, as torch sets KMP_DUPLICATE_LIB_OK, is no difference: the
+        # test process has it once a test imported torch, and a fresh command's imports would set it)
+        differ = {k for k in {*env, *started_under} if env.get(k) != started_under.get(k)
+                  and not (k in set_by_imports and env.get(k) == set_by_imports[k])}
         if not any(p.match(k) for k in differ for p in _READ[kind]):
             return kind
     return None
@@ -146,7 +149,7 @@ def _server(kind: str) -> str:
 
 def _started(kind: str) -> str:
     if kind in _SERVERS:
-        proc, path, _ = _SERVERS[kind]
+        proc, path, *_ = _SERVERS[kind]
         assert proc.poll() is None, f"the prestarted {kind} interpreter ended (exit {proc.returncode})"
         return path
     from helpers import PYTHON, ROOT
@@ -161,8 +164,8 @@ def _started(kind: str) -> str:
                              f"import prestarted; prestarted.serve({kind!r}, {path!r}, {os.getpid()})"],
                             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
     ready = proc.stdout.readline()
-    assert ready == b"ready\n", f"the prestarted {kind} interpreter did not start (exit {proc.wait()})"
-    _SERVERS[kind] = (proc, path, env)
+    assert ready.startswith(b"ready "), f"the prestarted {kind} interpreter did not start (exit {proc.wait()})"
+    _SERVERS[kind] = (proc, path, env, json.loads(ready[len(b"ready "):]))
     atexit.register(proc.kill)  # registered after the folder's removal, so run before it
     return path
 
@@ -197,7 +200,7 @@ def serve(kind: str, path: str, parent: int) -> None:
     listener.listen(8)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
-    sys.stdout.write("ready\n")
+    sys.stdout.write(f"ready {json.dumps(set_by_imports)}\n")
     sys.stdout.flush()
     running: dict = {}
     while os.getppid() == parent:

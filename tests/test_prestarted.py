@@ -45,8 +45,14 @@ def test_a_training_forked_writes_the_same_files_and_numbers_as_in_a_fresh_inter
     assert (got["train_loss"], got["eval"]) == (want["train_loss"], want["eval"])
 
 
+@pytest.mark.e2e  # starts the heavy server
+@pytest.mark.torch  # llm-foundry's imports in this process, as a test before may have made them
 def test_what_a_fork_cannot_make_the_same_goes_to_a_fresh_interpreter(monkeypatch):
+    import sklearn  # noqa: F401  (sets KMP_DUPLICATE_LIB_OK here, as llm-foundry's imports in the heavy server do)
+
+    prestarted._server("heavy")
     env = command_env()
+    assert env.get("KMP_DUPLICATE_LIB_OK") == "True"  # set by the imports: no difference
     assert prestarted.kind_for(["-m", "train", "-m", "optimizer.lr=1e-3,2e-3"], env, {}) == "light"
     assert prestarted.kind_for(["-m", "train.export", "RUN"], env, {}) == "heavy"
     # read when torch or Hugging Face's libraries are imported: the heavy kind's were imported under another value
