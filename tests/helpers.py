@@ -173,19 +173,33 @@ def kill_after_checkpoint(root: Path, args: list, batch: int, env: dict | None =
 def kill_all_with(variable: str, within: float = 60) -> None:
     """SIGKILL every process whose environment has `variable` and wait until each has ended (the environment a
     process started with, /proc/PID/environ: a command `run` forked from a prestarted interpreter shows that
-    interpreter's, so this finds Popen'd commands and the ranks they start, which are fresh processes). kill() returns
-    before the process is gone: a rank still exiting (its memory being freed on a busy machine) holds its save
-    folder's lock for a moment, and a command started at once is refused as a second run of that folder.
-    An ended process (a zombie) has no environment left to read, so it drops out of processes_with."""
+    interpreter's, so this finds Popen'd commands and the ranks they start, which are fresh processes).
+    kill() returns before the process is gone, and an exiting process stops showing its environment before it
+    closes its files: a rank still exiting holds its save folder's lock for a moment, and a command started at once
+    (a forked one starts within a second) is refused as a second run of that folder. So each one killed is waited
+    for until it is gone or a zombie (its files closed)."""
     deadline = time.monotonic() + within
+    killed: set = set()
     while pids := processes_with(variable):
         assert time.monotonic() < deadline, f"processes {pids} still running {within} s after SIGKILL"
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
             except ProcessLookupError:
                 pass
         time.sleep(0.05)
+    while exiting := [pid for pid in killed if _state(pid) not in (None, "Z")]:
+        assert time.monotonic() < deadline, f"processes {exiting} still exiting {within} s after SIGKILL"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter (R, S, D, Z, ...), None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def processes_with(variable: str) -> list:
