@@ -167,6 +167,21 @@ def kill_after_checkpoint(root: Path, args: list, batch: int, env: dict | None =
     wait_for_checkpoint(root, batch, proc)
     kill_group(proc)
     kill_all_with(f"PRETRAIN_ROOT={root}")  # ranks that submitit started in sessions of their own
+    # a rank already exiting when it was looked for (its controller gone) shows no environment yet may still hold
+    # its save folder's lock (a POSIX lock: train/checkpoint/resume.py claim): free once the rank has ended
+    import fcntl
+
+    deadline = time.monotonic() + 60
+    for lock in root.glob("checkpoints/*/.lock"):
+        with open(lock, "r+") as f:
+            while True:
+                try:
+                    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.lockf(f, fcntl.LOCK_UN)
+                    break
+                except (BlockingIOError, PermissionError):
+                    assert time.monotonic() < deadline, f"{lock} still held 60 s after the kill"
+                    time.sleep(0.05)
 
 
 def kill_group(proc: subprocess.Popen) -> None:
