@@ -165,7 +165,8 @@ def kill_after_checkpoint(root: Path, args: list, batch: int, env: dict | None =
     proc = subprocess.Popen([str(PYTHON), *map(str, args)], cwd=ROOT, env=command_env(root, env),
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_checkpoint(root, batch, proc)
-    kill_group(proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
     kill_all_with(f"PRETRAIN_ROOT={root}")  # ranks that submitit started in sessions of their own
     # a rank already exiting when it was looked for (its controller gone) shows no environment yet may still hold
     # its save folder's lock (a POSIX lock: train/checkpoint/resume.py claim): free once the rank has ended
@@ -182,26 +183,6 @@ def kill_after_checkpoint(root: Path, args: list, batch: int, env: dict | None =
                 except (BlockingIOError, PermissionError):
                     assert time.monotonic() < deadline, f"{lock} still held 60 s after the kill"
                     time.sleep(0.05)
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the process group `proc` leads (started with start_new_session) and wait until every member has
-    closed its files: its dataloader workers share its save folder's lock, and a command started at once would find
-    the folder in use (see kill_all_with)."""
-    members = [int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat") if _group(stat) == proc.pid]
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    deadline = time.monotonic() + 60
-    while exiting := [pid for pid in members if _state(pid) not in (None, "Z")]:
-        assert time.monotonic() < deadline, f"processes {exiting} still exiting 60 s after SIGKILL"
-        time.sleep(0.05)
-
-
-def _group(stat: Path) -> int | None:
-    try:
-        return int(stat.read_text().rsplit(")", 1)[1].split()[2])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def kill_all_with(variable: str, within: float = 60) -> None:

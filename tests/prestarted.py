@@ -73,8 +73,8 @@ def kind_for(args: list, env: dict, popen: dict, fresh: bool = False) -> str | N
     # a heavy command under other import-time settings goes to the light server, its command importing them itself
     for kind in dict.fromkeys((wanted, "light")):
         started_under, set_by_imports = _SERVERS[kind][2:] if kind in _SERVERS else (_base_env(), {})
-        # (a value the server's imports set themselves, as torch sets KMP_DUPLICATE_LIB_OK, is no difference: the
-        # test process has it once a test imported torch, and a fresh command's imports would set it)
+        # (a value the server's imports set themselves, as scikit-learn under llm-foundry sets KMP_DUPLICATE_LIB_OK,
+        # is no difference: the test process has it once a test imported them, and a fresh command's imports set it)
         differ = {k for k in {*env, *started_under} if env.get(k) != started_under.get(k)
                   and not (k in set_by_imports and env.get(k) == set_by_imports[k])}
         if not any(p.match(k) for k in differ for p in _READ[kind]):
@@ -247,7 +247,7 @@ def _command(kind: str, request: dict, fds: list, imported_under: dict, set_by_i
         os.close(fd)
     os.chdir(request["cwd"])
     os.environ.clear()
-    os.environ.update({**request["env"], **set_by_imports})
+    os.environ.update({**set_by_imports, **request["env"]})  # the imports set theirs by setdefault: the command's win
     if kind == "heavy":
         _loud_if_imported_under_other_settings(imported_under, set_by_imports)
     tempfile.tempdir = None  # found again from this environment when asked

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT, command_env, finished, kill_group, run, train_command
+from helpers import PYTHON, ROOT, command_env, finished, run, train_command
 
 pytestmark = pytest.mark.train
 
@@ -57,7 +57,8 @@ def test_a_kill_during_the_final_evaluation_is_followed_by_a_rerun_that_reports_
     while not list((tmp_path / "outputs").rglob("metrics.json")):
         assert proc.poll() is None and time.time() < deadline, "the run ended before its final evaluation"
         time.sleep(0.02)
-    kill_group(proc)
+    os.killpg(proc.pid, 9)
+    proc.wait()
     [folder] = (tmp_path / "checkpoints").iterdir()
     assert (folder / "ep0-ba20-rank0.pt").is_file() and not (folder / "finished.json").exists()
     assert [b for b, _ in metrics(tmp_path)["eval"]] == [15]  # killed in the evaluation at 20
