@@ -21,14 +21,25 @@ A heavy command that sets such a variable anyway before it imports the libraries
 loudly, exit 70, naming it.
 Forks share their server's string hash seed where fresh processes each draw one (numpy's global generator is
 reseeded in each): references a run is compared with are made fresh (helpers.finished). A forked command's command
-line and initial environment in /proc are its server's: nothing reads them for a synchronous command (tests and the
-launcher look there for ranks, which submitit starts as fresh interpreters, as Slurm does; a test that kills a
-command starts it with Popen)."""
+line and initial environment in /proc are its server's: nothing reads them for a synchronous command (a test that
+kills a command starts it with Popen).
+
+Ranks. A local `-m` run's ranks are what submitit's local controller starts as `PYTHON -u -m submitit.core._submit
+FOLDER`, ~8.5 s of CPU each, most of it the imports. A forked light `-m train` command gives submitit `as_rank`'s
+script as that interpreter: it stands for the rank (the controller's child, with the rank's pid to wait for and
+signal, its environment and command line), has the rank forked from a third server (the rank's imports, unbuffered
+as `-u` makes them, CUDA_VISIBLE_DEVICES="" as the controller sets it), passes on the signals it gets, and ends as the
+rank ends; the rank dies with it (SIGKILL, by a pidfd). The rank's command line and environment are written over the
+server's initial ones, which /proc shows (the server starts with room for them): the launcher
+(hydra_plugins/pretrain_launcher/outcomes.py) and the tests (helpers.kill_all_with) find it as they find a fresh
+one. A rank whose environment differs in what the imports read, or that does not fit, runs fresh in the client's
+place (exec). Ranks started by a Popen'd command, and Slurm's, are fresh."""
 import atexit
 import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -45,6 +56,8 @@ LIGHT = ("hydra", "omegaconf", "train", "train.config.compose", "common.compose"
          "hydra_plugins.pretrain_launcher.sweep_status")
 HEAVY = ("train.task.main", "train.checkpoint.resume", "train.hf_model", "transformers")
 FOUNDRY = ("composer", "llmfoundry.command_utils")
+# A rank's: submitit's entry point and what it unpickles (our launcher, which runs the training), then a training's.
+RANK = ("submitit.core.submission", "hydra_plugins.pretrain_launcher.pretrain_launcher")
 _MODULES = {"train": None, "train.status": "light", "train.export": "heavy", "train.evaluate": "heavy",
             "train.consolidate": "heavy", "train.sample": "heavy"}
 # A look, or a launcher whose ranks are fresh processes: no training in the command's own process.
@@ -57,7 +70,15 @@ _READ_AT_IMPORT = re.compile(r"HF_|HUGGINGFACE|TRANSFORMERS|TOKENIZERS|(PY)?TORC
 # The command sets environment variables of its own before it imports the libraries (train/task/main.py): forked
 # from the light server, it imports them after, as a fresh one does.
 _SETS_ENV = re.compile(r"[+~]*(cluster\.env|hydra\.job\.env_set)\b.*")
-_READ = {"light": (_READ_AT_START,), "heavy": (_READ_AT_START, _READ_AT_IMPORT)}
+_READ = {"light": (_READ_AT_START,), "heavy": (_READ_AT_START, _READ_AT_IMPORT),
+         "rank": (_READ_AT_START, _READ_AT_IMPORT)}
+# A `-m` run on this machine: its ranks, which submitit's local controller starts as `PYTHON -u -m
+# submitit.core._submit FOLDER`, are forked from the rank server instead (`_rank_python`).
+_LOOKS_ONLY = re.compile(r"(plan=.*|--cfg|--help|-h|--info|--hydra-help)")
+# What submitit's local controller gives every rank it starts (the GPUs it may use: none here).
+_RANK_ENV = {"CUDA_VISIBLE_DEVICES": ""}
+# Room in the rank server's initial environment and command line for a rank's own, written over them (`_show_as`).
+_ROOM = 1 << 16
 _SERVERS: dict = {}  # kind -> (its process, its socket, the environment it imported under, what its imports set)
 _FOLDER = None  # this worker's servers' sockets
 _STARTING = threading.Lock()
@@ -73,13 +94,17 @@ def kind_for(args: list, env: dict, popen: dict, fresh: bool = False) -> str | N
     # a heavy command under other import-time settings goes to the light server, its command importing them itself
     for kind in dict.fromkeys((wanted, "light")):
         started_under, set_by_imports = _SERVERS[kind][2:] if kind in _SERVERS else (_base_env(), {})
-        # (a value the server's imports set themselves, as scikit-learn under llm-foundry sets KMP_DUPLICATE_LIB_OK,
-        # is no difference: the test process has it once a test imported them, and a fresh command's imports set it)
-        differ = {k for k in {*env, *started_under} if env.get(k) != started_under.get(k)
-                  and not (k in set_by_imports and env.get(k) == set_by_imports[k])}
-        if not any(p.match(k) for k in differ for p in _READ[kind]):
+        if not _differences(env, started_under, set_by_imports, _READ[kind]):
             return kind
     return None
+
+
+def _differences(env: dict, started_under: dict, set_by_imports: dict, read: tuple) -> list:
+    """The variables, read as the interpreter starts or as the server's imports ran (`read`), whose value in `env`
+    differs from the one the server started under. A value the server's imports set themselves (scikit-learn under
+    llm-foundry sets KMP_DUPLICATE_LIB_OK) is no difference: a fresh command's imports set it too."""
+    return sorted(k for k in {*env, *started_under} if env.get(k) != started_under.get(k)
+                  and not (k in set_by_imports and env.get(k) == set_by_imports[k]) and any(p.match(k) for p in read))
 
 
 def _base_env() -> dict:
@@ -94,13 +119,16 @@ def run(kind: str, args: list, cwd, env: dict, timeout: float) -> subprocess.Com
     end, so a process it left holding them (a launcher's job) is waited for."""
     deadline = time.monotonic() + timeout
     server = _server(kind)
+    # a local `-m` run's ranks: forked from the rank server where they can be (as_rank), started fresh where not
+    rank_python = _rank_python() if kind == "light" and _launches_ranks([str(a) for a in args]) else None
     (out, out_w), (err, err_w) = os.pipe(), os.pipe()
     read: dict = {out: b"", err: b""}
     pid = None
     with socket.socket(socket.AF_UNIX) as conn:
         try:
             conn.connect(server)
-            request = json.dumps({"args": [str(a) for a in args], "cwd": str(cwd), "env": env}).encode() + b"\n"
+            request = json.dumps({"args": [str(a) for a in args], "cwd": str(cwd), "env": env,
+                                  "rank_python": rank_python}).encode() + b"\n"
             sent = socket.send_fds(conn, [request], [0, out_w, err_w])
             conn.sendall(request[sent:])
             os.close(out_w), os.close(err_w)
@@ -147,6 +175,32 @@ def _server(kind: str) -> str:
         return _started(kind)
 
 
+def _launches_ranks(args: list) -> bool:
+    """`-m train -m ...` that is no look and sets no variables of its own: it starts ranks on this machine (a Slurm
+    one starts none here, and its executor ignores the interpreter this names)."""
+    rest = args[2:]
+    return args[:2] == ["-m", "train"] and ("-m" in rest or "--multirun" in rest) \
+        and not any(_LOOKS_ONLY.fullmatch(a) or _SETS_ENV.fullmatch(a) for a in rest)
+
+
+def _rank_python() -> str:
+    """The interpreter this worker's light commands give submitit's local executor for their ranks: a script that
+    has a rank forked from the rank server (as_rank), and runs any other command with this interpreter."""
+    with _STARTING:
+        path = _started("rank")
+        script = os.path.join(_FOLDER, "python")
+        if not os.path.exists(script):
+            from helpers import PYTHON
+
+            # -S: no site-packages to scan; the client needs the standard library alone
+            Path(script + ".new").write_text(
+                f"#!{PYTHON} -S\nimport sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\nimport prestarted\n"
+                f"prestarted.as_rank({path!r}, {str(PYTHON)!r})\n")
+            os.chmod(script + ".new", 0o700)
+            os.rename(script + ".new", script)
+        return script
+
+
 def _started(kind: str) -> str:
     if kind in _SERVERS:
         proc, path, *_ = _SERVERS[kind]
@@ -159,10 +213,13 @@ def _started(kind: str) -> str:
         _FOLDER = tempfile.mkdtemp(prefix="prestarted-")
         atexit.register(shutil.rmtree, _FOLDER, True)
     path = os.path.join(_FOLDER, f"{kind}.sock")
-    env = _base_env()
-    proc = subprocess.Popen([str(PYTHON), "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-                             f"import prestarted; prestarted.serve({kind!r}, {path!r}, {os.getpid()})"],
-                            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    env, room, flags = _base_env(), {}, []
+    if kind == "rank":  # a rank's: submitit starts it unbuffered (-u); room for its environment and command line
+        env, room, flags = {**env, **_RANK_ENV}, {"PRESTARTED_ROOM": "x" * _ROOM}, ["-u"]
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import prestarted; "
+            f"prestarted.serve({kind!r}, {path!r}, {os.getpid()})")
+    proc = subprocess.Popen([str(PYTHON), *flags, "-c", code, *(["x" * (_ROOM >> 4)] if room else [])],
+                            cwd=ROOT, env={**env, **room}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
     ready = proc.stdout.readline()
     assert ready.startswith(b"ready "), f"the prestarted {kind} interpreter did not start (exit {proc.wait()})"
     _SERVERS[kind] = (proc, path, env, json.loads(ready[len(b"ready "):]))
@@ -177,17 +234,20 @@ def serve(kind: str, path: str, parent: int) -> None:
 
     # this folder and `-c`'s '': a command's sys.path starts with its working directory alone
     del sys.path[:2]
+    room = os.environ.pop("PRESTARTED_ROOM", None)  # its memory stays, for a rank's environment (_show_as)
     before = dict(os.environ)
     from hydra.core.plugins import Plugins
 
     from common.collector import imported_without_collections
 
+    if kind == "rank":  # submitit's entry point first, as in a fresh rank
+        importlib.import_module(RANK[0])
     # in a fresh command's order: `train` (whose exit handler must run after the libraries') before the libraries
     for name in LIGHT:
         importlib.import_module(name)
-    if kind == "heavy":
+    if kind in ("heavy", "rank"):
         imported_without_collections(*FOUNDRY)
-        for name in HEAVY:
+        for name in HEAVY + RANK[1:] * (kind == "rank"):
             importlib.import_module(name)
     Plugins.instance()  # Hydra's plugin scan, as every command makes first
     # what the imports themselves set (KMP_DUPLICATE_LIB_OK, ...): a fresh command's imports set it too
@@ -200,6 +260,7 @@ def serve(kind: str, path: str, parent: int) -> None:
     listener.listen(8)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
+    room = _room() if room else None
     sys.stdout.write(f"ready {json.dumps(set_by_imports)}\n")
     sys.stdout.flush()
     running: dict = {}
@@ -209,11 +270,18 @@ def serve(kind: str, path: str, parent: int) -> None:
             request, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
             while not request.endswith(b"\n"):
                 request += conn.recv(1 << 16)
+            request = json.loads(request)
+            if kind == "rank" and (why := _not_forkable(request, before, set_by_imports, room)):
+                conn.sendall(json.dumps({"fresh": why}).encode() + b"\n")
+                for fd in fds:
+                    os.close(fd)
+                conn.close()
+                continue
             sys.stdout.flush(), sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
                 listener.close(), conn.close()
-                _command(kind, json.loads(request), fds, before, set_by_imports)  # never returns
+                _command(kind, request, fds, before, set_by_imports)  # never returns
             for fd in fds:
                 os.close(fd)
             conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
@@ -235,6 +303,66 @@ def serve(kind: str, path: str, parent: int) -> None:
     os.unlink(path)
 
 
+def _room() -> dict | None:
+    """Where this process's initial command line and environment lie in its memory, which /proc shows
+    (/proc/PID/cmdline, /proc/PID/environ: fields 48-51 of /proc/PID/stat), if it can write over them."""
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    arg_start, arg_end, env_start, env_end = (int(fields[i]) for i in range(45, 49))
+    try:
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:  # written over with what is there: may it?
+            mem.seek(env_start)
+            same = mem.read(env_end - env_start)
+            mem.seek(env_start)
+            mem.write(same)
+    except OSError:
+        return None
+    return {"argv": (arg_start, arg_end), "environ": (env_start, env_end)}
+
+
+def _shown(strings: list) -> bytes:
+    return b"".join(s.encode(errors="surrogateescape") + b"\0" for s in strings)
+
+
+def _not_forkable(request: dict, imported_under: dict, set_by_imports: dict, room: dict | None) -> list:
+    """Why this rank cannot be forked from the rank server ([] if it can): an environment its imports or the
+    interpreter's start read otherwise, or one /proc could not show as its own (launchers and tests find ranks by
+    their environment: hydra_plugins/pretrain_launcher/outcomes.py, helpers.kill_all_with)."""
+    if room is None:
+        return ["/proc/self/mem"]
+    shown = {"argv": [sys.executable, *request["args"]], "environ": [f"{k}={v}" for k, v in request["env"].items()]}
+    return [f"{what} of {len(_shown(shown[what]))} bytes" for what, (start, end) in room.items()
+            if len(_shown(shown[what])) > end - start] \
+        or _differences(request["env"], imported_under, set_by_imports, _READ["rank"])
+
+
+def _show_as(request: dict) -> None:
+    """Write the rank's command line and environment over the server's, as /proc shows them: a rank forked from
+    the rank server is then found as a fresh one is (_not_forkable checked that they fit)."""
+    room = _room()
+    shown = {"argv": [sys.executable, *request["args"]], "environ": [f"{k}={v}" for k, v in request["env"].items()]}
+    with open("/proc/self/mem", "r+b", buffering=0) as mem:
+        for what, (start, end) in room.items():
+            mem.seek(start)
+            mem.write(_shown(shown[what]).ljust(end - start, b"\0"))
+
+
+def _die_with(client: int) -> None:
+    """End this rank by SIGKILL as soon as its client (as_rank, the process submitit started) has ended: a rank
+    killed with its controller or by a test is never left running."""
+    import select
+
+    try:
+        watched = os.pidfd_open(client)
+    except ProcessLookupError:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def watch() -> None:
+        select.select([watched], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="prestarted-client", daemon=True).start()
+
+
 def _command(kind: str, request: dict, fds: list, imported_under: dict, set_by_imports: dict) -> None:
     """In the forked child: become `python -m MODULE ARGS` in the request's folder and environment, run as `-m`
     runs a module (runpy._run_module_as_main, in a new __main__), and end as the interpreter ends."""
@@ -242,19 +370,27 @@ def _command(kind: str, request: dict, fds: list, imported_under: dict, set_by_i
     import runpy
     import types
 
+    if kind == "rank":
+        _die_with(request["client"])
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update({**set_by_imports, **request["env"]})  # the imports set theirs by setdefault: the command's win
-    if kind == "heavy":
+    if kind in ("heavy", "rank"):
         _loud_if_imported_under_other_settings(imported_under, set_by_imports)
+    if kind == "rank":  # after os.environ.clear(): nothing points into the server's initial environment any more
+        _show_as(request)
+    if request.get("rank_python"):
+        _ranks_forked(request["rank_python"])
     tempfile.tempdir = None  # found again from this environment when asked
     if "numpy" in sys.modules:  # a fresh process seeds numpy's global generator from the OS (`random` reseeds itself)
         sys.modules["numpy"].random.seed()
     sys.path.insert(0, os.getcwd())
-    _, module, *rest = request["args"]
+    # a rank's `-u`: the rank server runs unbuffered from its start, as its import-time streams must
+    args = request["args"][1:] if kind == "rank" else request["args"]
+    _, module, *rest = args
     sys.argv = [module, *rest]
     # as in a fresh `python -m`: the module runs as __main__ before anything imports it under its name (one the
     # server imported as another's dependency is imported again, as a fresh run's later import would)
@@ -306,3 +442,57 @@ def _loud_if_imported_under_other_settings(imported_under: dict, set_by_imports:
 
     common.collector.imported_without_collections = checked  # the exports' and evaluations' imports
     train.task.main.imported_without_collections = checked  # the task's, imported by name
+
+
+def _ranks_forked(rank_python: str) -> None:
+    """In a light command that starts a local job: submitit's local executor starts its ranks with `rank_python`
+    (its `python`, when the command gives none: a container's is "python3"), which has them forked."""
+    from submitit.local import local
+
+    init = local.LocalExecutor.__init__
+
+    def __init__(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        if self.python == shlex.quote(sys.executable):  # the default: none given
+            self.python = shlex.quote(rank_python)
+
+    local.LocalExecutor.__init__ = __init__
+
+
+# Signals a rank's client passes on to the rank it had forked (submitit's controller sends SIGUSR2 at a time limit,
+# SIGTERM, SIGINT then SIGKILL to stop its tasks); SIGKILL and SIGSTOP cannot be caught: the rank dies with its client
+# (_die_with), and a stopped client leaves its rank running.
+_PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+              signal.SIGCONT, signal.SIGALRM)
+
+
+def as_rank(path: str, python: str) -> None:
+    """The rank's interpreter as submitit starts it (`_rank_python`): `-u -m submitit.core._submit FOLDER` forked
+    from the rank server at `path`, this process standing for it (its pid, environment and command line are what
+    submitit and the tests see; the rank's are written to match), passing signals on and ending as it ends. Any
+    other command, or a rank the server cannot make the same (another environment), runs in `python` itself."""
+    args = sys.argv[1:]
+    if args[:3] == ["-u", "-m", "submitit.core._submit"]:
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as conn:
+            conn.connect(path)
+            request = json.dumps({"args": args, "cwd": os.getcwd(), "env": dict(os.environ),
+                                  "client": os.getpid()}).encode() + b"\n"
+            sent = socket.send_fds(conn, [request], [0, 1, 2])
+            conn.sendall(request[sent:])
+            replies = conn.makefile("rb")
+            reply = json.loads(replies.readline() or b"{}")
+            if "pid" in reply:
+                for sig in _PASSED_ON:
+                    signal.signal(sig, lambda sig, _, pid=reply["pid"]: _pass_on(pid, sig))
+                status = json.loads(replies.readline() or b'{"status": 256}')["status"]  # none: the server ended
+                if os.WIFSIGNALED(status):
+                    with contextlib.suppress(OSError, ValueError):
+                        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+                    os.kill(os.getpid(), os.WTERMSIG(status))
+                os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    os.execv(python, [python, *args])
+
+
+def _pass_on(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)

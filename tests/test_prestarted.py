@@ -1,12 +1,18 @@
 """A command forked from a prestarted interpreter (tests/prestarted.py) is the command a fresh interpreter runs:
 the same answer, exit status, messages and files, the same training to the last digit; and what a fork cannot
 make the same goes to a fresh interpreter."""
+import fcntl
 import json
+import os
+import signal
 import subprocess
+import threading
+import time
+from pathlib import Path
 
 import prestarted
 import pytest
-from helpers import PYTHON, ROOT, command_env, run
+from helpers import PYTHON, ROOT, command_env, kill_all_with, processes_with, run
 
 TRAIN = ("max_duration=4ba", "save_interval=2ba", "eval_interval=2ba", "progress_bar=false")
 
@@ -81,3 +87,97 @@ def test_a_heavy_fork_whose_command_sets_what_its_imports_read_fails_naming_it(t
                                     "checkpoint=none", "progress_bar=false"], ROOT, command_env(tmp_path), 600)
     assert proc.returncode == 70, proc.stderr[-2000:]
     assert "this command set OMP_NUM_THREADS" in proc.stderr and "fresh=True" in proc.stderr
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _forked_ranks(root: Path, within: float = 120) -> dict:
+    """{pid: its client's pid} of the ranks of the local job under `root` forked from the rank server, once both
+    run: found as fresh ones are, by their environment, and shown by their command line as submitit starts them."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        server = prestarted._SERVERS.get("rank", (None,))[0]
+        ranks, clients = {}, {}
+        for pid in processes_with(f"PRETRAIN_ROOT={root}"):
+            try:
+                environ = dict(v.split("=", 1) for v in Path(f"/proc/{pid}/environ").read_text().split("\0") if v)
+                command = Path(f"/proc/{pid}/cmdline").read_text().rstrip("\0").split("\0")
+                parent = _parent(pid)
+                started_by = Path(f"/proc/{parent}/cmdline").read_bytes()
+            except (OSError, ValueError):
+                continue
+            if command[-4:-1] != ["-u", "-m", "submitit.core._submit"] or "SUBMITIT_LOCAL_LOCALID" not in environ:
+                continue  # the controller, a dataloader worker
+            rank = environ["SUBMITIT_LOCAL_LOCALID"]
+            if server is not None and parent == server.pid:
+                ranks[rank] = pid
+            elif b"submitit.local._local" in started_by:  # submitit's controller: not a rank's dataloader worker
+                clients[rank] = pid
+        if len(ranks) == 2 and ranks.keys() == clients.keys():
+            return {ranks[r]: clients[r] for r in ranks}
+        time.sleep(0.05)
+    raise AssertionError(f"no two forked ranks under {root} within {within} s")
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _in_thread(target) -> tuple:
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.setdefault("proc", target()))
+    thread.start()
+    return thread, result
+
+
+@pytest.mark.train
+def test_a_local_jobs_ranks_forked_train_as_fresh_ones(tmp_path):
+    """The ranks of a `-m` run are forked from the rank server, found by their environment and command line as
+    submitit's fresh ones are, and train to the same numbers as ranks started fresh."""
+    args = ("-m", "train", "-m", "cluster.tasks_per_node=2", *TRAIN)
+    thread, result = _in_thread(lambda: run(*args, root=tmp_path / "forked"))
+    _forked_ranks(tmp_path / "forked")
+    thread.join()
+    assert result["proc"].returncode == 0, result["proc"].stderr[-3000:]
+    alone = fresh(*args, root=tmp_path / "fresh")
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    [a], [b] = ((tmp_path / r / "outputs").rglob("metrics.json") for r in ("forked", "fresh"))
+    got, want = json.loads(a.read_text()), json.loads(b.read_text())
+    assert (got["train_loss"], got["eval"], got["world_size"]) == (want["train_loss"], want["eval"], 2)
+
+
+@pytest.mark.train
+def test_a_forked_rank_gets_its_clients_signals_and_ends_with_it(tmp_path):
+    """A forked rank is given the signals its client gets (submitit's controller sends them: SIGTERM, SIGUSR2 at a
+    time limit); it dies with its client (the controller SIGKILLs its tasks); a test's kill_all_with finds it by
+    its environment: no forked rank outlives its job, none holds its save folder."""
+    root = tmp_path / "root"
+    thread, result = _in_thread(lambda: run("-m", "train", "-m", "cluster.tasks_per_node=2", "max_duration=1000ba",
+                                            "save_interval=2ba", "progress_bar=false", root=root))
+    ranks = _forked_ranks(root)
+    deadline = time.monotonic() + 120
+    while not list(root.glob("checkpoints/*/latest-*")):  # training: submitit's handlers are in place
+        assert time.monotonic() < deadline and thread.is_alive(), "no checkpoint"
+        time.sleep(0.05)
+    (first, its_client), (second, client) = sorted(ranks.items())
+    os.kill(its_client, signal.SIGTERM)  # submitit's handler in the rank logs it and trains on
+    while "Bypassing signal SIGTERM" not in "".join(p.read_text() for p in root.rglob(".submitit/*/*_log.err")):
+        assert time.monotonic() < deadline, "the rank was not given its client's SIGTERM"
+        time.sleep(0.05)
+    assert all(Path(f"/proc/{pid}").exists() for pid in ranks)
+    os.kill(client, signal.SIGKILL)  # the client alone: its rank follows
+    while not _ended(second):
+        assert time.monotonic() < deadline, f"rank {second} outlived its client"
+        time.sleep(0.05)
+    kill_all_with(f"PRETRAIN_ROOT={root}")
+    thread.join(timeout=120)
+    assert not thread.is_alive() and result["proc"].returncode != 0
+    assert not processes_with(f"PRETRAIN_ROOT={root}") and _ended(first)
+    for lock in root.glob("checkpoints/*/.lock"):
+        with open(lock, "a") as f:
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free
