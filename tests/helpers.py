@@ -160,14 +160,20 @@ def wait_for_checkpoint(root: Path, batch: int, proc: subprocess.Popen) -> None:
 
 def kill_after_checkpoint(root: Path, args: list, batch: int, env: dict | None = None) -> None:
     """Start `python ARGS` (PRETRAIN_ROOT=root), SIGKILL its whole process group as soon as the checkpoint at
-    `batch` is complete (wait_for_checkpoint), as a node loss or a preemption would."""
+    `batch` is complete (wait_for_checkpoint), then every process of the run, as a node loss or a preemption
+    would. The command may be forked from a prestarted interpreter (prestarted.popen: the process started stands
+    for it, and it dies with that process)."""
+    import prestarted
+
     _may_run()
-    proc = subprocess.Popen([str(PYTHON), *map(str, args)], cwd=ROOT, env=command_env(root, env),
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = prestarted.popen(args, ROOT, command_env(root, env), start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     wait_for_checkpoint(root, batch, proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    kill_all_with(f"PRETRAIN_ROOT={root}")  # ranks that submitit started in sessions of their own
+    # ranks that submitit started in sessions of their own, and what a forked command started (a forked command
+    # and its ranks show their own environment: tests/prestarted.py)
+    kill_all_with(f"PRETRAIN_ROOT={root}")
     # a rank already exiting when it was looked for (its controller gone) shows no environment yet may still hold
     # its save folder's lock (a POSIX lock: train/checkpoint/resume.py claim): free once the rank has ended
     import fcntl
@@ -187,8 +193,8 @@ def kill_after_checkpoint(root: Path, args: list, batch: int, env: dict | None =
 
 def kill_all_with(variable: str, within: float = 60) -> None:
     """SIGKILL every process whose environment has `variable` and wait until each has ended (the environment a
-    process started with, /proc/PID/environ: a command `run` forked from a prestarted interpreter shows that
-    interpreter's, so this finds Popen'd commands and the ranks they start, which are fresh processes).
+    process started with, /proc/PID/environ, which a command or rank forked from a prestarted interpreter shows as
+    its own: tests/prestarted.py).
     kill() returns before the process is gone, and an exiting process stops showing its environment before it
     closes its files: a rank still exiting holds its save folder's lock for a moment, and a command started at once
     (a forked one starts within a second) is refused as a second run of that folder. So each one killed is waited

@@ -20,20 +20,20 @@ What a fork cannot make the same runs in a fresh interpreter instead (`kind_for`
 A heavy command that sets such a variable anyway before it imports the libraries (a preset's cluster.env) fails
 loudly, exit 70, naming it.
 Forks share their server's string hash seed where fresh processes each draw one (numpy's global generator is
-reseeded in each): references a run is compared with are made fresh (helpers.finished). A forked command's command
-line and initial environment in /proc are its server's: nothing reads them for a synchronous command (a test that
-kills a command starts it with Popen).
+reseeded in each), and so do a forked job's ranks: the references a run is compared with are made fresh
+(helpers.finished), with fresh ranks. A forked command's command line and environment are written over its
+server's where /proc shows them (each server starts with room for them): the launcher
+(hydra_plugins/pretrain_launcher/outcomes.py) and the tests (helpers.kill_all_with) find it as a fresh one.
 
-Ranks. A local `-m` run's ranks are what submitit's local controller starts as `PYTHON -u -m submitit.core._submit
-FOLDER`, ~8.5 s of CPU each, most of it the imports. A forked light `-m train` command gives submitit `as_rank`'s
-script as that interpreter: it stands for the rank (the controller's child, with the rank's pid to wait for and
-signal, its environment and command line), has the rank forked from a third server (the rank's imports, unbuffered
-as `-u` makes them, CUDA_VISIBLE_DEVICES="" as the controller sets it), passes on the signals it gets, and ends as the
-rank ends; the rank dies with it (SIGKILL, by a pidfd). The rank's command line and environment are written over the
-server's initial ones, which /proc shows (the server starts with room for them): the launcher
-(hydra_plugins/pretrain_launcher/outcomes.py) and the tests (helpers.kill_all_with) find it as they find a fresh
-one. A rank whose environment differs in what the imports read, or that does not fit, runs fresh in the client's
-place (exec). Ranks started by a Popen'd command, and Slurm's, are fresh."""
+Stand-ins: a command a test must be able to kill (`popen`), and a local `-m` run's ranks, which submitit's local
+controller starts as `PYTHON -u -m submitit.core._submit FOLDER` (~8.5 s of CPU each, most of it the imports; a
+forked light `-m train` gives submitit's executor the rank kind's stand-in as that interpreter), start a small script
+in the interpreter's place (`stand_in`). It has the command forked (a rank from a third server: a rank's imports,
+unbuffered as `-u` makes them, CUDA_VISIBLE_DEVICES="" as the controller sets it), stands for it (its pid is the one
+the controller or the test waits for and signals), passes on the signals it gets and ends as the command ends; the
+command dies with it (SIGKILL, by a pidfd). A rank whose environment differs in what the imports read, or a command
+/proc could not show, runs fresh in the stand-in's place (exec). Slurm's ranks are fresh, as is a command a test
+stops (SIGSTOP reaches the stand-in alone)."""
 import atexit
 import contextlib
 import json
@@ -73,15 +73,15 @@ _SETS_ENV = re.compile(r"[+~]*(cluster\.env|hydra\.job\.env_set)\b.*")
 _READ = {"light": (_READ_AT_START,), "heavy": (_READ_AT_START, _READ_AT_IMPORT),
          "rank": (_READ_AT_START, _READ_AT_IMPORT)}
 # A `-m` run on this machine: its ranks, which submitit's local controller starts as `PYTHON -u -m
-# submitit.core._submit FOLDER`, are forked from the rank server instead (`_rank_python`).
+# submitit.core._submit FOLDER`, are forked from the rank server instead (`_stand_in`).
 _LOOKS_ONLY = re.compile(r"(plan=.*|--cfg|--help|-h|--info|--hydra-help)")
 # What submitit's local controller gives every rank it starts (the GPUs it may use: none here).
 _RANK_ENV = {"CUDA_VISIBLE_DEVICES": ""}
-# Room in the rank server's initial environment and command line for a rank's own, written over them (`_show_as`).
+# Room in a server's initial environment and command line for a command's own, written over them (`_show_as`).
 _ROOM = 1 << 16
 _SERVERS: dict = {}  # kind -> (its process, its socket, the environment it imported under, what its imports set)
 _FOLDER = None  # this worker's servers' sockets
-_STARTING = threading.Lock()
+_STARTING = threading.RLock()
 
 
 def kind_for(args: list, env: dict, popen: dict, fresh: bool = False) -> str | None:
@@ -119,15 +119,15 @@ def run(kind: str, args: list, cwd, env: dict, timeout: float) -> subprocess.Com
     end, so a process it left holding them (a launcher's job) is waited for."""
     deadline = time.monotonic() + timeout
     server = _server(kind)
-    # a local `-m` run's ranks: forked from the rank server where they can be (as_rank), started fresh where not
-    rank_python = _rank_python() if kind == "light" and _launches_ranks([str(a) for a in args]) else None
+    # a local `-m` run's ranks: forked from the rank server where they can be (stand_in), started fresh where not
+    rank_python = _stand_in("rank") if kind == "light" and _launches_ranks([str(a) for a in args]) else None
     (out, out_w), (err, err_w) = os.pipe(), os.pipe()
     read: dict = {out: b"", err: b""}
     pid = None
     with socket.socket(socket.AF_UNIX) as conn:
         try:
             conn.connect(server)
-            request = json.dumps({"args": [str(a) for a in args], "cwd": str(cwd), "env": env,
+            request = json.dumps({"args": [str(a) for a in args], "cwd": str(cwd), "env": env, "umask": _umask(),
                                   "rank_python": rank_python}).encode() + b"\n"
             sent = socket.send_fds(conn, [request], [0, out_w, err_w])
             conn.sendall(request[sent:])
@@ -183,19 +183,37 @@ def _launches_ranks(args: list) -> bool:
         and not any(_LOOKS_ONLY.fullmatch(a) or _SETS_ENV.fullmatch(a) for a in rest)
 
 
-def _rank_python() -> str:
-    """The interpreter this worker's light commands give submitit's local executor for their ranks: a script that
-    has a rank forked from the rank server (as_rank), and runs any other command with this interpreter."""
+# Popen options that apply to a forked command as to a fresh one: its standard streams (the stand-in passes its own
+# on), its session (the stand-in's: killing that kills the command), how its output is read. Any other (preexec_fn,
+# limits, ...) would reach the stand-in alone: the command then runs fresh.
+_STAND_IN_OPTIONS = {"stdin", "stdout", "stderr", "start_new_session", "text", "encoding", "errors"}
+
+
+def popen(args: list, cwd, env: dict, **options) -> subprocess.Popen:
+    """`python ARGS` as subprocess.Popen(options) starts it, forked from the kind's server where that makes no
+    difference: the process started is then its stand-in (stand_in), which the command dies with."""
+    from helpers import PYTHON
+
+    args = [str(a) for a in args]
+    kind = kind_for(args, env, {}) if set(options) <= _STAND_IN_OPTIONS else None
+    return subprocess.Popen([_stand_in(kind) if kind else str(PYTHON), *args], cwd=cwd, env=env, **options)
+
+
+def _stand_in(kind: str) -> str:
+    """A script to start in the place of `python` (stand_in): it has the command forked from this worker's server
+    of `kind` and stands for it, or runs it in this interpreter where the server cannot make it the same. The rank
+    kind's is the interpreter that forked light commands give submitit's local executor for their ranks."""
     with _STARTING:
-        path = _started("rank")
-        script = os.path.join(_FOLDER, "python")
+        path = _started(kind)
+        script = os.path.join(_FOLDER, kind)
         if not os.path.exists(script):
             from helpers import PYTHON
 
-            # -S: no site-packages to scan; the client needs the standard library alone
+            ranks = _stand_in("rank") if kind == "light" else None  # for a local job the command starts
+            # -S: no site-packages to scan; a stand-in needs the standard library alone
             Path(script + ".new").write_text(
                 f"#!{PYTHON} -S\nimport sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\nimport prestarted\n"
-                f"prestarted.as_rank({path!r}, {str(PYTHON)!r})\n")
+                f"prestarted.stand_in({kind!r}, {path!r}, {str(PYTHON)!r}, {ranks!r})\n")
             os.chmod(script + ".new", 0o700)
             os.rename(script + ".new", script)
         return script
@@ -213,13 +231,15 @@ def _started(kind: str) -> str:
         _FOLDER = tempfile.mkdtemp(prefix="prestarted-")
         atexit.register(shutil.rmtree, _FOLDER, True)
     path = os.path.join(_FOLDER, f"{kind}.sock")
-    env, room, flags = _base_env(), {}, []
-    if kind == "rank":  # a rank's: submitit starts it unbuffered (-u); room for its environment and command line
-        env, room, flags = {**env, **_RANK_ENV}, {"PRESTARTED_ROOM": "x" * _ROOM}, ["-u"]
+    env, flags = _base_env(), []
+    if kind == "rank":  # a rank's: submitit starts it unbuffered (-u), CUDA_VISIBLE_DEVICES set
+        env, flags = {**env, **_RANK_ENV}, ["-u"]
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import prestarted; "
             f"prestarted.serve({kind!r}, {path!r}, {os.getpid()})")
-    proc = subprocess.Popen([str(PYTHON), *flags, "-c", code, *(["x" * (_ROOM >> 4)] if room else [])],
-                            cwd=ROOT, env={**env, **room}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    # room for a command's own command line and environment, written over these (_show_as)
+    proc = subprocess.Popen([str(PYTHON), *flags, "-c", code, "x" * (_ROOM >> 4)], cwd=ROOT,
+                            env={**env, "PRESTARTED_ROOM": "x" * _ROOM}, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE)
     ready = proc.stdout.readline()
     assert ready.startswith(b"ready "), f"the prestarted {kind} interpreter did not start (exit {proc.wait()})"
     _SERVERS[kind] = (proc, path, env, json.loads(ready[len(b"ready "):]))
@@ -234,7 +254,7 @@ def serve(kind: str, path: str, parent: int) -> None:
 
     # this folder and `-c`'s '': a command's sys.path starts with its working directory alone
     del sys.path[:2]
-    room = os.environ.pop("PRESTARTED_ROOM", None)  # its memory stays, for a rank's environment (_show_as)
+    os.environ.pop("PRESTARTED_ROOM")  # its memory stays, for a command's environment (_show_as)
     before = dict(os.environ)
     from hydra.core.plugins import Plugins
 
@@ -260,7 +280,7 @@ def serve(kind: str, path: str, parent: int) -> None:
     listener.listen(8)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
-    room = _room() if room else None
+    room = _room()
     sys.stdout.write(f"ready {json.dumps(set_by_imports)}\n")
     sys.stdout.flush()
     running: dict = {}
@@ -271,7 +291,7 @@ def serve(kind: str, path: str, parent: int) -> None:
             while not request.endswith(b"\n"):
                 request += conn.recv(1 << 16)
             request = json.loads(request)
-            if kind == "rank" and (why := _not_forkable(request, before, set_by_imports, room)):
+            if request.get("client") and (why := _not_forkable(kind, request, before, set_by_imports, room)):
                 conn.sendall(json.dumps({"fresh": why}).encode() + b"\n")
                 for fd in fds:
                     os.close(fd)
@@ -281,7 +301,7 @@ def serve(kind: str, path: str, parent: int) -> None:
             pid = os.fork()
             if pid == 0:
                 listener.close(), conn.close()
-                _command(kind, request, fds, before, set_by_imports)  # never returns
+                _command(kind, request, fds, before, set_by_imports, room)  # never returns
             for fd in fds:
                 os.close(fd)
             conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
@@ -323,32 +343,42 @@ def _shown(strings: list) -> bytes:
     return b"".join(s.encode(errors="surrogateescape") + b"\0" for s in strings)
 
 
-def _not_forkable(request: dict, imported_under: dict, set_by_imports: dict, room: dict | None) -> list:
-    """Why this rank cannot be forked from the rank server ([] if it can): an environment its imports or the
-    interpreter's start read otherwise, or one /proc could not show as its own (launchers and tests find ranks by
-    their environment: hydra_plugins/pretrain_launcher/outcomes.py, helpers.kill_all_with)."""
+def _not_forkable(kind: str, request: dict, imported_under: dict, set_by_imports: dict, room: dict | None) -> list:
+    """Why a stand-in's command cannot be forked ([] if it can): /proc could not show it as its own (launchers
+    and tests find ranks and killed runs by their environment: hydra_plugins/pretrain_launcher/outcomes.py,
+    helpers.kill_all_with), or, for a rank, an environment its imports or the interpreter's start read otherwise
+    (a command's was checked by kind_for)."""
     if room is None:
         return ["/proc/self/mem"]
-    shown = {"argv": [sys.executable, *request["args"]], "environ": [f"{k}={v}" for k, v in request["env"].items()]}
-    return [f"{what} of {len(_shown(shown[what]))} bytes" for what, (start, end) in room.items()
-            if len(_shown(shown[what])) > end - start] \
-        or _differences(request["env"], imported_under, set_by_imports, _READ["rank"])
+    shown = _shown(request)
+    return [f"{what} of {len(shown[what])} bytes" for what, (start, end) in room.items()
+            if len(shown[what]) > end - start] \
+        or (_differences(request["env"], imported_under, set_by_imports, _READ[kind]) if kind == "rank" else [])
 
 
-def _show_as(request: dict) -> None:
-    """Write the rank's command line and environment over the server's, as /proc shows them: a rank forked from
-    the rank server is then found as a fresh one is (_not_forkable checked that they fit)."""
-    room = _room()
-    shown = {"argv": [sys.executable, *request["args"]], "environ": [f"{k}={v}" for k, v in request["env"].items()]}
+def _shown(request: dict) -> dict:
+    """The command line and environment /proc shows for the command, as bytes."""
+    strings = {"argv": [sys.executable, *request["args"]], "environ": [f"{k}={v}" for k, v in request["env"].items()]}
+    return {what: b"".join(s.encode(errors="surrogateescape") + b"\0" for s in those)
+            for what, those in strings.items()}
+
+
+def _show_as(request: dict, room: dict | None) -> None:
+    """Write the command's command line and environment over the server's, as /proc shows them: a forked rank or
+    command is then found as a fresh one is. Where they do not fit (checked before a stand-in's fork) the server's
+    stay."""
+    shown = _shown(request)
+    if room is None or any(len(shown[what]) > end - start for what, (start, end) in room.items()):
+        return
     with open("/proc/self/mem", "r+b", buffering=0) as mem:
         for what, (start, end) in room.items():
             mem.seek(start)
-            mem.write(_shown(shown[what]).ljust(end - start, b"\0"))
+            mem.write(shown[what].ljust(end - start, b"\0"))
 
 
 def _die_with(client: int) -> None:
-    """End this rank by SIGKILL as soon as its client (as_rank, the process submitit started) has ended: a rank
-    killed with its controller or by a test is never left running."""
+    """End this command by SIGKILL as soon as its stand-in (the process submitit's controller or a test started)
+    has ended: a rank killed with its controller, or a command by a test, is never left running."""
     import select
 
     try:
@@ -363,25 +393,28 @@ def _die_with(client: int) -> None:
     threading.Thread(target=watch, name="prestarted-client", daemon=True).start()
 
 
-def _command(kind: str, request: dict, fds: list, imported_under: dict, set_by_imports: dict) -> None:
+def _command(kind: str, request: dict, fds: list, imported_under: dict, set_by_imports: dict,
+             room: dict | None) -> None:
     """In the forked child: become `python -m MODULE ARGS` in the request's folder and environment, run as `-m`
     runs a module (runpy._run_module_as_main, in a new __main__), and end as the interpreter ends."""
     import gc
     import runpy
     import types
 
-    if kind == "rank":
+    if request.get("client"):
         _die_with(request["client"])
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
     os.chdir(request["cwd"])
+    os.umask(request["umask"])  # a fresh process's is its parent's (the training's command sets 027 for its jobs)
+    for sig in request.get("ignored", ()):  # ignored signals stay ignored across exec
+        signal.signal(sig, signal.SIG_IGN)
     os.environ.clear()
     os.environ.update({**set_by_imports, **request["env"]})  # the imports set theirs by setdefault: the command's win
     if kind in ("heavy", "rank"):
         _loud_if_imported_under_other_settings(imported_under, set_by_imports)
-    if kind == "rank":  # after os.environ.clear(): nothing points into the server's initial environment any more
-        _show_as(request)
+    _show_as(request, room)  # after os.environ.clear(): nothing points into the server's initial environment now
     if request.get("rank_python"):
         _ranks_forked(request["rank_python"])
     tempfile.tempdir = None  # found again from this environment when asked
@@ -459,24 +492,28 @@ def _ranks_forked(rank_python: str) -> None:
     local.LocalExecutor.__init__ = __init__
 
 
-# Signals a rank's client passes on to the rank it had forked (submitit's controller sends SIGUSR2 at a time limit,
+# Signals a stand-in passes on to the command it had forked (submitit's controller sends SIGUSR2 at a time limit,
 # SIGTERM, SIGINT then SIGKILL to stop its tasks); SIGKILL and SIGSTOP cannot be caught: the rank dies with its client
-# (_die_with), and a stopped client leaves its rank running.
+# (_die_with), and a stopped stand-in leaves its command running.
 _PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
               signal.SIGCONT, signal.SIGALRM)
 
 
-def as_rank(path: str, python: str) -> None:
-    """The rank's interpreter as submitit starts it (`_rank_python`): `-u -m submitit.core._submit FOLDER` forked
-    from the rank server at `path`, this process standing for it (its pid, environment and command line are what
-    submitit and the tests see; the rank's are written to match), passing signals on and ending as it ends. Any
-    other command, or a rank the server cannot make the same (another environment), runs in `python` itself."""
+def stand_in(kind: str, path: str, python: str, rank_python: str | None) -> None:
+    """In the place of `python` (_stand_in): `python ARGS` forked from the kind's server at `path` (for the rank
+    kind, only `-u -m submitit.core._submit FOLDER`), this process standing for it: its pid, environment and command
+    line are what submitit's controller and the tests see (the command's are written to match), it passes signals
+    on and ends as the command ends, which dies with it. A command the server cannot make the same (another
+    environment, no room to show it) runs in `python` itself."""
     args = sys.argv[1:]
-    if args[:3] == ["-u", "-m", "submitit.core._submit"]:
+    if kind != "rank" or args[:3] == ["-u", "-m", "submitit.core._submit"]:
         with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as conn:
             conn.connect(path)
-            request = json.dumps({"args": args, "cwd": os.getcwd(), "env": dict(os.environ),
-                                  "client": os.getpid()}).encode() + b"\n"
+            ignored = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)
+                       and signal.getsignal(s) == signal.SIG_IGN]
+            request = json.dumps({"args": args, "cwd": os.getcwd(), "env": dict(os.environ), "client": os.getpid(),
+                                  "umask": _umask(), "ignored": ignored,
+                                  "rank_python": rank_python if _launches_ranks(args) else None}).encode() + b"\n"
             sent = socket.send_fds(conn, [request], [0, 1, 2])
             conn.sendall(request[sent:])
             replies = conn.makefile("rb")
@@ -491,6 +528,12 @@ def as_rank(path: str, python: str) -> None:
                     os.kill(os.getpid(), os.WTERMSIG(status))
                 os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
     os.execv(python, [python, *args])
+
+
+def _umask() -> int:
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def _pass_on(pid: int, sig: int) -> None:

@@ -181,3 +181,39 @@ def test_a_forked_rank_gets_its_clients_signals_and_ends_with_it(tmp_path):
     for lock in root.glob("checkpoints/*/.lock"):
         with open(lock, "a") as f:
             fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free
+
+
+@pytest.mark.e2e
+def test_a_command_started_to_be_killed_is_forked_behind_a_stand_in_that_answers_as_it(tmp_path):
+    """prestarted.popen: the process started stands for the forked command (its standard streams, its exit
+    status) and the command shows its own command line and environment in /proc."""
+    args = ("-m", "train", "plan=true")
+    proc = prestarted.popen(args, ROOT, command_env(tmp_path / "forked"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=120)
+    alone = fresh(*args, root=tmp_path / "fresh")
+    same = str(tmp_path / "forked"), str(tmp_path / "fresh")
+    assert (proc.returncode, out.replace(*same), err.replace(*same)) == (alone.returncode, alone.stdout, alone.stderr)
+    assert Path(prestarted._stand_in("light")).read_text().startswith(f"#!{PYTHON} -S\n")
+
+
+@pytest.mark.train
+def test_a_forked_command_is_found_as_itself_and_dies_with_its_stand_in(tmp_path):
+    root = tmp_path / "root"
+    proc = prestarted.popen(("-m", "train", "max_duration=1000ba", "save_interval=2ba", "progress_bar=false"), ROOT,
+                            command_env(root), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(root.glob("checkpoints/*/latest-*")):
+        assert time.monotonic() < deadline and proc.poll() is None, "no checkpoint"
+        time.sleep(0.05)
+    heavy = prestarted._SERVERS["heavy"][0].pid
+    [command] = [pid for pid in processes_with(f"PRETRAIN_ROOT={root}") if _parent(pid) == heavy]
+    shown = Path(f"/proc/{command}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    assert shown == [bytes(PYTHON), b"-m", b"train", b"max_duration=1000ba", b"save_interval=2ba",
+                     b"progress_bar=false"]
+    proc.kill()
+    proc.wait()
+    while not _ended(command):
+        assert time.monotonic() < deadline, "the command outlived its stand-in"
+        time.sleep(0.05)
+    assert proc.returncode == -signal.SIGKILL
