@@ -158,17 +158,29 @@ def wait_for_checkpoint(root: Path, batch: int, proc: subprocess.Popen) -> None:
         time.sleep(0.02)
 
 
-def kill_after_checkpoint(root: Path, args: list, batch: int, env: dict | None = None) -> None:
-    """Start `python ARGS` (PRETRAIN_ROOT=root), SIGKILL its whole process group as soon as the checkpoint at
-    `batch` is complete (wait_for_checkpoint), then every process of the run, as a node loss or a preemption
-    would. The command may be forked from a prestarted interpreter (prestarted.popen: the process started stands
-    for it, and it dies with that process)."""
+def start(*args, root=None, env=None, cwd=ROOT, **options) -> subprocess.Popen:
+    """`python ARGS` as subprocess.Popen(options) starts it (PRETRAIN_ROOT=root), for a command a test kills or
+    reads while it runs: forked from a prestarted interpreter where that makes no difference (prestarted.popen: the
+    process started stands for the command, which dies with it). A test that stops a command (SIGSTOP would stop
+    the stand-in alone) starts it with subprocess.Popen."""
     import prestarted
 
     _may_run()
-    proc = prestarted.popen(args, ROOT, command_env(root, env), start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    return prestarted.popen(args, cwd, command_env(root, env), **options)
+
+
+def kill_after_checkpoint(root: Path, args: list, batch: int, env: dict | None = None) -> None:
+    """Start `python ARGS` (PRETRAIN_ROOT=root), SIGKILL it as soon as the checkpoint at `batch` is complete
+    (wait_for_checkpoint), as a node loss or a preemption would (kill_run)."""
+    proc = start(*args, root=root, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL)
     wait_for_checkpoint(root, batch, proc)
+    kill_run(proc, root)
+
+
+def kill_run(proc: subprocess.Popen, root: Path) -> None:
+    """SIGKILL the process group of `proc` (started with start_new_session=True), then every process of the run
+    under `root`, and wait until they have ended and none holds its save folder."""
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     # ranks that submitit started in sessions of their own, and what a forked command started (a forked command
@@ -198,7 +210,7 @@ def kill_all_with(variable: str, within: float = 60) -> None:
     kill() returns before the process is gone, and an exiting process stops showing its environment before it
     closes its files: a rank still exiting holds its save folder's lock for a moment, and a command started at once
     (a forked one starts within a second) is refused as a second run of that folder. So each one killed is waited
-    for until it is gone or a zombie (its files closed)."""
+    for until it has ended (`ended`: its files closed)."""
     deadline = time.monotonic() + within
     killed: set = set()
     while pids := processes_with(variable):
@@ -210,17 +222,20 @@ def kill_all_with(variable: str, within: float = 60) -> None:
             except ProcessLookupError:
                 pass
         time.sleep(0.05)
-    while exiting := [pid for pid in killed if _state(pid) not in (None, "Z")]:
+    while exiting := [pid for pid in killed if not ended(pid)]:
         assert time.monotonic() < deadline, f"processes {exiting} still exiting {within} s after SIGKILL"
         time.sleep(0.05)
 
 
-def _state(pid: int) -> str | None:
-    """The process's state letter (R, S, D, Z, ...), None once it is gone."""
+def ended(pid: int) -> bool:
+    """The process is gone, or a zombie all of whose threads have exited: its files are closed, its locks free. (A
+    zombie leader alone is not enough: the leader thread of a process with threads, as a rank has, shows Z while
+    the others are still exiting, holding the process's files.)"""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state == "Z" and len(os.listdir(f"/proc/{pid}/task")) <= 1
     except (OSError, IndexError):
-        return None
+        return True
 
 
 def processes_with(variable: str) -> list:
@@ -243,6 +258,14 @@ def warn_within_a_minute(job: str, elapsed: str) -> None:
     cluster.signal_delay_s=90, Slurm's warning comes on its next 30 s tick, at least 60 s before the limit."""
     minutes = sum(int(x) * 60 ** i for i, x in enumerate(reversed(elapsed.split(":")))) // 60 + 2
     subprocess.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"], check=True, timeout=30)
+
+
+def step_tasks(job: str, node: str) -> list:
+    """The pids of the tasks of the job's first step (srun's) on `node`, as Slurm lists them: not the processes
+    the tasks started (data loader workers), which it lists without a task id."""
+    rows = subprocess.run(["scontrol", "listpids", f"{job}.0", node], capture_output=True, text=True,
+                          check=True, timeout=30).stdout.splitlines()[1:]
+    return [int(row.split()[0]) for row in rows if row.split()[-1] != "-"]
 
 
 def task_prolog_without_slurm(folder: Path) -> Path:

@@ -300,7 +300,8 @@ def serve(kind: str, path: str, parent: int) -> None:
             sys.stdout.flush(), sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
-                listener.close(), conn.close()
+                for other in (listener, conn, selector, *running.values()):  # the server's, not the command's
+                    other.close()
                 _command(kind, request, fds, before, set_by_imports, room)  # never returns
             for fd in fds:
                 os.close(fd)
@@ -408,8 +409,9 @@ def _command(kind: str, request: dict, fds: list, imported_under: dict, set_by_i
         os.close(fd)
     os.chdir(request["cwd"])
     os.umask(request["umask"])  # a fresh process's is its parent's (the training's command sets 027 for its jobs)
-    for sig in request.get("ignored", ()):  # ignored signals stay ignored across exec
+    for sig in request.get("ignored", ()):  # ignored and blocked signals stay so across exec
         signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, request.get("blocked", ()))
     os.environ.clear()
     os.environ.update({**set_by_imports, **request["env"]})  # the imports set theirs by setdefault: the command's win
     if kind in ("heavy", "rank"):
@@ -513,6 +515,7 @@ def stand_in(kind: str, path: str, python: str, rank_python: str | None) -> None
                        and signal.getsignal(s) == signal.SIG_IGN]
             request = json.dumps({"args": args, "cwd": os.getcwd(), "env": dict(os.environ), "client": os.getpid(),
                                   "umask": _umask(), "ignored": ignored,
+                                  "blocked": list(signal.pthread_sigmask(signal.SIG_BLOCK, ())),
                                   "rank_python": rank_python if _launches_ranks(args) else None}).encode() + b"\n"
             sent = socket.send_fds(conn, [request], [0, 1, 2])
             conn.sendall(request[sent:])

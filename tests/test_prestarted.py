@@ -12,7 +12,7 @@ from pathlib import Path
 
 import prestarted
 import pytest
-from helpers import PYTHON, ROOT, command_env, kill_all_with, processes_with, run
+from helpers import PYTHON, ROOT, command_env, ended, kill_all_with, processes_with, run
 
 TRAIN = ("max_duration=4ba", "save_interval=2ba", "eval_interval=2ba", "progress_bar=false")
 
@@ -121,13 +121,6 @@ def _forked_ranks(root: Path, within: float = 120) -> dict:
     raise AssertionError(f"no two forked ranks under {root} within {within} s")
 
 
-def _ended(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 def _in_thread(target) -> tuple:
     result: dict = {}
     thread = threading.Thread(target=lambda: result.setdefault("proc", target()))
@@ -171,13 +164,13 @@ def test_a_forked_rank_gets_its_clients_signals_and_ends_with_it(tmp_path):
         time.sleep(0.05)
     assert all(Path(f"/proc/{pid}").exists() for pid in ranks)
     os.kill(client, signal.SIGKILL)  # the client alone: its rank follows
-    while not _ended(second):
+    while not ended(second):
         assert time.monotonic() < deadline, f"rank {second} outlived its client"
         time.sleep(0.05)
     kill_all_with(f"PRETRAIN_ROOT={root}")
     thread.join(timeout=120)
     assert not thread.is_alive() and result["proc"].returncode != 0
-    assert not processes_with(f"PRETRAIN_ROOT={root}") and _ended(first)
+    assert not processes_with(f"PRETRAIN_ROOT={root}") and ended(first)
     for lock in root.glob("checkpoints/*/.lock"):
         with open(lock, "a") as f:
             fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free
@@ -213,7 +206,7 @@ def test_a_forked_command_is_found_as_itself_and_dies_with_its_stand_in(tmp_path
                      b"progress_bar=false"]
     proc.kill()
     proc.wait()
-    while not _ended(command):
+    while not ended(command):
         assert time.monotonic() < deadline, "the command outlived its stand-in"
         time.sleep(0.05)
     assert proc.returncode == -signal.SIGKILL

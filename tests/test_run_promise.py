@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT, command_env, finished, run, train_command
+from helpers import PYTHON, finished, kill_run, run, start, train_command
 
 pytestmark = pytest.mark.train
 
@@ -51,14 +51,12 @@ def test_a_kill_during_the_final_evaluation_is_followed_by_a_rerun_that_reports_
     told by a max_duration in batches only: 40960tok reported the evaluation at 15, on every rerun)."""
     args = ["-m", "train", f"max_duration={duration}", f"scheduler.t_warmup={warmup}", "eval_interval=15ba",
             "save_interval=10ba", "device_eval_batch_size=1", "eval_subset_num_batches=-1", "progress_bar=false"]
-    proc = subprocess.Popen([str(PYTHON), *args], cwd=ROOT, env=command_env(tmp_path), start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start(*args, root=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not list((tmp_path / "outputs").rglob("metrics.json")):
         assert proc.poll() is None and time.time() < deadline, "the run ended before its final evaluation"
         time.sleep(0.02)
-    os.killpg(proc.pid, 9)
-    proc.wait()
+    kill_run(proc, tmp_path)
     [folder] = (tmp_path / "checkpoints").iterdir()
     assert (folder / "ep0-ba20-rank0.pt").is_file() and not (folder / "finished.json").exists()
     assert [b for b, _ in metrics(tmp_path)["eval"]] == [15]  # killed in the evaluation at 20
@@ -234,8 +232,7 @@ def test_a_full_checkpoint_file_system_is_one_clear_error_and_resuming_after_mak
     root = tmp_path / "root"
     cmd = [str(PYTHON), *train_command(ranks, "sharded", "save_num_checkpoints_to_keep=2",
                                        f"storage.checkpoint_root={mnt}")]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=command_env(root), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start(*cmd[1:], root=root, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     filler = _fill_when("*/ep0-ba20*.manifest.json", mnt, mnt, proc, leave=1 << 20)  # then another job fills it
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, err[-3000:]
@@ -251,9 +248,7 @@ def test_a_full_checkpoint_file_system_is_one_clear_error_and_resuming_after_mak
     assert "bytes free" in line and "needs " in line
 
     filler.unlink()  # room made: the same command resumes from the newest complete checkpoint
-    again = subprocess.run(cmd, cwd=ROOT, env=command_env(root), capture_output=True,
-                           text=True, timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
+    run(*cmd[1:], root=root, check=True)
     got = metrics(root)
     assert got["batches"] == 40 and [b for b, _ in got["eval"]] == [10, 20, 30, 40]
     assert got["final_train_loss"] == pytest.approx(want["final_train_loss"], rel=1e-6)
@@ -264,8 +259,7 @@ def test_a_full_outputs_file_system_never_stops_training_and_names_the_metrics_f
     mnt = tmpfs("outputs", "2m")
     root = tmp_path / "root"
     cmd = [str(PYTHON), "-m", "train", "max_duration=40ba", f"storage.output_root={mnt}"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=command_env(root), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start(*cmd[1:], root=root, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _fill_when("*/progress.json", mnt, mnt, proc)  # full from the first progress line on
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, err[-3000:]

@@ -17,6 +17,7 @@ from helpers import (
     command_env,
     finished,
     run,
+    step_tasks,
     task_prolog_without_slurm,
     train_command,
     wait_for_checkpoint,
@@ -211,14 +212,6 @@ def test_scancel_of_a_running_job_is_reported_as_cancelled(slurm, tmp_path):
     [row] = summary(tmp_path)
     assert row["job_id"] == job_id and row["state"] == "CANCELLED"
     assert "CANCELLED" in stderr
-
-
-def step_tasks(job: str, node: str) -> list:
-    """The pids of the tasks of the job's first step (srun's) on `node`, as Slurm lists them: not the processes
-    the tasks started (data loader workers), which it lists without a task id."""
-    rows = subprocess.run(["scontrol", "listpids", f"{job}.0", node], capture_output=True, text=True,
-                          check=True, timeout=30).stdout.splitlines()[1:]
-    return [int(row.split()[0]) for row in rows if row.split()[-1] != "-"]
 
 
 def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_with_the_uninterrupted_loss(

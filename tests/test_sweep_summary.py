@@ -1,12 +1,15 @@
 """The summary a `-m` sweep prints and writes, from real jobs that fail for real reasons."""
+import contextlib
 import csv
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT, command_env, run, warn_within_a_minute
+from helpers import PYTHON, ROOT, command_env, run, start, step_tasks, warn_within_a_minute
 
 pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
 
@@ -60,8 +63,10 @@ def test_a_failed_point_shows_its_own_error_and_a_good_one_its_metrics_curve_and
 def test_a_job_out_of_time_and_not_requeued_says_why(slurm, tmp_path):
     # No requeue allowed: submitit gives up inside the task at Slurm's warning. The limit is cut once the job
     # trains (its first progress line), so that the warning (signal_delay_s ahead, on Slurm's 30 s tick) comes
-    # within a minute, during training: a fixed 1-minute limit raced the start-up on a loaded machine.
+    # within a minute, during training: a fixed 1-minute limit raced the start-up on a loaded machine. Meanwhile the
+    # ranks are held still (SIGSTOP: they would train for nothing); Slurm continues them (SIGCONT) to deliver it.
     log = tmp_path / "sweep.log"
+    ranks = []
     with log.open("w") as out:
         proc = subprocess.Popen([str(PYTHON), "-m", "train", "-m", "progress_bar=false", "checkpoint=none",
                                  "cluster=slurm-local", "cluster.wait=true", "data=mock", "max_duration=100000ba",
@@ -72,12 +77,19 @@ def test_a_job_out_of_time_and_not_requeued_says_why(slurm, tmp_path):
             while not any("[progress] step" in err.read_text() for err in tmp_path.rglob("*_0_log.err")):
                 assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
                 time.sleep(0.5)
-            [job, ran] = subprocess.run(["squeue", "-h", "-o", "%i %M"], capture_output=True, text=True,
-                                        timeout=30).stdout.split()
+            [job, ran, node] = subprocess.run(["squeue", "-h", "-o", "%i %M %N"], capture_output=True, text=True,
+                                              timeout=30).stdout.split()
+            ranks = step_tasks(job, node)
+            assert len(ranks) == 2, ranks
+            for pid in ranks:
+                os.kill(pid, signal.SIGSTOP)
             warn_within_a_minute(job, ran)
             proc.wait(timeout=400)
         finally:
             proc.kill()
+            for pid in ranks:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGCONT)
     assert proc.returncode == 1, log.read_text()[-3000:]
     sweep_dir, [row], [md] = _summaries(tmp_path)
     assert row["state"] in ("FAILED", "TIMEOUT")
@@ -106,9 +118,9 @@ def test_a_point_whose_controller_alone_was_killed_runs_on_and_status_says_so_un
     import signal
 
     with (tmp_path / "sweep.log").open("w") as out:
-        proc = subprocess.Popen([str(PYTHON), "-m", "train", "-m", "progress_bar=false", "checkpoint=none",
-                                 "max_duration=200ba", "eval_interval=0", "console_log_interval=1ba"],
-                                cwd=ROOT, env=command_env(tmp_path), stdout=out, stderr=subprocess.STDOUT)
+        proc = start("-m", "train", "-m", "progress_bar=false", "checkpoint=none", "max_duration=200ba",
+                     "eval_interval=0", "console_log_interval=1ba", root=tmp_path, stdout=out,
+                     stderr=subprocess.STDOUT)
         try:
             sweep_dir = _training(tmp_path, proc)
             controller = json.loads((sweep_dir / "sweep.json").read_text())["points"][0]["job_id"]
@@ -137,10 +149,9 @@ def test_status_beside_a_running_local_sweep_sees_it_running_and_a_killed_point_
 
     log = tmp_path / "sweep.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([str(PYTHON), "-m", "train", "-m", "progress_bar=false", "checkpoint=none",
-                                 "cluster=local", "cluster.tasks_per_node=1", "data=mock", "max_duration=100000ba",
-                                 "console_log_interval=1ba"],
-                                cwd=ROOT, env=command_env(tmp_path), stdout=out, stderr=subprocess.STDOUT)
+        proc = start("-m", "train", "-m", "progress_bar=false", "checkpoint=none", "cluster=local",
+                     "cluster.tasks_per_node=1", "data=mock", "max_duration=100000ba", "console_log_interval=1ba",
+                     root=tmp_path, stdout=out, stderr=subprocess.STDOUT)
         try:
             sweep_dir = _training(tmp_path, proc)
 

@@ -2,13 +2,12 @@
 import json
 import os
 import re
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from helpers import C4, PYTHON, ROOT, TOKENIZER, command_env, finished, need_shared
+from helpers import C4, PYTHON, ROOT, TOKENIZER, finished, kill_run, need_shared, start
 
 pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
 
@@ -61,16 +60,15 @@ def test_the_loss_curve_is_drawn_at_each_checkpoint_of_a_running_job(tmp_path):
     """Killed right after its first checkpoint (a job that never reaches its end): its picture is there."""
     cmd = [str(PYTHON), "-m", "train", "max_duration=40ba", "save_interval=4ba", "eval_interval=40ba",
            "checkpoint=full"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=command_env(tmp_path),
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start(*cmd[1:], root=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     try:  # composer points its `latest` link at a checkpoint once it is written
         while not any(p.is_symlink() for p in tmp_path.glob("checkpoints/*/latest-rank0.pt")):
             assert proc.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
             time.sleep(0.02)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        kill_run(proc, tmp_path)
     [png] = (tmp_path / "outputs").rglob("loss_curve.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list((tmp_path / "outputs").rglob("metrics.json"))  # the run did not reach its end
