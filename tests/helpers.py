@@ -268,6 +268,26 @@ def step_tasks(job: str, node: str) -> list:
     return [int(row.split()[0]) for row in rows if row.split()[-1] != "-"]
 
 
+def hold_still_and_warn(tasks: int = 2) -> tuple:
+    """The one job in the queue, training: its step's tasks held still (SIGSTOP: they would train for nothing while
+    they wait) and its time limit cut so that Slurm's warning comes within a minute (warn_within_a_minute); Slurm
+    continues them (SIGCONT) to deliver it. (the job's id, the tasks' pids: to continue in the end, whatever
+    happened)."""
+    [job, ran, node] = subprocess.run(["squeue", "-h", "-o", "%i %M %N"], capture_output=True, text=True,
+                                      timeout=30).stdout.split()
+    ranks = step_tasks(job, node)
+    assert len(ranks) == tasks, ranks
+    try:
+        for pid in ranks:
+            os.kill(pid, signal.SIGSTOP)
+        warn_within_a_minute(job, ran)
+    except BaseException:
+        for pid in ranks:
+            os.kill(pid, signal.SIGCONT)
+        raise
+    return job, ranks
+
+
 def task_prolog_without_slurm(folder: Path) -> Path:
     """An srun task prolog that gives each task a PATH as in a container image without a Slurm client: links to
     everything in /usr/local/bin and /usr/bin but Slurm's commands. (`srun --export=ALL,PATH=...` does not replace

@@ -16,12 +16,11 @@ from helpers import (
     ROOT,
     command_env,
     finished,
+    hold_still_and_warn,
     run,
-    step_tasks,
     task_prolog_without_slurm,
     train_command,
     wait_for_checkpoint,
-    warn_within_a_minute,
 )
 from submitit.core.utils import pickle_load
 
@@ -242,13 +241,7 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     ranks = []
     try:
         wait_for_checkpoint(root, 20, proc)
-        [job, ran, node] = subprocess.run(["squeue", "-h", "-o", "%i %M %N"], capture_output=True, text=True,
-                                          timeout=30).stdout.split()
-        ranks = step_tasks(job, node)
-        assert len(ranks) == 2, ranks
-        for pid in ranks:
-            os.kill(pid, signal.SIGSTOP)
-        warn_within_a_minute(job, ran)
+        job, ranks = hold_still_and_warn()
         deadline = time.time() + 200
         while "Restarts=0" in subprocess.run(["scontrol", "show", "job", job, "-o"], capture_output=True,
                                              text=True).stdout:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT, command_env, run, start, step_tasks, warn_within_a_minute
+from helpers import PYTHON, ROOT, command_env, hold_still_and_warn, run, start
 
 pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
 
@@ -77,13 +77,7 @@ def test_a_job_out_of_time_and_not_requeued_says_why(slurm, tmp_path):
             while not any("[progress] step" in err.read_text() for err in tmp_path.rglob("*_0_log.err")):
                 assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
                 time.sleep(0.5)
-            [job, ran, node] = subprocess.run(["squeue", "-h", "-o", "%i %M %N"], capture_output=True, text=True,
-                                              timeout=30).stdout.split()
-            ranks = step_tasks(job, node)
-            assert len(ranks) == 2, ranks
-            for pid in ranks:
-                os.kill(pid, signal.SIGSTOP)
-            warn_within_a_minute(job, ran)
+            _, ranks = hold_still_and_warn()
             proc.wait(timeout=400)
         finally:
             proc.kill()
