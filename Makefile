@@ -18,10 +18,9 @@ $(STAMP): pyproject.toml requirements.lock
 train: $(STAMP)
 	$(PY) -m train
 
-# Three workers (pytest-xdist) on two cores: the Slurm tests go one after another on one worker
-# (tests/conftest.py), which waits on the cluster (its tick, a time limit) for minutes with nothing to run; the
-# other two keep both cores busy meanwhile.
-WORKERS ?= 3
+# Two workers (pytest-xdist): most tests wait on a subprocess, a Slurm job or llm-foundry's import, so two run
+# side by side on two cores; the Slurm tests go one after another on one worker (tests/conftest.py).
+WORKERS ?= 2
 XDIST = -n $(WORKERS) --dist loadgroup
 
 # Tests submit real jobs to a loopback Slurm that the project starts itself (and stops afterwards). The 20
