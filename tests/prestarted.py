@@ -292,7 +292,8 @@ def serve(kind: str, path: str, parent: int) -> None:
                 request += conn.recv(1 << 16)
             request = json.loads(request)
             if request.get("client") and (why := _not_forkable(kind, request, before, set_by_imports, room)):
-                conn.sendall(json.dumps({"fresh": why}).encode() + b"\n")
+                with contextlib.suppress(OSError):  # a stand-in killed meanwhile
+                    conn.sendall(json.dumps({"fresh": why}).encode() + b"\n")
                 for fd in fds:
                     os.close(fd)
                 conn.close()
@@ -305,7 +306,8 @@ def serve(kind: str, path: str, parent: int) -> None:
                 _command(kind, request, fds, before, set_by_imports, room)  # never returns
             for fd in fds:
                 os.close(fd)
-            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            with contextlib.suppress(OSError):  # a stand-in killed meanwhile: its command dies with it (_die_with)
+                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             running[pid] = conn
         while running:
             try:
