@@ -342,10 +342,6 @@ def _room() -> dict | None:
     return {"argv": (arg_start, arg_end), "environ": (env_start, env_end)}
 
 
-def _shown(strings: list) -> bytes:
-    return b"".join(s.encode(errors="surrogateescape") + b"\0" for s in strings)
-
-
 def _not_forkable(kind: str, request: dict, imported_under: dict, set_by_imports: dict, room: dict | None) -> list:
     """Why a stand-in's command cannot be forked ([] if it can): /proc could not show it as its own (launchers
     and tests find ranks and killed runs by their environment: hydra_plugins/pretrain_launcher/outcomes.py,
@@ -353,10 +349,14 @@ def _not_forkable(kind: str, request: dict, imported_under: dict, set_by_imports
     (a command's was checked by kind_for)."""
     if room is None:
         return ["/proc/self/mem"]
-    shown = _shown(request)
-    return [f"{what} of {len(shown[what])} bytes" for what, (start, end) in room.items()
-            if len(shown[what]) > end - start] \
+    return _too_long(_shown(request), room) \
         or (_differences(request["env"], imported_under, set_by_imports, _READ[kind]) if kind == "rank" else [])
+
+
+def _too_long(shown: dict, room: dict) -> list:
+    """What of the command's command line and environment does not fit where the server's lie."""
+    return [f"{what} of {len(shown[what])} bytes" for what, (start, end) in room.items()
+            if len(shown[what]) > end - start]
 
 
 def _shown(request: dict) -> dict:
@@ -371,7 +371,7 @@ def _show_as(request: dict, room: dict | None) -> None:
     command is then found as a fresh one is. Where they do not fit (checked before a stand-in's fork) the server's
     stay."""
     shown = _shown(request)
-    if room is None or any(len(shown[what]) > end - start for what, (start, end) in room.items()):
+    if room is None or _too_long(shown, room):
         return
     with open("/proc/self/mem", "r+b", buffering=0) as mem:
         for what, (start, end) in room.items():

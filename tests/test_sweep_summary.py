@@ -108,9 +108,6 @@ def _training(root: Path, proc: subprocess.Popen) -> Path:
 def test_a_point_whose_controller_alone_was_killed_runs_on_and_status_says_so_until_it_completes(tmp_path):
     """submitit's local controller SIGKILLed alone (its task, orphaned, trains on): `train.status` said FAILED "no
     result" while the point's step still rose, then COMPLETED. The task carries the job's id: RUNNING until it ends."""
-    import os
-    import signal
-
     with (tmp_path / "sweep.log").open("w") as out:
         proc = start("-m", "train", "-m", "progress_bar=false", "checkpoint=none", "max_duration=200ba",
                      "eval_interval=0", "console_log_interval=1ba", root=tmp_path, stdout=out,
@@ -136,9 +133,6 @@ def test_status_beside_a_running_local_sweep_sees_it_running_and_a_killed_point_
     controller runs is RUNNING (the command exits 0 and writes that), not a dead point. Its task killed
     (SIGKILL: no result, no traceback), the point is FAILED, as a rank that raised, with no ETA. Run from a
     shell whose umask lets the world read, the summary files it rewrites are still not world-readable."""
-    import os
-    import signal
-
     import psutil
 
     log = tmp_path / "sweep.log"
