@@ -18,9 +18,9 @@ $(STAMP): pyproject.toml requirements.lock
 train: $(STAMP)
 	$(PY) -m train
 
-# Two workers (pytest-xdist): most tests wait on a subprocess, a Slurm job or llm-foundry's import, so two run
-# side by side on two cores; the Slurm tests go one after another on one worker (tests/conftest.py).
-WORKERS ?= 2
+# Three workers (pytest-xdist) on two cores: the Slurm tests one after another on a worker of their own, which
+# mostly waits on the cluster, and the rest on the other two, one per core (tests/conftest.py).
+WORKERS ?= 3
 XDIST = -n $(WORKERS) --dist loadgroup
 
 # Tests submit real jobs to a loopback Slurm that the project starts itself (and stops afterwards). The 20
@@ -33,7 +33,7 @@ test: $(STAMP)
 # The fast tier for your own loop (under a minute): config, checks, plan, README lines and data_prep units; no
 # training, no Slurm, no data_prep end-to-end runs (markers in pyproject.toml).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q $(XDIST) -m "not slurm and not train and not e2e and not torch" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slurm and not train and not e2e and not torch" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -67,6 +67,34 @@ def pytest_collection_modifyitems(items):
     items.sort(key=tier)
 
 
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") == "loadgroup":
+        from xdist.scheduler import LoadGroupScheduling
+
+        class SlurmApart(LoadGroupScheduling):
+            """The Slurm tests on a worker of their own, from three workers on: most of their time they wait on the
+            cluster (a scheduler tick, a time limit, ranks held still) with nothing to compute, so the other
+            workers' tests fill that core; once they are done the worker ends, and the others have both cores.
+            (A worker that went on to other tests after them ran three workers' tests on two cores: slower.)"""
+            apart = False  # the worker the Slurm group runs on: not chosen yet
+
+            def _assign_work_unit(self, node):
+                if self.apart is False:
+                    self.apart = self.nodes[0] if len(self.nodes) >= 3 and "slurm" in self.workqueue else None
+                if self.apart is None:
+                    return super()._assign_work_unit(node)
+                units = [scope for scope in self.workqueue if (scope == "slurm") == (node is self.apart)]
+                if units:
+                    self.workqueue.move_to_end(units[0], last=False)
+                    return super()._assign_work_unit(node)
+                # nothing for it: a worker keeps its last test until it is given another or told to stop
+                if self._pending_of(self.assigned_work[node]) <= 1:
+                    node.shutdown()
+
+        return SlurmApart(config, log)
+    return None
+
+
 @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")  # after xdist's own: what it made of ours
 def _grouped_as_asked(config, items):
     """The Slurm tests share the cluster's two nodes: on two workers they would see each other's jobs pending. That

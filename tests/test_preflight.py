@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT, task_prolog_without_slurm
+from helpers import task_prolog_without_slurm
 
 from train.task.preflight_report import busbw_GBps, estimate_seconds, judge, pair_rounds, table
 
@@ -147,8 +147,7 @@ def test_preflight_only_submitted_and_returned_says_where_its_table_will_be_and_
     [note] = [line for line in proc.stdout.splitlines() if line.startswith("[sweep] #0 preflight table: ")]
     report = Path(note.split("preflight table: ")[1].split()[0])
     sweep = Path(proc.stdout.split("\nsweep: ")[1].splitlines()[0])
-    status = subprocess.run([str(PYTHON), "-m", "train.status", str(sweep), "--watch", "2"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300)
+    status = cli("train.status", str(sweep), "--watch", "2", timeout=300)
     assert status.returncode == 0, status.stderr[-2000:]
     last = status.stdout.split(f"{sweep} (")[-1]
     assert "ok, 1 node(s), whole job " in last and str(report) in last

@@ -14,10 +14,10 @@ import pytest
 from helpers import (
     PYTHON,
     ROOT,
-    command_env,
     finished,
     hold_still_and_warn,
     run,
+    start,
     task_prolog_without_slurm,
     train_command,
     wait_for_checkpoint,
@@ -69,11 +69,10 @@ def test_a_sweep_submits_and_returns_is_followed_by_status_and_summarised_by_its
     storage.root=<mount>), submitted and returned; followed with train.status; summarised by its own job; the
     best point exported by name, found on the storage the training command named."""
     storage = ("storage=amlfs", f"storage.root={lustre}", f"storage.mounts=[{lustre.parent}]")
-    env = command_env(tmp_path / "not-here")
+    here = tmp_path / "not-here"
     started = time.time()
-    proc = subprocess.run([str(PYTHON), "-m", "train", "-m", *TINY, *storage, "max_duration=40ba",
-                           "save_interval=20ba", "console_log_interval=2ba",
-                           "optimizer.lr=1e-3,3e-3"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = run("-m", "train", "-m", *TINY, *storage, "max_duration=40ba", "save_interval=20ba",
+               "console_log_interval=2ba", "optimizer.lr=1e-3,3e-3", root=here, timeout=120)
     returned = time.time() - started
     assert proc.returncode == 0, proc.stderr[-3000:]
     [sweep_dir] = (lustre / "outputs" / "sweeps").iterdir()
@@ -120,14 +119,12 @@ def test_a_sweep_submits_and_returns_is_followed_by_status_and_summarised_by_its
     final = shown(status(sweep_dir).stdout)
     assert [final[n]["state"] for n in (0, 1)] == ["COMPLETED", "COMPLETED"] and all(final[n]["loss"] for n in (0, 1))
     # from anywhere, days later: the storage overrides of the training command find the sweep and the run
-    newest = subprocess.run([str(PYTHON), "-m", "train.status", *storage[:2]], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=120)
+    newest = run("-m", "train.status", *storage[:2], root=here, cwd=tmp_path, timeout=120)
     assert newest.returncode == 0 and str(sweep_dir) in newest.stdout + newest.stderr, newest.stderr[-2000:]
     assert [row["state"] for row in shown(newest.stdout).values()] == ["COMPLETED", "COMPLETED"]
     best = min(rows, key=lambda r: float(r["eval_loss"] or r["final_loss"]))
     name = Path(best["checkpoint"]).name
-    exported = subprocess.run([str(PYTHON), "-m", "train.export", name, *storage[:2]], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=300)
+    exported = run("-m", "train.export", name, *storage[:2], root=here, cwd=tmp_path, timeout=300)
     assert exported.returncode == 0, exported.stderr[-3000:]
     folder = Path(exported.stdout.strip().splitlines()[-1])
     assert folder.is_relative_to(lustre / "outputs" / name) and (folder / "config.json").is_file()
@@ -135,9 +132,8 @@ def test_a_sweep_submits_and_returns_is_followed_by_status_and_summarised_by_its
 
 
 def test_a_summary_job_slurm_refuses_leaves_the_points_submitted_and_says_how_to_summarise(slurm, tmp_path):
-    proc = subprocess.run([str(PYTHON), "-m", "train", "-m", *TINY, "max_duration=2ba", "checkpoint=none",
-                           "cluster.summary_partition=no-such-partition"], cwd=ROOT, capture_output=True, text=True,
-                          env=command_env(tmp_path), timeout=120)
+    proc = run("-m", "train", "-m", *TINY, "max_duration=2ba", "checkpoint=none",
+               "cluster.summary_partition=no-such-partition", root=tmp_path, timeout=120)
     jobs = [line.split("-> job ")[1].split(",")[0] for line in proc.stdout.splitlines() if "-> job " in line]
     subprocess.run(["scancel", *jobs], check=False)
     assert proc.returncode == 0 and len(jobs) == 1, proc.stderr[-3000:]
@@ -190,10 +186,8 @@ def test_a_failing_point_is_reported_with_its_log_and_the_other_completes(slurm,
 
 
 def test_scancel_of_a_running_job_is_reported_as_cancelled(slurm, tmp_path):
-    env = command_env(tmp_path)
-    proc = subprocess.Popen([str(PYTHON), "-m", "train", "-m", *TINY, WAIT, "max_duration=100000ba",
-                             "checkpoint=none"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start("-m", "train", "-m", *TINY, WAIT, "max_duration=100000ba", "checkpoint=none", root=tmp_path,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job_id = None
     for line in proc.stdout:  # "[sweep] #0 ... -> job 123, log ..."
         if "-> job" in line:
@@ -233,11 +227,10 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     probe.chmod(0o755)
     root = tmp_path / "slurm"
     out = (tmp_path / "sweep.log").open("w")  # a file, not a pipe nobody reads while it runs
-    proc = subprocess.Popen([str(PYTHON), *train_command(2, "sharded", *TINY, WAIT, "cluster.timeout_min=10",
-                                                         "cluster.signal_delay_s=90",
-                                                         f'cluster.srun_extra=["--task-prolog={prolog}"]',
-                                                         f"cluster.preflight.node_check={probe}")],
-                            cwd=ROOT, env=command_env(root), stdout=out, stderr=subprocess.STDOUT)
+    proc = start(*train_command(2, "sharded", *TINY, WAIT, "cluster.timeout_min=10", "cluster.signal_delay_s=90",
+                                f'cluster.srun_extra=["--task-prolog={prolog}"]',
+                                f"cluster.preflight.node_check={probe}"),
+                 root=root, stdout=out, stderr=subprocess.STDOUT)
     ranks = []
     try:
         wait_for_checkpoint(root, 20, proc)
@@ -320,16 +313,12 @@ def test_a_pending_point_shows_why_it_waits(slurm, tmp_path):
     # held back by Slurm itself (a begin time an hour away): the status says so, not a bare PENDING; two points
     # with the same resources, one array: each task has the reason. The plan shows that array's script (it showed
     # each point's own job, with another name and log paths, which was not what was submitted)
-    env = command_env(tmp_path)
-    line = [str(PYTHON), "-m", "train", "-m", *TINY, "max_duration=4ba", "optimizer.lr=1e-3,2e-3",
+    line = ["-m", "train", "-m", *TINY, "max_duration=4ba", "optimizer.lr=1e-3,2e-3",
             "cluster.sbatch_extra={begin: now+3600}"]
-    plan = subprocess.run([*line, "plan=json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert plan.returncode == 0, plan.stderr[-3000:]
-    planned = json.loads(plan.stdout)
+    planned = json.loads(run(*line, "plan=json", root=tmp_path, check=True, timeout=120).stdout)
     assert [p["sbatch_array"] for p in planned] == [{"task": 0, "points": [0, 1]}, {"task": 1, "points": [0, 1]}]
     assert planned[0]["sbatch_script"] == planned[1]["sbatch_script"]
-    proc = subprocess.run(line, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run(*line, root=tmp_path, check=True, timeout=120)
     [sweep_dir] = (tmp_path / "outputs" / "sweeps").iterdir()
     manifest = json.loads((sweep_dir / "sweep.json").read_text())
     [submitted] = [p for p in sweep_dir.rglob("*_submission.sh") if "#SBATCH --array=0-1" in p.read_text()]
@@ -355,10 +344,9 @@ def test_requeues_before_training_began_are_counted_and_a_restart_shows_no_figur
     """Slurm's count of a point's requeues, whenever they came: each of these two comes while the job is still
     starting (importing), before its rank 0 ever wrote progress.json, where counting the starts that reached
     training saw none. While the job starts again, the status shows no progress line of a start before it."""
-    env = command_env(tmp_path)
     out = (tmp_path / "sweep.log").open("w")
-    proc = subprocess.Popen([str(PYTHON), "-m", "train", "-m", *TINY, WAIT, "max_duration=4ba", "checkpoint=none"],
-                            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    proc = start("-m", "train", "-m", *TINY, WAIT, "max_duration=4ba", "checkpoint=none", root=tmp_path, stdout=out,
+                 stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 300
         while not list(tmp_path.glob("outputs/sweeps/*/sweep.json")):

@@ -68,10 +68,10 @@ def test_a_job_out_of_time_and_not_requeued_says_why(slurm, tmp_path):
     log = tmp_path / "sweep.log"
     ranks = []
     with log.open("w") as out:
-        proc = subprocess.Popen([str(PYTHON), "-m", "train", "-m", "progress_bar=false", "checkpoint=none",
-                                 "cluster=slurm-local", "cluster.wait=true", "data=mock", "max_duration=100000ba",
-                                 "cluster.timeout_min=10", "cluster.signal_delay_s=90", "cluster.max_num_timeout=0"],
-                                cwd=ROOT, env=command_env(tmp_path), stdout=out, stderr=subprocess.STDOUT)
+        proc = start("-m", "train", "-m", "progress_bar=false", "checkpoint=none", "cluster=slurm-local",
+                     "cluster.wait=true", "data=mock", "max_duration=100000ba", "cluster.timeout_min=10",
+                     "cluster.signal_delay_s=90", "cluster.max_num_timeout=0", root=tmp_path, stdout=out,
+                     stderr=subprocess.STDOUT)
         try:
             deadline = time.time() + 300
             while not any("[progress] step" in err.read_text() for err in tmp_path.rglob("*_0_log.err")):
