@@ -185,14 +185,15 @@ def _tier(request):
 
 def _cancel_what_is_left(test: str) -> None:
     """A Slurm test leaves the cluster as it found it: jobs it left (points a test submitted and returned from, a
-    summary job waiting on them) would hold the two nodes while the next test's jobs wait, pending."""
+    summary job waiting on them) would hold the two nodes while the next test's jobs wait, pending. A job the test
+    ended itself may still be completing (its tasks exiting): waited for, not warned about."""
     def queue():
-        return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=60).stdout.split()
-    left = queue()
-    if not left:
-        return
-    warnings.warn(f"{test} left jobs {' '.join(left)} in the queue: cancelled", stacklevel=1)
-    subprocess.run(["scancel", *left], capture_output=True, timeout=60)
+        return dict(line.split() for line in subprocess.run(["squeue", "-h", "-o", "%i %t"], capture_output=True,
+                                                            text=True, timeout=60).stdout.splitlines())
+    left = [job for job, state in queue().items() if state != "CG"]
+    if left:
+        warnings.warn(f"{test} left jobs {' '.join(left)} in the queue: cancelled", stacklevel=1)
+        subprocess.run(["scancel", *left], capture_output=True, timeout=60)
     deadline = time.time() + 120
     while queue() and time.time() < deadline:
         time.sleep(1)
