@@ -56,6 +56,8 @@ LIGHT = ("hydra", "omegaconf", "train", "train.config.compose", "common.compose"
          "hydra_plugins.pretrain_launcher.sweep_status")
 HEAVY = ("train.task.main", "train.checkpoint.resume", "train.hf_model", "transformers")
 FOUNDRY = ("composer", "llmfoundry.command_utils")
+# A light command's that sweeps with Optuna (`hparams_search=`): the sweeper's library, imported as Hydra makes it.
+SWEEPER = ("hydra_plugins.hydra_optuna_sweeper._impl",)
 # A rank's: submitit's entry point and what it unpickles (our launcher, which runs the training), then a training's.
 RANK = ("submitit.core.submission", "hydra_plugins.pretrain_launcher.pretrain_launcher")
 _MODULES = {"train": None, "train.status": "light", "train.export": "heavy", "train.evaluate": "heavy",
@@ -263,7 +265,7 @@ def serve(kind: str, path: str, parent: int) -> None:
     if kind == "rank":  # submitit's entry point first, as in a fresh rank
         importlib.import_module(RANK[0])
     # in a fresh command's order: `train` (whose exit handler must run after the libraries') before the libraries
-    for name in LIGHT:
+    for name in LIGHT + SWEEPER * (kind == "light"):
         importlib.import_module(name)
     if kind in ("heavy", "rank"):
         imported_without_collections(*FOUNDRY)

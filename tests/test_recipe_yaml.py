@@ -432,7 +432,7 @@ def test_a_yaml_edited_while_its_job_waits_in_the_queue_trains_as_checked_and_su
     started that other run from batch 0). The job now composes from the sweep's copy of the bytes checked."""
     recipe = tmp_path / "mine.yaml"
     recipe.write_text(MINIMAL.replace("/tmp/nowhere-c4", str(c4_mds)).replace("max_duration: 6ba", "max_duration: 2ba"))
-    proc = run("-m", "train", "-m", recipe, "cluster=slurm-local", f"tokenizer.name={TOKENIZER}",
+    proc = run("-m", "train", "-m", recipe, "cluster=slurm-local", "cluster.tasks_per_node=1", f"tokenizer.name={TOKENIZER}",
                "train_loader.num_workers=1", "progress_bar=false", "cluster.sbatch_extra={begin: now+3600}",
                root=tmp_path / "root", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -449,6 +449,6 @@ def test_a_yaml_edited_while_its_job_waits_in_the_queue_trains_as_checked_and_su
     assert [p.name for p in (tmp_path / "root" / "checkpoints").iterdir()] == [Path(point["checkpoint"]).name]
     assert any(Path(point["checkpoint"]).glob("*.pt")), point["checkpoint"]
     # the same command now is the edited recipe: another run (its name hashes what it trains), planned as such
-    again = run("-m", "train", recipe, "cluster=slurm-local", f"tokenizer.name={TOKENIZER}", "plan=json",
-                root=tmp_path / "root", timeout=300, check=True)
+    again = run("-m", "train", recipe, "cluster=slurm-local", "cluster.tasks_per_node=1", f"tokenizer.name={TOKENIZER}",
+                "plan=json", root=tmp_path / "root", timeout=300, check=True)
     assert json.loads(again.stdout)["run_name"] != Path(point["checkpoint"]).name

@@ -129,7 +129,8 @@ def test_the_plan_shows_exactly_the_script_that_is_submitted_and_a_credential_re
     """A credential exported in the submitting shell reaches the job (the job hashes what it sees) while no file
     written by the run, no console line and no plan holds it; the submitted script equals the plan's."""
     marker = tmp_path / "seen.sha256"
-    args = ["-m", "cluster=slurm-local", "cluster.wait=true", "data=mock", "max_duration=4ba", "checkpoint=none",
+    args = ["-m", "cluster=slurm-local", "cluster.tasks_per_node=1", "cluster.wait=true", "data=mock", "max_duration=4ba",
+            "checkpoint=none",
             "eval_interval=4ba",
             f"cluster.setup=['printenv PROBE_TOKEN | sha256sum > {marker}']"]
     env = {"PROBE_TOKEN": SECRET}

@@ -177,7 +177,7 @@ def test_two_nodes_by_two_tasks_trains_with_world_size_four_and_its_export_score
 def test_a_failing_point_is_reported_with_its_log_and_the_other_completes(slurm, tmp_path):
     # a learning rate of 1e6 passes every check (it is a number llm-foundry takes) and fails in training: the loss
     # is not finite within a few steps, and the run stops there (train/checkpoint/integrity.py)
-    proc = sweep(tmp_path, "max_duration=8ba", "checkpoint=none", "optimizer.lr=3e-3,1e6")
+    proc = sweep(tmp_path, "cluster.tasks_per_node=1", "max_duration=8ba", "checkpoint=none", "optimizer.lr=3e-3,1e6")
     assert proc.returncode == 1
     ok, bad = summary(tmp_path)
     assert ok["state"] == "COMPLETED" and float(ok["final_loss"]) > 0
@@ -186,7 +186,8 @@ def test_a_failing_point_is_reported_with_its_log_and_the_other_completes(slurm,
 
 
 def test_scancel_of_a_running_job_is_reported_as_cancelled(slurm, tmp_path):
-    proc = start("-m", "train", "-m", *TINY, WAIT, "max_duration=100000ba", "checkpoint=none", root=tmp_path,
+    proc = start("-m", "train", "-m", *TINY, WAIT, "cluster.tasks_per_node=1", "max_duration=100000ba", "checkpoint=none",
+                 root=tmp_path,
                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job_id = None
     for line in proc.stdout:  # "[sweep] #0 ... -> job 123, log ..."
