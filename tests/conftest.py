@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 # One thread for torch's CPU work in this process and every command a test starts, as torchrun gives each of its
-# ranks: two workers on two cores, each command up to two ranks, and torch's default (a thread per core in every
+# ranks: three workers share two cores, each command up to two ranks, and torch's default (a thread per core in every
 # process) oversubscribes them. Measured: two two-rank resume tests side by side, 148 s without, 94 s with.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -54,12 +54,13 @@ def pytest_collection_modifyitems(items):
         if "cli" in getattr(item, "fixturenames", ()):  # a test that runs a command is an e2e test
             item.add_marker(pytest.mark.e2e)
         if item.get_closest_marker("slurm"):
-            # `make test` runs two workers (pytest-xdist, --dist loadgroup): the Slurm tests one after another on
-            # one of them, as they share the loopback cluster's two nodes (a test that sees its job pending or
-            # its array's tasks side by side would otherwise see another test's jobs), the rest beside them.
+            # `make test` runs three workers (pytest-xdist, --dist loadgroup): the Slurm tests one after another on
+            # one of them (pytest_xdist_make_scheduler, below), as they share the loopback cluster's two nodes (a
+            # test that sees its job pending or its array's tasks side by side would otherwise see another test's
+            # jobs), the rest on the other two.
             item.add_marker(pytest.mark.xdist_group("slurm"))
-    # Longest first. The Slurm tests lead: one after another they are the suite's longest chain, mostly waiting on
-    # the cluster (a time limit, the scheduler's tick), so the other worker's tests fill that wait instead of
+    # Longest first. The Slurm tests lead: one after another they are the suite's longest chain, often waiting on
+    # the cluster (a time limit, the scheduler's tick), so the other workers' tests fill that wait instead of
     # following it. Then trainings, then other whole processes, the quick ones last, where they even out the end.
     def tier(item):
         marks = {m.name for m in item.iter_markers()}
