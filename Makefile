@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml requirements.lock
 train: $(STAMP)
 	$(PY) -m train
 
-# Three workers (pytest-xdist) on two cores: the Slurm tests one after another on a worker of their own, which
-# mostly waits on the cluster, and the rest on the other two, one per core (tests/conftest.py).
+# Three workers (pytest-xdist) on two cores: the Slurm tests one after another on a worker of their own, whose
+# waits on the cluster the other two fill, and the rest on those two, one per core (tests/conftest.py).
 WORKERS ?= 3
 XDIST = -n $(WORKERS) --dist loadgroup
 

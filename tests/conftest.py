@@ -73,15 +73,18 @@ def pytest_xdist_make_scheduler(config, log):
         from xdist.scheduler import LoadGroupScheduling
 
         class SlurmApart(LoadGroupScheduling):
-            """The Slurm tests on a worker of their own, from three workers on: most of their time they wait on the
-            cluster (a scheduler tick, a time limit, ranks held still) with nothing to compute, so the other
-            workers' tests fill that core; once they are done the worker ends, and the others have both cores.
-            (A worker that went on to other tests after them ran three workers' tests on two cores: slower.)"""
+            """The Slurm tests on a worker of their own, from three workers on: they compute (their ranks) and wait
+            on the cluster (a scheduler tick, a time limit, ranks held still) by turns, and the other two workers'
+            tests fill their waits; once they are done the worker ends, and the others have both cores. (A worker
+            that went on to other tests after them ran three workers' tests on two cores: slower.) Should that
+            worker be lost, the others take what is left of them, as pytest-xdist's own scheduling would."""
             apart = False  # the worker the Slurm group runs on: not chosen yet
 
             def _assign_work_unit(self, node):
                 if self.apart is False:
                     self.apart = self.nodes[0] if len(self.nodes) >= 3 and "slurm" in self.workqueue else None
+                if self.apart is not None and self.apart not in self.assigned_work:  # lost (remove_node)
+                    self.apart = None
                 if self.apart is None:
                     return super()._assign_work_unit(node)
                 units = [scope for scope in self.workqueue if (scope == "slurm") == (node is self.apart)]
