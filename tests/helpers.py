@@ -2,6 +2,7 @@
 user types it (`run`; the `cli` fixture in conftest.py binds it to a test's folder), and the pieces several
 modules read: the problems a refused command prints, a run killed right after a checkpoint, a task PATH without
 Slurm's commands. Tests that need ../shared skip with a message when it is absent."""
+import contextlib
 import os
 import signal
 import subprocess
@@ -268,11 +269,12 @@ def step_tasks(job: str, node: str) -> list:
     return [int(row.split()[0]) for row in rows if row.split()[-1] != "-"]
 
 
-def hold_still_and_warn(tasks: int = 2) -> tuple:
+@contextlib.contextmanager
+def held_still_and_warned(tasks: int = 2):
     """The one job in the queue, training: its step's tasks held still (SIGSTOP: they would train for nothing while
     they wait) and its time limit cut so that Slurm's warning comes within a minute (warn_within_a_minute); Slurm
-    continues them (SIGCONT) to deliver it. (the job's id, the tasks' pids: to continue in the end, whatever
-    happened)."""
+    continues them (SIGCONT) to deliver it. Yields the job's id; the tasks are continued on the way out, whatever
+    happened."""
     [job, ran, node] = subprocess.run(["squeue", "-h", "-o", "%i %M %N"], capture_output=True, text=True,
                                       timeout=30).stdout.split()
     ranks = step_tasks(job, node)
@@ -281,11 +283,11 @@ def hold_still_and_warn(tasks: int = 2) -> tuple:
         for pid in ranks:
             os.kill(pid, signal.SIGSTOP)
         warn_within_a_minute(job, ran)
-    except BaseException:
+        yield job
+    finally:
         for pid in ranks:
-            os.kill(pid, signal.SIGCONT)
-        raise
-    return job, ranks
+            with contextlib.suppress(OSError):  # ended meanwhile
+                os.kill(pid, signal.SIGCONT)
 
 
 def task_prolog_without_slurm(folder: Path) -> Path:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, finished, kill_run, run, start, train_command
+from helpers import finished, kill_run, run, start, train_command
 
 pytestmark = pytest.mark.train
 
@@ -230,9 +230,8 @@ def test_a_full_checkpoint_file_system_is_one_clear_error_and_resuming_after_mak
     # aside and the next; they fit until another job fills the rest
     mnt = tmpfs("ckpt", "32m")
     root = tmp_path / "root"
-    cmd = [str(PYTHON), *train_command(ranks, "sharded", "save_num_checkpoints_to_keep=2",
-                                       f"storage.checkpoint_root={mnt}")]
-    proc = start(*cmd[1:], root=root, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    cmd = train_command(ranks, "sharded", "save_num_checkpoints_to_keep=2", f"storage.checkpoint_root={mnt}")
+    proc = start(*cmd, root=root, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     filler = _fill_when("*/ep0-ba20*.manifest.json", mnt, mnt, proc, leave=1 << 20)  # then another job fills it
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, err[-3000:]
@@ -248,7 +247,7 @@ def test_a_full_checkpoint_file_system_is_one_clear_error_and_resuming_after_mak
     assert "bytes free" in line and "needs " in line
 
     filler.unlink()  # room made: the same command resumes from the newest complete checkpoint
-    run(*cmd[1:], root=root, check=True)
+    run(*cmd, root=root, check=True)
     got = metrics(root)
     assert got["batches"] == 40 and [b for b, _ in got["eval"]] == [10, 20, 30, 40]
     assert got["final_train_loss"] == pytest.approx(want["final_train_loss"], rel=1e-6)
@@ -258,8 +257,7 @@ def test_a_full_checkpoint_file_system_is_one_clear_error_and_resuming_after_mak
 def test_a_full_outputs_file_system_never_stops_training_and_names_the_metrics_file(tmp_path, tmpfs):
     mnt = tmpfs("outputs", "2m")
     root = tmp_path / "root"
-    cmd = [str(PYTHON), "-m", "train", "max_duration=40ba", f"storage.output_root={mnt}"]
-    proc = start(*cmd[1:], root=root, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start("-m", "train", "max_duration=40ba", f"storage.output_root={mnt}", root=root, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _fill_when("*/progress.json", mnt, mnt, proc)  # full from the first progress line on
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, err[-3000:]

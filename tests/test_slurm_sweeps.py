@@ -1,11 +1,8 @@
 """`python -m train ... -m` on a real Slurm controller (scripts/slurm-local.sh): real jobs, real ranks."""
-import contextlib
 import csv
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -15,7 +12,7 @@ from helpers import (
     PYTHON,
     ROOT,
     finished,
-    hold_still_and_warn,
+    held_still_and_warned,
     run,
     start,
     task_prolog_without_slurm,
@@ -187,8 +184,7 @@ def test_a_failing_point_is_reported_with_its_log_and_the_other_completes(slurm,
 
 def test_scancel_of_a_running_job_is_reported_as_cancelled(slurm, tmp_path):
     proc = start("-m", "train", "-m", *TINY, WAIT, "cluster.tasks_per_node=1", "max_duration=100000ba", "checkpoint=none",
-                 root=tmp_path,
-                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 root=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job_id = None
     for line in proc.stdout:  # "[sweep] #0 ... -> job 123, log ..."
         if "-> job" in line:
@@ -232,22 +228,18 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
                                 f'cluster.srun_extra=["--task-prolog={prolog}"]',
                                 f"cluster.preflight.node_check={probe}"),
                  root=root, stdout=out, stderr=subprocess.STDOUT)
-    ranks = []
     try:
         wait_for_checkpoint(root, 20, proc)
-        job, ranks = hold_still_and_warn()
-        deadline = time.time() + 200
-        while "Restarts=0" in subprocess.run(["scontrol", "show", "job", job, "-o"], capture_output=True,
-                                             text=True).stdout:
-            assert proc.poll() is None and time.time() < deadline, (tmp_path / "sweep.log").read_text()[-3000:]
-            time.sleep(0.5)
-        subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"], check=True, timeout=30)
-        proc.wait(timeout=600)
+        with held_still_and_warned() as job:
+            deadline = time.time() + 200
+            while "Restarts=0" in subprocess.run(["scontrol", "show", "job", job, "-o"], capture_output=True,
+                                                 text=True).stdout:
+                assert proc.poll() is None and time.time() < deadline, (tmp_path / "sweep.log").read_text()[-3000:]
+                time.sleep(0.5)
+            subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"], check=True, timeout=30)
+            proc.wait(timeout=600)
     finally:
         proc.kill()
-        for pid in ranks:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGCONT)
     # on failure, each allocation's story from rank 0's log: starts, signals, requeues, the countdown
     story = [line for log in root.rglob("*_0_log.err") for line in log.read_text().splitlines()
              if any(w in line for w in ("Starting with", "timed-out", "remaining timeouts", "not requeued",

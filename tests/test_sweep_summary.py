@@ -1,5 +1,4 @@
 """The summary a `-m` sweep prints and writes, from real jobs that fail for real reasons."""
-import contextlib
 import csv
 import json
 import os
@@ -9,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT, command_env, hold_still_and_warn, run, start
+from helpers import PYTHON, ROOT, command_env, held_still_and_warned, run, start
 
 pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
 
@@ -66,7 +65,6 @@ def test_a_job_out_of_time_and_not_requeued_says_why(slurm, tmp_path):
     # within a minute, during training: a fixed 1-minute limit raced the start-up on a loaded machine. Meanwhile the
     # ranks are held still (SIGSTOP: they would train for nothing); Slurm continues them (SIGCONT) to deliver it.
     log = tmp_path / "sweep.log"
-    ranks = []
     with log.open("w") as out:
         proc = start("-m", "train", "-m", "progress_bar=false", "checkpoint=none", "cluster=slurm-local",
                      "cluster.wait=true", "data=mock", "max_duration=100000ba", "cluster.timeout_min=10",
@@ -77,13 +75,10 @@ def test_a_job_out_of_time_and_not_requeued_says_why(slurm, tmp_path):
             while not any("[progress] step" in err.read_text() for err in tmp_path.rglob("*_0_log.err")):
                 assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
                 time.sleep(0.5)
-            _, ranks = hold_still_and_warn()
-            proc.wait(timeout=400)
+            with held_still_and_warned():
+                proc.wait(timeout=400)
         finally:
             proc.kill()
-            for pid in ranks:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGCONT)
     assert proc.returncode == 1, log.read_text()[-3000:]
     sweep_dir, [row], [md] = _summaries(tmp_path)
     assert row["state"] in ("FAILED", "TIMEOUT")

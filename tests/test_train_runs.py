@@ -58,10 +58,8 @@ def test_default_run_trains_evaluates_checkpoints_and_plots(tmp_path, cli):
 
 def test_the_loss_curve_is_drawn_at_each_checkpoint_of_a_running_job(tmp_path):
     """Killed right after its first checkpoint (a job that never reaches its end): its picture is there."""
-    cmd = [str(PYTHON), "-m", "train", "max_duration=40ba", "save_interval=4ba", "eval_interval=40ba",
-           "checkpoint=full"]
-    proc = start(*cmd[1:], root=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
-                 stderr=subprocess.DEVNULL)
+    proc = start("-m", "train", "max_duration=40ba", "save_interval=4ba", "eval_interval=40ba", "checkpoint=full",
+                 root=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     try:  # composer points its `latest` link at a checkpoint once it is written
         while not any(p.is_symlink() for p in tmp_path.glob("checkpoints/*/latest-rank0.pt")):
