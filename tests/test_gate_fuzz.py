@@ -167,7 +167,10 @@ CASES = [
     # a trainer setting that was ours under cluster.: refused, its llm-foundry key as the fix
     (["cluster.dataloader_workers=0"], "refused", "cluster.dataloader_workers"),
     (["cluster.precision=amp_bf16"], "refused", "cluster.precision"),
-    (["train_loader.num_workers=0"], "refused", "train_loader.num_workers"),
+    # the CPU presets load in the rank (0 workers, prefetch_factor null, persistent_workers false): torch refuses
+    # 0 workers beside llm-foundry's defaults of the other two
+    (["train_loader.num_workers=0", "train_loader.persistent_workers=true"], "refused", "train_loader.num_workers"),
+    (["eval_loader.prefetch_factor=2"], "refused", "eval_loader.num_workers"),
     (["eval_loader.num_workers=-2"], "refused", "eval_loader.num_workers"),
     (["dist_timeout=0"], "refused", "dist_timeout"),
     (["dist_timeout=-5"], "refused", "dist_timeout"),

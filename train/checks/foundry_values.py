@@ -301,10 +301,19 @@ def workers(cfg, ctx):
         if not is_int(n) or n < 0:
             yield Problem(key, f"must be a count of worker processes, got {n!r} (torch's DataLoader refuses it)",
                           f"e.g. {key}=8")
-        elif n == 0 and value(cfg, f"{loader}.prefetch_factor", default=2) is not None:
-            yield Problem(key, "0 workers with llm-foundry's default prefetch_factor (2): torch's DataLoader "
-                          "refuses it (\"prefetch_factor option could only be specified in multiprocessing\")",
-                          f"{key}=1 (or more), or {loader}.prefetch_factor=null to load in the training process")
+        elif n == 0:
+            # llm-foundry's build_text_dataloader defaults: prefetch_factor=2, persistent_workers=True
+            prefetch = value(cfg, f"{loader}.prefetch_factor", default=2)
+            persistent = value(cfg, f"{loader}.persistent_workers", default=True)
+            refused = [(f"prefetch_factor {prefetch}", "prefetch_factor option could only be specified in "
+                        "multiprocessing")] * (prefetch is not None) + \
+                [(f"persistent_workers {persistent}", "persistent_workers option needs num_workers > 0")] * \
+                (persistent is not False)
+            if refused:
+                yield Problem(key, f"0 workers with {' and '.join(s for s, _ in refused)}: torch's DataLoader refuses "
+                              f"it ({'; '.join(repr(m) for _, m in refused)})",
+                              f"{key}=1 (or more), or {loader}.prefetch_factor=null {loader}.persistent_workers=false "
+                              "to load in the training process")
 
 
 def cluster_numbers(cfg, ctx):
