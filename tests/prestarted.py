@@ -15,8 +15,9 @@ What a fork cannot make the same runs in a fresh interpreter instead (`kind_for`
   (PYTHON*, LC_*, TZ); one that differs in a variable read as torch or Hugging Face's libraries are imported (HF_*,
   (PY)TORCH*, OMP_*, TMPDIR, ...), or a command that sets its own (cluster.env), is forked from the light server and
   imports them itself; the others are set before the command runs, as in a fresh process, and read when read;
-- a command given Popen options (stdin, input), a script, `python -c`, data_prep, `run(..., fresh=True)`, and any
-  command while PRESTARTED=0 (every command fresh).
+- a command given Popen options (stdin, input), a script, `python -c`, `run(..., fresh=True)`, and any command while
+  PRESTARTED=0 (every command fresh). (`python -m data_prep` is a light one: Hydra and OmegaConf imported, its
+  tokenizer library imported by the command itself.)
 A heavy command that sets such a variable anyway before it imports the libraries (a preset's cluster.env) fails
 loudly, exit 70, naming it.
 Forks share their server's string hash seed where fresh processes each draw one (numpy's global generator is
@@ -62,7 +63,7 @@ SWEEPER = ("hydra_plugins.hydra_optuna_sweeper._impl",)
 # A rank's: submitit's entry point and what it unpickles (our launcher, which runs the training), then a training's.
 RANK = ("submitit.core.submission", "hydra_plugins.pretrain_launcher.pretrain_launcher")
 _MODULES = {"train": None, "train.status": "light", "train.export": "heavy", "train.evaluate": "heavy",
-            "train.consolidate": "heavy", "train.sample": "heavy"}
+            "train.consolidate": "heavy", "train.sample": "heavy", "data_prep": "light"}
 # A look, or a launcher whose ranks are fresh processes: no training in the command's own process.
 _LOOK = re.compile(r"(plan=.*|--cfg|--help|-h|--info|--hydra-help|-c|-m|--multirun)")
 # Read by the interpreter as it starts (any kind), and by torch and Hugging Face's libraries as they are imported

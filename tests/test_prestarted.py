@@ -76,7 +76,7 @@ def test_what_a_fork_cannot_make_the_same_goes_to_a_fresh_interpreter(monkeypatc
     assert prestarted.kind_for(["-m", "train", "+cluster.env.TMPDIR=/x"], env, {}) == "light"
     assert prestarted.kind_for(["-m", "train"], env, {}, fresh=True) is None
     assert prestarted.kind_for(["-m", "train"], env, {"input": "x"}) is None
-    assert prestarted.kind_for(["-m", "data_prep"], env, {}) is None
+    assert prestarted.kind_for(["-m", "data_prep"], env, {}) == "light"
     assert prestarted.kind_for(["-c", "print(1)"], env, {}) is None
     monkeypatch.setenv("PRESTARTED", "0")
     assert prestarted.kind_for(["-m", "train"], env, {}) is None
