@@ -302,13 +302,15 @@ def workers(cfg, ctx):
             yield Problem(key, f"must be a count of worker processes, got {n!r} (torch's DataLoader refuses it)",
                           f"e.g. {key}=8")
         elif n == 0:
-            # llm-foundry's build_text_dataloader defaults: prefetch_factor=2, persistent_workers=True
+            # torch's DataLoader's own tests, on llm-foundry's build_text_dataloader defaults (2, True)
             prefetch = value(cfg, f"{loader}.prefetch_factor", default=2)
             persistent = value(cfg, f"{loader}.persistent_workers", default=True)
-            refused = [(f"prefetch_factor {prefetch}", "prefetch_factor option could only be specified in "
-                        "multiprocessing")] * (prefetch is not None) + \
-                [(f"persistent_workers {persistent}", "persistent_workers option needs num_workers > 0")] * \
-                (persistent is not False)
+            refused = []
+            if prefetch is not None:
+                refused.append((f"prefetch_factor {prefetch}", "prefetch_factor option could only be specified in "
+                                "multiprocessing"))
+            if persistent:
+                refused.append((f"persistent_workers {persistent}", "persistent_workers option needs num_workers > 0"))
             if refused:
                 yield Problem(key, f"0 workers with {' and '.join(s for s, _ in refused)}: torch's DataLoader refuses "
                               f"it ({'; '.join(repr(m) for _, m in refused)})",
