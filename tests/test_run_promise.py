@@ -257,7 +257,8 @@ def test_a_full_checkpoint_file_system_is_one_clear_error_and_resuming_after_mak
 def test_a_full_outputs_file_system_never_stops_training_and_names_the_metrics_file(tmp_path, tmpfs):
     mnt = tmpfs("outputs", "2m")
     root = tmp_path / "root"
-    proc = start("-m", "train", "max_duration=40ba", f"storage.output_root={mnt}", root=root, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start("-m", "train", "max_duration=40ba", f"storage.output_root={mnt}", root=root, text=True,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _fill_when("*/progress.json", mnt, mnt, proc)  # full from the first progress line on
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, err[-3000:]
