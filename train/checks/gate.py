@@ -389,7 +389,10 @@ def before_hydra(args: list) -> None:
     """Refuse, before Hydra reads the command line, what Hydra would refuse with its own words (exit 2, nothing
     written). Anything else is left to Hydra and the checks."""
     from train.checks import report
+    from train.checks.safety import command_line_secrets, masked
 
-    problems = _one_command(args) + hydra_problems(args)
-    if problems and not report(problems):
+    # a credential by its shape, refused before Hydra's own errors can print it; masked in every other message
+    secrets, masks = command_line_secrets(args)
+    problems = _one_command(args) + secrets + hydra_problems(args)
+    if problems and not report([masked(p, masks) for p in problems]):
         sys.exit(2)

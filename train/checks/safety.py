@@ -5,14 +5,14 @@ import re
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from common.errors import secrets_in
+from common.errors import TOKEN_FORMS, URL_PASSWORD
 from train.checks.core import Problem, value
 
 # Environment variable names that hold credentials: never written into a script, a config copy or a plan. By word
 # (AWS_ACCESS_KEY_ID, AWS_SESSION_TOKEN, AZURE_CLIENT_SECRET, AZURE_OPENAI_API_KEY, HF_TOKEN, HF_AUTH,
-# WANDB_API_KEY, MLFLOW_TRACKING_PASSWORD, DATABRICKS_TOKEN, GOOGLE_APPLICATION_CREDENTIALS, ...), not by letters:
+# WANDB_API_KEY, MLFLOW_TRACKING_PASSWORD, DATABRICKS_TOKEN, GOOGLE_APPLICATION_CREDENTIALS, MY_CRED, ...), not by letters:
 # TOKENIZERS_PARALLELISM and NCCL_IB_QPS_PER_CONNECTION are settings.
-CREDENTIAL = re.compile(r"(^|_)(KEYS?|TOKENS?|SECRETS?|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|AUTH|APIKEY|"
+CREDENTIAL = re.compile(r"(^|_)(KEYS?|TOKENS?|SECRETS?|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|CREDS?|AUTH|APIKEY|"
                         r"ACCESSKEY|AUTHTOKEN|SAS|PAT)(_|$)|SECRET|PASSWORD|CONNECTION_STRING|^AZURE_STORAGE_",
                         re.IGNORECASE)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -33,10 +33,155 @@ def credentials(cfg, ctx):
 # cluster.env (credentials). `eos_token`, `pad_token` and `concat_tokens` are not secrets.
 SECRET_KEY = re.compile(r"^(token|hf_token|auth_token|use_auth_token|access_token|api_?key|secret|client_secret|"
                         r"password|passwd|account_key|sas_token|private_key|secret_key|access_key|"
-                        r"aws_secret_access_key|aws_access_key_id|aws_session_token)$|(_password|_secret|_api_?key)$",
+                        r"aws_secret_access_key|aws_access_key_id|aws_session_token)$|(_password|_secret|_api_?key)$|"
+                        r"(^|_)(access|auth|api|bearer|refresh|session|id|private|personal|hf|hub|github|gh|gitlab|"
+                        r"wandb|slack|bot|databricks|mlflow|my)_?token$|(^|_)(creds?|credentials?)$",
                         re.IGNORECASE)
 # An assignment in a shell line: `export NAME=value`, `NAME=value cmd`, `declare -x NAME=value`, `env NAME=value`.
 ASSIGNMENT = re.compile(r"(?:^|[\s;&|(])(?:export\s+|declare\s+-x\s+|env\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
+
+# ---- credentials by shape, whatever the key: a value of `+variables.anything`, a cluster.setup line, a URL ------
+# Beside common.errors' forms (URL user:password@, hf_, AKIA, ghp_/github_pat_, xox?-, sk-, AccountKey=, sig=).
+FORMS = (
+    ("a GitLab token", re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}")),
+    ("a PyPI token", re.compile(r"\bpypi-AgE[A-Za-z0-9_-]{40,}")),
+    ("an npm token", re.compile(r"\bnpm_[A-Za-z0-9]{36,}")),
+    ("a Google API key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}")),
+    ("a Databricks token", re.compile(r"\bdapi[0-9a-f]{32}(?:-\d+)?\b")),
+    ("a JSON web token", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]+")),
+    # the URL of a chat webhook is its credential: anyone holding it posts to the channel
+    ("a chat webhook URL", re.compile(r"(?<=hooks\.slack\.com/)(?:services|workflows|triggers)/[^\s'\"?#]+|"
+                                      r"(?<=discord\.com/api/webhooks/)[^\s'\"?#]+|"
+                                      r"(?<=discordapp\.com/api/webhooks/)[^\s'\"?#]+|"
+                                      r"(?<=\.webhook\.office\.com/webhookb2/)[^\s'\"?#]+")),
+    ("a bearer token", re.compile(r"\b[Bb]earer +([A-Za-z0-9._~+/=-]{8,})")),
+    ("an Authorization header", re.compile(r"(?i:authorization): *(?:(?i:basic|token) +)?([A-Za-z0-9._~+/=-]{8,})")),
+)
+# A URL's query parameter that holds a secret: ?access_token=, &token=, ?api_key=, ?key=, X-Amz-Signature=, ?sig=.
+QUERY_SECRET = re.compile(r"[?&]([A-Za-z0-9_.-]*)=([^&#\s'\"]+)")
+QUERY_NAME = re.compile(r"(^|[_.-])(token|access_?token|auth|key|api_?key|secret|client_secret|sig|signature|"
+                        r"password|passwd|pwd|credentials?)$|[a-z](Token|Key|Secret|Signature|Password|Credential)$",
+                        re.IGNORECASE)
+# A shell flag whose value is a secret (`huggingface-cli login --token X`, `--password X`), and those of a login
+# command (`docker login -p X`; `wandb login KEY` takes it as its argument).
+SECRET_FLAG = re.compile(r"^--(token|api[-_]?key|password|passwd|secret|client[-_]secret|access[-_]token|"
+                         r"auth[-_]token|hf[-_]token|wandb[-_]key)$", re.IGNORECASE)
+WANDB_FLAGS_WITH_VALUE = {"--host", "--anonymously"}
+# Long random words: 24 characters or more without `/` (a path is no secret), in which what is left without its
+# hexadecimal parts (the hashes and ids this product and its tools print: run names mpt-tiny-1c6d94ab, xxh3_64 shard
+# hashes, git commits, uuids) is 16 characters or more that mix lower and upper case letters and digits, with the
+# entropy of random text, changing between the three as random text does (a model's name, Meta-Llama-3.1-70B-Instruct,
+# mixes them but changes at a quarter of its letters; a random token, at more than half).
+LONG_WORD = re.compile(r"[A-Za-z0-9+=_~.-]{24,}")
+HEX_PART = re.compile(r"^[0-9a-fA-F]*$")
+ENTROPY_LENGTH, ENTROPY_LEFT, ENTROPY_BITS, ENTROPY_CHANGES = 24, 16, 3.5, 0.4
+
+
+def _random_looking(word: str) -> bool:
+    import math
+    from collections import Counter
+
+    if len(word) < ENTROPY_LENGTH or "${" in word:
+        return False
+    left = "".join(part for part in re.split(r"[-_.~]", word) if not HEX_PART.match(part))
+    if len(left) < ENTROPY_LEFT or not (re.search(r"[a-z]", left) and re.search(r"[A-Z]", left)
+                                        and re.search(r"[0-9]", left)):
+        return False
+    bits = -sum(n / len(left) * math.log2(n / len(left)) for n in Counter(left).values())
+    kinds = ["l" if c.islower() else "u" if c.isupper() else "d" if c.isdigit() else None for c in left]
+    pairs = [(a, b) for a, b in zip(kinds, kinds[1:]) if a and b]
+    return bits >= ENTROPY_BITS and bool(pairs) and sum(a != b for a, b in pairs) / len(pairs) >= ENTROPY_CHANGES
+
+
+def _commands(text: str) -> list:
+    """The words of each command in a shell line (a `|`, `;`, `&&` or `||` ends one), as the shell splits them."""
+    import shlex
+
+    try:
+        lexer = shlex.shlex(text, posix=True, punctuation_chars=";&|")
+        lexer.whitespace_split = True
+        words = list(lexer)
+    except ValueError:  # an unclosed quote: split on spaces
+        words = text.split()
+    found, current = [], []
+    for w in words:
+        if w and set(w) <= set(";&|"):
+            found.append((current, w))
+            current = []
+        else:
+            current.append(w)
+    return found + [(current, "")]
+
+
+def _in_commands(text: str) -> list:
+    """(what, secret) for a login command's key or a secret flag's value in a shell line. A value taken from the
+    environment (`$HF_TOKEN`) holds none."""
+    found = []
+    commands = _commands(text)
+    for num, (words, ends) in enumerate(commands):
+        login = "login" in words[1:4]  # docker login, gh auth login, sudo singularity remote login
+        for i, w in enumerate(words):
+            flag, eq, given = w.partition("=")
+            given = given if eq else (words[i + 1] if i + 1 < len(words) else "")
+            if SECRET_FLAG.match(flag) or login and flag in ("-p", "--password"):
+                found.append(("a secret given to a command (" + flag + ")", given))
+            elif flag in ("-u", "--user") and ":" in given:
+                found.append(("a password given to a command (" + flag + " user:password)", given.split(":", 1)[1]))
+        if words[:2] == ["wandb", "login"]:
+            rest, skip = words[2:], False
+            for w in rest:
+                if skip:
+                    skip = False
+                elif w.startswith("-"):
+                    skip = w in WANDB_FLAGS_WITH_VALUE
+                else:
+                    found.append(("a W&B key given to `wandb login`", w))
+        # `echo KEY | docker login --password-stdin`, `| gh auth login --with-token`
+        if ends == "|" and words[:1] in (["echo"], ["printf"]) and num + 1 < len(commands) and \
+                "login" in commands[num + 1][0]:
+            found += [("a secret piped to a login command", w) for w in words[1:] if not w.startswith("-")]
+    return [(what, s) for what, s in found if s and not s.startswith("$")]
+
+
+def _spans(text: str) -> list:
+    """(what, start, end) of each credential recognised by its shape in text."""
+    found = [("a URL with a password in it", *m.span(2)) for m in URL_PASSWORD.finditer(text)]
+    for what, pattern in (*TOKEN_FORMS, *FORMS):
+        found += [(what, *m.span(pattern.groups and 1)) for m in pattern.finditer(text)]
+    found += [(f"a secret in a URL's query parameter ({m.group(1)})", *m.span(2)) for m in QUERY_SECRET.finditer(text)
+              if QUERY_NAME.search(m.group(1)) and not m.group(2).startswith("$")]
+    for what, secret in _in_commands(text):  # words as the shell reads them: found again in the text
+        found += [(what, *m.span()) for m in re.finditer(re.escape(secret), text)]
+    found += [("a long random string (a key or a token, by its form)", *m.span()) for m in LONG_WORD.finditer(text)
+              if _random_looking(m.group(0)) and not any(s <= m.start() < e for _, s, e in found)]
+    return found
+
+
+def shapes(text: str) -> list:
+    """(what, the secret) for each credential recognised by its shape in text: common.errors' forms (URL
+    user:password@, hf_, AKIA, ghp_/github_pat_, xox?-, sk-, AccountKey=, sig=), the forms above, a secret URL query
+    parameter, a bearer or Authorization header, a login command's key or a secret flag's value, a long random
+    word."""
+    return [(what, text[s:e]) for what, s, e in _spans(text) if e > s]
+
+
+def mask_shapes(text: str) -> str:
+    """text with every credential recognised by its shape replaced by ****, however short (`?token=abc`)."""
+    spans = sorted((s, e) for _, s, e in _spans(text) if e > s)
+    out, at = [], 0
+    for s, e in spans:
+        if e > at:
+            out += [text[at:max(s, at)], "****"]
+            at = e
+    return "".join(out) + text[at:]
+
+
+def masked(problem: Problem, secrets=()) -> Problem:
+    """The problem with every credential in it masked: each of `secrets`, and anything of a credential's shape."""
+    from dataclasses import replace
+
+    p = problem.masked(secrets)
+    return replace(p, key=mask_shapes(p.key), problem=mask_shapes(p.problem), fix=mask_shapes(p.fix))
 
 
 def _plain(cfg):
@@ -61,32 +206,72 @@ def _walk(node, path=""):
 
 
 def secrets_in_values(cfg, ctx):
-    """A credential recognised by its form, in any value (a URL with a password, a Hugging Face or AWS key): it
-    would be written into .hydra/, the sweep's files, submitit's pickles, the sbatch script and the plan, and the
-    values a run logs to its tracker. Named once, where the command line gave it (interpolations repeat it).
+    """A credential recognised by its shape, in any value (a URL with a password or a token in its query, a chat
+    webhook, a bearer header, a login command's key, a known token's prefix, a long random string): it would be
+    written into .hydra/, the sweep's files, submitit's pickles, the sbatch script and the plan, and the values a
+    run logs to its tracker. Named once, where the command line gave it (interpolations repeat it).
     And a key whose name says it holds a secret (tokenizer.kwargs.token, ...password) with a value in it."""
     seen, named = {}, []
     for path, name, v in _walk(_plain(cfg)):
         if not isinstance(v, str):
             continue
-        for what, secret in secrets_in(v):
+        for what, secret in shapes(v):
             seen.setdefault(secret, (what, []))[1].append(path)
         if not path.startswith(("loggers.", "cluster.env.")) and SECRET_KEY.search(name) and v.strip() and \
                 v.lower() not in ("true", "false", "none", "null"):
             named.append(path)
+    by_key = {}
     for what, paths in seen.values():
         given = [p for p in paths if ctx.given(p) is not None]
         key = (given or paths)[0]
-        also = [p for p in paths if p != key]
-        yield Problem(key, f"holds {what}: it would be written in plain text into {_WHERE}, and into the config the "
-                      "run logs" + (f" (it also reaches {', '.join(also[:3])})" if also else ""),
-                      "give the value without the credential (a URL without user:password) and export the "
-                      "credential in the shell you submit from (AWS_*, AZURE_*, HF_TOKEN, MLFLOW_TRACKING_USERNAME/"
-                      f"MLFLOW_TRACKING_PASSWORD, ...): {_EXPORT}")
+        whats, also = by_key.setdefault(key, ([], []))
+        whats += [what] if what not in whats else []
+        also += [p for p in paths if p != key and p not in also]
+    for key, (whats, also) in by_key.items():
+        yield _by_shape(key, " and ".join(whats), also)
     for path in named:
         yield Problem(path, f"holds a credential: it would be written in plain text into {_WHERE}, and into the "
                       "config the run logs to its tracker (as MLflow parameters)", "remove it here and export it in "
                       f"the shell you submit from (for the Hugging Face hub: HF_TOKEN): {_EXPORT}")
+
+
+def _by_shape(key: str, what: str, also=()) -> Problem:
+    return Problem(key, f"holds {what}: it would be written in plain text into {_WHERE}, and into the config the "
+                   "run logs" + (f" (it also reaches {', '.join(also[:3])})" if also else ""),
+                   "give the value without the credential (a URL without user:password or its token) and export the "
+                   "credential in the shell you submit from (AWS_*, AZURE_*, HF_TOKEN, WANDB_API_KEY, "
+                   "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD, a webhook's URL in a variable of your own, "
+                   f"...): {_EXPORT}; a setup line reads it as $NAME (`wandb login` and `huggingface-cli` need no "
+                   "key argument: they read WANDB_API_KEY and HF_TOKEN)")
+
+
+def command_line_secrets(args: list) -> tuple[list, list]:
+    """(problems, secrets) for the overrides of a command line that hold a credential by its shape, before Hydra
+    reads them: Hydra's own errors (an unquoted URL it cannot parse, a key it cannot override) print the override
+    in full. Named as the config check names them (cluster.setup[0]); a value Hydra cannot parse, by its key."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    problems, secrets = [], []
+    for arg in args:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        key, raw = arg.split("=", 1)
+        key = key.lstrip("+~")
+        try:
+            [override] = parser.parse_overrides([arg])
+            values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+        except Exception:  # read by the gate as Hydra's grammar error: its text is looked at
+            values = [raw]
+        found = {}
+        for v in values:
+            for path, _, leaf in _walk(v, key) if isinstance(v, (dict, list)) else [(key, None, v)]:
+                for what, secret in shapes(leaf) if isinstance(leaf, str) else ():
+                    found.setdefault(path, [])
+                    found[path] += [what] if what not in found[path] else []
+                    secrets.append(secret)
+        problems += [_by_shape(path, " and ".join(whats)) for path, whats in found.items()]
+    return problems, secrets
 
 
 def setup_exports(cfg, ctx):
@@ -106,7 +291,7 @@ def secret_values(cfg) -> list:
     for path, name, v in _walk(_plain(cfg)):
         if not isinstance(v, str) or not v:
             continue
-        found += [secret for _, secret in secrets_in(v)]
+        found += [secret if len(secret) >= 8 else v for _, secret in shapes(v)]  # a short one: its whole value
         if path.startswith("cluster.env.") and CREDENTIAL.search(name) or SECRET_KEY.search(name) \
                 or path.startswith("loggers.") and LOGGER_CREDENTIAL.search(name):
             found.append(v)
