@@ -67,12 +67,14 @@ QUERY_NAME = re.compile(r"(^|[_.-])(token|access_?token|auth|key|api_?key|secret
 SECRET_FLAG = re.compile(r"^--(token|api[-_]?key|password|passwd|secret|client[-_]secret|access[-_]token|"
                          r"auth[-_]token|hf[-_]token|wandb[-_]key)$", re.IGNORECASE)
 WANDB_FLAGS_WITH_VALUE = {"--host", "--anonymously"}
-# Long random words: 24 characters or more without `/` (a path is no secret), in which what is left without its
+# Long random words: 24 characters or more, outside paths (a path is no secret), in which what is left without its
 # hexadecimal parts (the hashes and ids this product and its tools print: run names mpt-tiny-1c6d94ab, xxh3_64 shard
 # hashes, git commits, uuids) is 16 characters or more that mix lower and upper case letters and digits, with the
 # entropy of random text, changing between the three as random text does (a model's name, Meta-Llama-3.1-70B-Instruct,
 # mixes them but changes at a quarter of its letters; a random token, at more than half).
-LONG_WORD = re.compile(r"[A-Za-z0-9+=_~.-]{24,}")
+LONG_WORD = re.compile(r"[A-Za-z0-9+_~.-]{24,}={0,2}")
+# A word that is a path (/data/c4, ./ckpt, EleutherAI/gpt-neox-20b; a URL is none): no long random word in it counts
+PATH = re.compile(r"[^\s'\"=,\[\]{}()]+")
 HEX_PART = re.compile(r"^[0-9a-fA-F]*$")
 ENTROPY_LENGTH, ENTROPY_LEFT, ENTROPY_BITS, ENTROPY_CHANGES = 24, 16, 3.5, 0.4
 
@@ -152,8 +154,10 @@ def _spans(text: str) -> list:
               if QUERY_NAME.search(m.group(1)) and not m.group(2).startswith("$")]
     for what, secret in _in_commands(text):  # words as the shell reads them: found again in the text
         found += [(what, *m.span()) for m in re.finditer(re.escape(secret), text)]
+    paths = [m.span() for m in PATH.finditer(text) if "/" in m.group(0) and "://" not in m.group(0)]
     found += [("a long random string (a key or a token, by its form)", *m.span()) for m in LONG_WORD.finditer(text)
-              if _random_looking(m.group(0)) and not any(s <= m.start() < e for _, s, e in found)]
+              if _random_looking(m.group(0)) and not any(s <= m.start() < e for _, s, e in found)
+              and not any(s <= m.start() < e for s, e in paths)]
     return found
 
 
@@ -267,8 +271,8 @@ def command_line_secrets(args: list) -> tuple[list, list]:
         for v in values:
             for path, _, leaf in _walk(v, key) if isinstance(v, (dict, list)) else [(key, None, v)]:
                 for what, secret in shapes(leaf) if isinstance(leaf, str) else ():
-                    found.setdefault(path, [])
-                    found[path] += [what] if what not in found[path] else []
+                    whats = found.setdefault(path, [])
+                    whats += [what] if what not in whats and secret not in secrets else []
                     secrets.append(secret)
         problems += [_by_shape(path, " and ".join(whats)) for path, whats in found.items()]
     return problems, secrets
