@@ -487,7 +487,9 @@ def resume_candidates(folder: Path) -> list:
     return resume.find(folder)
 
 
-def test_resuming_on_training_data_made_again_in_its_folder_is_refused_naming_it(tmp_path, tmp_path_factory):
+@pytest.mark.parametrize("record", ["kept", "lost"])
+def test_resuming_on_training_data_made_again_in_its_folder_is_refused_naming_it(record, tmp_path,
+                                                                                 tmp_path_factory):
     """The run is named by its settings and its data by the folder: data made again there (here: other samples,
     as many: other counts in a mock folder are refused before the job, train/checks/node.py) would go on from
     streaming's place in the old data and end with exit 0. Stopped (2 ranks, after evaluations) before anything is
@@ -501,6 +503,8 @@ def test_resuming_on_training_data_made_again_in_its_folder_is_refused_naming_it
     shutil.copytree(mock, data)
     shutil.rmtree(data / "train")
     write_split(data / "train", 1024, 128, seed=7)
+    if record == "lost":  # copied to new storage without it: the checkpoint's manifest carries the record
+        (folder / "identity.json").unlink()
     before = _files(folder)
     proc = run(*command(2, "sharded"), root=tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -512,31 +516,100 @@ def test_resuming_on_training_data_made_again_in_its_folder_is_refused_naming_it
     assert _files(folder) == before  # no checkpoint, and its record still names the data it trained on
 
 
-def test_a_checkpoint_without_its_manifest_resumes_on_its_structure_and_gets_one(tmp_path, tmp_path_factory):
-    """A kill between a checkpoint's last file and its manifest (composer's `latest` link already on it), and a
-    folder written before manifests existed: the checkpoint is complete by its structure, so the run resumes from
-    it (here: the final one, nothing to do) instead of losing it, and writes its manifest."""
-    folder, cmd = _finished_copy(1, "sharded", tmp_path, tmp_path_factory)
-    done = save_folder(finished(1, "sharded", tmp_path_factory)) / "finished.json"
-    shutil.copy(done, folder)  # the run reached its end: its final checkpoint is resumed from (nothing to do)
-    manifest = folder / "ep0-ba40-rank0.pt.manifest.json"
-    written = manifest.read_text()
+@pytest.mark.parametrize("fmt, ranks", CELLS)
+def test_a_checkpoint_without_its_manifest_resumes_on_its_content_and_gets_one(fmt, ranks, tmp_path,
+                                                                              tmp_path_factory):
+    """A kill between a checkpoint's last file and its manifest (composer's `latest` link already on it), or a
+    copy without `*.manifest.json`: the checkpoint's bytes match the CRCs torch wrote into them, so the run resumes
+    from it instead of losing it, ends at the uninterrupted run's loss, and writes its manifest, which carries the
+    run's record (identity.json lost as well: what the run is travels in the other checkpoints' manifests)."""
+    folder = _stopped_copy(ranks, 30, tmp_path, tmp_path_factory, fmt)
+    ckpt = _checkpoint(folder, 30)
+    manifest = folder / f"{ckpt.name}.manifest.json"
+    written = json.loads(manifest.read_text())
+    assert written["run"] == json.loads((folder / "identity.json").read_text())  # the record travels with it
     manifest.unlink()
-    root = folder.parents[1]
-    proc = run(*cmd, root=root, check=True)
-    assert f"{folder / 'ep0-ba40-rank0.pt'} has no manifest: its files are complete by their structure" in proc.stderr
-    assert "nothing to do" in proc.stderr and not (folder / "set-aside").exists()
-    assert json.loads(manifest.read_text())["files"] == json.loads(written)["files"]  # the same hashes again
+    (folder / "identity.json").unlink()
+    proc = run(*command(ranks, fmt), root=tmp_path, check=True)
+    said = proc.stderr + task_log(tmp_path)
+    assert f"{ckpt} has no manifest: its content matches the CRCs torch wrote into it" in said, said[-3000:]
+    assert f"resuming from {ckpt}" in said and not (folder / "set-aside").exists()
+    assert_same_run(newest_metrics(tmp_path), straight(ranks, tmp_path_factory))
+    again = json.loads(manifest.read_text())
+    assert again["files"] == written["files"] and again["run"]["train_data"] == written["run"]["train_data"]
 
-    older, _ = _finished_copy(1, "sharded", tmp_path / "older", tmp_path_factory)
-    shutil.copy(done, older)
+    # no manifest and no identity.json anywhere: what the checkpoints are cannot be established
+    older = _stopped_copy(ranks, 30, tmp_path / "older", tmp_path_factory, fmt)
     for made in [*older.glob("*.manifest.json"), older / "identity.json"]:
         made.unlink()
-    again = run(*cmd, root=older.parents[1], check=True)
-    assert "nothing to do" in again.stderr and not (older / "set-aside").exists()
+    before = _files(older)
+    stopped = run(*command(ranks, fmt), root=tmp_path / "older")
+    assert stopped.returncode == 1, stopped.stderr[-3000:]
+    said = stopped.stderr + task_log(tmp_path / "older")
+    assert (f"save_folder: what run {_checkpoint(older, 30)} belongs to cannot be established: "
+            f"{older / 'identity.json'} is missing or unreadable") in said, said[-3000:]
+    assert "Traceback" not in stopped.stderr and _files(older) == before  # nothing written, nothing certified
 
 
-# ------------------------------------------------------------------ the choice itself, on files made here
+@pytest.mark.parametrize("fmt, ranks", CELLS)
+def test_a_damaged_checkpoint_without_its_manifest_is_set_aside_by_its_crcs_and_never_certified(
+        fmt, ranks, tmp_path, tmp_path_factory):
+    """The window a manifest leaves: the newest checkpoint damaged (4 KiB inverted in its largest file) and its
+    manifest missing. Its CRCs name the file; it is set aside without a manifest; the run resumes from the one
+    before and ends at the uninterrupted run's loss (it resumed from the damaged weights, exit 0, and certified
+    them)."""
+    folder, cmd = _finished_copy(ranks, fmt, tmp_path, tmp_path_factory)
+    ckpt = _checkpoint(folder, 40)
+    (folder / f"{ckpt.name}.manifest.json").unlink()
+    damaged = _largest_file(ckpt)
+    _flip_middle(damaged)
+    root = folder.parents[1]
+
+    proc = run(*cmd, root=root, check=True)
+    said = proc.stderr + task_log(root)
+    assert f"cannot be resumed from: {damaged}: " in said and "(damaged since torch wrote it)" in said, said[-3000:]
+    assert f"resuming from {_checkpoint(folder, 30)}" in said
+    [aside] = (folder / "set-aside").iterdir()  # no manifest was written for it
+    assert aside.name.startswith(f"{ckpt.name}.")
+    assert_same_run(newest_metrics(root), straight(ranks, tmp_path_factory))
+    from train.checkpoint import integrity
+
+    rewritten = _checkpoint(folder, 40)  # trained again: intact, and certified by its manifest
+    assert integrity.share_differs(rewritten, integrity.read_manifest(rewritten), 1, 0) is None
+
+
+def test_the_content_check_finds_a_flipped_byte_in_any_record_of_either_format(tmp_path, tmp_path_factory):
+    """integrity.content_differs on the reference checkpoints: intact ones pass at every rank's share; one byte
+    flipped in any record (the first, a middle and the last one of a shard, or of the `.pt`) is named, by the rank
+    that owns that file."""
+    import pickle
+
+    from train.checkpoint import integrity
+
+    sharded = _checkpoint(save_folder(finished(2, "sharded", tmp_path_factory)), 20)
+    full = _checkpoint(save_folder(finished(2, "full", tmp_path_factory)), 20)
+    for ckpt in (sharded, full):
+        assert all(integrity.content_differs(ckpt, 2, rank) is None for rank in (0, 1))
+    copy = tmp_path / sharded.name
+    shutil.copytree(sharded, copy)
+    with open(copy / ".metadata", "rb") as f:
+        items = sorted((i for i in pickle.load(f).storage_data.values() if i.relative_path == "__1_0.distcp"),
+                       key=lambda i: i.offset)
+    shard = copy / "__1_0.distcp"
+    for info in (items[0], items[len(items) // 2], items[-1]):
+        at = info.offset + info.length // 2
+        data = bytearray(shard.read_bytes())
+        data[at] ^= 0x01
+        shard.write_bytes(bytes(data))
+        assert integrity.content_differs(copy, 2, 0) is None  # rank 0 does not own that shard
+        assert integrity.content_differs(copy, 2, 1).startswith(f"{shard}: at byte {info.offset}, ")
+        data[at] ^= 0x01
+        shard.write_bytes(bytes(data))
+    one = tmp_path / full.name
+    data = bytearray(full.read_bytes())
+    data[len(data) // 3] ^= 0x80
+    one.write_bytes(bytes(data))
+    assert "(damaged since torch wrote it)" in integrity.content_differs(one)
 
 
 def test_the_final_checkpoint_is_told_in_the_durations_own_unit_at_any_batch_size(tmp_path):

@@ -1,15 +1,17 @@
 """A checkpoint is what was written, or it is not resumed from; a run that cannot be right stops.
 
 Manifests: when a checkpoint is complete, `<checkpoint>.manifest.json` beside it lists every file of it with its
-size and xxh3-64 hash, written last and atomically. Each rank hashes the files it wrote itself (its own
-`__{rank}_0.distcp`, still in its page cache; rank 0 the rest), so a 128-rank checkpoint is hashed in parallel.
-On resume the same split verifies the newest checkpoint against its manifest before the trainer loads it
-(train/task/main.py): a flipped block, a truncated or replaced file is named and the checkpoint set aside.
+size and xxh3-64 hash, written last and atomically, and carries the run's record (identity.json's content: its
+name, settings and training data), so what a checkpoint is travels with it. Each rank hashes the files it wrote
+itself (its own `__{rank}_0.distcp`, still in its page cache; rank 0 the rest), so a 128-rank checkpoint is hashed
+in parallel. On resume the same split verifies the newest checkpoint against its manifest before the trainer loads
+it (train/task/main.py): a flipped block, a truncated or replaced file is named and the checkpoint set aside.
 
-A checkpoint without a manifest (written before manifests existed, or the run ended between its last file and
-its manifest, after composer's `latest` link pointed at it) is resumed from on the structural checks of
-train/checkpoint/resume.py, as before, and hashed then: losing a complete checkpoint to a kill at the wrong moment would
-cost more than it protects.
+Content: torch writes every record of a checkpoint as a zip archive whose members carry their CRC-32 (the one
+`.pt` file; in a sharded folder each item that `.metadata` indexes, at its offset in its `.distcp` file), and
+torch.load never checks them. A checkpoint is checked against those CRCs before its manifest is written (a
+manifest only ever certifies a checkpoint whose bytes are what torch wrote) and whenever it has no manifest (a
+kill between its last file and its manifest, a copy without `*.manifest.json`): one that fails is set aside.
 
 Stops: a non-finite training loss (all ranks see the same all-reduced loss, so all stop together, before the
 step's checkpoint), and non-finite weights at a checkpoint, checked just before it is written, so the newest
@@ -74,16 +76,41 @@ def hash_files(ckpt, names) -> dict:
     return out
 
 
-def write_manifest(ckpt, entries: dict, timestamp: dict | None = None) -> Path:
+def write_manifest(ckpt, entries: dict, timestamp: dict | None = None, run: dict | None = None) -> Path:
     """timestamp: where the checkpoint stands ({batch, sample, token}, and `before`: the same at the start of the
-    batch that ended at it), as the trainer counted when it wrote it; a checkpoint hashed later has none."""
+    batch that ended at it), as the trainer counted when it wrote it; a checkpoint hashed later has none.
+    run: the record of the run that wrote it (identity.json's content); by default the one in its folder."""
     from common.files import atomic_write
+    from train.config.identity import read_record
 
     path = manifest_path(ckpt)
+    run = run or read_record(Path(ckpt).parent)
     atomic_write(path, json.dumps({"checkpoint": Path(ckpt).name, "hash": HASH, "written": time.time(),
                                    **({"timestamp": timestamp} if timestamp else {}),
+                                   **({"run": run} if isinstance(run, dict) and run else {}),
                                    "files": dict(sorted(entries.items()))}, indent=1).encode())
     return path
+
+
+def run_of(ckpt) -> dict:
+    """The record of the run that wrote this checkpoint, as its manifest carries it ({} where it has none)."""
+    run = (read_manifest(ckpt) or {}).get("run")
+    return run if isinstance(run, dict) else {}
+
+
+def run_record(folder) -> dict:
+    """What the run of a save folder is: its identity.json, else the record its newest checkpoint carries (the
+    folder copied without identity.json); {} where neither says."""
+    from train.checkpoint.resume import find
+    from train.config.identity import read_record
+
+    record = read_record(folder)
+    if isinstance(record, dict) and isinstance(record.get("identity"), dict):
+        return record
+    for ckpt in reversed(find(folder)):
+        if run_of(ckpt.path):
+            return run_of(ckpt.path)
+    return {}
 
 
 _COUNTS = {"ba": "batch", "sp": "sample", "tok": "token"}
@@ -171,8 +198,10 @@ def check_weights(state, step: str) -> None:
 
 
 def manifest_collectively(ckpt: Path | None, world: int, rank: int, timestamp: dict | None = None) -> None:
-    """Every rank hashes the files it owns of the checkpoint just written; rank 0 writes the manifest. ckpt: the
-    checkpoint's path, known on rank 0 (None elsewhere); timestamp: as write_manifest takes it."""
+    """Every rank checks the content of the files it owns of the checkpoint just written and hashes them; rank 0
+    writes the manifest. A checkpoint whose bytes are not what torch wrote stops the run, on every rank, without a
+    manifest (the next start sets it aside). ckpt: the checkpoint's path, known on rank 0 (None elsewhere);
+    timestamp: as write_manifest takes it."""
     from composer.utils import dist
 
     box = [(str(ckpt), files_of(ckpt)) if rank == 0 and ckpt is not None else None]
@@ -180,12 +209,94 @@ def manifest_collectively(ckpt: Path | None, world: int, rank: int, timestamp: d
     if box[0] is None:
         return
     path, names = Path(box[0][0]), box[0][1]
+    whys = [w for w in dist.all_gather_object(content_differs(path, world, rank)) if w]
+    if whys:
+        raise RunStopped("save_folder", f"the checkpoint just written is not what was written: {whys[0]}; no "
+                         "manifest certifies it, and the next start sets it aside", "check the storage under "
+                         "save_folder (a failing disk, a full or flaky file system), then run the same command "
+                         "again: it resumes from the checkpoint before")
     mine = hash_files(path, [n for n in names if owner(n, world) == rank])
     gathered = dist.all_gather_object(mine)
     if rank == 0:
         entries = {k: v for part in gathered for k, v in part.items()}
         write_manifest(path, entries, timestamp)
         tidy(path.parent)
+
+
+class _Slice:
+    """A read-only view of bytes [start, start + length) of an open file, as zipfile reads an archive."""
+
+    def __init__(self, f, start: int, length: int):
+        self.f, self.start, self.length, self.pos = f, start, length, 0
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = max(0, min(self.length, (0, self.pos, self.length)[whence] + offset))
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.length - self.pos if n is None or n < 0 else min(n, self.length - self.pos)
+        self.f.seek(self.start + self.pos)
+        data = self.f.read(n)
+        self.pos += len(data)
+        return data
+
+    def seekable(self) -> bool:
+        return True
+
+
+def _zip_differs(f, start: int, length: int) -> str | None:
+    """Why the zip archive at [start, start + length) of f does not hold what was written, or None."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(_Slice(f, start, length)) as z:
+            bad = z.testzip()
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError) as err:
+        return f"not a whole torch record ({type(err).__name__}: {err})"
+    return None if bad is None else f"its record {bad} does not match its CRC-32"
+
+
+def content_differs(ckpt, world: int = 1, rank: int = 0) -> str | None:
+    """Why this rank's share of a checkpoint's bytes is not what torch wrote, by the CRC-32 of every record
+    (module docstring), or None. The shares are integrity.owner's: the `.pt` file and `.metadata` rank 0's, each
+    `__{r}_0.distcp` rank r's. Reads every byte of the share."""
+    ckpt = Path(ckpt)
+    if not ckpt.is_dir():
+        if owner(ckpt.name, world) != rank:
+            return None
+        try:
+            with open(ckpt, "rb") as f:
+                why = _zip_differs(f, 0, ckpt.stat().st_size)
+        except OSError as err:
+            why = f"unreadable ({err.strerror})"
+        return None if why is None else f"{ckpt}: {why} (damaged since torch wrote it)"
+    import pickle
+
+    try:
+        with open(ckpt / ".metadata", "rb") as f:
+            items = list((getattr(pickle.load(f), "storage_data", None) or {}).values())
+    except Exception as err:
+        return f"{ckpt / '.metadata'} is unreadable ({type(err).__name__}: {err})" if rank == 0 else None
+    by_file: dict = {}
+    for info in items:
+        by_file.setdefault(info.relative_path, []).append(info)
+    for name in sorted(n for n in by_file if owner(n, world) == rank):
+        path = ckpt / name
+        try:
+            with open(path, "rb") as f:
+                for info in sorted(by_file[name], key=lambda i: i.offset):
+                    if getattr(info, "transform_descriptors", None):
+                        return (f"{path}: its record at byte {info.offset} is stored transformed "
+                                f"({info.transform_descriptors}), which this check cannot read")
+                    why = _zip_differs(f, info.offset, info.length)
+                    if why:
+                        return f"{path}: at byte {info.offset}, {why} (damaged since torch wrote it)"
+        except OSError as err:
+            return f"{path} is unreadable ({err.strerror})"
+    return None
 
 
 def share_differs(ckpt, manifest: dict, world: int, rank: int) -> str | None:

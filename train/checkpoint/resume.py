@@ -150,19 +150,24 @@ def shard(src: Path, out: Path) -> Path:
 
 
 def _with_manifest(ckpt: Path, src: Path) -> Path:
-    """ckpt's manifest, with where the checkpoint it was converted from stands (the same training state)."""
+    """ckpt's manifest, with where the checkpoint it was converted from stands and the run it carries (the same
+    training state), once its bytes are what torch wrote."""
     from train.checkpoint import integrity
 
+    why = integrity.content_differs(ckpt)
+    if why:
+        raise integrity.RunStopped("save_folder", f"the conversion of {src} is not what was written: {why}",
+                                   f"check the storage under {ckpt.parent}, then run the same command again")
     stamp = (integrity.read_manifest(src) or {}).get("timestamp")
-    integrity.write_manifest(ckpt, integrity.hash_files(ckpt, integrity.files_of(ckpt)), stamp)
+    integrity.write_manifest(ckpt, integrity.hash_files(ckpt, integrity.files_of(ckpt)), stamp,
+                             integrity.run_of(src) or None)
     return ckpt
 
 
 def unreadable(ckpt: Checkpoint) -> str | None:
     """Why one process cannot read this checkpoint as it was written (export, consolidate, a load_path):
-    incomplete by its structure, or, where it has a manifest, a file that does not match it
-    (train/checkpoint/integrity.py); a single file without one, a record whose CRC does not match (torch.save
-    writes a zip whose records carry their CRC-32, which torch.load never checks: damaged weights load)."""
+    incomplete by its structure, or a file that does not match its manifest, or, where it has none, a record
+    whose bytes do not match their CRC-32 (train/checkpoint/integrity.py)."""
     why = problem(ckpt)
     if why is None:
         from train.checkpoint import integrity
@@ -170,8 +175,8 @@ def unreadable(ckpt: Checkpoint) -> str | None:
         manifest = integrity.read_manifest(ckpt.path)
         if manifest is not None:
             why = integrity.share_differs(ckpt.path, manifest, world=1, rank=0)
-        elif not ckpt.sharded:
-            why = crc_mismatch(ckpt.path)
+        else:
+            why = integrity.content_differs(ckpt.path)
     return why
 
 
@@ -207,17 +212,6 @@ def model_keys(model: dict, prefix: str = "model") -> dict:
         else:
             flat[f"{prefix}.{key}"] = val
     return flat
-
-
-def crc_mismatch(path: Path) -> str | None:
-    """The record of a zip checkpoint file whose bytes do not match its stored CRC-32, or None."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            bad = z.testzip()
-    except (OSError, zipfile.BadZipFile, EOFError) as err:
-        return f"unreadable as a zip ({type(err).__name__}: {err})"
-    return None if bad is None else (f"its record {bad} does not match its CRC-32 (damaged since it was written; "
-                                     "it has no manifest)")
 
 
 def newest_complete(folder, reads_sharded: bool | None = None, tidy: bool = False,

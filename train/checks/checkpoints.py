@@ -17,6 +17,7 @@ from train.checks.core import (
     batches_in,
     is_int,
     is_number,
+    per_batch,
     same_or_under,
     time_of,
     value,
@@ -55,6 +56,52 @@ def keeps_something(cfg, ctx):
         yield Problem("save_num_checkpoints_to_keep", "1 keeps the newest checkpoint alone: if it is found damaged "
                       "when the run resumes (a flipped block, a file cut short), there is none before it to resume "
                       "from, and the run stops", "save_num_checkpoints_to_keep=2 or more (the default is 10)", WARNING)
+
+
+def _gpu_cluster(ctx, cfg) -> bool:
+    """A cluster preset of GPU nodes (ndv5, p5, ...): not this machine, not the loopback CPU cluster."""
+    gpus = value(cfg, "cluster.gpus_per_node")
+    return ctx.slurm and is_int(gpus) and gpus > 0
+
+
+def when_saved(schedule: dict, every) -> str:
+    """Where the checkpoints of a save_schedule fall, in words: `at batches 20 and 40 (the end)`."""
+    at, end = schedule["at"], schedule["end"]
+    if not at:
+        return f"at the end of every {every} (not known here: {schedule['unknown']})" if schedule["count"] else ""
+    about = "about " if schedule["estimated"] else ""
+    if len(at) == 1:
+        return f"at batch {end:,} (the end) alone"
+    more = ", ..." if schedule["before_end"] > len(at) - 1 else ""
+    return f"at {about}batches {', '.join(f'{b:,}' for b in at[:-1])}{more} and {end:,} (the end)"
+
+
+def writes_before_the_end(cfg, ctx):
+    """A save_interval that never comes before max_duration (epochs against a run shorter than one, tokens or
+    samples beyond the end, `1dur`) keeps the final checkpoint alone: every requeue, preemption or restart begins
+    again at batch 0. Refused on a GPU cluster, where that is days of allocations; warned here and on the loopback
+    cluster, where short runs are the point."""
+    if not _saves_checkpoints(cfg):
+        return
+    every = value(cfg, "save_interval")
+    try:
+        step_s = _step_seconds(cfg, ctx.world_size(cfg))
+    except (TypeError, ValueError, KeyError, ZeroDivisionError):
+        step_s = None
+    schedule = save_schedule(cfg, step_s)
+    if not schedule or schedule["before_end"] != 0 or not schedule["end"]:
+        return
+    end = schedule["end"]
+    epoch = (f"; an epoch is about {schedule['epoch_batches']:,}: {_epoch_batches(cfg)[1]}"
+             if schedule["epoch_batches"] else "")
+    clock = any((time_of(str(value(cfg, k))) or (0, ""))[1] == "sec" for k in ("save_interval", "max_duration"))
+    speed = f" at the plan's {step_s:.3g} s/step" if clock and step_s else ""
+    yield Problem("save_interval", f"{every} comes at no batch before max_duration={value(cfg, 'max_duration')} "
+                  f"({end:,} batches{epoch}){speed}: the only checkpoint is the final one, so a requeue at a time "
+                  "limit, a preemption or the same command after a failure starts again from batch 0",
+                  f"a shorter interval, e.g. save_interval={max(1, end // 10)}ba (a checkpoint every tenth of the "
+                  "run); or checkpoint=none for a run that keeps nothing",
+                  ERROR if _gpu_cluster(ctx, cfg) else WARNING)
 
 
 # What a resume reads back from a checkpoint (composer's state dict paths): without one, the run goes on from it
@@ -203,20 +250,120 @@ def outlives_the_node(cfg, ctx):
                       "<a folder every node mounts>", WARNING)
 
 
-def checkpoints_kept(cfg, peak: bool = False) -> tuple[int | None, int | None]:
+def _epoch_batches(cfg) -> tuple[int | None, str]:
+    """(batches in one epoch of the train split, what that comes from), or (None, why it cannot be told here). The
+    loader deals whole global batches (drop_last, as llm-foundry's recipes) or one part batch more at the end."""
+    gbs = value(cfg, "global_train_batch_size")
+    if not is_int(gbs) or gbs <= 0:
+        return None, "global_train_batch_size is not a number"
+    if value(cfg, "data.kind") == "mock":
+        samples, source = value(cfg, "data.train_samples"), "data.train_samples"
+    else:
+        from data_prep.facts import samples_in
+
+        local, split = value(cfg, "train_loader.dataset.local"), value(cfg, "train_loader.dataset.split")
+        if not local or URI.match(str(local)):
+            return None, "an epoch's batches: the train split is not in a local folder (train_loader.dataset.local)"
+        folder = Path(str(local)).expanduser() / str(split) if split else Path(str(local)).expanduser()
+        samples, source = samples_in(folder), f"{folder}/index.json"
+        if samples is None:
+            return None, f"an epoch's batches: no readable {folder}/index.json here"
+    if not is_int(samples) or samples <= 0:
+        return None, f"an epoch's batches: {source} is {samples!r}"
+    whole = value(cfg, "train_loader.drop_last") is not False
+    batches = samples // gbs if whole else -(-samples // gbs)
+    return batches, f"{source}={samples} samples / global_train_batch_size={gbs}" if source == "data.train_samples" \
+        else f"{samples} samples in {source} / global_train_batch_size={gbs}"
+
+
+_NO_SPEED = "a wall-clock time's batches: the speed (no cluster.peak_flops and cluster.mfu)"
+
+
+def save_schedule(cfg, step_s: float | None = None) -> dict | None:
+    """When composer's CheckpointSaver writes this run's checkpoints, in batches, whatever save_interval's unit:
+    at each batch that carries the count (batches, samples, tokens; wall-clock seconds at step_s a batch, an
+    estimate) past a multiple of the interval, at each interval's epoch end, at each multiple of the fraction of
+    max_duration (`dur`), and once more at the end of training (composer's include_end_of_training). None without a
+    save folder. Otherwise {"count" (to max_duration, the end's included), "before_end", "end" (max_duration's
+    batch), "at" (the first few checkpoints' batches and the end's), "every_batches", "epoch_batches", "estimated",
+    "unknown" (why the batches cannot be told here, else None)}; a figure not known is None."""
+    if not _saves_checkpoints(cfg):
+        return None
+    every, duration = value(cfg, "save_interval"), value(cfg, "max_duration")
+    out = {"count": None, "before_end": None, "end": None, "at": None, "every_batches": None, "epoch_batches": None,
+           "estimated": False, "unknown": None}
+    save, total = time_of(str(every)) if every is not None else None, time_of(str(duration))
+    if save is None or total is None or save[1] not in ("ba", "sp", "tok", "ep", "dur", "sec") \
+            or total[1] not in ("ba", "sp", "tok", "ep", "sec"):
+        out["unknown"] = f"save_interval={every} or max_duration={duration} is not a time read here"
+        return out
+    if save[0] <= 0:
+        return out  # keeps_something refuses it
+    epoch = why_epoch = None
+    if "ep" in (save[1], total[1]):
+        epoch, why_epoch = _epoch_batches(cfg)
+        out["epoch_batches"], out["estimated"] = epoch, epoch is not None
+    if save[1] == total[1] == "ep" and epoch is None:  # counted in epochs: the batches need the data set's size
+        n, k = total[0], save[0]
+        out.update(count=n // k + (n % k != 0), before_end=(n - 1) // k, unknown=why_epoch)
+        return out
+    # max_duration's batch, as composer stops: the first batch that reaches it
+    if total[1] == "ep":
+        end = total[0] * epoch if epoch else None
+    elif total[1] == "sec":
+        end = math.ceil(total[0] / step_s) if step_s else None
+        out["estimated"] = True
+    else:
+        end = batches_in(cfg, duration)
+    if not end:
+        out["unknown"] = (why_epoch if total[1] == "ep" else _NO_SPEED if total[1] == "sec"
+                          else f"max_duration={duration} in batches")
+        return out
+    # the interval as (its amount, the same unit's amount a batch adds), as composer compares counts
+    n, unit = save
+    if unit == "dur":  # a fraction of max_duration, counted in max_duration's unit (batches for epochs)
+        if total[1] in ("ba", "ep", "sec"):
+            interval, per = math.ceil(n * end), 1
+        else:
+            interval, per = math.ceil(n * total[0]), per_batch(cfg, total[1])
+    elif unit == "ep":
+        interval, per = (n * epoch, 1) if epoch else (None, None)
+        if not epoch:
+            out["unknown"] = why_epoch
+    elif unit == "sec":
+        interval, per = n, step_s
+        out["estimated"] = True
+        if not step_s:
+            out["unknown"] = _NO_SPEED
+    else:
+        interval, per = n, per_batch(cfg, unit)
+        if not per:
+            out["unknown"] = f"how many {unit} a batch holds"
+    out["end"] = end
+    if not interval or not per:
+        return out
+    fired = end if interval <= per else math.floor(end * per / interval)  # at batches 1..end
+    at_end = math.floor(end * per / interval) != math.floor((end - 1) * per / interval)
+    before = fired - at_end
+    first = [j if interval <= per else math.ceil(j * interval / per) for j in range(1, min(3, before) + 1)]
+    out.update(count=before + 1, before_end=before, at=[*first, end], every_batches=round(interval / per, 2))
+    return out
+
+
+def checkpoints_kept(cfg, peak: bool = False, step_s: float | None = None) -> tuple[int | None, int | None]:
     """(how many checkpoints stay on disk at max_duration, their bytes), or None where it cannot be told. peak:
-    at the worst moment instead: composer writes a new checkpoint before it deletes the oldest one kept."""
+    at the worst moment instead: composer writes a new checkpoint before it deletes the oldest one kept. step_s:
+    seconds a batch, for a wall-clock save_interval."""
     from omegaconf import OmegaConf
 
     from train.plan import estimate
 
     if not _saves_checkpoints(cfg):
         return 0, 0
-    every, total = batches_in(cfg, value(cfg, "save_interval")), batches_in(cfg, value(cfg, "max_duration"))
+    written = save_schedule(cfg, step_s)["count"]  # the last one at max_duration too
     keep = value(cfg, "save_num_checkpoints_to_keep")
-    if not every or not total or not is_int(keep):
+    if not written or not is_int(keep):
         return None, None
-    written = math.ceil(total / every)  # the last one at max_duration too (composer saves at the end of training)
     kept = written if keep < 0 else min(keep + (1 if peak else 0), written)
     params = estimate.param_count(OmegaConf.to_container(value(cfg, "model"), resolve=True))
     return kept, kept * estimate.checkpoint_bytes(params)
@@ -415,10 +562,11 @@ def continued_run(cfg, ctx):
     fixed = folder != value(cfg, "checkpoint.folder")  # not the checkpoint group's folder of this run's name
     if not folder or not (named(cfg, ctx) or fixed) or "://" in str(folder):
         return
+    from train.checkpoint.integrity import run_record
     from train.checkpoint.resume import find
-    from train.config.identity import identity, read_record, spelt_once
+    from train.config.identity import identity, spelt_once
 
-    found, theirs = find(folder), (read_record(folder) or {}).get("identity")
+    found, theirs = find(folder), run_record(folder).get("identity")
     if not found or not isinstance(theirs, dict):
         return
     theirs = spelt_once(theirs)  # as this rule spells it: a record of an earlier one differs by no spelling
@@ -466,5 +614,5 @@ def continued_run(cfg, ctx):
                       WARNING)
 
 
-RULES = [keeps_something, outlives_the_node, lands_before_the_time_limit, ends_within_its_requeues, fits_on_the_storage,
-         earlier_runs, continued_run]
+RULES = [keeps_something, writes_before_the_end, outlives_the_node, lands_before_the_time_limit,
+         ends_within_its_requeues, fits_on_the_storage, earlier_runs, continued_run]

@@ -179,21 +179,23 @@ def load_path(cfg, ctx):
         return
     yield from _load_path_format(cfg, ctx, path, local)
     # a checkpoint of one of our runs: its folder records the model it holds
+    from train.checkpoint.integrity import run_of
     from train.checks.checkpoints import other_function, other_shape
     from train.config.identity import identity, read_record
 
-    theirs = (read_record(local.parent) or {}).get("identity")
+    # the record it carries in its manifest, else its folder's
+    theirs = (run_of(local) or read_record(local.parent) or {}).get("identity")
     partial = value(cfg, "load_strict_model_weights") is False or value(cfg, "load_ignore_keys")
     shape = other_shape(theirs, identity(cfg)) if isinstance(theirs, dict) and not partial else ""
     function = other_function(theirs, identity(cfg)) if isinstance(theirs, dict) and not partial and not shape else ""
     if function:
         yield Problem("load_path", f"{path} holds weights trained under other model settings ({function}, as "
-                      f"{local.parent / 'identity.json'} records): they load (the same sizes) but compute something "
+                      "the run that wrote it records): they load (the same sizes) but compute something "
                       "else in this model", "the model settings of the run that wrote it, unless another function is "
                       "what you mean to train from these weights", WARNING)
     if shape:
         yield Problem("load_path", f"{path} holds a model of another shape than this one ({shape}, as "
-                      f"{local.parent / 'identity.json'} records): loading it would fail (torch refuses missing or "
+                      "the run that wrote it records): loading it would fail (torch refuses missing or "
                       "differently sized weights) or leave weights out", "the model settings of the run that wrote it; or "
                       "+load_strict_model_weights=false +load_weights_only=true to load the weights that match (a grown "
                       "model; its optimizer state has no entry for the new weights)")

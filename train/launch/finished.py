@@ -34,33 +34,50 @@ def write(save_folder, max_duration, report: Path, metrics: dict, batch: int | N
     files.cosmetic_write(folder / FILE, json.dumps(body, indent=1).encode())
 
 
-def read(cfg: DictConfig) -> dict | None:
+def read(cfg: DictConfig, verify: bool = False) -> dict | None:
     """The finished run of this config ({where, report, value}: value as the task returns it), or None: it has
-    not reached this max_duration (or keeps no checkpoint folder here, or is a preflight-only job)."""
+    not reached this max_duration (or keeps no checkpoint folder here, or is a preflight-only job). verify (a sweep
+    deciding not to submit it): its final checkpoint must still be what was written (read whole: a plan only
+    lists it)."""
     if OmegaConf.select(cfg, "cluster.preflight.only", default=False):
         return None
     from train.config.identity import same_time
 
     folder = _folder(OmegaConf.select(cfg, "save_folder"))
     body = _body(folder)
-    if body is None or not same_time(body.get("max_duration"), str(cfg.max_duration)) or not _kept(folder, body, cfg):
+    if (body is None or not same_time(body.get("max_duration"), str(cfg.max_duration))
+            or not _kept(folder, body, cfg, verify)):
         return None
     return {"where": str(folder / FILE), "report": body.get("report"), "value": body.get("metrics") or {}}
 
 
-def _kept(folder: Path, body: dict, cfg: DictConfig) -> bool:
+def _kept(folder: Path, body: dict, cfg: DictConfig, verify: bool = False) -> bool:
     """Whether the checkpoint the run finished at is still there: with it deleted by hand, the plain command
     trains the batches since the one before, so a sweep must submit the point too (measured: it said "finished
-    earlier" and the run's newest export became the checkpoint before's). Listed, not hashed: a damaged one is
-    found by the task, which sets it aside and trains again. Checkpoints named otherwise than composer's default
-    (save_filename, save_latest_filename) or not resumed from (autoresume=false) are not this tool's to list, as
-    the task does not choose among them (train/task/main.py): their finished.json is taken as it stands."""
-    from train.checkpoint.resume import find
+    earlier" and the run's newest export became the checkpoint before's). verify: and still what was written (its
+    manifest, else its CRCs): a damaged one is submitted, and the task sets it aside and trains its last batches
+    again. Checkpoints named otherwise than composer's default (save_filename, save_latest_filename) or not
+    resumed from (autoresume=false) are not this tool's to list, as the task does not choose among them
+    (train/task/main.py): their finished.json is taken as it stands."""
+    import logging
+
+    from train.checkpoint.resume import find, unreadable
 
     if not cfg.get("autoresume") or cfg.get("save_filename") or cfg.get("save_latest_filename"):
         return True
     kept, batch = find(folder), body.get("batch")
-    return bool(kept) and (not isinstance(batch, int) or any(c.batch == batch for c in kept))
+    final = [c for c in kept if not isinstance(batch, int) or c.batch == batch]
+    if not final:
+        return False
+    if verify:
+        why = unreadable(final[-1])
+        if why:
+            logging.getLogger("sweep").warning(
+                f"[sweep] {cfg.run_name} finished earlier, but its final checkpoint {final[-1].path} is no longer "
+                f"what was written ({why}): submitted again, it sets that checkpoint aside and trains the batches "
+                "since the one before")
+            return False
+    return True
 
 
 def last(save_folder) -> dict | None:

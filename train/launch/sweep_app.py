@@ -141,7 +141,7 @@ class TrainApp(SweepApp):
         point may ask for others: said, as the single run says it (train/task/main.py)."""
         from train.launch.finished import read
 
-        found = read(cfg)
+        found = read(cfg, verify=True)
         if found is not None:
             differ = _eval_differences(cfg, found.get("report"))
             if differ != []:  # None: the run's own settings cannot be read, so they may differ

@@ -258,13 +258,14 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
         if kind == "none":
             break
         ckpt = box[0][1]
-        if kind == "verify":
-            whys = _differs_on_any_rank(ckpt.path, box[0][2])
-            if whys:
-                rejected.append((ckpt.path, whys[0]))
-                if rank == 0:
-                    resume.set_aside(ckpt, whys[0])
-                continue
+        # against its manifest; without one (a kill between its last file and its manifest, a copy without
+        # them), by the CRCs torch wrote into it: never resumed from, and certified, on its structure alone
+        whys = _differs_on_any_rank(ckpt.path, box[0][2] if kind == "verify" else None)
+        if whys:
+            rejected.append((ckpt.path, whys[0]))
+            if rank == 0:
+                resume.set_aside(ckpt, whys[0])
+            continue
         redo = [_end_not_reached(ckpt, fcfg) if rank == 0 else None]
         dist.broadcast_object_list(redo)
         if not redo[0]:
@@ -274,22 +275,33 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
             for same in [c for c in resume.find(folder) if c.batch == ckpt.batch]:
                 resume.set_aside(same, redo[0])
     if rejected and chosen is None:
-        raise integrity.RunStopped("save_folder", f"no checkpoint in {folder} matches its manifest: " + "; ".join(
+        raise integrity.RunStopped("save_folder", f"no checkpoint in {folder} is what was written: " + "; ".join(
             f"{p.name}: {why}" for p, why in rejected) + f" (set aside in {Path(folder) / resume.SET_ASIDE}, "
             "not deleted); the run did not start from batch 0 over them",
             "restore the checkpoint files from a copy (then move them back), or start afresh under another "
             "run_name")
 
     def record_and_load_path():  # a conversion or the record may fail (a full disk): every rank hears it
+        # what the run is: the record the checkpoint resumed from carries (it travels with it), else identity.json,
+        # else another of its checkpoints' manifests; a checkpoint of a run none of them establishes could be of
+        # other data or settings
+        before = (integrity.run_of(chosen.path) if chosen else {}) or integrity.run_record(folder)
+        if chosen and not isinstance(before.get("identity"), dict):
+            raise integrity.RunStopped(
+                "save_folder", f"what run {chosen.path} belongs to cannot be established: "
+                f"{Path(folder) / identity.RECORD} is missing or unreadable and no manifest carries the run's record; "
+                "continuing it could go on with other data or settings than it trained on, so nothing was trained",
+                f"put {identity.RECORD} back from a copy of the run's folder; or train from its weights as another "
+                f"run: run_name=<a new name> load_path={chosen.path} +load_weights_only=true")
         if chosen and integrity.read_manifest(chosen.path) is None:
-            # written before manifests existed, or the run ended between its last file and its manifest
-            # (composer's `latest` link already pointed at it): complete by its structure (train/checkpoint/resume.py),
-            # so it is resumed from rather than lost, and hashed now for every later start
-            log.warning("%s has no manifest: its files are complete by their structure; resuming from it and "
-                        "writing its manifest now", chosen.path)
+            # a kill between its last file and its manifest (composer's `latest` link already on it), or copied
+            # without it: its content matched the CRCs torch wrote (above), so it is resumed from rather than lost,
+            # and hashed now for every later start
+            log.warning("%s has no manifest: its content matches the CRCs torch wrote into it; resuming from it "
+                        "and writing its manifest now", chosen.path)
             integrity.write_manifest(chosen.path, integrity.hash_files(chosen.path,
-                                                                       integrity.files_of(chosen.path)))
-        data, before = shards.train_data(fcfg), identity.read_record(folder) or {}
+                                                                       integrity.files_of(chosen.path)), run=before)
+        data = shards.train_data(fcfg)
         if chosen:  # the data it goes on with is the data it trained on
             shards.same_train_data(before.get("train_data"), data, fcfg, chosen.path)
         scored = _samples_scored(fcfg, world)
@@ -327,14 +339,10 @@ def _verify_load_path(fcfg) -> None:
     from train.checkpoint import integrity, resume
 
     path = Path(str(load))
-    manifest = integrity.read_manifest(path)
-    if manifest is not None:
-        whys = _differs_on_any_rank(path, manifest)
-    else:
-        box = [resume.unreadable(resume.Checkpoint(path, -1, -1, sharded=path.is_dir()))
-               if dist.get_global_rank() == 0 else None]
-        dist.broadcast_object_list(box)
-        whys = [box[0]] if box[0] else []
+    box = [resume.problem(resume.Checkpoint(path, -1, -1, sharded=path.is_dir()))
+           if dist.get_global_rank() == 0 else None]
+    dist.broadcast_object_list(box)
+    whys = [box[0]] if box[0] else _differs_on_any_rank(path, integrity.read_manifest(path))
     if whys:
         why = whys[0] if str(path) in whys[0] else f"{path}: {whys[0]}"
         raise integrity.RunStopped("load_path", f"{why}; nothing was trained from it",
@@ -375,14 +383,16 @@ def _same_shape(fcfg, path: Path) -> None:
                         "the weights that match (a grown model)")
 
 
-def _differs_on_any_rank(ckpt: Path, manifest: dict) -> list:
-    """How the checkpoint differs from its manifest, every rank hashing its own share of the files
-    (integrity.owner), every rank told every answer."""
+def _differs_on_any_rank(ckpt: Path, manifest: dict | None) -> list:
+    """How the checkpoint differs from its manifest (or, without one, from the CRCs torch wrote into it), every
+    rank checking its own share of the files (integrity.owner), every rank told every answer."""
     from composer.utils import dist
 
     from train.checkpoint import integrity
 
-    mine = integrity.share_differs(ckpt, manifest, dist.get_world_size(), dist.get_global_rank())
+    rank, world = dist.get_global_rank(), dist.get_world_size()
+    mine = (integrity.share_differs(ckpt, manifest, world, rank) if manifest is not None else
+            integrity.content_differs(ckpt, world, rank))
     return [w for w in dist.all_gather_object(mine) if w]
 
 
