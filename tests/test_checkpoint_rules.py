@@ -88,6 +88,77 @@ def test_a_save_interval_longer_than_the_time_limit_is_warned():
                      "save_interval")
 
 
+# Intervals that come at no batch before the tiny model's max_duration=40ba (16 samples of 128 tokens a batch; the
+# mock set's 1024 samples are 64 batches an epoch): the final checkpoint is the only one
+NEVER_BEFORE_THE_END = ["save_interval=1ep", "save_interval=99999tok", "save_interval=1000sp", "save_interval=1dur",
+                        "save_interval=40ba"]
+
+
+@pytest.mark.parametrize("every", NEVER_BEFORE_THE_END)
+def test_a_save_interval_that_never_comes_before_the_end_is_refused_on_a_gpu_cluster_and_warned_here(every):
+    """Measured before: save_interval=1ep on a 40-batch run wrote ep0-ba40 alone, and the plan gave no count (each
+    requeue would have started again at batch 0)."""
+    [refused] = keyed(found(["cluster=ndv5", every], "plan"), "save_interval")
+    assert refused.level == "error" and "no batch before max_duration=40ba (40 batches" in refused.problem, refused
+    assert "batch 0" in refused.problem and "save_interval=4ba" in refused.fix and "checkpoint=none" in refused.fix
+    for line in (["cluster=slurm-local", every], [every]):  # the CPU clusters, and a plain run here
+        [warned] = keyed(found(line, "plan" if len(line) > 1 else "run"), "save_interval")
+        assert warned.level == "warning" and warned.problem == refused.problem, (line, warned)
+    assert not keyed(found(["checkpoint=none", "cluster=ndv5", every], "plan"), "save_interval")
+
+
+def test_an_epoch_interval_is_counted_in_the_train_splits_batches(tmp_path):
+    [p] = keyed(found(["save_interval=1ep"]), "save_interval")
+    assert "an epoch is about 64: data.train_samples=1024 samples / global_train_batch_size=16" in p.problem, p
+    assert not keyed(found(["save_interval=1ep", "max_duration=70ba"]), "save_interval")
+    assert not keyed(found(["save_interval=1ep", "data.train_samples=512"]), "save_interval")  # 32 batches
+    # an MDS folder: its train split's index.json counts
+    data = tmp_path / "mds"
+    (data / "train").mkdir(parents=True)
+    (data / "train" / "index.json").write_text('{"version": 2, "shards": [{"samples": 600}, {"samples": 40}]}')
+    line = ["data=mds", f"variables.data_local={data}", "model.vocab_size=320"]
+    [p] = keyed(found([*line, "save_interval=1ep"]), "save_interval")
+    assert f"an epoch is about 40: 640 samples in {data}/train/index.json" in p.problem, p
+    assert not keyed(found([*line, "save_interval=1ep", "max_duration=41ba"]), "save_interval")
+
+
+def test_a_wall_clock_interval_is_counted_at_the_plans_speed_where_it_is_known():
+    [p] = keyed(found(["cluster=ndv5", "save_interval=30sec"], "plan"), "save_interval")
+    assert p.level == "error" and "s/step" in p.problem
+    assert not keyed(found(["save_interval=30sec"]), "save_interval")  # the CPU's speed is not known: no count
+
+
+@pytest.mark.parametrize("line, count, at", [
+    (["save_interval=20ba"], 2, [20, 40]),
+    (["save_interval=40ba"], 1, [40]),
+    (["save_interval=7ba"], 6, [7, 14, 21, 40]),
+    (["save_interval=1ep"], 1, [40]),
+    (["save_interval=1ep", "max_duration=70ba"], 2, [64, 70]),  # measured: ep1-ba64, ep1-ba70
+    (["save_interval=3ep", "max_duration=4ep"], 2, [192, 256]),
+    (["save_interval=99999tok"], 1, [40]),
+    (["save_interval=4096tok"], 20, [2, 4, 6, 40]),
+    (["save_interval=1000sp"], 1, [40]),
+    (["save_interval=100sp", "max_duration=20ba"], 4, [7, 13, 19, 20]),  # measured: ba7, ba13, ba19, ba20
+    (["save_interval=1dur"], 1, [40]),
+    (["save_interval=0.5dur"], 2, [20, 40]),
+    (["checkpoint=none"], 0, []),
+])
+def test_the_plan_counts_the_checkpoints_and_their_batches_whatever_the_unit(line, count, at):
+    p = build_plan(compose([*line, "plan=json"]))
+    assert (p["checkpoints_to_max_duration"], p["checkpoint_batches"]) == (count, at), p["checkpoint_batches_unknown"]
+    assert p["checkpoints_before_end"] == max(0, count - 1)
+    from train.plan.forecast_report import render
+
+    said = [ln.strip() for ln in render(p).splitlines() if ln.strip().startswith("every ")]
+    if count:
+        assert said and f"{count} checkpoint" in said[0] and f"{at[-1]} (the end)" in said[0], said
+        assert ("none before it" in said[0]) == (count == 1), said
+    # where it cannot be told, the plan says so and why
+    clock = build_plan(compose(["save_interval=1h", "plan=json"]))
+    assert clock["checkpoints_to_max_duration"] is None and "speed" in clock["checkpoint_batches_unknown"]
+    assert "is not known here" in render(clock)
+
+
 def test_checkpoints_on_a_folder_each_node_has_its_own_of_are_warned_on_slurm():
     """A requeued job lands on whichever nodes are free: checkpoints under /tmp stay behind on the old ones, and
     the run trained again from batch 0 as if new."""

@@ -261,6 +261,11 @@ CASES = [
      "variables.data_local"),
     (["cluster.container.image={tmp}/nope.sqsh", "-m", "cluster=ndv5", "data=mock", "global_train_batch_size=64"],
      "refused", "cluster.container.image"),
+    # save policies: no checkpoint before max_duration=40ba (the final one alone)
+    (["cluster=ndv5", "save_interval=1ep", "plan=true"], "refused", "save_interval"),
+    (["cluster=ndv5", "save_interval=99999tok", "plan=true"], "refused", "save_interval"),
+    (["save_interval=1000sp", "plan=true"], "warned", "save_interval"),
+    (["save_interval=1dur", "plan=true"], "warned", "save_interval"),
 ]
 
 

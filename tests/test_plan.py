@@ -202,6 +202,29 @@ def test_plan_local_json_has_null_sbatch(tmp_path, cli):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("every", ["1ep", "99999tok", "1000sp"])
+def test_a_save_policy_with_no_checkpoint_before_the_end_is_counted_warned_here_and_refused_on_a_gpu_cluster(
+        tmp_path, cli, every):
+    """Measured before: the plan of save_interval=1ep on the 40-batch default printed no checkpoint count and no
+    word, and the run kept ep0-ba40 alone."""
+    here = cli("train", f"save_interval={every}", "plan=json")
+    assert here.returncode == 0, here.stderr
+    p = json.loads(here.stdout)
+    assert p["checkpoints_to_max_duration"] == 1 and p["checkpoints_before_end"] == 0
+    assert p["checkpoint_batches"] == [40]
+    assert f"warning: save_interval: {every} comes at no batch before max_duration=40ba" in here.stderr
+    assert here.stderr.split(f"warning: save_interval: {every}")[1].splitlines()[1].startswith("  fix: ")
+    gpu = cli("train", "cluster=ndv5", f"save_interval={every}", "plan=true")
+    assert gpu.returncode == 2 and gpu.stdout == ""
+    said = gpu.stderr.splitlines()
+    [at] = [i for i, line in enumerate(said) if line.startswith(f"error: save_interval: {every} comes at no batch")]
+    assert said[at + 1].startswith("  fix: a shorter interval, e.g. save_interval=4ba"), said[at:at + 2]
+    fine = cli("train", "cluster=ndv5", "save_interval=10ba", "plan=true")
+    assert fine.returncode == 0, fine.stderr
+    assert "every 10ba: 4 checkpoints to max_duration, at batches 10, 20, 30 and 40 (the end)" in fine.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_plan_true_report(tmp_path, cli):
     proc = cli("train", "model=mpt-30b", "cluster=ndv5", "cluster.nodes=16", "storage=amlfs",
                f"storage.root={tmp_path}", "storage.mounts=[]", "plan=true")

@@ -8,7 +8,7 @@ import math
 
 from omegaconf import DictConfig, OmegaConf
 
-from train.checks.core import batches_in, time_of, value
+from train.checks.core import time_of, value
 from train.plan import estimate
 from train.plan.estimate import TiB
 
@@ -87,14 +87,6 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
     write_s = estimate.write_seconds(ckpt, sharded=sharded, ranks=world, write_GBps=write_gbps,
                                      file_GBps=file_gbps)
     save_folder = value(cfg, "save_folder")
-    every = batches_in(cfg, value(cfg, "save_interval"))
-    # composer also saves at the end of training: 25 batches every 10 are 3 checkpoints
-    saves = math.ceil(steps / every) if (save_folder and every and steps) else (0 if not save_folder else None)
-
-    from train.checks.checkpoints import checkpoints_kept, free_bytes
-
-    kept, kept_bytes = checkpoints_kept(cfg)
-    storage_root, free = free_bytes(cfg)
 
     resumes = _resumes(cfg, duration, tokens_per_step, gbs)
 
@@ -107,6 +99,15 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
         train_s = step_s * steps if steps else None
         if resumes and resumes["steps_left"] is not None:
             resumes["seconds_left"] = step_s * resumes["steps_left"]
+
+    from train.checks.checkpoints import checkpoints_kept, free_bytes, save_schedule
+
+    # when composer writes them, in batches, whatever save_interval's unit (its last one at the end of training:
+    # 25 batches every 10 are 3 checkpoints)
+    schedule = save_schedule(cfg, step_s)
+    saves = schedule["count"] if schedule else 0
+    kept, kept_bytes = checkpoints_kept(cfg, step_s=step_s)
+    storage_root, free = free_bytes(cfg)
 
     plan = {
         "run_name": value(cfg, "run_name"),
@@ -165,6 +166,14 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
         "checkpoint_write_seconds": write_s,
         "save_interval": value(cfg, "save_interval"),
         "checkpoints_to_max_duration": saves,
+        # ...of which before the end (0: every restart begins again at batch 0), the first ones' batches and the
+        # end's, the interval in batches; epoch_batches where an epoch counts; why they are unknown, where they are
+        "checkpoints_before_end": schedule["before_end"] if schedule else 0,
+        "checkpoint_batches": schedule["at"] if schedule else [],
+        "checkpoint_every_batches": schedule["every_batches"] if schedule else None,
+        "epoch_batches": schedule["epoch_batches"] if schedule else None,
+        "checkpoint_batches_estimated": schedule["estimated"] if schedule else False,
+        "checkpoint_batches_unknown": schedule["unknown"] if schedule else None,
         # what stays on disk (train/checks/checkpoints.py refuses a run whose kept checkpoints cannot fit)
         "save_num_checkpoints_to_keep": value(cfg, "save_num_checkpoints_to_keep"),
         "checkpoints_kept": kept,

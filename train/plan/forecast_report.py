@@ -73,6 +73,25 @@ def _flop(n) -> str:
     return f"{n:.0f} FLOP"
 
 
+def _render_saves(p: dict) -> str:
+    """How many checkpoints a run writes and at which batches, whatever save_interval's unit."""
+    from train.checks.checkpoints import when_saved
+
+    every, n = p["save_interval"], p["checkpoints_to_max_duration"]
+    epoch = f" (an epoch: about {p['epoch_batches']:,} batches)" if p["epoch_batches"] else ""
+    if n is None:
+        return (f"every {every}{epoch}: how many checkpoints to max_duration, and when, is not known here "
+                f"({p['checkpoint_batches_unknown']})")
+    schedule = {"at": p["checkpoint_batches"], "end": p["checkpoint_batches"][-1] if p["checkpoint_batches"] else None,
+                "before_end": p["checkpoints_before_end"], "count": n, "estimated": p["checkpoint_batches_estimated"],
+                "unknown": p["checkpoint_batches_unknown"]}
+    overhead = (f", {p['checkpoint_overhead'] * 100:.2f}% of training time"
+                if p["checkpoint_overhead"] is not None else "")
+    none = (": none before it, so every restart begins again at batch 0" if not p["checkpoints_before_end"] else "")
+    return (f"every {every}{epoch}: {n:,} checkpoint{'s' * (n != 1)} to max_duration, {when_saved(schedule, every)}"
+            f"{none}{overhead}")
+
+
 def render(p: dict) -> str:
     out = [f"plan for {p['run_name']} (nothing started or submitted)", ""]
     add = out.append
@@ -139,11 +158,8 @@ def render(p: dict) -> str:
         f"{ceiling}")
     if p["checkpoint_layout"]:
         add(f"            layout: {p['checkpoint_layout']}")
-    if p["checkpoints_to_max_duration"]:
-        overhead = (f", {p['checkpoint_overhead'] * 100:.2f}% of training time"
-                    if p["checkpoint_overhead"] is not None else "")
-        add(f"            every {p['save_interval']}: {p['checkpoints_to_max_duration']:,} checkpoints to "
-            f"max_duration{overhead}")
+    if p["checkpoint"]:
+        add("            " + _render_saves(p))
     if p["checkpoints_kept"]:
         keep = p["save_num_checkpoints_to_keep"]
         free = (f"{_size(p['storage_free_bytes'])} free on {p['storage_root']} now" if p["storage_free_bytes"]
