@@ -8,6 +8,7 @@ submitting shell they reach the job on the loopback Slurm, and a grep of everyth
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT, command_env
+from helpers import PYTHON, ROOT, command_env, run
 
 SECRET = "s3cr3t-value-7f1e9a"
 
@@ -117,6 +118,154 @@ def test_refused_before_anything_is_written_and_no_secret_is_echoed(tmp_path, ov
     assert SECRET not in proc.stdout + proc.stderr
     assert SECRET not in written(tmp_path) and not Path("/tmp/pwned").exists()
     assert list(root.iterdir()) == []
+
+
+# Credentials under names no rule knows, recognised by their shape: (override, the key named, the secret).
+RANDOM = "Zq8vR2mLx7TnW4pKc9YbH3sJdF6gA1eU"  # a long random string, no known prefix
+WANDB_KEY = "0123456789abcdef0123456789abcdef01234567"
+SHAPED = [
+    (f"+variables.handle={RANDOM}", "variables.handle", RANDOM),
+    (f"variables.handle={RANDOM}", "variables.handle", RANDOM),  # Hydra's own "could not override" echoes it
+    ("+variables.u='https://data.example.com/c4?access_token=Tq3x9Lm2Pz'", "variables.u", "Tq3x9Lm2Pz"),
+    ("+variables.u=https://x?token=qv7Tz94k&y=1", "variables.u", "qv7Tz94k"),  # unquoted: Hydra cannot read it
+    ("+variables.auth='Bearer Wm4kPq8ZrT2x'", "variables.auth", "Wm4kPq8ZrT2x"),
+    ("+variables.notify=https://hooks.slack.com/services/T000/B000/XXXX", "variables.notify", "T000/B000/XXXX"),
+    ("+variables.remote=https://bob:Pw7xQ2zR@data.example.com/c4", "variables.remote", "Pw7xQ2zR"),
+    ("+variables.gh=ghp_" + "a1B2" * 9, "variables.gh", "a1B2" * 9),
+    ("+variables.gh=github_pat_" + "a1B2c3_" * 7, "variables.gh", "a1B2c3_" * 7),
+    ("+variables.llm=sk-proj-" + "Ab3dE" * 5, "variables.llm", "Ab3dE" * 5),
+    ("+variables.chat=xoxb-1234567890-Ab3dEf6hI9", "variables.chat", "1234567890-Ab3dEf6hI9"),
+    ("+variables.aws=AKIA2E3X4Q5R6T7Y8U9I", "variables.aws", "2E3X4Q5R6T7Y8U9I"),
+    ("+variables.gl=glpat-Ab3dEf6hI9kL2mN5oP8q", "variables.gl", "Ab3dEf6hI9kL2mN5oP8q"),
+    ("+variables.hub=hf_" + "Qw3rTy6uI9" * 3 + "abcd", "variables.hub", "Qw3rTy6uI9" * 3),
+    (f"+cluster.env.SOMETHING={RANDOM}", "cluster.env.SOMETHING", RANDOM),
+    ("+cluster.env.MY_CRED=Vb5nQ2wE", "cluster.env.MY_CRED", "Vb5nQ2wE"),
+    (f"cluster.setup=['wandb login {WANDB_KEY}']", "cluster.setup[0]", WANDB_KEY),
+    ("cluster.setup=['module load cuda', 'huggingface-cli login --token Hk2mW9pQzx']", "cluster.setup[1]",
+     "Hk2mW9pQzx"),
+    ("cluster.setup=['export X_CRED=Jd8sL3kV9w']", "cluster.setup[0]", "Jd8sL3kV9w"),
+    ("cluster.setup=['echo Rt6yU1oP3a | docker login -u bob --password-stdin registry.example.com']",
+     "cluster.setup[0]", "Rt6yU1oP3a"),
+]
+# Values that look like nothing secret and must pass: hub names, paths, the run names and hashes this product makes,
+# git commits, model names, images, URLs without credentials, setup lines that read credentials from the environment.
+LEGIT = ["EleutherAI/gpt-neox-20b", "mosaicml/mpt-7b-instruct", "meta-llama/Meta-Llama-3.1-70B-Instruct",
+         "Meta-Llama-3.1-70B-Instruct", "Qwen2.5-Coder-32B-Instruct-GPTQ-Int4", "mpt-tiny-1c6d94ab", "mpt-7b-ed06a021",
+         "xxh3_64", "8c8dd48f0b5e0a3a1c2e9f6d7b4a1e2f3c4d5e6f", "3b36d653-feca-434a-a60f-d4f0770cb46e",
+         "/data/ckpt/mpt-7b-ed06a021/ep0-ba1000-rank0.pt", f"/scratch/{RANDOM}/ckpt", "./my-copy-c4",
+         "oci://bucket@namespace/c4", "s3://my-bucket/c4/train", "nvcr.io/nvidia/pytorch:24.01-py3",
+         "mosaicml/llm-foundry:2.5.1_cu124-latest", "https://example.com/data?split=train&page=2",
+         "c4-train.00000-of-01024.first1000.json.gz", "TOKENIZERS_PARALLELISM", "ShardedStateDictCheckpointer2024",
+         "mpt-125m-c4-lr6e-4-bs256-seed17-1c6d94ab", "huggingface-cli login --token $HF_TOKEN", "wandb login --relogin",
+         "wandb login $WANDB_API_KEY", "wandb login --host https://wandb.example.com", "export HF_TOKEN=$MY_HF_TOKEN",
+         "docker login -u bob -p $REGISTRY_PASSWORD registry.example.com", "curl -H 'Authorization: Bearer $T' x",
+         "Zq8vR2mLx7TnW4pKc9YbH3s"]  # 23 characters: under the length a random string needs
+
+
+def test_secret_shapes_are_recognised_and_legitimate_values_are_not():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from train.checks.safety import mask_shapes, shapes
+
+    for override, _, secret in SHAPED:
+        value = override.split("=", 1)[1]
+        value = value.strip("'") if "?token=" in override else OverridesParser.create().parse_overrides([override])[0].value()
+        for text in value if isinstance(value, list) else [value]:
+            if secret in text and "CRED" not in override:  # by name: cluster.env.MY_CRED, export X_CRED
+                found = shapes(text)
+                assert any(secret in s for _, s in found), (override, found)
+                assert secret not in mask_shapes(text), override
+    for value in LEGIT:
+        assert shapes(value) == [], value
+    # the length threshold: the same random string, one character longer, counts
+    assert shapes(RANDOM[:24]) and not shapes(RANDOM[:23])
+
+
+@pytest.mark.parametrize("override,key,secret", SHAPED)
+def test_a_secret_by_its_shape_is_refused_by_the_checks_naming_the_key_and_never_the_value(override, key, secret):
+    from train.checks import Context, check, errors
+    from train.checks.safety import command_line_secrets, masked
+    from train.config.compose import compose
+
+    problems, masks = command_line_secrets([override])
+    try:
+        cfg = compose(["cluster=ndv5", override])
+    except Exception:  # Hydra refuses it (unquoted, a new key without +): the command line's check alone sees it
+        assert override in (SHAPED[1][0], SHAPED[3][0])
+    else:
+        problems += errors(check(cfg, Context(mode="run", overrides=(override,))))
+    assert key in [p.key for p in problems]
+    assert not any(secret in str(masked(p, masks)) for p in problems)
+
+
+@pytest.mark.e2e  # one process per input (the in-process twin above runs in the fast tier)
+@pytest.mark.parametrize("override,key,secret", SHAPED)
+@pytest.mark.parametrize("mode", [("-m", "plan=json"), ()])
+def test_a_secret_by_its_shape_is_refused_before_anything_is_written_and_never_echoed(tmp_path, override, key, secret,
+                                                                                      mode):
+    root, cwd = tmp_path / "root", tmp_path / "cwd"
+    root.mkdir()
+    cwd.mkdir()
+    proc = run("-m", "train", *mode, "cluster=ndv5", override, root=root, cwd=cwd)
+    assert proc.returncode == 2, (proc.stdout[-1000:], proc.stderr[-2000:])
+    assert re.search(rf"^error: (\[sweep point #0\] )?{re.escape(key)}: ", proc.stderr, re.M), proc.stderr[-2000:]
+    assert "fix: " in proc.stderr and "Traceback" not in proc.stderr
+    assert "export" in proc.stderr and "--export=ALL" in proc.stderr  # the fix: the environment the job inherits
+    assert secret not in proc.stdout + proc.stderr
+    assert list(root.iterdir()) == [] and list(cwd.iterdir()) == []
+
+
+@pytest.mark.e2e
+def test_hydras_grammar_error_for_an_unquoted_url_shows_it_masked(tmp_path):
+    proc = run("-m", "train", "+variables.u=https://x?token=qv7Tz94k&y=1", root=tmp_path, cwd=tmp_path)
+    assert proc.returncode == 2 and "qv7Tz94k" not in proc.stdout + proc.stderr
+    assert "Hydra cannot read `+variables.u=https://x?token=****&y=1`" in proc.stderr
+    assert '\'+variables.u="https://x?token=****&y=1"\'' in proc.stderr  # the quoting fix, still masked
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.e2e
+def test_legitimate_values_on_the_command_line_pass(tmp_path):
+    """Hub names, paths, run names and hashes, setup lines that read credentials from the environment: no
+    refusal, in a plan of a plain run and of a sweep."""
+    args = ["+variables.hub=EleutherAI/gpt-neox-20b", "run_name=mpt-tiny-1c6d94ab",
+            "+variables.hash=xxh3_64", "+variables.commit=8c8dd48f0b5e0a3a1c2e9f6d7b4a1e2f3c4d5e6f",
+            "+variables.model=Meta-Llama-3.1-70B-Instruct", "+variables.ckpt=/data/ckpt/mpt-7b-ed06a021/ep0-ba1000.pt",
+            "+variables.url='https://example.com/data?split=train&page=2'",
+            "cluster.setup=['huggingface-cli login --token $HF_TOKEN', 'wandb login $WANDB_API_KEY', "
+            "'wandb login --relogin', 'export HF_TOKEN=$MY_HF_TOKEN']"]
+    for mode in (["plan=true"], ["-m", "plan=json"]):
+        root = tmp_path / mode[0]
+        proc = run("-m", "train", *mode, *args, root=root, cwd=tmp_path)
+        assert proc.returncode == 0 and "error: " not in proc.stderr, proc.stderr[-3000:]
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+def test_the_docs_command_lines_and_llm_foundrys_published_yamls_hold_no_secret_by_shape():
+    """Every `python -m train`/`data_prep` line of the README and docs/ (tests/test_readme.py runs each), and
+    each of llm-foundry's published pretraining YAMLs composed through yaml=PATH: no refusal for a secret."""
+    import shlex
+
+    from helpers import SHARED, need_shared
+    from hydra.core.hydra_config import HydraConfig
+    from test_readme import LINES
+
+    from train.checks import Context
+    from train.checks.safety import command_line_secrets, credentials, secrets_in_values, setup_exports
+    from train.config.compose import compose
+
+    for _, line, _ in LINES:
+        assert command_line_secrets(shlex.split(line, comments=True)[3:]) == ([], []), line
+    need_shared()
+    yamls = sorted((SHARED / "llm-foundry-yamls" / "pretrain").glob("*.yaml"))
+    assert len(yamls) >= 10
+    for path in yamls:
+        overrides = [f"yaml={path}", "cluster=ndv5", "storage=amlfs"]
+        assert command_line_secrets(overrides) == ([], [])
+        cfg = compose(overrides)
+        ctx = Context(mode="plan", overrides=tuple(overrides), choices=dict(HydraConfig.get().runtime.choices))
+        refused = [str(p) for rule in (credentials, secrets_in_values, setup_exports) for p in rule(cfg, ctx)]
+        assert refused == [], (path.name, refused)
 
 
 def test_credential_refusal_says_where_it_goes(tmp_path, cli):

@@ -129,9 +129,10 @@ def _in_commands(text: str) -> list:
                 found.append(("a secret given to a command (" + flag + ")", given))
             elif flag in ("-u", "--user") and ":" in given:
                 found.append(("a password given to a command (" + flag + " user:password)", given.split(":", 1)[1]))
-        if words[:2] == ["wandb", "login"]:
-            rest, skip = words[2:], False
-            for w in rest:
+        at = next((i for i in range(len(words) - 1) if words[i].endswith("wandb") and words[i + 1] == "login"), None)
+        if at is not None:  # wandb login KEY, sudo -E wandb login KEY
+            skip = False
+            for w in words[at + 2:]:
                 if skip:
                     skip = False
                 elif w.startswith("-"):
@@ -265,16 +266,15 @@ def command_line_secrets(args: list) -> tuple[list, list]:
         try:
             [override] = parser.parse_overrides([arg])
             values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
-        except Exception:  # read by the gate as Hydra's grammar error: its text is looked at
-            values = [raw]
+        except Exception:  # read by the gate as Hydra's grammar error: its text is looked at, and its items
+            values = [raw, re.sub(r"[\[\]{}'\",]", " ", raw)]
         found = {}
         for v in values:
             for path, _, leaf in _walk(v, key) if isinstance(v, (dict, list)) else [(key, None, v)]:
                 for what, secret in shapes(leaf) if isinstance(leaf, str) else ():
-                    whats = found.setdefault(path, [])
-                    whats += [what] if what not in whats and secret not in secrets else []
+                    found.setdefault(path, {}).setdefault(secret, what)  # one name for each secret
                     secrets.append(secret)
-        problems += [_by_shape(path, " and ".join(whats)) for path, whats in found.items()]
+        problems += [_by_shape(path, " and ".join(dict.fromkeys(whats.values()))) for path, whats in found.items()]
     return problems, secrets
 
 
