@@ -1,6 +1,7 @@
 """compose (Hydra) -> validate -> plan -> run this process's parts -> merge when every block is complete."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -13,6 +14,7 @@ from omegaconf import DictConfig
 
 from common.errors import Problem
 from data_prep.blocks import (
+    LOCK_FOLDER,
     PLAN_FILE,
     Block,
     assign_parts,
@@ -142,17 +144,66 @@ def _this_run(s: Settings, stats: RunStats, skipped_blocks: int, started: float)
     }
 
 
+@dataclass(frozen=True)
+class Before:
+    """What out_root held before this run wrote anything: what a refused run leaves as it found it."""
+
+    missing: tuple[Path, ...]  # the split folder and those above it that did not exist, deepest first
+    lock_folder: bool
+    plan: bool
+    complete: frozenset[str]  # this run's blocks finished already (by an earlier run)
+
+    @classmethod
+    def look(cls, s: Settings, mine: list[Block]) -> Before:
+        missing, folder = [], s.split_dir
+        while not folder.exists() and folder != folder.parent:
+            missing.append(folder)
+            folder = folder.parent
+        return cls(tuple(missing), (s.split_dir / LOCK_FOLDER).exists(), (s.split_dir / PLAN_FILE).exists(),
+                   frozenset(b.folder for b in mine if is_complete(s.split_dir, b)))
+
+
+def take_back(s: Settings, before: Before, lock: OutRootLock, mine: list[Block], err: Exception) -> None:
+    """A refused or failed run leaves out_root as it found it. Refused for its input (an unreadable file, no
+    document, strict's first bad line), the blocks it finished go too: made of input that is to be fixed, they would
+    make the corrected run's plan "another dataset" and be refused. A failed write (out_root's own errors: a full
+    disk) keeps them, for the same command again. The plan, the lock folder and the folders it made go only while no
+    other run or part holds a range here (theirs to keep) and no finished block needs the plan."""
+    split = s.split_dir
+    if isinstance(err, DataPrepError) and err.key != "out_root":
+        for block in mine:
+            if block.folder not in before.complete and is_complete(split, block):
+                shutil.rmtree(split / block.folder, ignore_errors=True)
+    if not lock.alone():
+        return
+    started = (split / "index.json").exists() or any(split.glob("block-*/block.json"))
+    if not before.plan and not started:
+        (split / PLAN_FILE).unlink(missing_ok=True)
+    if not before.lock_folder:
+        lock.withdraw()
+    for folder in before.missing:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (blocks kept), or made again by a run starting now
+            break
+
+
 def run(cfg: DictConfig, started: float | None = None) -> dict | None:
     started = time.perf_counter() if started is None else started
     job = prepare(cfg)
     s = job.settings
     part_ids = range(s.num_parts) if s.part is None else [s.part]
     mine = [b for p in part_ids for b in job.parts[p]]
+    before = Before.look(s, mine)
     # Before anything is written: a second, independent run into this split is refused here (exit 2).
     lock = OutRootLock(s, mine, plan_bytes(job.plan))
-    lock.acquire()
     try:
+        lock.acquire()
         return _run_locked(job, lock, mine, started)
+    except Exception as err:
+        with contextlib.suppress(OSError):  # the error to show is the run's, not one of tidying after it
+            take_back(s, before, lock, mine, err)
+        raise
     finally:
         lock.release()
 

@@ -6,6 +6,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+from common.errors import Problem
 from data_prep.errors import DataPrepError
 from data_prep.settings import Settings
 
@@ -38,6 +39,27 @@ def codec_of(path: str) -> str:
 def _local(path: str) -> Source:
     st = os.stat(path)
     return Source(os.path.abspath(path), st.st_size, st.st_mtime_ns, codec_of(path))
+
+
+_MAGIC = {"gzip": b"\x1f\x8b", "zstd": b"\x28\xb5\x2f\xfd"}
+
+
+def _not_compressed(source: Source) -> str | None:
+    """Why a .gz or .zst file is surely not one (empty, or another format's first bytes), or None: found before
+    anything is written, rather than when its block is read (a file cut short is only seen there, reader.py)."""
+    magic = _MAGIC.get(source.codec)
+    if magic is None:
+        return None
+    if source.size == 0:  # no compressor writes 0 bytes (an empty gzip is 20); a copy or download that failed does
+        return f"0 bytes: not a {source.codec} file (a copy or download that failed?)"
+    try:
+        with open(source.path, "rb") as fh:
+            head = fh.read(len(magic))
+    except OSError as err:
+        return f"cannot be read ({err.strerror})"
+    if head != magic:
+        return f"not a {source.codec} file: it starts with {head!r}, not {magic!r} (its name says {source.codec})"
+    return None
 
 
 def _expand(item: str, settings: Settings) -> list[str]:
@@ -104,9 +126,14 @@ def resolve_sources(settings: Settings) -> list[Source]:
     # by the file itself (its device and inode): a link to a file already given, symbolic or hard, is that file,
     # read once (a hard link, which realpath does not see, was read twice: every document doubled)
     seen: dict[tuple, Source] = {}
+    problems = []
     for item in settings.inputs:
         for path in _expand(item, settings):
             source = _local(path)
+            why = _not_compressed(source)
+            if why:
+                problems.append(Problem("input", f"{source.path}: {why}",
+                                        "re-download or repair that file, or leave it out of input="))
             st = os.stat(source.path)
             first = seen.setdefault((st.st_dev, st.st_ino), source)
             if first is not source and first.path != source.path:
@@ -114,6 +141,8 @@ def resolve_sources(settings: Settings) -> list[Source]:
                                                     "(a link to it): read once")
             elif first is source and source.size == 0 and source.codec == "plain":
                 _warn_empty(source.path)
+    if problems:  # every such file at once
+        raise DataPrepError(problems=problems)
     sources = list(seen.values())
     _warn_compressed_copies(sources)
     return sources

@@ -42,7 +42,8 @@ FIX = ("wait for that run to finish or stop it, or choose another out_root; a cr
 
 
 def lock_dir(settings: Settings) -> Path:
-    # Inside the split (out_root holds only <split>/ folders); never removed: a process may be about to lock it.
+    # Inside the split (out_root holds only <split>/ folders). Removed only by a refused run that made it and is
+    # alone there (withdraw); a process about to lock it checks that it locked the file that is there (acquire).
     return settings.split_dir / LOCK_FOLDER
 
 
@@ -69,20 +70,24 @@ class OutRootLock:
 
     def acquire(self) -> None:
         """Take this run's ranges now or refuse (DataPrepError, exit 2). Writes nothing in out_root/<split>."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            start, end = self.range
-            if end is None or end > start:
-                self._take(fcntl.LOCK_EX, start, end, "would write the same blocks")
-            if self.settings.part is not None:
-                byte = self.settings_byte  # shared with our sibling parts; only a plain run holds it exclusively
-                self._take(fcntl.LOCK_SH, byte, byte + 1, "cannot run beside a run of every part")
-                if self._held(SETTINGS, byte) or self._held(byte + 1, None):
-                    self._refuse("has other settings (another data_prep_plan.json): their blocks would not mix")
-        except DataPrepError:
+        for _ in range(100):  # a refused run that was alone removes the lock file (withdraw): lock the one there now
+            self.folder.mkdir(parents=True, exist_ok=True)
+            try:
+                self.fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o666)
+            except FileNotFoundError:  # its folder removed this instant
+                continue
+            try:
+                self._take_ranges()
+            except DataPrepError:
+                self.release()
+                raise
+            if self._still_there():
+                break
             self.release()
-            raise
+        else:
+            raise DataPrepError("out_root", f"{self.folder / 'lock'} was removed each time this run locked it",
+                                "run again (data_prep runs refused in that folder remove the lock file they made)")
+        start, end = self.range
         if end is None or end > start:
             self._forget_dead_holders()
         info = {"host": socket.gethostname(), "pid": os.getpid(), "what": self.what, "range": list(self.range),
@@ -94,6 +99,52 @@ class OutRootLock:
         except BaseException:
             self.release()  # removes the note too
             raise
+
+    def _take_ranges(self) -> None:
+        start, end = self.range
+        if end is None or end > start:
+            self._take(fcntl.LOCK_EX, start, end, "would write the same blocks")
+        if self.settings.part is not None:
+            byte = self.settings_byte  # shared with our sibling parts; only a plain run holds it exclusively
+            self._take(fcntl.LOCK_SH, byte, byte + 1, "cannot run beside a run of every part")
+            if self._held(SETTINGS, byte) or self._held(byte + 1, None):
+                self._refuse("has other settings (another data_prep_plan.json): their blocks would not mix")
+
+    def _still_there(self) -> bool:
+        """Whether the file this process locked is still the split's lock file, not one removed since by withdraw."""
+        try:
+            st = os.stat(self.folder / "lock")
+        except FileNotFoundError:
+            return False
+        mine = os.fstat(self.fd)
+        return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+    def alone(self) -> bool:
+        """After a refusal: whether no other process holds any range here (a sibling part, another run). Takes every
+        byte when so, and keeps them until release, so that nothing starts here while this run takes back what it
+        made. A split without a lock file holds nobody's."""
+        if self.fd is None:
+            try:
+                self.fd = os.open(self.folder / "lock", os.O_RDWR)
+            except FileNotFoundError:
+                return True
+        try:
+            fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 0, 0)
+        except OSError as err:
+            if err.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
+            return False
+        return True
+
+    def withdraw(self) -> None:
+        """Remove the lock folder (this run made it, and is alone: see alone) and release. A run that opened the lock
+        file meanwhile finds it gone once it holds its ranges, and locks the new one (acquire)."""
+        (self.folder / "lock").unlink(missing_ok=True)
+        self.release()
+        try:
+            self.folder.rmdir()
+        except OSError:  # a run starting here already made it again
+            pass
 
     def lock_merge(self) -> None:
         """Wait for byte 0: another part of this run may be merging the same blocks right now."""

@@ -136,7 +136,79 @@ def test_the_first_file_a_run_writes_is_named_too(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert f"data_prep: out_root: cannot write {tmp_path / 'train' / '.data_prep_lock'}/" in proc.stderr
     assert ".json: File too large\n  fix: " in proc.stderr and "Traceback" not in proc.stderr
-    assert os.listdir(tmp_path / "train" / ".data_prep_lock") == ["lock"]
+    assert os.listdir(tmp_path) == []  # nothing of the failed run left: no lock folder, no split folder
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 4. A refused run writes nothing: out_root is left as it was (it did not exist: it still does not)
+
+
+def everything(folder: Path) -> dict:
+    """Every file (its bytes) and folder (None) under folder, the folder itself included."""
+    return {str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes()
+            for p in [folder, *folder.rglob("*")]} if folder.exists() else {}
+
+
+def _bad_inputs(folder: Path) -> dict:
+    """Real C4 documents in the forms a download or a copy breaks them: the file, and what the refusal names."""
+    folder.mkdir()
+    raw = C4_FIRST.read_bytes()
+    made = {"empty.json.gz": b"", "fake.json.gz": gzip.decompress(raw)[:5000],  # JSON lines named .gz
+            "truncated.json.gz": raw[: len(raw) // 2]}
+    # saved as Latin-1, not UTF-8: every line starts "été" (\xe9t\xe9)
+    made["latin1.jsonl"] = b"".join(json.dumps({"text": "\u00e9t\u00e9 " + json.loads(line)["text"]},
+                                               ensure_ascii=False).encode("latin-1", "replace") + b"\n"
+                                    for line in gzip.decompress(raw).splitlines()[:20])
+    for name, data in made.items():
+        (folder / name).write_bytes(data)
+    return {name: folder / name for name in made}
+
+
+@pytest.mark.parametrize("bad, key, said", [
+    ("empty.json.gz", "input", "0 bytes: not a gzip file"),
+    ("fake.json.gz", "input", "not a gzip file: it starts with b'{\"'"),
+    ("truncated.json.gz", "input", "cannot be read to the end (EOFError"),
+    ("latin1.jsonl", "input", "no document was read: all 20 lines were skipped (invalid UTF-8: 20)"),
+    ("text_key", "dataset.text_key", "no document was read: all 1,000 lines were skipped"),
+])
+def test_a_refused_run_leaves_out_root_as_it_was(tmp_path, bad, key, said):
+    """Before: the lock folder and data_prep_plan.json stayed behind (and out_root, made for them)."""
+    files = _bad_inputs(tmp_path / "in")
+    source = ["dataset=c4", f"input={C4_FIRST}", "dataset.text_key=body"] if bad == "text_key" else \
+        ["dataset=jsonl", f"input={files[bad]}"]
+    new = tmp_path / "new" / "out"  # neither it nor its parent exists
+    proc = prep(*source, f"out_root={new}", "progress=false", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert f"data_prep: {key}: " in proc.stderr and said in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "new").exists()
+    # into an out_root holding a finished dataset (its train split): that stays as it was, byte for byte
+    out = tmp_path / "out"
+    prep("dataset=c4", f"input={C4_SECOND}", f"out_root={out}", "concat_tokens=128", "progress=false")
+    was = everything(out)
+    assert any(".data_prep_lock" in name for name in was)
+    proc = prep(*source, f"out_root={out}", "split=val", "progress=false", check=False)
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+    assert everything(out) == was
+
+
+def test_a_refused_run_takes_back_the_blocks_it_finished_and_keeps_those_made_before(tmp_path):
+    """A good file's block finished, then the next file is cut short: that block goes (made of an input list that is
+    to change, it would make the corrected run "another dataset"), the blocks an earlier run finished stay, and so
+    does the plan they were made with."""
+    files = _bad_inputs(tmp_path / "in")
+    out = tmp_path / "out"
+    # an earlier run of the same settings, killed after its first block (as part=0 of num_parts=2 leaves it)
+    args = ["dataset=jsonl", f"input=[{C4_FIRST},{C4_SECOND},{files['truncated.json.gz']}]", "num_parts=3",
+            "progress=false"]
+    prep(*args, f"out_root={out}", "part=0")
+    was = everything(out)
+    assert "train/block-00000/block.json" in was and "train/data_prep_plan.json" in was
+    proc = prep(*args, f"out_root={out}", check=False)  # every part: block 1 is made, block 2 cannot be read
+    assert proc.returncode == 2 and f"data_prep: input: {files['truncated.json.gz']}: cannot be read" in proc.stderr
+    assert everything(out) == was
+    # from nothing: the good files' blocks are made, then taken back with everything else
+    proc = prep(*args, f"out_root={tmp_path / 'fresh'}", check=False)
+    assert proc.returncode == 2 and not (tmp_path / "fresh").exists(), proc.stderr
 
 
 # ------------------------------------------------------------------------------------------------------------
