@@ -266,6 +266,17 @@ CASES = [
     (["cluster=ndv5", "save_interval=99999tok", "plan=true"], "refused", "save_interval"),
     (["save_interval=1000sp", "plan=true"], "warned", "save_interval"),
     (["save_interval=1dur", "plan=true"], "warned", "save_interval"),
+    # secrets by shape
+    ([f"+variables.u=https://x?token={SECRET}&y=1"], "refused", "variables.u"),  # unquoted: Hydra cannot read it
+    ([f"+variables.u='https://api.example.com/v1?access_token={SECRET}'"], "refused", "variables.u"),
+    ([f"+variables.auth='Bearer {SECRET}'"], "refused", "variables.auth"),
+    ([f"+variables.hook=https://hooks.slack.com/services/T000/B000/{SECRET}"], "refused", "variables.hook"),
+    ([f"variables.anything={HF_TOKEN}"], "refused", "variables.anything"),  # no +: Hydra's own error echoed it
+    ([f"+cluster.env.MY_CRED={SECRET}"], "refused", "cluster.env.MY_CRED"),
+    ([f"cluster.setup=['wandb login {SECRET}']"], "refused", "cluster.setup[0]"),
+    ([f"cluster.setup=['huggingface-cli login --token {SECRET}']"], "refused", "cluster.setup[0]"),
+    ([f"cluster.setup=['export X_CRED={SECRET}']"], "refused", "cluster.setup[0]"),
+    (["-m", f"cluster.setup=['wandb login {SECRET}']", "plan=json"], "refused", "cluster.setup[0]"),
 ]
 
 
