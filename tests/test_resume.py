@@ -338,13 +338,23 @@ def test_consolidate_a_sharded_checkpoint_into_one_file_that_load_path_continues
 
     proc = run("-m", "train", *args, "max_duration=40ba", f"load_path={out}", root=tmp_path / "b", check=1)
     assert f"error: max_duration: the checkpoint load_path={out} is already at max_duration=40ba" in proc.stderr
-    # into a model of another shape: the file has no run record beside it, and composer dropped what did not match
-    # (alibi: MPT builds no position embeddings, and the run trained on without them, exit 0); the checkpoint's own
-    # stored model config names it, before anything is trained
+    # into a model of another shape: composer dropped what did not match (alibi: MPT builds no position
+    # embeddings, and the run trained on without them, exit 0); the run record the file's manifest carries names
+    # it on the login node, before anything is written (and, without it, the checkpoint's own stored model config
+    # in the task, before anything is trained)
+    proc = run("-m", "train", *args, f"load_path={out}", "+load_weights_only=true", "+model.attn_config.alibi=true",
+               root=tmp_path / "c", check=2)
+    assert "error: load_path: " in proc.stderr and "model.learned_pos_emb=True there, False here" in proc.stderr, \
+        proc.stderr[-2000:]
+    assert "as the run that wrote it records" in proc.stderr
+    manifest = tmp_path / "consolidated.pt.manifest.json"
+    record = manifest.read_text()
+    manifest.write_text(json.dumps({k: v for k, v in json.loads(record).items() if k != "run"}))
     proc = run("-m", "train", *args, f"load_path={out}", "+load_weights_only=true", "+model.attn_config.alibi=true",
                root=tmp_path / "c", check=1)
     assert "error: load_path: " in proc.stderr and "model.learned_pos_emb=True there, False here" in proc.stderr, \
         proc.stderr[-2000:]
+    manifest.write_text(record)
     assert not list((tmp_path / "c").glob("checkpoints/*/ep*"))
     assert "--out" in run("-m", "train.export", out, root=tmp_path, check=2).stderr  # no batch in its name
     run("-m", "train.export", out, f"--out={tmp_path / 'hf'}", root=tmp_path, check=True)
@@ -673,6 +683,30 @@ def test_a_sweep_takes_a_run_for_finished_only_while_the_checkpoint_it_finished_
     assert read(cfg) is None  # no checkpoint at all
     # checkpoints of the user's naming are not listed here (nor chosen among by the task): finished.json stands
     assert read(OmegaConf.merge(cfg, {"save_filename": "step{batch}.pt"})) is not None
+
+
+@pytest.mark.parametrize("fmt, ranks", [("sharded", 1), ("sharded", 2)])
+def test_a_sweep_run_again_verifies_the_final_checkpoint_before_it_reports_a_run_finished(fmt, ranks, tmp_path,
+                                                                                          tmp_path_factory):
+    """finished.json is no proof that the weights it ended with are still there: a final checkpoint damaged since
+    (with its manifest, or without) makes the point one to submit again (its task sets the checkpoint aside and
+    trains the last batches again), said by name; a plan only lists it."""
+    from omegaconf import OmegaConf
+
+    from train.launch.finished import read
+
+    src = save_folder(finished(ranks, fmt, tmp_path_factory))
+    folder = tmp_path / src.name
+    shutil.copytree(src, folder, symlinks=True)
+    cfg = OmegaConf.create({"max_duration": "40ba", "save_folder": str(folder), "autoresume": True,
+                            "run_name": folder.name})
+    assert read(cfg, verify=True) is not None
+    ckpt = _checkpoint(folder, 40)
+    _flip_middle(_largest_file(ckpt))
+    assert read(cfg) is not None  # listed: there
+    assert read(cfg, verify=True) is None
+    (folder / f"{ckpt.name}.manifest.json").unlink()
+    assert read(cfg, verify=True) is None  # by its CRCs
 
 
 def test_the_choice_by_content_on_made_up_folders(tmp_path):
