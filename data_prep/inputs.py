@@ -51,14 +51,14 @@ def _not_compressed(source: Source) -> str | None:
     if magic is None:
         return None
     if source.size == 0:  # no compressor writes 0 bytes (an empty gzip is 20); a copy or download that failed does
-        return f"0 bytes: not a {source.codec} file (a copy or download that failed?)"
+        return f"0 bytes: not a {source.codec} file; a copy or download that failed?"
     try:
         with open(source.path, "rb") as fh:
             head = fh.read(len(magic))
     except OSError as err:
         return f"cannot be read ({err.strerror})"
     if head != magic:
-        return f"not a {source.codec} file: it starts with {head!r}, not {magic!r} (its name says {source.codec})"
+        return f"not a {source.codec} file: it starts with {head!r}, not {magic!r}, and its name says {source.codec}"
     return None
 
 
@@ -132,7 +132,7 @@ def resolve_sources(settings: Settings) -> list[Source]:
             source = _local(path)
             why = _not_compressed(source)
             if why:
-                problems.append(Problem("input", f"{source.path}: {why}",
+                problems.append(Problem("input", f"{source.path}: cannot be read to the end ({why})",
                                         "re-download or repair that file, or leave it out of input="))
             st = os.stat(source.path)
             first = seen.setdefault((st.st_dev, st.st_ino), source)

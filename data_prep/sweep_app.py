@@ -21,22 +21,24 @@ class DataPrepApp(SweepApp):
     shown = ("point", "overrides", "job_id", "state", "log", "error")
 
     def configs(self, launcher, job_overrides: list, first: int) -> list:
-        """Every part's config, each checked (the part in range, its settings valid) before any job is submitted;
-        the input, tokenizer and out_root were checked once before (data_prep/launch_check.py). Every problem of
-        every point at once."""
+        """Every part's config, checked before anything is written or submitted: what the parts share (the input,
+        the tokenizer, out_root: once), then each part's own settings (the part in range). Every problem of every
+        point at once, raised as data_prep's error: the launcher prints it and exits 2."""
         from common.compose import sweep_points
         from data_prep.errors import DataPrepError
         from data_prep.settings import settings_from
 
-        out, problems, parts = [], [], {}
+        common = _shared_problems(launcher.config)
+        out, problems, parts = [], list(common), {}
+        said = {(p.key, p.problem) for p in common}
         for overrides, cfg in sweep_points(launcher.hydra_context.config_loader, launcher.config,
                                            launcher.config.hydra.sweep.dir, job_overrides, first):
             OmegaConf.resolve(cfg)
             try:
                 s = settings_from(cfg)
                 parts.setdefault((str(s.split_dir), s.num_parts), set()).add(s.part)
-            except DataPrepError as err:
-                problems += [p.at_point(first + len(out)) for p in err.problems]
+            except DataPrepError as err:  # those of the shared settings are said once, above
+                problems += [p.at_point(first + len(out)) for p in err.problems if (p.key, p.problem) not in said]
             out.append((overrides, cfg))
         if problems:
             raise DataPrepError(problems=problems)
@@ -100,3 +102,24 @@ class DataPrepApp(SweepApp):
             return True  # no dataset: not exit 0
         return False
 
+
+def _shared_problems(config: DictConfig) -> list:
+    """What every part shares, checked once on the sweep's config (its swept values, part=0,1,2,3, not applied): the
+    input's files, the tokenizer, out_root (data_prep.app.prepare, which writes nothing)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from data_prep.app import prepare
+    from data_prep.errors import DataPrepError
+
+    swept = {o.key_or_group for o in OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+             if o.is_sweep_override()}
+    if "input" in swept:  # each point a dataset of its own files, all in one out_root: never one dataset
+        return DataPrepError("input", "is swept (-m input=A,B): each point would prepare its own files into the same "
+                             "out_root, as separate runs that refuse each other's folder",
+                             "give the files as one list, quoted for the shell: 'input=[A,B]' (and -m "
+                             "'part=range(0,N)' num_parts=N to spread them over jobs)").problems
+    try:
+        prepare(config)
+    except DataPrepError as err:
+        return err.problems
+    return []

@@ -191,6 +191,23 @@ def test_a_refused_run_leaves_out_root_as_it_was(tmp_path, bad, key, said):
     assert everything(out) == was
 
 
+def test_a_sweep_refused_says_what_its_parts_share_and_each_part_s_own_at_once(tmp_path):
+    """The sweep's shared settings (input, tokenizer, out_root) are checked with each part's, every problem in one
+    pass, as data_prep's error the launcher reports (exit 2); they were checked alone first, in a Hydra callback
+    that printed them and called sys.exit, and a part out of range was said only once the input was fixed."""
+    files = _bad_inputs(tmp_path / "in")
+    out = tmp_path / "out"
+    proc = prep("dataset=jsonl", f"input=[{files['empty.json.gz']},{files['fake.json.gz']}]", f"out_root={out}",
+                "num_parts=2", "-m", "part=0,5", check=False, tokenizer=tmp_path / "no-tokenizer")
+    assert proc.returncode == 2, proc.stderr
+    for line in (f"data_prep: tokenizer: {tmp_path / 'no-tokenizer'}", f"data_prep: input: {files['empty.json.gz']}: cannot be read to the end (0 bytes",
+                 f"data_prep: input: {files['fake.json.gz']}: cannot be read to the end (not a gzip file",
+                 "data_prep: [sweep point #1] part: is 5 but num_parts=2"):
+        assert line in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "Callback" not in proc.stderr
+    assert not out.exists() and sorted(os.listdir(tmp_path)) == ["in"]
+
+
 def test_a_refused_run_takes_back_the_blocks_it_finished_and_keeps_those_made_before(tmp_path):
     """A good file's block finished, then the next file is cut short: that block goes (made of an input list that is
     to change, it would make the corrected run "another dataset"), the blocks an earlier run finished stay, and so
