@@ -230,6 +230,34 @@ def test_an_out_inside_a_checkpoint_is_refused(tmp_path):
                                                           "identity.json", "mpt-tiny-1"]
 
 
+@pytest.mark.e2e  # starts Python processes of their own
+def test_what_is_not_a_checkpoint_and_an_out_that_cannot_be_made_are_refused_by_name_and_nothing_is_written(tmp_path):
+    """A README was called a checkpoint whose write was cut off; a zip of other files, or a torch file of other
+    things, a traceback; an --out under a file or in /proc a traceback as the folder was made, after the weights
+    were read. Each: exit 2, what it is, a fix, nothing written."""
+    import zipfile
+
+    readme, other = tmp_path / "README.md", tmp_path / "other.pt"
+    readme.write_text("# notes\n")
+    with zipfile.ZipFile(other, "w") as z:
+        z.writestr("README.md", "# notes\n")
+    save = tmp_path / "save"
+    save.mkdir()
+    shutil.copy(other, save / "ep0-ba2-rank0.pt")  # whole as a zip: the --out is refused before it is read
+    before = sorted(tmp_path.rglob("*"))
+    for args, said in [([readme], f"error: checkpoint: {readme} is not a checkpoint at all:"),
+                       ([other, "--out", tmp_path / "out"], f"error: checkpoint: {other} is not a checkpoint torch "
+                        "can read"),
+                       ([save, "--out", readme / "hf"], f"error: --out: {readme / 'hf'} cannot be written: {readme} "
+                        "is a file: no folder can be made inside it"),
+                       ([save, "--out", "/proc/hf"], "error: --out: /proc/hf cannot be written: /proc is on the "
+                        "kernel's proc file system")]:
+        proc = run("-m", "train.export", *args, root=tmp_path / "root", timeout=120)
+        assert proc.returncode == 2 and said in proc.stderr and "\n  fix: " in proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr and "truncated" not in proc.stderr
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 def test_the_readme_lines_of_export_sample_and_evaluate_parse():
     """The `python -m train.export|sample|evaluate` lines of README.md and docs/*.md (test_readme.py runs the
     `python -m train` ones) name arguments these commands take: each parses, through the command's own parser,

@@ -164,3 +164,34 @@ def test_status_beside_a_running_local_sweep_sees_it_running_and_a_killed_point_
     assert after.returncode == 1 and "| FAILED |" in after.stdout, after.stdout + after.stderr
     [row] = csv.DictReader((sweep_dir / "summary.csv").open())
     assert row["state"] == "FAILED" and row["eta"] == ""
+
+
+def test_status_of_a_path_that_is_no_sweep_or_of_a_damaged_sweep_json_says_what_it_is_and_writes_nothing(tmp_path):
+    """A file, or a sweep.json cut short, a list, or without the launcher's keys: tracebacks (NotADirectoryError,
+    JSONDecodeError, KeyError). Each: exit 2, `error: sweep:` naming what the path is, a fix, nothing written."""
+    from hydra_plugins.pretrain_launcher.sweep_status import write_manifest
+
+    readme = tmp_path / "README.md"
+    readme.write_text("# notes\n")
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    write_manifest(whole, "train.launch.sweep_app.TrainApp", [{"num": 0, "overrides": ["seed=1"], "job_id": None}],
+                   [])
+    written = (whole / "sweep.json").read_bytes()
+    sweeps = {"cut short": written[: len(written) // 2], "a list": b"[1, 2]", "no keys": b"{}",
+              "a point without its job": written.replace(b'"job_id"', b'"job"'),
+              "another app": written.replace(b"train.launch.sweep_app.TrainApp", b"nope.App")}
+    for name, data in sweeps.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "sweep.json").write_bytes(data)
+    said = {readme: "is a file, not a sweep folder", tmp_path / "cut short": "cannot be read as the JSON",
+            tmp_path / "a list": "holds a JSON list, not an object", tmp_path / "no keys": "has no 'app'",
+            tmp_path / "a point without its job": "has point 0 without 'job_id'",
+            tmp_path / "another app": "names an app this checkout cannot load, 'nope.App'"}
+    before = sorted(tmp_path.rglob("*"))
+    for path, words in said.items():
+        proc = run("-m", "train.status", path, root=tmp_path / "root", timeout=120)
+        assert proc.returncode == 2 and proc.stderr.startswith(f"error: sweep: {path}") and words in proc.stderr, \
+            proc.stderr[-2000:]
+        assert "\n  fix: " in proc.stderr and "Traceback" not in proc.stderr and proc.stdout == ""
+    assert sorted(tmp_path.rglob("*")) == before

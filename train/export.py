@@ -38,6 +38,12 @@ def locate(arg: str, checkpoint_root: Path | None = None):
                             "overrides after the run name (storage=amlfs storage.root=...)")
     path = path.resolve()
     [ckpt] = [c for c in resume.find(path.parent) if c.path == path] or [None]
+    head = _head(path) if path.is_file() else b""
+    if head not in (b"", ZIP_HEAD) and not head.startswith(b"\x80"):  # (empty: `unreadable` says so; \x80: a
+        # pickle, torch.save's old format)
+        raise UserError("checkpoint", f"{path} is not a checkpoint at all: torch.save writes a zip archive, and this "
+                        "file does not start as one", "give a checkpoint of a run: an ep{E}-ba{B}-rank0.pt file, an "
+                        "ep{E}-ba{B}/ folder, the run's save folder, or its run name")
     if ckpt is None and path.is_file():  # one file of the user's naming (`train.consolidate --out`): batch unknown
         ckpt = resume.Checkpoint(path, epoch=-1, batch=-1, sharded=False)
     if ckpt is None:  # a save folder: its newest checkpoint that verifies (nothing is moved: a run may be writing)
@@ -51,6 +57,18 @@ def locate(arg: str, checkpoint_root: Path | None = None):
     if why:
         raise UserError("checkpoint", f"{ckpt.path}: {why}", "export an older, complete checkpoint of the run")
     return ckpt
+
+
+ZIP_HEAD = b"PK\x03\x04"  # how the zip archive torch.save writes starts (its first record)
+
+
+def _head(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(ZIP_HEAD))
+    except OSError as err:
+        raise UserError("checkpoint", f"{path} cannot be read ({err.strerror})", "a checkpoint file this user may "
+                        "read") from None
 
 
 def default_out(ckpt) -> Path:
@@ -77,19 +95,27 @@ def read_model(ckpt) -> tuple[dict, dict]:
     """
     import torch
 
-    if ckpt.sharded:
-        # Loads the named keys of a torch distributed checkpoint into this one process, without a process
-        # group, whatever the number of ranks that wrote it (torch's own single-process reader).
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+    fix = "export a checkpoint written by `python -m train`"
+    try:
+        if ckpt.sharded:
+            # Loads the named keys of a torch distributed checkpoint into this one process, without a process
+            # group, whatever the number of ranks that wrote it (torch's own single-process reader).
+            from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-        state = _load_state_dict_from_keys({"state.model", "state.integrations"}, checkpoint_id=str(ckpt.path))
-        state = state["state"]
-    else:
-        state = torch.load(ckpt.path, map_location="cpu", mmap=True, weights_only=False)["state"]
+            state = _load_state_dict_from_keys({"state.model", "state.integrations"}, checkpoint_id=str(ckpt.path))
+        else:
+            state = torch.load(ckpt.path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception as err:  # noqa: BLE001 -- a zip or a folder of something else: torch's own words, no traceback
+        raise UserError("checkpoint", f"{ckpt.path} is not a checkpoint torch can read ({type(err).__name__}: "
+                        f"{' '.join(str(err).split())[:300]})", fix) from None
+    state = state.get("state") if isinstance(state, dict) else None
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise UserError("checkpoint", f"{ckpt.path} holds no composer training state (no `state.model`): not a "
+                        "checkpoint of a training run", fix)
     hf = (state.get("integrations") or {}).get("huggingface")
     if not hf:
         raise UserError("checkpoint", f"{ckpt.path} holds no Hugging Face model metadata (not an llm-foundry model "
-                        "checkpoint)", "export a checkpoint written by `python -m train`")
+                        "checkpoint)", fix)
     if ckpt.sharded:
         _restore_empty_containers(hf)
     # composer's HuggingFaceModel keeps the transformers model under `model.`
@@ -128,6 +154,7 @@ def replaceable(out: Path) -> None:
     user's (their models, a run's checkpoints, the working directory) must not go with it. Nor may it land inside a
     checkpoint: a file added there fails that checkpoint's manifest, and every later resume and export sets it aside
     (measured: the next export by run name took the checkpoint before, exit 0). Beside the checkpoints is fine."""
+    from common.paths import unwritable
     from train.checkpoint.resume import holding_checkpoint
 
     folder = holding_checkpoint(out)
@@ -135,6 +162,10 @@ def replaceable(out: Path) -> None:
         raise UserError("--out", f"{out} is inside the checkpoint {folder}: what the export writes there would "
                         "no longer match the checkpoint's manifest, and resumes and exports would set it aside",
                         "an --out outside the checkpoint (the default: the run's outputs folder)")
+    why = None if out.is_file() or out.is_symlink() else unwritable(out)  # (a file: refused below, as replaced)
+    if why:
+        raise UserError("--out", f"{out} cannot be written: {why}", "an --out in a folder you can write (the default: "
+                        "the run's outputs folder)")
     if not out.exists() and not out.is_symlink():
         return
     if out.is_dir() and not out.is_symlink():

@@ -35,11 +35,50 @@ def write_manifest(sweep_dir: Path, app: str, points: list, shared: list, summar
 
 
 def load(sweep_dir: Path) -> dict:
+    """The sweep's manifest, or a UserError naming what the path is instead (a file, a folder of something else, a
+    sweep.json cut short or not the launcher's)."""
+    fix = "pass the folder the submission printed"
+    if not sweep_dir.is_dir():
+        raise UserError("sweep", f"{sweep_dir} " + ("is a file, not a sweep folder" if sweep_dir.exists() else
+                        "does not exist"), fix)
+    path = sweep_dir / MANIFEST
     try:
-        return json.loads((sweep_dir / MANIFEST).read_text())
+        manifest = json.loads(path.read_text())
     except FileNotFoundError:
-        raise UserError("sweep", f"{sweep_dir} holds no {MANIFEST}: not a sweep folder",
-                        "pass the folder the submission printed") from None
+        raise UserError("sweep", f"{sweep_dir} holds no {MANIFEST}: not a sweep folder", fix) from None
+    except (OSError, ValueError) as err:  # a folder named sweep.json, no read access, not JSON (cut short)
+        raise UserError("sweep", f"{path} cannot be read as the JSON the launcher writes ("
+                        f"{' '.join(str(err).split())}): cut short, or not the launcher's", fix) from None
+    why = _not_a_manifest(manifest)
+    if why:
+        raise UserError("sweep", f"{path} {why}: not a manifest the launcher wrote", fix)
+    return manifest
+
+
+def _not_a_manifest(manifest) -> str | None:
+    """What a sweep.json lacks of what the launcher writes (write_manifest), or None."""
+    if not isinstance(manifest, dict):
+        return f"holds a JSON {type(manifest).__name__}, not an object"
+    for key, kind in (("app", str), ("points", list), ("shared", list)):
+        if not isinstance(manifest.get(key), kind):
+            return f"has no {key!r} ({kind.__name__})"
+    for num, point in enumerate(manifest["points"]):
+        if not isinstance(point, dict):
+            return f"has point {num} as a JSON {type(point).__name__}, not an object"
+        needed = ("num", "overrides", "job_id") + (("scheduler", "folder", "tasks") if point.get("job_id") else ())
+        lacking = [k for k in needed if k not in point]
+        if lacking:
+            return f"has point {num} without {', '.join(map(repr, lacking))}"
+    said = logging.getLogger("hydra.utils")  # (get_class logs the failure too, before raising it)
+    level = said.level
+    said.setLevel(logging.CRITICAL + 1)
+    try:
+        app_of(manifest)
+    except Exception as err:  # noqa: BLE001 -- an app that cannot be imported or is not a SweepApp
+        return f"names an app this checkout cannot load, {manifest['app']!r} ({' '.join(str(err).split())[:200]})"
+    finally:
+        said.setLevel(level)
+    return None
 
 
 # sweep.json files written earlier name training's app where it lived then: its module (before apps were classes)

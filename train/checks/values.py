@@ -443,6 +443,25 @@ def batch(cfg, ctx):
                       f"{(share // mb + 1) * mb * ws}", WARNING)
 
 
+def storage_root(cfg, ctx):
+    """The storage's root (PRETRAIN_ROOT for the local preset) must be a folder this user can make and write:
+    a file there, or /proc, failed after the checks (a traceback making the outputs folder), or was refused as a
+    disk without room. A mounted storage that is not on this node is the mounts rule's to name."""
+    from common.paths import unwritable
+
+    root = value(cfg, "storage.root")
+    if not root or "://" in str(root) or (value(cfg, "storage.mounts") and not os.path.exists(str(root))):
+        return
+    why = unwritable(root)
+    if why:
+        env = os.environ.get("PRETRAIN_ROOT")
+        named = f"PRETRAIN_ROOT={env}" if env and ctx.group("storage") == "local" and not ctx.given("storage.root") \
+            else f"storage.root={root}"
+        yield Problem("storage.root", f"{named}: no run folder can be made there ({why})",
+                      "a folder of yours: export PRETRAIN_ROOT=/path/to/folder (storage=local), or "
+                      "storage.root=/path/to/folder", WARNING if ctx.mode == "plan" else ERROR)
+
+
 def storage(cfg, ctx):
     tiers = value(cfg, "storage.tiers")
     if tiers:
@@ -804,6 +823,6 @@ def groups_beneath_the_yaml(cfg, ctx):
 
 
 RULES = [plan_form, known_keys, resolves, keeps_the_run_report, slurm_preset_needs_m, mock_data_only_where_asked,
-         numbers, schedule, seq_len, eval_loader_shape, held_out, device, fsdp, checkpoint, storage, cluster_figures,
-         batch, export, objective_reported, variables_the_yaml_leaves_to_ours, data_beneath_the_yaml,
+         numbers, schedule, seq_len, eval_loader_shape, held_out, device, fsdp, checkpoint, storage_root, storage,
+         cluster_figures, batch, export, objective_reported, variables_the_yaml_leaves_to_ours, data_beneath_the_yaml,
          model_beneath_the_yaml, experiment_over_the_yaml, groups_beneath_the_yaml]
