@@ -378,6 +378,10 @@ def free_bytes(cfg) -> tuple[str | None, int | None]:
         return None, None
     if value(cfg, "storage.mounts") and not Path(str(root)).exists():
         return str(root), None  # a mounted storage, not on this node
+    from common.paths import unwritable
+
+    if unwritable(root):
+        return str(root), None  # no folder can be made there (a file, /proc): values.storage_root says so
     return str(root), free_on(root)  # a local root is made on the first run: its parent's file system counts
 
 
