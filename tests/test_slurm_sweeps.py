@@ -11,6 +11,7 @@ import pytest
 from helpers import (
     PYTHON,
     ROOT,
+    TRAIN_ARGS,
     finished,
     held_still_and_warned,
     run,
@@ -266,6 +267,42 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     got = json.loads(got.read_text())
     assert [b for b, _ in got["eval"]] == [10, 20, 30, 40]  # every evaluation, across the requeue
     assert got["final_eval"] == pytest.approx(want["final_eval"], rel=1e-6)
+
+
+def test_a_requeued_job_that_does_not_resume_continues_its_own_checkpoints_to_the_uninterrupted_loss(
+        slurm, tmp_path, tmp_path_factory):
+    """autoresume=false beside save_overwrite=true, as llm-foundry's own examples set them: each allocation of a
+    requeued job trained the same first batches again with the same losses, exit 0. Requeued by Slurm (here
+    `scontrol requeue`, as a preemption does) once its checkpoint at batch 20 is certified, the job continues the
+    checkpoints its own job trained, says so, and ends at the uninterrupted run's loss."""
+    want = json.loads(next((finished(1, "sharded", tmp_path_factory) / "outputs").rglob("metrics.json")).read_text())
+    out = (tmp_path / "sweep.log").open("w")
+    proc = start("-m", "train", "-m", "cluster.tasks_per_node=1", "checkpoint=sharded", *TRAIN_ARGS, *TINY, WAIT,
+                 "autoresume=false", "save_overwrite=true", root=tmp_path, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for_checkpoint(tmp_path, 20, proc)
+        deadline = time.time() + 120
+        while not list(tmp_path.glob("checkpoints/*/ep0-ba20*.manifest.json")):
+            assert proc.poll() is None and time.time() < deadline, (tmp_path / "sweep.log").read_text()[-3000:]
+            time.sleep(0.05)
+        [job] = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.split()
+        subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+        proc.wait(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, (tmp_path / "sweep.log").read_text()[-3000:]
+    [row] = summary(tmp_path)
+    assert row["state"] == "COMPLETED", row
+    log = Path(row["log"]).read_text() + Path(row["log"].replace("_log.err", "_log.out")).read_text()
+    assert log.count("Starting with JobEnvironment") == 2, log[-3000:]
+    assert f"autoresume=false, but this start is a requeue of job {job} (SLURM_RESTART_COUNT=1): it continues the " \
+           "checkpoints its own job trained, from " in log, log[-3000:]
+    assert [Path(p).name for p in re.findall(r"resuming from (/\S+)", log)] == ["ep0-ba20-rank0.pt"], log[-3000:]
+    assert float(row["final_loss"]) == pytest.approx(want["final_train_loss"], rel=1e-6)
+    [got] = (tmp_path / "outputs").rglob("metrics.json")
+    got = json.loads(got.read_text())
+    assert got["final_eval"] == pytest.approx(want["final_eval"], rel=1e-6)
+    assert [b for b, _ in got["eval"]] == [10, 20, 30, 40]
 
 
 def test_data_prep_parts_run_as_a_slurm_array_on_the_cpu_partition(slurm, tmp_path):

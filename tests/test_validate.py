@@ -538,6 +538,39 @@ def test_a_run_that_does_not_resume_is_refused_over_existing_checkpoints(tmp_pat
     assert cli("train", "autoresume=false", f"save_folder={tmp_path / 'fresh'}", "plan=true", root=root).returncode == 0
 
 
+def test_a_run_that_does_not_resume_over_existing_checkpoints_with_save_overwrite_is_said_and_on_slurm_refused(
+        tmp_path, cli, monkeypatch):
+    """llm-foundry's own examples set autoresume: false beside save_overwrite: true: a rerun trained from batch 0
+    over the run's checkpoints without a word. Said locally (the command goes on); refused on Slurm unless the
+    command line asks for it (save_overwrite=true there, not only in a YAML), before anything is written."""
+    from train.checks import ERROR, WARNING, Context, check
+    from train.config.compose import compose
+
+    folder = tmp_path / "ckpts"
+    (folder / "ep0-ba10").mkdir(parents=True)
+    (folder / "ep0-ba20").mkdir()
+    root = tmp_path / "root"
+    root.mkdir()
+    base = ["autoresume=false", f"save_folder={folder}", "save_overwrite=true"]
+    said = f"autoresume: false with save_overwrite=true, and save_folder {folder} already holds 2 checkpoint(s)"
+    local = cli("train", *base, "plan=true", root=root)
+    assert local.returncode == 0 and f"warning: {said}" in local.stderr, local.stderr[-2000:]
+    assert "trains from batch 0 and overwrites them as it goes" in local.stderr and list(root.iterdir()) == []
+
+    monkeypatch.setenv("PRETRAIN_ROOT", str(root))
+    slurm = ["cluster=slurm-local", *base]
+
+    def level(overrides):  # as a point of `-m` sees it; `given`: what the command line said
+        ctx = Context(mode="sweep", overrides=tuple(overrides), choices={"model": "mpt-tiny", "cluster": "slurm-local"})
+        return [p.level for p in check(compose(slurm), ctx) if p.key == "autoresume"]
+
+    assert level(slurm) == [WARNING]  # asked on the command line
+    assert level(["cluster=slurm-local"]) == [ERROR]  # set elsewhere (a YAML, an experiment): refused
+    [p] = [p for p in check(compose(slurm), Context(mode="sweep", choices={"cluster": "slurm-local"}))
+           if p.key == "autoresume"]
+    assert "save_overwrite=true on the command line starts over them on purpose" in p.fix
+
+
 # -------------------------------------------------------------------------------------- a look writes nothing
 
 

@@ -76,10 +76,12 @@ def hash_files(ckpt, names) -> dict:
     return out
 
 
-def write_manifest(ckpt, entries: dict, timestamp: dict | None = None, run: dict | None = None) -> Path:
+def write_manifest(ckpt, entries: dict, timestamp: dict | None = None, run: dict | None = None,
+                   job: str | None = None) -> Path:
     """timestamp: where the checkpoint stands ({batch, sample, token}, and `before`: the same at the start of the
     batch that ended at it), as the trainer counted when it wrote it; a checkpoint hashed later has none.
-    run: the record of the run that wrote it (identity.json's content); by default the one in its folder."""
+    run: the record of the run that wrote it (identity.json's content); by default the one in its folder.
+    job: the Slurm job that trained it (a requeue of a run that does not resume continues its own alone)."""
     from common.files import atomic_write
     from train.config.identity import read_record
 
@@ -88,6 +90,7 @@ def write_manifest(ckpt, entries: dict, timestamp: dict | None = None, run: dict
     atomic_write(path, json.dumps({"checkpoint": Path(ckpt).name, "hash": HASH, "written": time.time(),
                                    **({"timestamp": timestamp} if timestamp else {}),
                                    **({"run": run} if isinstance(run, dict) and run else {}),
+                                   **({"job": job} if job else {}),
                                    "files": dict(sorted(entries.items()))}, indent=1).encode())
     return path
 
@@ -218,8 +221,10 @@ def manifest_collectively(ckpt: Path | None, world: int, rank: int, timestamp: d
     mine = hash_files(path, [n for n in names if owner(n, world) == rank])
     gathered = dist.all_gather_object(mine)
     if rank == 0:
+        import os
+
         entries = {k: v for part in gathered for k, v in part.items()}
-        write_manifest(path, entries, timestamp)
+        write_manifest(path, entries, timestamp, job=os.environ.get("SLURM_JOB_ID"))
         tidy(path.parent)
 
 

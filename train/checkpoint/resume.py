@@ -158,9 +158,9 @@ def _with_manifest(ckpt: Path, src: Path) -> Path:
     if why:
         raise integrity.RunStopped("save_folder", f"the conversion of {src} is not what was written: {why}",
                                    f"check the storage under {ckpt.parent}, then run the same command again")
-    stamp = (integrity.read_manifest(src) or {}).get("timestamp")
+    stamp, job = ((integrity.read_manifest(src) or {}).get(k) for k in ("timestamp", "job"))
     integrity.write_manifest(ckpt, integrity.hash_files(ckpt, integrity.files_of(ckpt)), stamp,
-                             integrity.run_of(src) or None)
+                             integrity.run_of(src) or None, job)
     return ckpt
 
 
@@ -215,19 +215,24 @@ def model_keys(model: dict, prefix: str = "model") -> dict:
 
 
 def newest_complete(folder, reads_sharded: bool | None = None, tidy: bool = False,
-                    verify: bool = False) -> Checkpoint | None:
+                    verify: bool = False, job: str | None = None) -> Checkpoint | None:
     """The newest complete checkpoint. At equal batch, the format this run reads (`reads_sharded`) comes first.
 
     `tidy` (only for the run that owns the folder, about to write into it): newer incomplete checkpoints are set
     aside and a cut-off conversion is removed. A reader beside a live run must not: the newest folder may be
     one the run is writing right now. `verify` (a reader in one process: export, consolidate): a checkpoint with
     a manifest must match it (train/checkpoint/integrity.py); one that does not is skipped with a warning naming the file.
+    `job`: only the checkpoints that Slurm job trained, as their manifests record it (the others are left as they are).
     """
     folder = Path(folder)
     if tidy and folder.is_dir():
         for leftover in folder.glob(f"{_PARTIAL}*"):
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     order = sorted(find(folder), key=lambda c: (c.batch, c.sharded == reads_sharded))
+    if job is not None:
+        from train.checkpoint.integrity import read_manifest
+
+        order = [c for c in order if (read_manifest(c.path) or {}).get("job") == job]
     for ckpt in reversed(order):
         why = unreadable(ckpt) if verify else problem(ckpt)
         if why is None:

@@ -4,6 +4,7 @@ They fail a run or a submission that would start here; in a plan they are warnin
 laptop, for a cluster whose mounts it does not have)."""
 import functools
 import os
+import re
 import socket
 import zipfile
 from pathlib import Path
@@ -14,7 +15,7 @@ from omegaconf import ListConfig, OmegaConf
 from common import image as contract
 from common.paths import PROJECT
 from data_prep import facts
-from train.checks.core import URI, WARNING, Problem, value
+from train.checks.core import ERROR, URI, WARNING, Problem, value
 from train.config import vocab
 from train.config.loaders import loader_keys
 from train.launch.executor import topology_file
@@ -330,21 +331,32 @@ def _icl_records(path: str, size: int, mtime_ns: int, fields: tuple, gold_of: st
 
 
 def no_overwrite(cfg, ctx):
-    """A run that does not resume must not start over the checkpoints of an earlier run: composer refuses a
-    folder of full checkpoints only once it is running, and rewrites sharded ones without a word."""
+    """A run that does not resume must not start over the checkpoints of an earlier run without a word: composer
+    refuses a folder of full checkpoints only once it is running, and rewrites sharded ones silently; with
+    save_overwrite=true (llm-foundry's own examples set it beside autoresume=false) it trains from batch 0 over
+    them. A requeue of its job continues its own checkpoints (train/task/main.py); the first start is what this
+    says, and on Slurm it is refused unless the command line asks for it."""
     folder = value(cfg, "save_folder")
-    if (not folder or "://" in str(folder) or value(cfg, "autoresume") or value(cfg, "save_overwrite")
-            or value(cfg, "save_filename")):
+    if not folder or "://" in str(folder) or value(cfg, "autoresume") or value(cfg, "save_filename"):
         return
     from train.checkpoint.resume import find
 
     found = find(folder)
-    if found:
-        names = ", ".join(c.path.name for c in found[-3:])
-        yield Problem("autoresume", f"false, but save_folder {folder} already holds {len(found)} checkpoint(s) "
-                      f"(… {names}): this run would start from batch 0 and overwrite them",
+    if not found:
+        return
+    held = (f"save_folder {folder} already holds {len(found)} checkpoint(s) (… "
+            f"{', '.join(c.path.name for c in found[-3:])}, up to batch {found[-1].batch})")
+    if not value(cfg, "save_overwrite"):
+        yield Problem("autoresume", f"false, but {held}: this run would start from batch 0 and overwrite them",
                       "autoresume=true continues that run; another run_name (or save_folder) starts afresh beside "
                       "it; save_overwrite=true replaces them")
+        return
+    asked = str(ctx.given("save_overwrite") or "").lower() in ("true", "1", "yes")
+    yield Problem("autoresume", f"false with save_overwrite=true, and {held}: this start trains from batch 0 and "
+                  "overwrites them as it goes (a requeue of its own job continues its own checkpoints)",
+                  "autoresume=true continues that run; another run_name (or save_folder) starts afresh beside it"
+                  + ("" if asked else "; save_overwrite=true on the command line starts over them on purpose"),
+                  WARNING if asked or not ctx.slurm else ERROR)
 
 
 def _offline() -> bool:
@@ -362,10 +374,29 @@ def _reachable(url: str, timeout: float = 3.0) -> bool:
         return False
 
 
+# huggingface_hub's repository id (validate_repo_id): [namespace/]name, letters, digits and -_. between word characters
+_HUB_ID = re.compile(r"(\b[\w\-.]+\b/)?\b[\w\-.]{1,96}\b")
+
+
+def _not_a_hub_name(name: str) -> str | None:
+    """Why `name` cannot be a Hugging Face hub repository (transformers would not even ask the hub), or None."""
+    if name.count("/") > 1:
+        return "it has more than one /"
+    if not _HUB_ID.fullmatch(name) or "--" in name or ".." in name or name.endswith(".git"):
+        return "it holds characters a hub name does not (a hub name is [namespace/]name of letters, digits, -, _, .)"
+    return None
+
+
+def _mock_folder(cfg):
+    """The folder data=mock writes its splits and tokenizer into when the run starts (train/task/mock_data.py)."""
+    return Path(str(value(cfg, "variables.data_local"))).expanduser() if value(cfg, "data.kind") == "mock" else None
+
+
 def tokenizer(cfg, ctx):
-    if value(cfg, "data.kind") == "mock":
-        return  # written beside the mock data when the run starts
     name = str(value(cfg, "tokenizer.name"))
+    mock = _mock_folder(cfg)
+    if mock is not None and Path(name).expanduser() == mock / "tokenizer":
+        return  # written beside the mock data when the run starts
     if vocab.looks_like_path(name):
         folder = Path(name).expanduser()
         if not folder.is_dir():
@@ -378,6 +409,13 @@ def tokenizer(cfg, ctx):
                              "no tokenizer.json") + " (transformers' AutoTokenizer cannot load it)",
                           "save the whole tokenizer there (tokenizer.save_pretrained(folder) writes tokenizer.json), "
                           "or point at a folder that has it")
+        return
+    why = _not_a_hub_name(name)
+    if why:
+        yield Problem("tokenizer.name", f"{name} is neither a folder here ({Path(name).absolute()} does not exist) nor "
+                      f"a Hugging Face hub name ({why}): transformers' AutoTokenizer would fail as the run starts",
+                      "the path of a folder saved by save_pretrained (holding tokenizer.json), e.g. ./" + name
+                      + " if it is under this folder, or a hub name such as EleutherAI/gpt-neox-20b")
         return
     if facts.tokenizer_file(name):
         return  # in the hub cache
@@ -440,10 +478,13 @@ def _mock_counts(cfg):
 def data(cfg, ctx):
     """Each loader's own MDS folder (dataset.local, dataset.split), as streaming will open it: llm-foundry's YAMLs
     set them through variables.data_local, and a command line may set a loader's directly. A loader that streams
-    from a remote fills its local folder when it starts; eval_loader=null evaluates nothing."""
-    if value(cfg, "data.kind") == "mock":
+    from a remote fills its local folder when it starts, from the remote's split (a folder on this node's file
+    systems is checked as the local one is); eval_loader=null evaluates nothing. data=mock writes its train and val
+    splits when the run starts: a loader given another folder or split reads what is there."""
+    mock = _mock_folder(cfg)
+    if mock is not None:
         yield from _mock_counts(cfg)  # written when the run starts, unless a set is there already
-        return
+    written = {mock / "train", mock / "val"} if mock is not None else set()
     tokenizer_name = str(value(cfg, "tokenizer.name"))
     # what the loaders refer to in llm-foundry's YAMLs: unset is fine where each loader names its own folder (a
     # loader that refers to it stops at its value below: variables.data_local has no value)
@@ -453,23 +494,28 @@ def data(cfg, ctx):
         data_local = None
     # this run's tokenizer, by vocabulary (the same tokenizer saved elsewhere is the same), read once if needed
     ours = functools.cache(lambda: facts.tokenizer_fingerprint(tokenizer_name))
-    checked, missing, other = set(), set(), {}
+    checked, missing, other, unhashed = set(), set(), {}, {}
     for loader, at in _mds_sources(cfg):
-        if value(cfg, f"{at}.remote"):
-            continue
         local, split = value(cfg, f"{at}.local"), value(cfg, f"{at}.split") or value(cfg, f"{loader}.dataset.split")
+        remote = value(cfg, f"{at}.remote")
+        if remote:
+            if local and not URI.match(str(remote)):
+                yield from _remote_folder(cfg, loader, at, Path(str(local)).expanduser(), split, str(remote),
+                                          tokenizer_name, checked, missing)
+            continue
         if not local:
             continue  # not an MDS loader (llm-foundry's own checks name what it needs)
         # the key to fix: the one most commands set (variables.data_local), unless this loader was given its own
         key = "variables.data_local" if local == data_local else f"{at}.local"
         local = Path(str(local)).expanduser()
         folder = local / str(split) if split else local  # streaming: no split means local is the split folder
-        if folder in checked:
+        if folder in checked or folder in written:
             continue
         checked.add(folder)
         if not (folder / "index.json").is_file():
             # (a split folder given for the root holds data_prep's block folders, not splits: _mds_fix says so)
-            splits = sorted(p.parent.name for p in local.glob("*/index.json")) \
+            splits = sorted({p.parent.name for p in local.glob("*/index.json")} | {f.name for f in written
+                                                                                    if f.parent == local}) \
                 if split and not (local / "index.json").is_file() else []
             if splits:  # the data is there, the split is not: the split is what to fix
                 yield Problem(f"{loader}.dataset.split", f"{local} holds no split {split!r} (no {split}/index.json; "
@@ -498,11 +544,50 @@ def data(cfg, ctx):
         recorded = found.get("tokenizer_fingerprint")
         if recorded and ours() and ours() != recorded:
             other.setdefault(found.get("tokenizer") or "another tokenizer", []).append(str(folder))
+        if not all(any((s.get(kind) or {}).get("hashes") for kind in ("zip_data", "raw_data"))
+                   for s in facts._shards(folder) or []):  # checked before training where it has them
+            unhashed.setdefault(key, []).append(str(folder))
+    for key, folders in unhashed.items():
+        yield Problem(key, f"{' and '.join(folders)}: index.json records no hash of {'their' if len(folders) > 1 else 'its'}"
+                      " shards (streaming's writer without hashes=, llm-foundry's converter): they cannot be checked "
+                      "before training, and a damaged shard would train without a word", "prepare the data with "
+                      "python -m data_prep (it records every shard's hash), or train on it as it is", WARNING)
     for used, folders in other.items():
         yield Problem("tokenizer.name", f"{' and '.join(folders)} {'was' if len(folders) == 1 else 'were'} tokenized "
                       f"with {used}, not {tokenizer_name}: its token ids mean other words here (and may index "
                       "outside the embedding)", "tokenizer.name=" + (used if used != "another tokenizer" else
                       "<the tokenizer data_prep used>") + ", or prepare the data again with this tokenizer")
+
+
+def _remote_folder(cfg, loader: str, at: str, local: Path, split, remote: str, tokenizer_name: str, checked: set,
+                   missing: set):
+    """A loader's remote that is a folder (not a URI): streaming copies the split's index.json and shards from it
+    into the local folder as it starts, and fails there if it holds none, unless the local folder holds the whole
+    split already (streaming then reads that)."""
+    folder = Path(remote).expanduser() / str(split) if split else Path(remote).expanduser()
+    copy = local / str(split) if split else local
+    if folder in checked or (folder / "index.json").is_file():
+        return
+    checked.add(folder)
+    if (copy / "index.json").is_file() and not facts.check_index(copy):
+        return  # a whole copy here already
+    remote_var = OmegaConf.select(cfg, "variables.data_remote", default=None, throw_on_missing=False)
+    key = "variables.data_remote" if remote == remote_var else f"{at}.remote"
+    from train.checks.core import same_or_under
+
+    root = Path(remote).expanduser()
+    mounts = [str(m).split(":")[0] for m in value(cfg, "storage.mounts") or []]
+    if any(same_or_under(root, m) and not os.path.exists(m) for m in mounts):
+        return  # a storage not mounted on this node: the mounts rule names it
+    if not root.exists() and root in missing:
+        return  # both splits of a folder that is not there: said once
+    missing.add(root)
+    where = "does not exist" if not root.exists() else f"has no {split}/index.json" if split else "has no index.json"
+    yield Problem(key, f"{root} {where} (streaming copies {loader}'s split from it into {local} as the run "
+                  "starts, and stops there with nothing to copy)",
+                  f"point {key} at the MDS folder holding {split + '/' if split else ''}index.json (or a URI streaming "
+                  f"reads, e.g. s3://bucket/c4), or make it with `python -m data_prep input=<raw files> out_root={root} "
+                  f"split={split or 'train'} tokenizer={tokenizer_name}`")
 
 
 def _mds_sources(cfg):

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from common.collector import imported_without_collections
 from common.errors import UserError
@@ -232,7 +232,13 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
     from train.task import shards
 
     rank, world = dist.get_global_rank(), dist.get_world_size()
-    ours = fcfg.get("autoresume") and not fcfg.get("save_filename") and not fcfg.get("save_latest_filename")
+    named = not fcfg.get("save_filename") and not fcfg.get("save_latest_filename")
+    # A requeued job (its time limit, a preemption, a node lost) always continues: with autoresume=false (as
+    # llm-foundry's examples set it) each allocation trained the same first batches again, exit 0. It continues
+    # the checkpoints its own job trained alone: those an earlier run left in the folder are not its own.
+    job = os.environ.get("SLURM_JOB_ID") if int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0 else None
+    ours = named and (fcfg.get("autoresume") or job is not None)
+    only_job = None if fcfg.get("autoresume") else job
     fsdp = fcfg.get("fsdp_config") or {}
     reads_sharded = world > 1 and fsdp.get("state_dict_type") == "sharded"  # no FSDP at 1 rank
     answer = [None]
@@ -249,7 +255,7 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
     while ours:
         box = [None]
         if rank == 0:
-            ckpt = resume.newest_complete(folder, reads_sharded, tidy=True)
+            ckpt = resume.newest_complete(folder, reads_sharded, tidy=True, job=only_job)
             manifest = integrity.read_manifest(ckpt.path) if ckpt else None
             box = [("none",) if ckpt is None else ("unhashed", ckpt) if manifest is None else
                    ("verify", ckpt, manifest)]
@@ -317,9 +323,19 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
         return path
 
     path = decided_on_rank_0(record_and_load_path)
+    if only_job and rank == 0:
+        log.warning("autoresume=false, but this start is a requeue of job %s (SLURM_RESTART_COUNT=%s): it %s", job,
+                    os.environ.get("SLURM_RESTART_COUNT"), f"continues the checkpoints its own job trained, from "
+                    f"{path}" if path else "starts from batch 0 (its job trained no checkpoint yet)")
     if path:
         # as composer's autoresume does: the whole state of the run's own checkpoint, whatever load_* said
         fcfg.load_path, fcfg.load_weights_only, fcfg.load_ignore_keys = path, False, None
+        # what is logged is what happened: composer is told autoresume=false (it must not follow its link), and
+        # the config it logs says where this start resumed from
+        with open_dict(fcfg):
+            if not isinstance(fcfg.get("variables"), DictConfig):
+                fcfg.variables = {}
+            fcfg.variables.resumed_from = path
         log.info("resuming from %s", path)
     if ours:
         fcfg.autoresume = False  # the choice is made; composer must not follow a stale link instead
