@@ -216,6 +216,30 @@ def test_a_secret_by_its_shape_is_refused_before_anything_is_written_and_never_e
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("mode", [("-m", "plan=json"), ()])
+def test_a_secret_by_its_shape_in_a_users_yaml_is_refused_naming_its_key(tmp_path, mode):
+    """Values that come from a file, not the command line, are looked at in the composed config: llm-foundry's
+    mpt-125m.yaml with a webhook and a URL token under its `variables:`."""
+    from helpers import SHARED, need_shared
+
+    need_shared()
+    text = (SHARED / "llm-foundry-yamls" / "pretrain" / "mpt-125m.yaml").read_text()
+    assert text.startswith("variables:\n")
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(text.replace("variables:\n", "variables:\n  notify: https://hooks.slack.com/services/T000/B000/"
+                                 "Yt5rE3wQ9z\n  remote: https://x.example.com/c4?token=Lk8jH6gF\n", 1))
+    root, cwd = tmp_path / "root", tmp_path / "cwd"
+    root.mkdir()
+    cwd.mkdir()
+    proc = run("-m", "train", *mode, f"yaml={mine}", root=root, cwd=cwd)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    for key, what in (("variables.notify", "a chat webhook URL"), ("variables.remote", "a secret in a URL's query")):
+        assert re.search(rf"^error: (\[sweep point #0\] )?{key}: holds {what}", proc.stderr, re.M), proc.stderr[-3000:]
+    assert "Yt5rE3wQ9z" not in proc.stdout + proc.stderr and "Lk8jH6gF" not in proc.stdout + proc.stderr
+    assert list(root.iterdir()) == [] and list(cwd.iterdir()) == []
+
+
+@pytest.mark.e2e
 def test_hydras_grammar_error_for_an_unquoted_url_shows_it_masked(tmp_path):
     proc = run("-m", "train", "+variables.u=https://x?token=qv7Tz94k&y=1", root=tmp_path, cwd=tmp_path)
     assert proc.returncode == 2 and "qv7Tz94k" not in proc.stdout + proc.stderr
