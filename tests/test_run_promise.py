@@ -4,6 +4,8 @@ root) filled while a run trains:
 
 - the reported evaluation is the last one (composer evaluates once more after FIT_END), of each evaluator;
 - a non-finite loss stops the run at that step, before its checkpoint (1 rank, and a 2-rank sweep: FAILED);
+- so does a finite one that stays far above where it was (lr=100: 1e7 at batch 17, exit 0 before), and an
+  evaluation whose perplexity is inf of a finite cross-entropy;
 - a full checkpoint file system is one error naming the folder, the bytes needed and free, and the fix; after
   making room the same command resumes exactly (1 and 2 ranks);
 - a full outputs file system never stops training: the loss curve and progress files warn; metrics.json, which
@@ -149,14 +151,15 @@ def test_a_non_finite_loss_fails_a_two_rank_sweep_point(tmp_path, cli):
     assert re.fullmatch(r"step \d+/30", row["step"]) and 2 <= int(row["step"][5:].split("/")[0]) < stopped_at, row
 
 
-# lr=1e6 on the tiny model: the training loss stays finite to batch 4 (~1e12), the evaluation at batch 3 is finite
-# (~5e12) and the one at batch 4 is not: the logits overflow on the validation data
-@pytest.mark.parametrize("eval_interval, save_interval, after_fit", [("4ba", "2ba", False), ("3ba", "2ba", True),
-                                                                    ("3ba", "4ba", True)])
+# lr=1e6 on the tiny model: the training loss stays finite to batch 4 (~1e12), the evaluation at batch 3 has a
+# finite cross-entropy (~5e12; its perplexity is inf, which stops the run: below) and the one at batch 4 is nan: the
+# logits overflow on the validation data. eval_interval=5ba: the one evaluation is the one after the fit, at 4
+@pytest.mark.parametrize("eval_interval, save_interval, after_fit", [("4ba", "2ba", False), ("5ba", "2ba", True),
+                                                                    ("5ba", "4ba", True)])
 def test_a_non_finite_evaluation_stops_the_run_however_finite_its_training_loss(tmp_path, cli, eval_interval,
                                                                                  save_interval, after_fit):
     """At batch 4 (eval_interval=4ba) composer evaluates before it checkpoints that step: the run stops without
-    that checkpoint. With 3ba the evaluation at batch 4 is the one after the fit, its final checkpoint written:
+    that checkpoint. With 5ba the evaluation at batch 4 is the one after the fit, its final checkpoint written:
     the run stops naming it. Either way exit 1, no result printed, and the record holds the non-finite number.
     Where that final checkpoint is the only one (no earlier one to go back to), the same command again stands at
     max_duration: it refuses that result too, not "nothing to do", exit 0."""
@@ -185,6 +188,99 @@ def test_a_non_finite_evaluation_fails_a_two_rank_sweep_point_on_every_rank(tmp_
     assert proc.returncode == 1
     [row] = csv.DictReader(next(tmp_path.glob("outputs/sweeps/*/summary.csv")).open())
     assert row["state"] == "FAILED" and "RunStopped" in row["error"] and "cross-entropy is nan" in row["error"]
+
+
+# Training losses measured on the tiny model (the default run, 40 batches; optimizer.lr=100, its first 14 batches;
+# optimizer.lr=0.1, which rises to 8.6 at batch 8 and settles at the unigram's 5.6)
+DEFAULT_RUN = [6.7943, 6.8008, 6.818, 6.5215, 6.3067, 5.9773, 5.8215, 5.6375, 5.5961, 5.5243, 5.4765, 5.4605, 5.4118,
+               5.3728, 5.2945, 5.2688, 5.1762, 5.1164, 4.978, 4.8267, 4.694, 4.5978, 4.4598, 4.3647, 4.2345, 4.1038,
+               4.0506, 3.9818, 3.7916, 3.7692, 3.6432, 3.5773, 3.5223, 3.5192, 3.4677, 3.3117, 3.3208, 3.2881, 3.3159,
+               3.3335]
+LR_100 = [6.7943, 6.8008, 6.818, 47412.9, 146246.95, 364772.81, 478285.56, 746182.63, 1886759.75, 3441873.0,
+          4984268.0, 6571113.0, 8043634.0, 9389713.0]
+LR_0_1 = [6.79, 6.8, 6.82, 6.52, 6.34, 7.33, 7.44, 8.61, 8.11, 7.64, 6.68, 6.61, 6.23, 6.02, 5.77, 5.78, 5.7, 5.7]
+
+
+def _first_stop(losses, settings=None):
+    from train.task.divergence import Divergence
+
+    rule = Divergence(settings)
+    return next((batch for batch, loss in enumerate(losses, 1) if rule.feed(batch, loss)), None), rule
+
+
+def test_the_divergence_rule_never_fires_on_a_healthy_curve_and_fires_after_its_patience_on_a_diverged_one():
+    """The reference is the lowest 10-batch running mean so far (from the first batch on); more than 10 losses in
+    a row at 3 times it or more stop the run. A spike of one batch is no divergence."""
+    assert _first_stop(DEFAULT_RUN)[0] is None and _first_stop(LR_0_1)[0] is None
+    stop, rule = _first_stop(LR_100)
+    assert stop == 14 and rule.streak[0][0] == 4 and rule.reference_batch == 1
+    assert rule.reference == pytest.approx(6.7943)
+    spiked = [*DEFAULT_RUN[:25], 100 * DEFAULT_RUN[25], *DEFAULT_RUN[26:]]
+    assert _first_stop(spiked)[0] is None
+    # 11 batches at 14.8, 3.4 times where the loss was (4.31, the mean of batches 20-29), from batch 30: stops at the
+    # 11th
+    risen = [*DEFAULT_RUN[:29], *[14.8] * 11]
+    assert _first_stop(risen)[0] == 40
+    assert _first_stop(risen, {"outlier_multiplier": 4})[0] is None
+    assert _first_stop(risen, {"patience": 3})[0] == 33
+    # loss_cap: above it is an outlier too, once the first window is full (a fresh model's loss may be above it)
+    assert _first_stop(DEFAULT_RUN, {"loss_cap": 6.0, "patience": 0})[0] is None
+    assert _first_stop([*DEFAULT_RUN[:20], *[6.5] * 20], {"loss_cap": 6.0})[0] == 31
+
+
+def test_a_finite_divergence_stops_the_run_before_its_checkpoint_naming_the_loss_and_the_reference(tmp_path, cli):
+    """Measured before: optimizer.lr=100 trained to batch 40 at a loss of 1.4e7, evaluated perplexity inf, printed
+    its result and exited 0."""
+    proc = cli("train", "optimizer.lr=100", "save_interval=10ba")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    said = proc.stderr.splitlines()
+    [at] = [i for i, line in enumerate(said) if line.startswith("error: ")]
+    line, fix = said[at], said[at + 1]
+    # (the loss itself, millions, differs from run to run in its last digits; the batches do not)
+    assert re.match(r"error: loss/train/total: the training loss is [0-9.e+]+ at step 14/40, [0-9.e+,]+ times 6\.794, "
+                    r"where the loss was \(its lowest 10-batch running mean so far, at batch 1\)", line), line
+    assert "11 batches in a row (since batch 4" in line, line
+    assert "the run diverged; it stopped there, before that step's checkpoint" in line
+    assert "the checkpoint at batch 10, written since the loss rose, holds diverging weights" in line
+    assert fix.startswith("  fix: lower optimizer.lr") and "last checkpoint before batch 4" in fix, fix
+    assert "divergence.outlier_multiplier" in fix
+    assert "Traceback" not in proc.stderr and "final train loss" not in proc.stdout
+    [folder] = (tmp_path / "checkpoints").iterdir()
+    assert sorted(p.name for p in folder.glob("*.pt")) == ["ep0-ba10-rank0.pt"]  # none at 14 or after
+
+
+def test_a_finite_divergence_fails_a_two_rank_sweep_point_on_every_rank(tmp_path, cli):
+    proc = cli("train", "-m", "cluster.tasks_per_node=2", "optimizer.lr=100", "max_duration=20ba")
+    assert proc.returncode == 1
+    [row] = csv.DictReader(next(tmp_path.glob("outputs/sweeps/*/summary.csv")).open())
+    assert row["state"] == "FAILED" and "RunStopped" in row["error"], row
+    assert "loss/train/total" in row["error"] and "the run diverged" in row["error"], row
+    [folder] = (tmp_path / "checkpoints").iterdir()
+    assert not list(folder.glob("ep*"))  # both ranks stopped before the checkpoint at 20
+
+
+def test_an_evaluation_whose_perplexity_is_inf_stops_the_run_and_log_only_lets_the_loss_rule_warn(tmp_path, cli):
+    """lr=100 with the loss rule set to warn (log_only) from its 4th outlier: trained on, and the evaluation at
+    batch 10 scored cross-entropy 3.2e6 (finite) and perplexity inf (exp overflows from 88.7): the run stops there,
+    before that step's checkpoint."""
+    key = "+callbacks.run_report.divergence"
+    proc = cli("train", "optimizer.lr=100", "max_duration=12ba", "eval_interval=10ba", "save_interval=10ba",
+               f"{key}.log_only=true", f"{key}.patience=3")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    [warned] = [x for x in proc.stderr.splitlines() if x.startswith("WARNING: loss/train/total: ")]
+    assert "at step 7/12" in warned and "it goes on (log_only=true)" in warned, warned
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+    assert line.startswith("error: eval/LanguagePerplexity: the evaluation's LanguagePerplexity is inf at step "
+                           "10/12 (its cross-entropy is "), line
+    assert "the run stopped there, before that step's checkpoint" in line
+    assert "Traceback" not in proc.stderr and "final train loss" not in proc.stdout
+    [folder] = (tmp_path / "checkpoints").iterdir()
+    assert not list(folder.glob("ep*"))
+    # its settings are read before anything starts
+    bad = cli("train", f"{key}.patience=-1", f"{key}.outlier_multipler=5", check=2)
+    assert "error: callbacks.run_report.divergence.patience: must be a whole number" in bad.stderr
+    assert "error: callbacks.run_report.divergence.outlier_multipler: is not a setting" in bad.stderr
+    assert "did you mean `outlier_multiplier`?" in bad.stderr
 
 
 # ------------------------------------------------------------------------------------------ full file systems

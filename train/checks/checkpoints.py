@@ -104,6 +104,16 @@ def writes_before_the_end(cfg, ctx):
                   ERROR if _gpu_cluster(ctx, cfg) else WARNING)
 
 
+def stops_when_it_diverges(cfg, ctx):
+    """The divergence rule's settings (train/task/divergence.py), which keeps a diverged run's weights out of its
+    checkpoints: read here, before anything starts, rather than when the trainer builds the callback."""
+    from train.task.divergence import KEY, problems
+
+    node = value(cfg, KEY) if value(cfg, "callbacks.run_report") is not None else None
+    for key, problem, fix in problems(node):
+        yield Problem(key, problem, fix)
+
+
 # What a resume reads back from a checkpoint (composer's state dict paths): without one, the run goes on from it
 # with that part new, a training no uninterrupted run would give.
 _RESUMED = ("state/model", "state/optimizers", "state/schedulers", "state/timestamp", "state/dataset_state")
@@ -618,5 +628,5 @@ def continued_run(cfg, ctx):
                       WARNING)
 
 
-RULES = [keeps_something, writes_before_the_end, outlives_the_node, lands_before_the_time_limit,
-         ends_within_its_requeues, fits_on_the_storage, earlier_runs, continued_run]
+RULES = [keeps_something, writes_before_the_end, stops_when_it_diverges, outlives_the_node,
+         lands_before_the_time_limit, ends_within_its_requeues, fits_on_the_storage, earlier_runs, continued_run]

@@ -32,6 +32,7 @@ from composer.utils import dist
 
 from common import files
 from train.checkpoint import integrity
+from train.task.divergence import Divergence, check_metrics
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +81,17 @@ class Manifests(Callback):
 
 
 class RunReport(Callback):
-    def __init__(self, folder: str, interval="10ba", peak_flops: float | None = None, save_interval=None):
+    def __init__(self, folder: str, interval="10ba", peak_flops: float | None = None, save_interval=None,
+                 divergence=None):
         """interval: console_log_interval (batches or epochs, as composer's console logger takes it);
         peak_flops: the device's dense FLOP/s (cluster.peak_flops), None where unknown (no MFU then);
-        save_interval: the checkpoint interval, to redraw the loss curve as each checkpoint is written."""
+        save_interval: the checkpoint interval, to redraw the loss curve as each checkpoint is written;
+        divergence: the divergence rule's settings (train/task/divergence.py), None for its defaults."""
         self.folder = Path(folder)
+        # the training loss's rule, fed every loss in order (a resumed run's history first: _fed of self.train so
+        # far); the batches of this start's checkpoints, to name those written while the loss was rising
+        self._divergence_settings, self._divergence, self._fed = divergence, Divergence(divergence), 0
+        self._saved = []
         self.train = []  # [batch, loss] (loss averaged over ranks)
         self.evals = []  # [batch, {metric: value}]
         self._t0 = self._tok0 = self._done0 = self._s0 = None
@@ -146,6 +153,7 @@ class RunReport(Callback):
         if loss is not None:
             self.train.append([int(state.timestamp.batch), float(loss)])
             integrity.check_loss(float(loss), _step(state))  # the same all-reduced loss on every rank: all stop
+            self._judge(state)
         now, tokens = time.perf_counter(), int(state.timestamp.token)
         if self._batch_t is not None:
             self._train_s += now - self._batch_t
@@ -162,6 +170,22 @@ class RunReport(Callback):
         at_interval = self.interval.unit == TimeUnit.BATCH and batch % int(self.interval.value) == 0
         if at_interval or _done(state) >= 1.0:
             self._progress(state, now, tokens)
+
+    def _judge(self, state: State) -> None:
+        """The divergence rule over the losses not yet fed (after a resume, the checkpoint's history first): every
+        rank feeds the same all-reduced losses, so all stop at the same batch, before its checkpoint."""
+        diverged = False
+        for batch, loss in self.train[self._fed:]:
+            diverged = self._divergence.feed(batch, loss)
+        self._fed = len(self.train)
+        if not diverged:
+            return
+        rising = [b for b in self._saved if b >= self._divergence.streak[0][0]]
+        if self._divergence.log_only:
+            if dist.get_global_rank() == 0:
+                self._divergence.warn_once(_step(state), rising)
+            return
+        raise integrity.RunStopped(*self._divergence.words(_step(state), rising))
 
     def epoch_end(self, state: State, logger: Logger) -> None:
         if self.interval.unit == TimeUnit.EPOCH and int(state.timestamp.epoch) % int(self.interval.value) == 0 \
@@ -218,6 +242,7 @@ class RunReport(Callback):
         if self._saves is None or not self._saves(state, event):
             return
         integrity.check_weights(state, _step(state))
+        self._saved.append(int(state.timestamp.batch))
         if dist.get_global_rank() == 0:
             self._write_status(step=int(state.timestamp.batch), progress=_step(state))  # a kill after it: this step
             self._plot()
@@ -241,6 +266,7 @@ class RunReport(Callback):
             self._write_metrics(state)
             self._plot()
         integrity.check_eval(values, _step(state), self._fit_ended)
+        check_metrics(values, _step(state), self._fit_ended)  # perplexity inf of a finite cross-entropy, and the rest
 
     def fit_end(self, state: State, logger: Logger) -> None:
         self._fit_ended = True
@@ -316,6 +342,7 @@ class RunReport(Callback):
         history = state["history"]
         history = json.loads(history.decode() if isinstance(history, bytes) else history)
         self.train, self.evals = history["train"], history["evals"]
+        self._divergence, self._fed = Divergence(self._divergence_settings), 0  # fed the history at the next batch
 
 
 

@@ -1,0 +1,165 @@
+"""A run whose training loss stays far above where it was, or whose evaluation is not finite, has diverged: it
+stops, non-zero, on every rank together, before that step's checkpoint is written (composer writes a batch's
+checkpoint after its BATCH_END, and evaluates before it checkpoints). Measured: `optimizer.lr=100` on the tiny
+model rose from 6.8 to 47,413 at batch 4 and ~1.3e7 from batch 17 on, evaluated perplexity inf, and exited 0.
+
+The rule, in the words of llm-foundry's kill_loss_spike callback (`+callbacks.run_report.divergence.<key>=...`):
+
+- the reference is the lowest mean of `window_size` consecutive training losses seen so far (of fewer at the start,
+  from the first batch on: a run that diverges in its first window still has where it was);
+- a batch is an outlier when its loss is at least `outlier_multiplier` times the reference, or above `loss_cap`
+  (when set) once the first window is full (a fresh model's loss is about ln(vocabulary), 10.8 for 50k);
+- more than `patience` outliers in a row stop the run (`log_only: true` warns instead). One bad batch is a spike,
+  not a divergence: the next ordinary loss ends the streak.
+
+The losses are composer's all-reduced `loss/train/total`, the same number on every rank, so every rank decides the
+same at the same batch. kill_loss_spike itself cannot serve: it reads each rank's own loss (`state.loss`, before
+the all-reduce), so ranks can disagree and one rank's raise leaves the others waiting in their next collective; it
+compares with the mean of its recent window, which follows a divergence up (a run at 1e7 for a window has a
+window mean of 1e7 and no outlier); it waits for a full window of at least 100 batches (a 40-batch run is never
+looked at); and it raises its own exception, a traceback rather than the error users read.
+
+Light: no torch (the checks read the settings before anything starts).
+"""
+import difflib
+import logging
+import math
+from collections import deque
+
+from common.errors import UserError
+
+log = logging.getLogger(__name__)
+
+KEY = "callbacks.run_report.divergence"
+# the defaults: a window of 10 batches, 3 times its lowest mean, for more than 10 batches in a row. The default run's
+# losses never rise above their lowest window mean (6.8 -> 3.3); lr=100 is 7,000 times it from batch 4
+DEFAULTS = {"window_size": 10, "outlier_multiplier": 3.0, "patience": 10, "loss_cap": None, "log_only": False}
+
+
+def problems(settings) -> list:
+    """[(key, problem, fix)] of run_report's divergence settings (a mapping, or None for the defaults)."""
+    if settings is None:
+        return []
+    if not hasattr(settings, "keys"):
+        return [(KEY, f"{settings!r} is not a mapping of {', '.join(DEFAULTS)}",
+                 f"e.g. +{KEY}.outlier_multiplier=5")]
+    found = []
+    for k in settings.keys():
+        v = settings[k]
+        least = 1 if k == "window_size" else 0  # patience 0: the first outlier stops the run
+        if k not in DEFAULTS:
+            near = difflib.get_close_matches(str(k), DEFAULTS, n=1)
+            found.append((f"{KEY}.{k}", f"is not a setting of the divergence rule (it takes {', '.join(DEFAULTS)})",
+                          f"did you mean `{near[0]}`?" if near else f"remove it (~{KEY}.{k})"))
+        elif k in ("window_size", "patience") and not (isinstance(v, int) and not isinstance(v, bool) and v >= least):
+            found.append((f"{KEY}.{k}", f"must be a whole number of batches, {least} or more, got {v!r}",
+                          f"+{KEY}.{k}={DEFAULTS[k]} (the default)"))
+        elif k == "outlier_multiplier" and not (_number(v) and v > 1):
+            found.append((f"{KEY}.{k}", f"must be a number above 1 (times where the loss was), got {v!r}",
+                          f"+{KEY}.{k}={DEFAULTS[k]:g} (the default)"))
+        elif k == "loss_cap" and v is not None and not (_number(v) and v > 0):
+            found.append((f"{KEY}.{k}", f"must be a positive loss or null, got {v!r}", f"+{KEY}.{k}=null (none)"))
+        elif k == "log_only" and not isinstance(v, bool):
+            found.append((f"{KEY}.{k}", f"must be true or false, got {v!r}", f"+{KEY}.{k}=true"))
+    return found
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+class Divergence:
+    """Fed every training loss in order (a resumed run's history first); says when the run has diverged."""
+
+    def __init__(self, settings=None):
+        wrong = problems(settings)
+        if wrong:
+            raise UserError(*wrong[0])
+        s = {**DEFAULTS, **dict(settings or {})}
+        self.window_size, self.patience = int(s["window_size"]), int(s["patience"])
+        self.outlier_multiplier, self.log_only = float(s["outlier_multiplier"]), bool(s["log_only"])
+        self.loss_cap = None if s["loss_cap"] is None else float(s["loss_cap"])
+        self._window, self._sum, self._seen = deque(), 0.0, 0
+        self.reference = self.reference_batch = None  # the lowest window mean so far, and the batch it ended at
+        self.streak = []  # [(batch, loss)] of the outliers in a row, up to the newest batch
+        self._warned = False
+
+    def feed(self, batch: int, loss: float) -> bool:
+        """True when, with this loss, more than `patience` batches in a row were outliers."""
+        if not math.isfinite(loss):
+            return False  # integrity.check_loss stops a run at a non-finite loss, with its own words
+        self._seen += 1
+        high = self.reference is not None and (
+            loss >= self.outlier_multiplier * self.reference
+            or (self.loss_cap is not None and self._seen > self.window_size and loss > self.loss_cap))
+        if high:
+            self.streak.append((batch, loss))
+        else:
+            self.streak, self._warned = [], False
+        # the window moves on after the judgement: a loss is compared with where the run was before it
+        self._window.append(loss)
+        self._sum += loss
+        if len(self._window) > self.window_size:
+            self._sum -= self._window.popleft()
+        mean = self._sum / len(self._window)
+        if self.reference is None or mean < self.reference:
+            self.reference, self.reference_batch = mean, batch
+        return len(self.streak) > self.patience
+
+    def words(self, step: str, since_checkpoints=(), stops: bool = True) -> tuple[str, str, str]:
+        """(key, problem, fix) of a divergence just found at `step`. since_checkpoints: the batches of checkpoints
+        written during the streak (they hold weights already diverging). stops: False for log_only's warning."""
+        batch, loss = self.streak[-1]
+        start = self.streak[0][0]
+        capped = self.loss_cap is not None and loss > self.loss_cap and \
+            loss < self.outlier_multiplier * self.reference
+        above = (f"above loss_cap={self.loss_cap:g}" if capped else
+                 f"{loss / self.reference:,.3g} times {self.reference:.4g}, where the loss was (its lowest "
+                 f"{self.window_size}-batch running mean so far, at batch {self.reference_batch})")
+        problem = (f"the training loss is {loss:.6g} at {step}, {above}, and has been over "
+                   f"{self.outlier_multiplier:g} times that mean{' or loss_cap' if self.loss_cap else ''} for "
+                   f"{len(self.streak)} batches in a row (since batch {start}, patience={self.patience}): the run "
+                   + ("diverged; it stopped there, before that step's checkpoint" if stops else
+                      "looks diverged; it goes on (log_only=true)"))
+        if since_checkpoints:
+            many = len(since_checkpoints) > 1
+            problem += (f"; the checkpoint{'s' * many} at batch{'es' * many} {', '.join(map(str, since_checkpoints))}, "
+                        f"written since the loss rose, hold{'' if many else 's'} diverging weights")
+        before = f" from the last checkpoint before batch {start}" if since_checkpoints else ""
+        fix = ("lower optimizer.lr or lengthen scheduler.t_warmup, as a new run (another name: it starts from step 0; "
+               f"or{before} from a checkpoint's weights: load_path=<it> +load_weights_only=true); if the rise is "
+               f"expected (other data from here on), a larger +{KEY}.outlier_multiplier (now "
+               f"{self.outlier_multiplier:g}) or +{KEY}.patience (now {self.patience}), or +{KEY}.log_only=true")
+        return "loss/train/total", problem, fix
+
+    def warn_once(self, step: str, since_checkpoints=()) -> None:
+        """log_only: one warning per streak, then training goes on."""
+        if not self._warned:
+            self._warned = True
+            key, problem, _ = self.words(step, since_checkpoints, stops=False)
+            log.warning(f"{key}: {problem}")
+
+
+def check_metrics(values: dict, step: str, after_fit: bool) -> None:
+    """An evaluation metric that is not finite stops the run, on every rank (the metrics are the same on each),
+    whatever its cross-entropy: llm-foundry's LanguagePerplexity is exp(cross-entropy), inf in float32 from a
+    cross-entropy of 88.7 on (measured: lr=100 evaluated cross-entropy 1.24e7 and perplexity inf, exit 0). A
+    cross-entropy that is itself not finite is integrity.check_eval's, called first."""
+    from train.checkpoint.integrity import RunStopped
+
+    bad = [(k, v) for k, v in values.items() if not math.isfinite(v)]
+    if not bad:
+        return
+    key, v = bad[0]
+    ce = next((x for k, x in values.items() if k.endswith("CrossEntropy") and math.isfinite(x)), None)
+    why = f" (its cross-entropy is {ce:.6g}: exp() of it overflows)" if ce is not None and \
+        key.endswith("Perplexity") else ""
+    if after_fit:
+        raise RunStopped(key, f"the final evaluation's {key.rsplit('/', 1)[-1]} is {v} at {step}{why}: the model "
+                         "diverged; the run's final checkpoint holds these weights", "lower optimizer.lr (or "
+                         "lengthen scheduler.t_warmup) and train again under another run_name (or delete the "
+                         "checkpoints)")
+    raise RunStopped(key, f"the evaluation's {key.rsplit('/', 1)[-1]} is {v} at {step}{why}: the model diverged; "
+                     "the run stopped there, before that step's checkpoint", "lower optimizer.lr (or lengthen "
+                     "scheduler.t_warmup) as a new run (another name: it starts from step 0; or from a checkpoint's "
+                     "weights: load_path=<it> +load_weights_only=true)")
