@@ -159,6 +159,7 @@ LEGIT = ["EleutherAI/gpt-neox-20b", "mosaicml/mpt-7b-instruct", "meta-llama/Meta
          "mpt-125m-c4-lr6e-4-bs256-seed17-1c6d94ab", "huggingface-cli login --token $HF_TOKEN", "wandb login --relogin",
          "wandb login $WANDB_API_KEY", "wandb login --host https://wandb.example.com", "export HF_TOKEN=$MY_HF_TOKEN",
          "docker login -u bob -p $REGISTRY_PASSWORD registry.example.com", "curl -H 'Authorization: Bearer $T' x",
+         "docker run -u 1000:1000 image", "srun -u --mpi=pmix python train.py",
          "Zq8vR2mLx7TnW4pKc9YbH3s"]  # 23 characters: under the length a random string needs
 
 

@@ -125,9 +125,11 @@ def _in_commands(text: str) -> list:
         for i, w in enumerate(words):
             flag, eq, given = w.partition("=")
             given = given if eq else (words[i + 1] if i + 1 < len(words) else "")
+            if given.startswith("-"):  # the next flag: this one took no value
+                continue
             if SECRET_FLAG.match(flag) or login and flag in ("-p", "--password"):
                 found.append(("a secret given to a command (" + flag + ")", given))
-            elif flag in ("-u", "--user") and ":" in given:
+            elif words[:1] == ["curl"] and flag in ("-u", "--user") and ":" in given:  # (docker run -u uid:gid)
                 found.append(("a password given to a command (" + flag + " user:password)", given.split(":", 1)[1]))
         at = next((i for i in range(len(words) - 1) if words[i].endswith("wandb") and words[i + 1] == "login"), None)
         if at is not None:  # wandb login KEY, sudo -E wandb login KEY
@@ -341,9 +343,10 @@ def shell_safety(cfg, ctx):
     ignore every directive after it); the run name is a path component of the checkpoint and output folders."""
     name = value(cfg, "run_name")
     if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", "..") \
-            or ".." in name.split(".") or CONTROL.search(name):
+            or ".." in name.split(".") or CONTROL.search(name) or re.search("[\"'`]", name):
         yield Problem("run_name", f"{name!r} is not a plain folder name (it names the checkpoint and output folders: "
-                      "no path separators, `..` or control characters)", "e.g. run_name=mpt-30b-c4-v2")
+                      "no path separators, `..`, quotes, which break the shell lines that name those folders, or "
+                      "control characters)", "e.g. run_name=mpt-30b-c4-v2")
     for key in ("cluster.account", "cluster.partition", "cluster.qos", "cluster.constraint",
                 "cluster.container.image"):
         v = value(cfg, key)
