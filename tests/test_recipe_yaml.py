@@ -36,7 +36,10 @@ def test_each_published_yaml_composes_checks_and_plans_on_a_gpu_cluster(name):
     cfg, ctx = _composed(f"yaml={YAMLS / name}", "cluster=ndv5", "storage=amlfs",
                          "variables.data_local=/tmp/nowhere-c4")
     problems = check(cfg, ctx)
-    assert not errors(problems), [str(p) for p in errors(problems)]
+    # testing.yaml trains 200 batches and sets no save_interval (1000ba): its final checkpoint alone, which a GPU
+    # cluster refuses (every requeue would start again at batch 0; train/checks/checkpoints.py)
+    refused = ["save_interval"] if name == "testing.yaml" else []
+    assert [p.key for p in errors(problems)] == refused, [str(p) for p in errors(problems)]
     assert cfg.run_name.startswith(name.removesuffix(".yaml") + "-")
     plan = build_plan(compose([f"yaml={YAMLS / name}", "cluster=ndv5", "storage=amlfs",
                                "plan=json"]))
