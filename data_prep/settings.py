@@ -14,6 +14,9 @@ from data_prep.errors import DataPrepError, gather
 
 # MDS stores sample byte offsets as uint32, so a shard can never reach 4 GiB (streaming enforces the same).
 MAX_SHARD_BYTES = 2**32 - 1
+# A sample is one record of a shard, 4 bytes a token: it fits one shard with the shard's header (a few hundred
+# bytes). A longer one overflowed numpy's uint32 as the first shard was written, a traceback.
+MAX_CONCAT_TOKENS = (MAX_SHARD_BYTES - 4096) // 4
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,15 @@ def _int(cfg: DictConfig, key: str, minimum: int, allow_none: bool = False) -> O
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise DataPrepError(key, f"must be an integer >= {minimum}, got {value!r}", f"pass {key}=<integer>")
     return value
+
+
+def _concat_tokens(cfg: DictConfig) -> int:
+    tokens = _int(cfg, "concat_tokens", 1)
+    if tokens > MAX_CONCAT_TOKENS:
+        raise DataPrepError("concat_tokens", f"{tokens} tokens a sample do not fit an MDS shard (a shard's offsets "
+                            f"are 32-bit: at most {MAX_CONCAT_TOKENS} tokens of 4 bytes a sample)",
+                            "the sequence length the model trains on, e.g. concat_tokens=2048")
+    return tokens
 
 
 def _text(cfg: DictConfig, key: str) -> str:
@@ -184,11 +196,11 @@ def _size_limit(cfg: DictConfig) -> int:
     return size_limit
 
 
-def _strict(cfg: DictConfig) -> bool:
-    strict = cfg.get("strict")
-    if not isinstance(strict, bool):
-        raise DataPrepError("strict", f"must be true or false, got {strict!r}")
-    return strict
+def _flag(cfg: DictConfig, key: str) -> bool:
+    flag = cfg.get(key)
+    if not isinstance(flag, bool):  # (a word such as `no` would be true)
+        raise DataPrepError(key, f"must be true or false, got {flag!r}", f"{key}=true or {key}=false")
+    return flag
 
 
 def _model(cfg: DictConfig) -> Optional[str]:
@@ -212,7 +224,7 @@ def settings_from(cfg: DictConfig) -> Settings:
         out_root=read(_out_root, cfg),
         split=read(_split, cfg),
         tokenizer=read(_tokenizer, cfg),
-        concat_tokens=read(_int, cfg, "concat_tokens", 1),
+        concat_tokens=read(_concat_tokens, cfg),
         eos_text=read(_text, cfg, "eos_text"),
         bos_text=read(_text, cfg, "bos_text"),
         compression=read(_compression, cfg.get("compression")),
@@ -220,11 +232,11 @@ def settings_from(cfg: DictConfig) -> Settings:
         num_parts=num_parts,
         part=read(_part, cfg, num_parts),
         workers=read(_int, cfg, "workers", 1, True) or default_workers(),
-        strict=read(_strict, cfg),
+        strict=read(_flag, cfg, "strict"),
         block_bytes=read(_int, cfg, "block_bytes", 1),
         model=read(_model, cfg),
         model_vocab_size=read(_int, cfg, "model_vocab_size", 1, True),
-        progress=bool(cfg.get("progress", True)),
+        progress=read(_flag, cfg, "progress"),
     )
     if problems:
         raise DataPrepError(problems=problems)

@@ -539,6 +539,37 @@ def test_a_key_data_prep_does_not_read_is_refused_not_ignored(override, fix, tmp
     assert settings_from(compose(["dataset=c4", f"out_root={tmp_path}", "tokenizer=t"], config_name="data_prep"))
 
 
+@pytest.mark.parametrize("override, said", [
+    ("concat_tokens=1000000000000", "1000000000000 tokens a sample do not fit an MDS shard"),  # was a traceback
+    ("concat_tokens=0", "must be an integer >= 1, got 0"),
+    ("concat_tokens=-5", "must be an integer >= 1, got -5"),
+    ("concat_tokens=1.5", "must be an integer >= 1, got 1.5"),
+    ("concat_tokens=abc", "must be an integer >= 1, got 'abc'"),
+    ("progress=maybe", "must be true or false, got 'maybe'"),  # was on, as any word
+    ("progress=no", "must be true or false, got 'no'"),
+    ("strict=2", "must be true or false, got 2"),
+])
+def test_a_length_it_cannot_write_or_a_word_for_a_flag_is_refused_by_key(override, said, tmp_path):
+    from data_prep.errors import DataPrepError
+    from data_prep.settings import settings_from
+    from train.config.compose import compose
+
+    cfg = compose(["dataset=c4", f"out_root={tmp_path}", "tokenizer=t", override], config_name="data_prep")
+    with pytest.raises(DataPrepError) as caught:
+        settings_from(cfg)
+    [problem] = caught.value.problems
+    assert problem.key == override.split("=")[0] and said in problem.problem and problem.fix, problem
+
+
+def test_a_sample_longer_than_a_shard_holds_is_refused_before_anything_is_written(tmp_path):
+    """concat_tokens=10**12: numpy's OverflowError as the first shard was written (exit 1, a traceback)."""
+    proc = prep("dataset=c4", f"input={C4_FIRST}", f"out_root={tmp_path / 'out'}", "concat_tokens=1000000000000",
+                check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "data_prep: concat_tokens: 1000000000000 tokens a sample do not fit an MDS shard" in proc.stderr
+    assert "\n  fix: " in proc.stderr and list(tmp_path.iterdir()) == []
+
+
 def test_every_problem_of_a_data_prep_command_is_reported_in_one_pass_and_nothing_is_written(tmp_path):
     """data_prep stopped at the first bad setting: a user fixing `split=a/b` then learned of `workers=-1`, then of
     the tokenizer, one run at a time. Now each is named at once, the input and tokenizer checked side by side."""

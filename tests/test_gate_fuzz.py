@@ -261,6 +261,46 @@ CASES = [
      "variables.data_local"),
     (["cluster.container.image={tmp}/nope.sqsh", "-m", "cluster=ndv5", "data=mock", "global_train_batch_size=64"],
      "refused", "cluster.container.image"),
+    # where a run's folders go (PRETRAIN_ROOT for storage=local): a file was a traceback, /proc "no room"
+    (["storage.root=/dev/null"], "refused", "storage.root"),
+    (["storage.root=/dev/null/runs"], "refused", "storage.root"),
+    (["storage.root=/proc/pretrain"], "refused", "storage.root"),
+    # negative times: a negative warmup trained, exit 0
+    (["max_duration=-5ba"], "refused", "max_duration"),
+    (["eval_interval=-1ba"], "refused", "eval_interval"),
+    (["save_interval=-2ba"], "refused", "save_interval"),
+    (["scheduler.t_warmup=-1ba"], "refused", "scheduler.t_warmup"),
+    (["+scheduler.t_max=-1ba"], "refused", "scheduler.t_max"),
+    # no evaluation by an interval that never fires: trained without a word, exit 0 (eval_loader=null says it)
+    (["eval_interval=0"], "refused", "eval_interval"),
+    (["eval_interval=0ba"], "refused", "eval_interval"),
+    # not true or false where a flag is read: a number OmegaConf reads as true, a word any code reads as true
+    (["eval_first=2"], "refused", "eval_first"),
+    (["save_overwrite=2"], "refused", "save_overwrite"),
+    (["eval_first='yes please'"], "refused", "eval_first"),
+    (["fsdp_config.activation_checkpointing=maybe"], "refused", "fsdp_config.activation_checkpointing"),
+    (["fsdp_config.limit_all_gathers=2"], "refused", "fsdp_config.limit_all_gathers"),
+    (["+fsdp_config.use_orig_params=maybe"], "refused", "fsdp_config.use_orig_params"),
+    (["train_loader.drop_last=maybe"], "refused", "train_loader.drop_last"),
+    (["+train_loader.pin_memory=maybe"], "refused", "train_loader.pin_memory"),
+    (["train_loader.dataset.shuffle=maybe"], "refused", "train_loader.dataset.shuffle"),
+    (["+model.use_cache=maybe"], "refused", "model.use_cache"),
+    # the tokenizer's keyword arguments: a length of letters trained; a padding side transformers refuses was a
+    # traceback after the run folder was made; a misspelt one is kept by the tokenizer and read by nothing
+    (["tokenizer.kwargs.model_max_length=abc"], "refused", "tokenizer.kwargs.model_max_length"),
+    (["tokenizer.kwargs.model_max_length=-5"], "refused", "tokenizer.kwargs.model_max_length"),
+    (["+tokenizer.kwargs.model_max_length=abc"], "refused", "tokenizer.kwargs.model_max_length"),  # Hydra's error
+    (["+tokenizer.kwargs.padding_side=middle"], "refused", "tokenizer.kwargs.padding_side"),
+    (["+tokenizer.kwargs.use_fast=maybe"], "refused", "tokenizer.kwargs.use_fast"),
+    (["tokenizer.kwargs=[1,2]"], "refused", "tokenizer.kwargs"),
+    (["+tokenizer.kwargs.model_max_lenght=128", "plan=true"], "warned", "tokenizer.kwargs.model_max_lenght"),
+    # a run name with a quote, quoted as Hydra asks: it trained
+    (["run_name=\"a'b\""], "refused", "run_name"),
+    (["run_name='a\"b'"], "refused", "run_name"),
+    # a near miss of a key under a group: Hydra's advice to add it with + came first, exit 1
+    (["model.d_modle=128"], "refused", "model.d_modle"),
+    (["scheduler.t_warmpu=10ba"], "refused", "scheduler.t_warmpu"),
+    (["yaml={tmp}"], "refused", "yaml"),  # a folder: "no such file"
     # save policies: no checkpoint before max_duration=40ba (the final one alone)
     (["cluster=ndv5", "save_interval=1ep", "plan=true"], "refused", "save_interval"),
     (["cluster=ndv5", "save_interval=99999tok", "plan=true"], "refused", "save_interval"),

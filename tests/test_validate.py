@@ -793,3 +793,52 @@ def test_an_evaluation_on_the_training_split_is_a_warning_naming_both_loaders():
         str(compose([]).variables.data_local))
     assert found() == [] and found("eval_loader=null") == []
     assert found("eval_loader.dataset.local=/elsewhere", "eval_loader.dataset.split=train") == []  # other data
+
+
+def test_mds_data_without_shard_hashes_is_warned_once_and_data_with_them_is_not(tmp_path, cli):
+    """A folder written by streaming's writer without hashes= (or llm-foundry's converter) trained with no word
+    that its shards could not be checked before training, as data_prep's are: one warning for both splits."""
+    import numpy as np
+
+    from data_prep.mds import ShardWriter, write_index
+
+    for hashes, folder in (((), tmp_path / "theirs"), (("sha256",), tmp_path / "ours")):
+        for split in ("train", "val"):
+            writer = ShardWriter(folder / split, 128, None, 1 << 20, hashes=hashes)
+            (folder / split).mkdir(parents=True)
+            writer.add(np.arange(128 * 8, dtype=np.int32).reshape(8, 128) % 1000)
+            write_index(folder / split, writer.finish())
+    args = ("data=mds", f"tokenizer.name={TOKENIZER}", "plan=true")
+    proc = cli("train", *args, f"variables.data_local={tmp_path / 'theirs'}", root=tmp_path / "root", env=OFFLINE)
+    said = [line for line in proc.stderr.splitlines() if line.startswith("warning: variables.data_local:")]
+    assert proc.returncode == 0 and len(said) == 1, proc.stderr[-2000:]
+    assert f"{tmp_path / 'theirs' / 'train'} and {tmp_path / 'theirs' / 'val'}: index.json records no hash" in said[0]
+    proc = cli("train", *args, f"variables.data_local={tmp_path / 'ours'}", root=tmp_path / "root", env=OFFLINE)
+    assert proc.returncode == 0 and "records no hash" not in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "root").exists()
+
+
+def test_the_storage_root_a_near_miss_under_a_group_and_a_yaml_folder_are_named_for_what_they_are(tmp_path, cli):
+    """PRETRAIN_ROOT a file: a traceback as the outputs folder was made; under /proc, "no room". A misspelt key
+    under a group: Hydra's advice to add it with + came first, exit 1. yaml=<a folder>: "<folder>.yaml: no such
+    file". Each now exit 2 with our line first, nothing written."""
+    readme = tmp_path / "README.md"
+    readme.write_text("# notes\n")
+    for root, said in ((readme, f"error: storage.root: PRETRAIN_ROOT={readme}: no run folder can be made there "
+                        f"({readme} is a file, not a folder)"),
+                       ("/proc/pretrain", "error: storage.root: PRETRAIN_ROOT=/proc/pretrain: no run folder can be "
+                        "made there (/proc is on the kernel's proc file system")):
+        proc = cli("train", root=root)
+        assert proc.returncode == 2 and proc.stderr.startswith(said), proc.stderr[-2000:]
+        assert "free for them" not in proc.stderr and "Traceback" not in proc.stderr
+    for args, said in ((["model.d_modle=128"], "error: model.d_modle: is not a key of this config\n  fix: did you "
+                        "mean model.d_model? (model.d_model=128)"),
+                       (["-m", "scheduler.t_warmpu=10ba"], "error: scheduler.t_warmpu: is not a key of this config"
+                        "\n  fix: did you mean scheduler.t_warmup? (scheduler.t_warmup=10ba)"),
+                       (["+seed=3"], "error: seed: is set already, and + adds a key the config does not have\n  fix: "
+                        "seed=3 (without +)"),
+                       ([f"yaml={tmp_path}"], f"error: yaml: {tmp_path} is a folder, not a YAML file")):
+        proc = cli("train", *args, root=tmp_path / "root")
+        assert proc.returncode == 2 and proc.stderr.startswith(said), proc.stderr[-2000:]
+        assert "To append" not in proc.stderr and "HYDRA_FULL_ERROR" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md"]

@@ -86,6 +86,55 @@ def suggest_keys(args: list) -> list:
     return found
 
 
+def composition_problems(args: list, err) -> list:
+    """Hydra's refusal of an override as it composes (its ConfigCompositionException), as key / problem / fix: a
+    misspelt key under a group, said as "did you mean" where Hydra advised adding it with +; a key added with + that
+    the config has; a value that cannot take a mapping's place. [] where there is nothing more to say than Hydra."""
+    import re
+
+    from train.checks import Problem
+
+    text = str(err)
+    if found := re.match(r"Could not override '([^']+)'", text):
+        return [p for p in suggest_keys(args) if p.key == found.group(1)]
+    if found := re.match(r"Could not append to config\. An item is already at '([^']+)'", text):
+        key = found.group(1)
+        given = [a.split("=", 1)[1] for a in args if "=" in a and a.split("=", 1)[0].lstrip("+") == key]
+        return [Problem(key, "is set already, and + adds a key the config does not have",
+                        f"{key}={given[-1] if given else '<value>'} (without +)")]
+    if found := re.match(r"Error merging override ([^=\s]+)=(.*)", text):
+        key, why = found.group(1).lstrip("+~"), " ".join(str(err.__cause__ or "").splitlines()[:1])
+        return [Problem(key, f"`{found.group(2)}` cannot take its place" + (f" ({why})" if why else ""),
+                        f"a value of the kind it holds (`python -m train --cfg job` shows it); a mapping's keys are "
+                        f"set one by one: {key}.<name>=<value>")]
+    return []
+
+
+def report_composition_problems(args: list) -> None:
+    """Hydra prints its own error for an override it cannot apply as it composes (exit 1), advising `+` for a
+    misspelt key: where composition_problems can say more, that instead, exit 2, before anything is written."""
+    import hydra._internal.utils as hydra_utils
+    from hydra.errors import ConfigCompositionException
+
+    hydras = hydra_utils.run_and_report
+
+    def run_and_report(func):
+        def composed():
+            try:
+                return func()
+            except ConfigCompositionException as err:
+                problems = composition_problems(args, err)
+                if not problems:
+                    raise
+                for problem in problems:
+                    print(problem, file=sys.stderr)
+                sys.exit(2)
+
+        return hydras(composed)
+
+    hydra_utils.run_and_report = run_and_report
+
+
 if __name__ == "__main__":
     # Submission scripts, submitit's pickles, `.hydra/` and multirun.yaml hold job commands and the whole config:
     # nothing this command (or a job it starts: Slurm and submitit pass the umask on) writes is world-readable.
@@ -97,13 +146,5 @@ if __name__ == "__main__":
     compose_once_per_command(sys.argv[1:])
 
     before_hydra(sys.argv[1:])  # what Hydra itself would refuse, as key / problem / fix (exit 2)
-    try:
-        main()
-    except SystemExit as exit_:
-        if exit_.code not in (0, None, 2):
-            try:
-                for err in suggest_keys(sys.argv[1:]):
-                    print(err, file=sys.stderr)
-            except Exception:
-                pass
-        raise
+    report_composition_problems(sys.argv[1:])  # and what it refuses as it composes
+    main()

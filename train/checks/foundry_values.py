@@ -73,6 +73,10 @@ def train_config_types(cfg, ctx):
         if key in _FILE_OR_VALUE and isinstance(v, str):
             continue  # a file's path: llm-foundry moves it to `<key>_str` before its TrainConfig reads it
         kinds = spec.split("|")
+        if kinds == ["bool"] and is_int(v) and v not in (0, 1):
+            yield Problem(key, f"{v} is not true or false (OmegaConf reads every number but 0 as true, so "
+                          "llm-foundry's TrainConfig takes it as true)", f"{key}=true or {key}=false")
+            continue
         if any(_is_a(v, k) for k in kinds):
             continue
         if kinds == ["bool"]:
@@ -192,6 +196,10 @@ def scheduler(cfg, ctx):
         if v is not None and time_of(v) is None:
             yield Problem(f"scheduler.{key}", f"{v!r} is not a composer time (a number and a unit): {name} refuses "
                           "it when it is built", f"use {_TIME_UNITS}")
+        elif v is not None and time_of(v)[0] < 0:
+            yield Problem(f"scheduler.{key}", f"{v!r} is negative: a time before training starts, which {name} "
+                          "takes without a word (surely a mistake)", f"a positive time, e.g. scheduler.{key}="
+                          + ("100ba" if key == "t_warmup" else "1dur"))
     for key in ("alpha_f", "alpha_i", "alpha"):
         v = value(cfg, f"scheduler.{key}")
         if v is None:
@@ -240,7 +248,9 @@ def model(cfg, ctx):
         yield Problem("model.attn_config.kv_n_heads", f"{kv!r} does not divide model.n_heads={heads} (grouped query "
                       "attention refuses it)", "a divisor of model.n_heads, e.g. model.attn_config.kv_n_heads=8")
     for key in ("model.learned_pos_emb", "model.no_bias", "model.attn_config.alibi", "model.attn_config.rope",
-                "model.attn_config.qk_ln", "model.attn_config.fused_qkv"):
+                "model.attn_config.qk_ln", "model.attn_config.qk_gn", "model.attn_config.fused_qkv",
+                "model.attn_config.attn_uses_sequence_id", "model.use_cache", "model.tie_word_embeddings",
+                "model.use_pad_tok_in_ffn", "model.use_train_metrics", "model.load_in_8bit"):
         v = value(cfg, key)
         if v is not None and not isinstance(v, bool):
             yield Problem(key, f"{v!r} is not true or false (MPT's config tests it as a flag: any string is on)",
@@ -249,6 +259,58 @@ def model(cfg, ctx):
     if not isinstance(tokenizer, str) or not tokenizer.strip():
         yield Problem("tokenizer.name", f"{tokenizer!r} names no tokenizer (transformers' AutoTokenizer refuses it)",
                       "a hub name, e.g. tokenizer.name=EleutherAI/gpt-neox-20b, or a folder saved by save_pretrained")
+
+
+# What transformers' AutoTokenizer.from_pretrained reads of the keyword arguments llm-foundry passes it
+# (tokenizer.kwargs; transformers 4.51): its own, PreTrainedTokenizerBase's and the fast tokenizers', and those of
+# the byte-level BPE tokenizers this tool trains with. Another key goes to the tokenizer's class, which keeps what
+# it does not read: nothing reads a misspelt one.
+TOKENIZER_KWARGS = (
+    "add_bos_token", "add_eos_token", "add_prefix_space", "additional_special_tokens", "bos_token", "cache_dir",
+    "chat_template", "clean_up_tokenization_spaces", "cls_token", "code_revision", "eos_token", "errors",
+    "extra_special_tokens", "force_download", "from_slow", "legacy", "local_files_only", "mask_token",
+    "merges_file", "model_input_names", "model_max_length", "pad_token", "padding_side", "proxies", "revision",
+    "sep_token", "split_special_tokens", "subfolder", "token", "tokenizer_file", "tokenizer_type",
+    "trust_remote_code", "truncation_side", "unk_token", "use_auth_token", "use_fast", "vocab_file",
+)
+_TOKENIZER_FLAGS = ("add_bos_token", "add_eos_token", "add_prefix_space", "clean_up_tokenization_spaces",
+                    "force_download", "from_slow", "legacy", "local_files_only", "split_special_tokens",
+                    "trust_remote_code", "use_fast")
+
+
+def tokenizer_kwargs(cfg, ctx):
+    """tokenizer.kwargs, passed as they are to AutoTokenizer.from_pretrained (a name in llm-foundry's own tokenizer
+    registry, tiktoken, takes its own): a padding side it refuses stopped the run with a traceback after its
+    folder was made; a length of letters, or a word for a flag, trained; a misspelt key is kept and read by
+    nothing."""
+    kwargs = value(cfg, "tokenizer.kwargs")
+    if kwargs is None or value(cfg, "tokenizer.name") == "tiktoken":
+        return
+    if not hasattr(kwargs, "keys"):
+        yield Problem("tokenizer.kwargs", f"{OmegaConf.to_container(kwargs) if OmegaConf.is_config(kwargs) else kwargs!r}"
+                      " is not a mapping of keyword arguments (llm-foundry passes them to AutoTokenizer by name)",
+                      "tokenizer.kwargs.<name>=<value>, e.g. tokenizer.kwargs.model_max_length=2048")
+        return
+    length = kwargs.get("model_max_length")
+    if length is not None and (not is_int(length) or length <= 0):
+        yield Problem("tokenizer.kwargs.model_max_length", f"must be a positive whole number of tokens, got {length!r}",
+                      f"tokenizer.kwargs.model_max_length={value(cfg, 'max_seq_len')} (max_seq_len, which the "
+                      "presets' tokenizer.kwargs follow)")
+    for key in ("padding_side", "truncation_side"):
+        side = kwargs.get(key)
+        if side is not None and side not in ("left", "right"):
+            yield Problem(f"tokenizer.kwargs.{key}", f"{side!r} is not left or right (transformers refuses it as "
+                          "the tokenizer is built, after the run has started)", f"tokenizer.kwargs.{key}=right")
+    for key in _TOKENIZER_FLAGS:
+        v = kwargs.get(key)
+        if v is not None and not isinstance(v, bool):
+            yield Problem(f"tokenizer.kwargs.{key}", f"{v!r} is not true or false (transformers tests it as a flag: "
+                          "any word is on)", f"tokenizer.kwargs.{key}=true or tokenizer.kwargs.{key}=false")
+    for key in kwargs.keys():
+        if key not in TOKENIZER_KWARGS:
+            yield Problem(f"tokenizer.kwargs.{key}", "is not a keyword argument transformers' tokenizers read (the "
+                          "tokenizer keeps it, and nothing uses it)", close_match(str(key), TOKENIZER_KWARGS)
+                          or f"remove it (~tokenizer.kwargs.{key})", WARNING)
 
 
 def _max_duration_count(cfg):
@@ -316,6 +378,28 @@ def workers(cfg, ctx):
                               f"it ({'; '.join(repr(m) for _, m in refused)})",
                               f"{key}=1 (or more), or {loader}.prefetch_factor=null {loader}.persistent_workers=false "
                               "to load in the training process")
+
+
+# Settings the libraries read as flags (`if x:`) and take whatever is given: a word (`maybe`, `no`) or a number is
+# true there. composer's FSDP settings (FSDPConfig, FSDP2Config: dataclasses without a type check), torch's
+# DataLoader's, streaming's dataset's. (llm-foundry's own top-level flags: train_config_types; MPT's: `model`.)
+_FSDP_FLAGS = ("activation_checkpointing", "activation_checkpointing_reentrant", "activation_cpu_offload",
+               "cpu_offload", "forward_prefetch", "keep_low_precision_grads", "limit_all_gathers",
+               "load_monolith_rank0_only", "sync_module_states", "te_checkpoint_wrapper", "te_shard_fp8_weight",
+               "use_orig_params", "verbose")
+_LOADER_FLAGS = ("drop_last", "pin_memory", "persistent_workers")
+_DATASET_FLAGS = ("shuffle", "keep_zip", "allow_unsafe_types")
+
+
+def flags(cfg, ctx):
+    keys = [f"fsdp_config.{k}" for k in _FSDP_FLAGS] if hasattr(value(cfg, "fsdp_config"), "keys") else []
+    for loader in loader_keys(cfg):
+        keys += [f"{loader}.{k}" for k in _LOADER_FLAGS] + [f"{loader}.dataset.{k}" for k in _DATASET_FLAGS]
+    for key in keys:
+        v = value(cfg, key)
+        if v is not None and not isinstance(v, bool) and not (is_int(v) and v in (0, 1)):
+            yield Problem(key, f"{v!r} is not true or false (read as a flag, where any word or number but 0 is "
+                          "true)", f"{key}=true or {key}=false")
 
 
 def cluster_numbers(cfg, ctx):
@@ -569,6 +653,6 @@ def icl_tasks(cfg, ctx):
         yield from icl_task(task, f"icl_tasks[{i}]")
 
 
-RULES = [train_config_types, seed, registries, optimizer, scheduler, model, durations, workers, cluster_numbers,
-         algorithms, speed_monitor, labels, loader_arguments, dataset_keys, model_keys,
-         model_parts, tensor_parallel, icl_tasks]
+RULES = [train_config_types, seed, registries, optimizer, scheduler, model, tokenizer_kwargs,
+         durations, workers, flags, cluster_numbers, algorithms, speed_monitor, labels, loader_arguments, dataset_keys,
+         model_keys, model_parts, tensor_parallel, icl_tasks]

@@ -186,11 +186,13 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
                 reason = "no `=` (an override is key=value)"
             elif reason.startswith("LexerNoViableAlt"):
                 reason = "a character its grammar does not take unquoted"
+            fix = f"quote the value for Hydra, and the whole for the shell: '{shown.split('=', 1)[0]}=" \
+                  f"\"{_raw_value(shown)}\"'" if "=" in arg else f"write it as key=value: {key}=<value>"
+            if key == "run_name" and "=" in arg:  # quoted, it is no folder name either (safety.shell_safety)
+                fix = "a plain folder name: letters, digits, - _ and ., e.g. run_name=mpt-30b-c4-v2"
             found.append(Problem(key or arg, f"Hydra cannot read `{shown}`: {reason} (Hydra's override grammar takes "
                                  "letters, digits and _-./:@ unquoted; non-ASCII letters, spaces, $(...), #, = or an "
-                                 "unclosed [ need quotes)",
-                                 f"quote the value for Hydra, and the whole for the shell: '{shown.split('=', 1)[0]}="
-                                 f"\"{_raw_value(shown)}\"'" if "=" in arg else f"write it as key=value: {key}=<value>"))
+                                 "unclosed [ need quotes)", fix))
             continue
         found += _listed_twice(override)
         key = override.key_or_group
@@ -260,6 +262,8 @@ def _listed_twice(override) -> list:
 
 def _recipe_problems(override) -> list:
     """yaml=PATH: the file is there and is a YAML mapping, or key / problem / fix before Hydra reads it."""
+    from pathlib import Path
+
     from omegaconf import OmegaConf
 
     from hydra_plugins.recipe_source.recipe_source import recipe_file
@@ -274,6 +278,12 @@ def _recipe_problems(override) -> list:
     for option in paths:
         path = recipe_file(option)
         fix = "yaml=<path of an llm-foundry YAML>, e.g. yaml=scripts/train/yamls/pretrain/mpt-7b.yaml"
+        given = Path(option).expanduser()
+        if given.is_dir():  # (not `<folder>.yaml`, which recipe_file looked for)
+            inside = sorted(p.name for p in [*given.glob("*.yaml"), *given.glob("*.yml")])[:5]
+            found.append(Problem("yaml", f"{given} is a folder, not a YAML file", f"yaml={given}/<file>.yaml"
+                                 + (f" (it holds {', '.join(inside)})" if inside else "")))
+            continue
         if not path.is_file():
             found.append(Problem("yaml", f"{path}: no such file", fix))
             continue

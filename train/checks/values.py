@@ -130,23 +130,49 @@ def _positive_int(cfg, key, example=8):
         yield Problem(key, f"must be a positive whole number, got {v!r}", f"e.g. {key}={example}")
 
 
-def _duration(cfg, key, zero_means=None, interval=True):
+def _duration(cfg, key, interval=True):
     """A time with a unit, as composer reads it. An interval also takes dur (a fraction of max_duration), sec and
     iter; max_duration does not (composer: "TimeUnit.DURATION is not allowed", "Wall clock time not an allowed
     time unit")."""
     v = value(cfg, key)
-    if zero_means and (v == 0 or v in ("0ba", "0ep")) and not isinstance(v, bool):
-        return  # composer: an interval of 0 never fires
     time = time_of(v)
     if is_int(v) and v > 0:
         yield Problem(key, f"{v} has no unit (composer would read a bare number as epochs)",
                       f"add one: {key}={v}ba for batches, or {TIME_UNITS}")
-    elif time is None or time[0] < 0 or (not interval and time[1] in ("dur", "sec")):  # (0: rules of its own)
+    elif is_number(v) and v < 0 or time is not None and time[0] < 0:
+        # composer takes it: an interval that never comes (its check is `<= 0`), a duration that trains nothing
+        yield Problem(key, f"{v!r} is negative: " + ("composer's interval never fires" if interval else
+                      "nothing would be trained"), f"a positive time, e.g. {key}=1000ba")
+    elif time is None or (not interval and time[1] in ("dur", "sec")):  # (0: rules of its own)
         yield Problem(key, f"{v!r} is not a {'time' if interval else 'duration'} composer takes here (a number "
                       "and a unit" + ("" if interval else "; not dur or sec, which composer refuses for "
                                              "max_duration") + ")",
                       f"use {TIME_UNITS}" + (", or 0.1dur (a fraction of max_duration)" if interval else "")
-                      + f": {key}=1000ba" + (f", or {key}=0 ({zero_means})" if zero_means else ""))
+                      + f": {key}=1000ba")
+
+
+def _never(v) -> bool:
+    """An interval of 0 (`0`, `0ba`, `0ep`, ...): composer's interval scheduler never fires it."""
+    time = time_of(v)
+    return not isinstance(v, bool) and (v == 0 if is_number(v) else time is not None and time[0] == 0 and
+                                        time[1] != "dur")
+
+
+def eval_interval(cfg, ctx):
+    """eval_interval=0 trained without one evaluation, exit 0, while the run built its evaluators and checked their
+    data, and its summary and an Optuna objective then read no eval loss (save_interval=0 is refused: rules of
+    checkpoints.py). What says "no evaluation" is no evaluator."""
+    v = value(cfg, "eval_interval")
+    if v is None:
+        return  # absent (a YAML's choice): llm-foundry's default, every epoch
+    if not _never(v):
+        yield from _duration(cfg, "eval_interval")
+    elif (eval_keys(cfg) or value(cfg, "icl_tasks")) and value(cfg, "eval_first") is not True:
+        yield Problem("eval_interval", f"{v!r} never evaluates (composer's interval never fires), while the run "
+                      f"builds its evaluators ({', '.join(eval_keys(cfg)) or 'icl_tasks'}) and reads their data: "
+                      "no eval loss for its summary, metrics.json or a sweep's objective",
+                      "to train without evaluating: eval_loader=null (and icl_tasks=null); else a positive interval, "
+                      "e.g. eval_interval=1000ba")
 
 
 def numbers(cfg, ctx):
@@ -168,8 +194,6 @@ def numbers(cfg, ctx):
     if value(cfg, "device_train_microbatch_size") != "auto":
         yield from _positive_int(cfg, "device_train_microbatch_size")
     yield from _duration(cfg, "max_duration", interval=False)
-    if value(cfg, "eval_interval") is not None:  # absent (a YAML's choice): llm-foundry's default, every epoch
-        yield from _duration(cfg, "eval_interval", zero_means="never evaluate")
     yield from _duration(cfg, "save_interval")
     lr = value(cfg, "optimizer.lr")
     if not is_number(lr) or lr <= 0:
@@ -188,7 +212,7 @@ _WARMUP_CHECKED = ("constant_with_warmup", "cosine_with_warmup", "linear_decay_w
 def schedule(cfg, ctx):
     given, duration = value(cfg, "scheduler.t_warmup"), value(cfg, "max_duration")
     warmup, total = batches_in(cfg, given), batches_in(cfg, duration)
-    if warmup is not None and total and warmup > total:  # (max_duration=0 is refused on its own)
+    if warmup is not None and total and total > 0 and warmup > total:  # (0 or less: refused on its own)
         yield Problem("scheduler.t_warmup", f"{given} of warmup ({warmup} batches) is longer than max_duration="
                       f"{duration} ({total} batches): the learning rate never reaches optimizer.lr (composer runs it; "
                       "fine for a smoke test)", f"shorten it, e.g. scheduler.t_warmup={_tenth(duration)}, or "
@@ -517,7 +541,12 @@ def export(cfg, ctx):
     if v not in EXPORT_PRECISIONS:
         yield Problem("export.precision", f"{v!r} is not a precision the Hugging Face export writes",
                       close_match(str(v), EXPORT_PRECISIONS) or f"one of {', '.join(EXPORT_PRECISIONS)}")
-    yield from _duration(cfg, "export.interval")
+    if _never(value(cfg, "export.interval")):
+        yield Problem("export.interval", f"{value(cfg, 'export.interval')!r} never exports (composer's interval "
+                      "never fires, not even at the end)", "leave out export=hf to export nothing (python -m "
+                      "train.export exports a checkpoint later), or e.g. export.interval=1000ba")
+    else:
+        yield from _duration(cfg, "export.interval")
 
 
 def slurm_preset_needs_m(cfg, ctx):
@@ -823,6 +852,6 @@ def groups_beneath_the_yaml(cfg, ctx):
 
 
 RULES = [plan_form, known_keys, resolves, keeps_the_run_report, slurm_preset_needs_m, mock_data_only_where_asked,
-         numbers, schedule, seq_len, eval_loader_shape, held_out, device, fsdp, checkpoint, storage_root, storage,
+         numbers, eval_interval, schedule, seq_len, eval_loader_shape, held_out, device, fsdp, checkpoint, storage_root, storage,
          cluster_figures, batch, export, objective_reported, variables_the_yaml_leaves_to_ours, data_beneath_the_yaml,
          model_beneath_the_yaml, experiment_over_the_yaml, groups_beneath_the_yaml]
