@@ -120,6 +120,22 @@ def test_refused_before_anything_is_written_and_no_secret_is_echoed(tmp_path, ov
     assert list(root.iterdir()) == []
 
 
+# A credential by its key's name, given without `+` for a key the config does not have: Hydra's own "Could not
+# override ... use +key=value" printed the value back in full.
+@pytest.mark.e2e
+@pytest.mark.parametrize("override,key", [("variables.my_token=" + SECRET, "variables.my_token"),
+                                          ("variables.hf_token=" + SECRET, "variables.hf_token"),
+                                          ("cluster.env.HF_TOKEN=" + SECRET, "cluster.env.HF_TOKEN"),
+                                          ("tokenizer.kwargs.token=" + SECRET, "tokenizer.kwargs.token")])
+def test_a_credential_by_its_name_without_a_plus_is_refused_before_hydra_can_echo_it(tmp_path, override, key, cli):
+    root = tmp_path / "root"
+    root.mkdir()
+    proc = cli("train", override, root=root)
+    assert proc.returncode == 2 and f"error: {key}: " in proc.stderr and "credential" in proc.stderr, proc.stderr
+    assert SECRET not in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
+    assert list(root.iterdir()) == []
+
+
 # Credentials under names no rule knows, recognised by their shape: (override, the key named, the secret).
 RANDOM = "Zq8vR2mLx7TnW4pKc9YbH3sJdF6gA1eU"  # a long random string, no known prefix
 WANDB_KEY = "0123456789abcdef0123456789abcdef01234567"

@@ -252,6 +252,14 @@ def _by_shape(key: str, what: str, also=()) -> Problem:
                    "key argument: they read WANDB_API_KEY and HF_TOKEN)")
 
 
+def _secret_by_name(key: str) -> bool:
+    """A key whose value the config checks take for a credential by its name alone (credentials,
+    secrets_in_values, tracking_credentials): refused on the command line too, before a message can echo it."""
+    last = key.rsplit(".", 1)[-1]
+    return bool(SECRET_KEY.search(last) or key.startswith("cluster.env.") and CREDENTIAL.search(last)
+                or key.startswith("loggers.") and LOGGER_CREDENTIAL.search(last))
+
+
 def command_line_secrets(args: list) -> tuple[list, list]:
     """(problems, secrets) for the overrides of a command line that hold a credential by its shape, before Hydra
     reads them: Hydra's own errors (an unquoted URL it cannot parse, a key it cannot override) print the override
@@ -265,6 +273,12 @@ def command_line_secrets(args: list) -> tuple[list, list]:
             continue
         key, raw = arg.split("=", 1)
         key = key.lstrip("+~")
+        if raw and not raw.startswith("$") and _secret_by_name(key):  # by its name: echoed as Hydra's fix
+            env = key.startswith("cluster.env.")
+            problems.append(next(credentials(OmegaConf.create({"cluster": {"env": {key[12:]: raw}}}), None)) if env
+                            else _by_shape(key, "a credential (by its key's name)"))
+            secrets.append(raw)
+            continue
         try:
             [override] = parser.parse_overrides([arg])
             values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
