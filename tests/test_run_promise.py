@@ -213,7 +213,7 @@ def test_the_divergence_rule_never_fires_on_a_healthy_curve_and_fires_after_its_
     a row at 3 times it or more stop the run. A spike of one batch is no divergence."""
     assert _first_stop(DEFAULT_RUN)[0] is None and _first_stop(LR_0_1)[0] is None
     stop, rule = _first_stop(LR_100)
-    assert stop == 14 and rule.streak[0][0] == 4 and rule.reference_batch == 1
+    assert stop == 14 and rule.since == 4 and rule.outliers == 11 and rule.reference_batch == 1
     assert rule.reference == pytest.approx(6.7943)
     spiked = [*DEFAULT_RUN[:25], 100 * DEFAULT_RUN[25], *DEFAULT_RUN[26:]]
     assert _first_stop(spiked)[0] is None

@@ -81,7 +81,8 @@ class Divergence:
         self.loss_cap = None if s["loss_cap"] is None else float(s["loss_cap"])
         self._window, self._sum, self._seen = deque(), 0.0, 0
         self.reference = self.reference_batch = None  # the lowest window mean so far, and the batch it ended at
-        self.streak = []  # [(batch, loss)] of the outliers in a row, up to the newest batch
+        # the outliers in a row up to the newest batch: how many, the batch of the first, the newest (batch, loss)
+        self.outliers, self.since, self.last = 0, None, None
         self._warned = False
 
     def feed(self, batch: int, loss: float) -> bool:
@@ -93,9 +94,9 @@ class Divergence:
             loss >= self.outlier_multiplier * self.reference
             or (self.loss_cap is not None and self._seen > self.window_size and loss > self.loss_cap))
         if high:
-            self.streak.append((batch, loss))
+            self.outliers, self.since, self.last = self.outliers + 1, self.since or batch, (batch, loss)
         else:
-            self.streak, self._warned = [], False
+            self.outliers, self.since, self._warned = 0, None, False
         # the window moves on after the judgement: a loss is compared with where the run was before it
         self._window.append(loss)
         self._sum += loss
@@ -104,13 +105,12 @@ class Divergence:
         mean = self._sum / len(self._window)
         if self.reference is None or mean < self.reference:
             self.reference, self.reference_batch = mean, batch
-        return len(self.streak) > self.patience
+        return self.outliers > self.patience
 
     def words(self, step: str, since_checkpoints=(), stops: bool = True) -> tuple[str, str, str]:
         """(key, problem, fix) of a divergence just found at `step`. since_checkpoints: the batches of checkpoints
         written during the streak (they hold weights already diverging). stops: False for log_only's warning."""
-        batch, loss = self.streak[-1]
-        start = self.streak[0][0]
+        loss, start = self.last[1], self.since
         capped = self.loss_cap is not None and loss > self.loss_cap and \
             loss < self.outlier_multiplier * self.reference
         above = (f"above loss_cap={self.loss_cap:g}" if capped else
@@ -118,7 +118,7 @@ class Divergence:
                  f"{self.window_size}-batch running mean so far, at batch {self.reference_batch})")
         problem = (f"the training loss is {loss:.6g} at {step}, {above}, and has been over "
                    f"{self.outlier_multiplier:g} times that mean{' or loss_cap' if self.loss_cap else ''} for "
-                   f"{len(self.streak)} batches in a row (since batch {start}, patience={self.patience}): the run "
+                   f"{self.outliers} batches in a row (since batch {start}, patience={self.patience}): the run "
                    + ("diverged; it stopped there, before that step's checkpoint" if stops else
                       "looks diverged; it goes on (log_only=true)"))
         if since_checkpoints:

@@ -180,7 +180,7 @@ class RunReport(Callback):
         self._fed = len(self.train)
         if not diverged:
             return
-        rising = [b for b in self._saved if b >= self._divergence.streak[0][0]]
+        rising = [b for b in self._saved if b >= self._divergence.since]
         if self._divergence.log_only:
             if dist.get_global_rank() == 0:
                 self._divergence.warn_once(_step(state), rising)
