@@ -9,7 +9,7 @@ from helpers import run
 
 import train  # noqa: F401  (registers the resolvers)
 from train.config.compose import compose
-from train.config.identity import identity, legacy_name, same_model_and_data
+from train.config.identity import identity, same_model_and_data
 
 BASE = ["model=mpt-125m", "cluster=ndv5", "data=c4", "optimizer.lr=3e-3"]
 
@@ -82,23 +82,6 @@ def test_identity_names_its_keys_and_leaves_out_the_how():
     assert "model.attn_config.attn_impl" not in ident and "callbacks.speed_monitor.window_size" not in ident
 
 
-def test_a_run_named_by_the_old_rule_keeps_its_name(tmp_path):
-    """Runs made before identities resume with the same command: the old name is honoured while its checkpoint
-    folder exists and the new name's does not."""
-    overrides = ["model=mpt-125m", "optimizer.lr=1e-4"]
-    new = compose(overrides).run_name
-    old = legacy_name("mpt-125m", overrides)
-    assert old != new
-    folder = tmp_path / "checkpoints" / old
-    folder.mkdir(parents=True)
-    assert compose(overrides).run_name == new  # an empty folder is no run
-    (folder / "ep0-ba20-rank0.pt").write_bytes(b"x")
-    assert compose(overrides).run_name == old
-    assert compose([*overrides, "cluster.env.X=1"]).run_name == new  # another command under the old rule
-    (tmp_path / "checkpoints" / new).mkdir()
-    assert compose(overrides).run_name == new  # once the new name has a folder, it wins
-
-
 def test_runs_of_the_same_model_and_data_are_found_with_what_differs(tmp_path):
     from train.config.identity import write_record
 
@@ -149,26 +132,10 @@ def test_one_folder_spelt_three_ways_is_one_run_and_a_loader_of_weights_is_what_
     assert name(["max_duration=4800 ba"]) == name() and name(["fsdp_config.mixed_precision=pure"]) == name()
 
 
-def test_an_old_rule_name_whose_record_trains_something_else_is_not_continued(tmp_path):
-    """The old rule hashed the command line alone: after a yaml=PATH file or a preset was edited, the same line
-    continued the old run under other settings, unwarned, and rewrote its record."""
-    from train.config.identity import write_record
-
-    overrides = ["model=mpt-125m", "optimizer.lr=1e-4"]
-    new, old = compose(overrides).run_name, legacy_name("mpt-125m", overrides)
-    folder = tmp_path / "checkpoints" / old
-    folder.mkdir(parents=True)
-    (folder / "ep0-ba20-rank0.pt").write_bytes(b"x")
-    write_record(folder, old, "mpt-125m", identity(compose([*overrides, "optimizer.weight_decay=0.5"])))
-    assert compose(overrides).run_name == new
-    write_record(folder, old, "mpt-125m", identity(compose(overrides)))
-    assert compose(overrides).run_name == old  # its record is this training: it goes on
-
-
 def test_scaling_points_keep_their_names_when_every_point_gets_one_more_override(tmp_path):
     """`-m cluster.tasks_per_node=1,2` run again with cluster.env.NCCL_DEBUG=INFO added: each point's name hashed
     every override, so both trained again from step 0, unwarned. A point is named by its overrides but those that
-    never make another run, whatever the other points; a sweep named by the rule before goes on under those names."""
+    never make another run, whatever the other points."""
     from omegaconf import OmegaConf
 
     from train.config.identity import distinct_names
@@ -181,32 +148,5 @@ def test_scaling_points_keep_their_names_when_every_point_gets_one_more_override
     assert [o[-1] for o in distinct_names(more, cfgs)] == names
     wider = [*points, ["cluster.tasks_per_node=4", "data=mock"]]  # a point added: the others keep their names
     assert [o[-1] for o in distinct_names(wider, cfgs)][:2] == names
-    import hashlib
-
-    before = "m-1-" + hashlib.sha1("\n".join(sorted(more[0])).encode()).hexdigest()[:6]
-    (tmp_path / before).mkdir()
-    (tmp_path / before / "ep0-ba20-rank0.pt").write_bytes(b"x")
-    assert [o[-1] for o in distinct_names(more, cfgs[:2])] == [f"run_name={before}", names[1]]
 
 
-def test_a_run_named_under_an_earlier_spelling_rule_goes_on_under_its_name(tmp_path):
-    """llm-foundry's YAMLs read `./my-copy-c4`: spelt once as my-copy-c4, every such run got another name and
-    started from step 0. A run whose record is this training spelt as an earlier rule left it keeps its name; one
-    of another training, or without checkpoints, does not."""
-    from train.config.identity import write_record
-
-    line = ["model=mpt-125m", "data=mds", "variables.data_local=./my-data"]
-    cfg = compose(line)
-    ident = identity(cfg)
-    assert ident["train_loader.dataset.source"] == "my-data"
-    folder = tmp_path / "checkpoints" / "mpt-125m-0aa0aa00"
-    folder.mkdir(parents=True)
-    write_record(folder, folder.name, "mpt-125m", {**ident, "train_loader.dataset.source": "./my-data/",
-                                                   "max_duration": "4800 ba"})
-    assert compose(line).run_name == cfg.run_name  # no checkpoint there: no run to go on with
-    (folder / "ep0-ba20-rank0.pt").write_bytes(b"x")
-    assert compose(line).run_name == folder.name
-    assert compose([*line, "optimizer.lr=1e-5"]).run_name != folder.name  # another training
-    mine = tmp_path / "checkpoints" / "mpt-125m-0aa0aa00-1a2b3c"  # a sweep point's (or a user's) name: not taken
-    folder.rename(mine)
-    assert compose(line).run_name == cfg.run_name

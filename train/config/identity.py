@@ -218,17 +218,6 @@ def name(model: str, cfg) -> str:
     return f"{model}-{digest(identity(cfg))}"
 
 
-# The rule before identities: a hash of the command line's overrides less these prefixes. Kept to find the runs it
-# named, which go on under their old names (see run_id).
-_LEGACY_NEUTRAL = ("hydra", "plan", "cluster.timeout_min", "cluster.partition", "cluster.account", "cluster.qos",
-                   "cluster.dist_timeout", "dist_timeout", "logger", "loggers", "export")
-
-
-def legacy_name(model: str, overrides) -> str:
-    kept = sorted(o for o in overrides if not o.lstrip("+~").startswith(_LEGACY_NEUTRAL))
-    return f"{model}-{hashlib.sha1(chr(10).join(kept).encode()).hexdigest()[:8]}"
-
-
 _naming = threading.local()
 
 
@@ -240,8 +229,7 @@ def label(choices) -> str:
 
 def run_id(model: str, recipe=None, _root_=None) -> str:
     """The default run_name (conf/train.yaml): `<model>-<hash of the identity>`, `<yaml stem>-<hash>` with
-    yaml=PATH. A run started before identities existed keeps its old name: when its checkpoint folder is there and
-    the new name's is not, the old name is the one this command continues."""
+    yaml=PATH: a function of the resolved config alone (nothing on disk, nothing of Hydra's is read)."""
     model = label({"model": model, "yaml": recipe})
     if getattr(_naming, "busy", False):
         return "<run_name>"  # a value that holds the name (a node-local cache folder) while the name is computed
@@ -250,68 +238,7 @@ def run_id(model: str, recipe=None, _root_=None) -> str:
         ident = identity(_root_)
     finally:
         _naming.busy = False
-    new = f"{model}-{digest(ident)}"
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-        root = OmegaConf.select(_root_, "storage.checkpoint_root")
-    except Exception:
-        return new
-    if not root or (Path(root) / new).exists():
-        return new
-    # A run named under an earlier rule goes on under its name: one whose record is this training spelt as that
-    # rule left it (./data and data, a trailing slash: each renamed runs, which then started from step 0)...
-    before = recorded_as(root, model, ident)
-    if before:
-        return before
-    # ...or, from before records, named by a hash of its command line. That rule hashed the line alone: the same
-    # line after a preset or a yaml=PATH file was edited trains something else; a record says which.
-    old = legacy_name(model, overrides)
-    if old != new and _has_checkpoints(Path(root) / old):
-        record = read_record(Path(root) / old).get("identity")
-        if record is None or spelt_once(record) == ident:
-            return old
-    return new
-
-
-def recorded_as(root, model: str, ident: dict) -> str | None:
-    """The run under the checkpoint root `root` whose record is this training, with checkpoints (the newest
-    written first), under a name another rule gave it (`<model>-<8 hex>`: not a name of the user's, nor a sweep
-    point's); None where there is none."""
-    named = re.compile(re.escape(model) + r"-[0-9a-f]{8}")
-    found = [(mtime, run) for run, theirs, spelt, mtime in _records(str(root)) if theirs.get("model") == model
-             and named.fullmatch(run) and spelt == ident and _has_checkpoints(Path(root) / run)]
-    return max(found)[1] if found else None
-
-
-_RECORDS: dict = {}
-
-
-def _records(root: str) -> list:
-    """(run name, record, its identity as this rule spells it, mtime) of every run under the checkpoint root, read
-    once per process while the root's listing is unchanged (a sweep names each point)."""
-    try:
-        stamp = Path(root).stat().st_mtime_ns
-    except OSError:
-        return []
-    if _RECORDS.get(root, (None,))[0] != stamp:
-        records = []
-        for rec in Path(root).glob(f"*/{RECORD}"):
-            try:
-                body = json.loads(rec.read_text())
-                spelt = spelt_once(body.get("identity") or {})
-                records.append((rec.parent.name, body, spelt, rec.stat().st_mtime))
-            except (OSError, ValueError, AttributeError, TypeError):
-                continue
-        _RECORDS[root] = (stamp, records)
-    return _RECORDS[root][1]
-
-
-def _has_checkpoints(folder: Path) -> bool:
-    from train.checkpoint.resume import find
-
-    return bool(find(folder))
+    return f"{model}-{digest(ident)}"
 
 
 # ---- the identity a run leaves in its checkpoint folder, and the runs found beside a new one ----
@@ -390,21 +317,14 @@ def distinct_names(points: list, cfgs: list) -> list | None:
             # time limit: each point's name hashed every override, so adding cluster.env.NCCL_DEBUG=INFO started
             # every point again from step 0), whatever the other points are
             name = f"{base}-{_mark(sorted(o for o in map(str, overrides) if not _neutral(o)))}"
-            # the rule before (every override hashed) named points of sweeps run then: they go on under those names
-            before = f"{base}-{_mark(sorted(map(str, overrides)))}"
-            try:
-                root = OmegaConf.select(cfgs[num], "storage.checkpoint_root", default=None)
-            except Exception:
-                root = None
-            if before != name and root and _has_checkpoints(Path(root) / before) and not (Path(root) / name).exists():
-                name = before
             overrides.append(f"run_name={name}")
         out.append(overrides)
     return out
 
 
 # Overrides of a sweep point that never make another run, left out of its mark (distinct_names).
-_NEUTRAL = (*_LEGACY_NEUTRAL, "cluster.env", "cluster.wait", "cluster.preflight", "cluster.container", "cluster.setup",
+_NEUTRAL = ("hydra", "plan", "cluster.timeout_min", "cluster.partition", "cluster.account", "cluster.qos",
+            "cluster.dist_timeout", "dist_timeout", "logger", "loggers", "export", "cluster.env", "cluster.wait", "cluster.preflight", "cluster.container", "cluster.setup",
             "cluster.sbatch_extra", "progress_bar", "console_log_interval", "log_to_console", "python_log_level")
 
 
