@@ -58,7 +58,7 @@ def test_the_readme_has_the_lines_people_copy():
     text = " ".join(line for _, line, _ in LINES)
     assert len(LINES) >= 15, LINES
     for words in ("-m model=mpt-30b", "data_prep dataset=c4", "cluster.env.NCCL_IB_PCI_RELAXED_ORDERING=1",
-                  "cluster.sbatch_extra='{reservation: big}'", "plan=true", "eval_interval=0"):
+                  "cluster.sbatch_extra='{reservation: big}'", "plan=true", "eval_loader=null"):
         assert words in text, words
 
 

@@ -105,7 +105,7 @@ def test_a_point_whose_controller_alone_was_killed_runs_on_and_status_says_so_un
     result" while the point's step still rose, then COMPLETED. The task carries the job's id: RUNNING until it ends."""
     with (tmp_path / "sweep.log").open("w") as out:
         proc = start("-m", "train", "-m", "progress_bar=false", "checkpoint=none", "max_duration=80ba",
-                     "eval_interval=0", "console_log_interval=1ba", root=tmp_path, stdout=out,
+                     "eval_loader=null", "console_log_interval=1ba", root=tmp_path, stdout=out,
                      stderr=subprocess.STDOUT)
         try:
             sweep_dir = _training(tmp_path, proc)

@@ -63,7 +63,7 @@ CASES = [
     ("sharded checkpoint with FSDP off", ["fsdp_config=null"], "checkpoint", "FSDP is off"),
     ("save_interval without a unit", ["save_interval=1000"], "save_interval", "save_interval=1000ba"),
     ("max_duration with a bad unit", ["max_duration=10xx"], "max_duration", "not a duration"),
-    ("eval_interval not a duration", ["eval_interval=often"], "eval_interval", "eval_interval=0 (never evaluate)"),
+    ("eval_interval not a duration", ["eval_interval=often"], "eval_interval", "eval_interval=1000ba"),
     ("nodes=0", ["cluster.nodes=0"], "cluster.nodes", "positive whole number"),
     ("code_paths as one string", ["+code_paths=my_code.py"], "code_paths", "is not a list or null"),
     ("tasks_per_node=0", ["cluster=slurm-local", "cluster.tasks_per_node=0"], "cluster.tasks_per_node",
@@ -212,9 +212,12 @@ def test_a_missing_value_is_reported_with_the_other_problems(tmp_path, cli):
 
 @pytest.mark.train
 def test_the_smoke_test_users_run_today_runs(tmp_path, cli):
-    """`max_duration=3ba eval_interval=0`: composer never evaluates with an interval of 0, and a warmup longer
-    than training is legal (a warning, not a refusal)."""
+    """The scripts' `max_duration=3ba eval_interval=0` (composer never evaluates with an interval of 0) is
+    `max_duration=3ba eval_loader=null` here; a warmup longer than training is legal (a warning, not a refusal)."""
     proc = cli("train", "max_duration=3ba", "eval_interval=0", "checkpoint=none", "progress_bar=false")
+    assert proc.returncode == 2 and "error: eval_interval: 0 never evaluates" in proc.stderr
+    assert "fix: to train without evaluating: eval_loader=null" in proc.stderr and list(tmp_path.iterdir()) == []
+    proc = cli("train", "max_duration=3ba", "eval_loader=null", "checkpoint=none", "progress_bar=false")
     assert proc.returncode == 0, proc.stderr[-3000:]
     warnings = [(k, line) for level, k, line, _ in problems_in(proc.stderr) if level == WARNING]
     assert [k for k, _ in warnings] == ["scheduler.t_warmup"], proc.stderr[-3000:]
