@@ -317,6 +317,15 @@ CASES = [
     ([f"cluster.setup=['huggingface-cli login --token {SECRET}']"], "refused", "cluster.setup[0]"),
     ([f"cluster.setup=['export X_CRED={SECRET}']"], "refused", "cluster.setup[0]"),
     (["-m", f"cluster.setup=['wandb login {SECRET}']", "plan=json"], "refused", "cluster.setup[0]"),
+    # paths that fail on the allocation
+    (["train_loader.dataset.split=nosplit"], "refused", "train_loader.dataset.split"),
+    (["eval_loader.dataset.local={tmp}/nope"], "refused", "eval_loader.dataset.local"),
+    (["tokenizer.name={tmp}/no-tokenizer"], "refused", "tokenizer.name"),
+    (["tokenizer.name=my/tokenizers/v2"], "refused", "tokenizer.name"),
+    (["model.init_device=cuda"], "refused", "model.init_device"),
+    (["-m", "cluster=slurm-local", "data=mock", "model.init_device=cuda"], "refused", "model.init_device"),
+    (["data=mds", f"tokenizer.name={TOKENIZER}", "variables.data_local={tmp}/cache", "variables.data_remote={tmp}/blob"],
+     "refused", "variables.data_remote"),
 ]
 
 

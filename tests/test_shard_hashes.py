@@ -95,17 +95,63 @@ def test_streaming_itself_accepts_the_hashes(tmp_path):
     assert ds.num_samples == 20 and len(ds[19]["tokens"]) == 64
 
 
+def _everything(folder):
+    """Every file (its bytes) and folder (None) under folder."""
+    return {str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes() for p in folder.rglob("*")}
+
+
 @pytest.mark.train  # imports torch and composer (the check runs before llm-foundry is imported)
-def test_a_run_stops_before_training_naming_the_damaged_val_shard(tmp_path):
+def test_a_run_stops_before_training_naming_the_damaged_val_shard_and_leaves_nothing(tmp_path):
+    """Hashing the shards is the job's work (spread over its ranks), so this refusal comes from the task, after
+    Hydra wrote the run folder's .hydra/ and log and the run claimed its save folder: all of it was left behind.
+    Now the task takes back what it made, and an earlier start's run folder is as it was, byte for byte."""
     root = tmp_path / "root"
     mock = mock_data.ensure(str(root / "datasets" / "mock-seq128"), 128, 1024, 64)  # what data=mock reads
     [victim] = (mock / "val").glob("shard.*.mds")
     _flip(victim)
-    proc = run("-m", "train", "max_duration=4ba", "checkpoint=none", root=root, timeout=300)
+    before = _everything(root)
+    proc = run("-m", "train", "max_duration=4ba", root=root, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"error: eval_loader.dataset: shard {victim} is damaged: its xxh3_64 is" in proc.stderr
     assert "Traceback" not in proc.stderr and "[progress]" not in proc.stderr
-    assert not list(root.glob("outputs/*/metrics.json"))
+    assert _everything(root) == before  # no outputs/<run>/ (.hydra/, __main__.log), no checkpoints/<run>/.lock
+    # a run of this name started before: its run folder as it was (Hydra rewrites .hydra/ and appends to the log)
+    name = json.loads(run("-m", "train", "max_duration=4ba", "plan=json", root=root, check=True).stdout)["run_name"]
+    earlier = root / "outputs" / name
+    (earlier / ".hydra").mkdir(parents=True)
+    (earlier / ".hydra" / "overrides.yaml").write_text("- max_duration=4ba\n- seed=3\n")
+    (earlier / "__main__.log").write_text("[the earlier start's log]\n")
+    before = _everything(root)
+    proc = run("-m", "train", "max_duration=4ba", root=root, timeout=300)
+    assert proc.returncode == 2 and "is damaged" in proc.stderr, proc.stderr[-3000:]
+    assert _everything(root) == before
+
+
+@pytest.mark.train  # two real runs
+def test_a_second_run_of_the_same_name_started_beside_the_first_touches_nothing_of_it(tmp_path):
+    """Both passed the checks (the first had not claimed its save folder yet: that came with its task, seconds
+    later), so the second's Hydra wrote into the first's .hydra/ and log before its task was refused. The run
+    claims its save folder as its checks pass, before Hydra writes: the second is refused then, having written
+    nothing. The same run (one name) told apart by an environment variable, which is no part of what is trained."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = tmp_path / "root"
+    mock_data.ensure(str(root / "datasets" / "mock-seq128"), 128, 1024, 64)  # not written by both at once
+
+    def start(who):
+        return run("-m", "train", "max_duration=4ba", f"cluster.env.WHO={who}", root=root, timeout=300)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        procs = dict(zip(("alpha", "bravo"), pool.map(start, ("alpha", "bravo"))))
+    assert sorted(p.returncode for p in procs.values()) == [0, 2], [p.stderr[-2000:] for p in procs.values()]
+    [first] = [who for who, p in procs.items() if p.returncode == 0]
+    [second] = [who for who in procs if who != first]
+    assert "error: save_folder: " in procs[second].stderr and "is in use by another run" in procs[second].stderr
+    assert "Traceback" not in procs[second].stderr
+    [run_dir] = (root / "outputs").iterdir()
+    assert f"WHO={first}" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert (run_dir / "__main__.log").read_text().count("shards checked against index.json") == 1  # one start
+    assert not [p for p in root.rglob("*") if p.is_file() and second.encode() in p.read_bytes()]
 
 
 def test_each_stream_of_a_mixture_is_checked_and_a_resume_on_other_data_is_seen(tmp_path):

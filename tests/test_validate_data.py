@@ -37,8 +37,11 @@ def test_mock_tokenizer_size_matches_mock_data():
 def test_good_data_folder_passes(tmp_path, c4_mds):
     assert check(compose(["data=c4", f"tokenizer.name={TOKENIZER}", "max_seq_len=128",
                           f"variables.data_local={c4_mds}"]), Context()) == []
-    assert check(compose(["storage=blob", f"storage.root={tmp_path}", "storage.mounts=[]", "data=c4",
-                          f"tokenizer.name={TOKENIZER}"]), Context()) == []
+    # streamed from a remote that is a folder (blobfuse's /blob): copied into the node-local cache as the run starts
+    blob = ["storage=blob", f"storage.root={tmp_path}", "storage.mounts=[]", "data=c4", f"tokenizer.name={TOKENIZER}"]
+    (tmp_path / "datasets").mkdir()
+    (tmp_path / "datasets" / "c4").symlink_to(c4_mds)
+    assert check(compose(blob), Context()) == []
 
 
 # ------------------------------------------------------------------------------- data that cannot train
@@ -208,3 +211,73 @@ def test_a_tokenizer_file_is_read_once_until_it_changes(tmp_path):
     assert tokenizer_ids(str(tmp_path)) == (1001, str(tmp_path))
     path.write_text("not json")
     assert tokenizer_ids(str(tmp_path)) == (None, str(tmp_path))
+
+
+# ------------------------------------------------------------------ what passed the checks and failed on the allocation
+
+
+def _everything(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else []
+
+
+# (overrides, the key refused). {tmp}: an empty folder of the test's; {mds}: real MDS data (train and val splits).
+FAILED_ON_THE_ALLOCATION = [
+    (["train_loader.dataset.split=nosplit"], "train_loader.dataset.split"),  # data=mock writes train and val only
+    (["eval_loader.dataset.split=validation"], "eval_loader.dataset.split"),
+    (["eval_loader.dataset.local={tmp}/elsewhere"], "eval_loader.dataset.local"),
+    (["tokenizer.name={tmp}/no-tokenizer"], "tokenizer.name"),  # beside data=mock
+    (["tokenizer.name=tokenizers/gpt-neox-20b/v2"], "tokenizer.name"),  # neither a folder nor a hub name
+    (["model.init_device=cuda"], "model.init_device"),  # cluster=local: a CPU preset
+    (["data=mds", f"tokenizer.name={TOKENIZER}", "max_seq_len=128", "variables.data_local={tmp}/cache",
+      "variables.data_remote={tmp}/blob/c4"], "variables.data_remote"),  # streamed from a folder that is not there
+    (["data=mds", f"tokenizer.name={TOKENIZER}", "max_seq_len=128", "variables.data_local={mds}",
+      "eval_loader.dataset.split=validation"], "eval_loader.dataset.split"),
+    (["-m", "cluster=slurm-local", "data=mock", "model.init_device=cuda"], "model.init_device"),
+    (["-m", "cluster=slurm-local", "data=mds", f"tokenizer.name={TOKENIZER}", "max_seq_len=128",
+      "variables.data_local={tmp}/cache", "variables.data_remote={tmp}/nope"], "variables.data_remote"),
+]
+
+
+@pytest.mark.parametrize("overrides, key", FAILED_ON_THE_ALLOCATION, ids=[" ".join(o) for o, _ in
+                                                                         FAILED_ON_THE_ALLOCATION])
+def test_what_failed_on_the_allocation_is_refused_before_anything_is_written(tmp_path, cli, c4_mds, overrides, key):
+    """Each passed `plan` and the checks before a run or a submission, then wrote identity.json, .lock, .hydra/ and
+    the log, and failed as the task started (streaming's FileNotFoundError, transformers' OSError, llm-foundry's
+    AssertionError on init_device): refused now, by key, with a fix, exit 2, nothing written."""
+    scratch, root = tmp_path / "scratch", tmp_path / "root"
+    scratch.mkdir()
+    args = [o.replace("{tmp}", str(scratch)).replace("{mds}", str(c4_mds)) for o in overrides]
+    proc = cli("train", *args, root=root, env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    [(level, _, line, fix)] = [p for p in problems_in(proc.stderr) if p[1].split("] ")[-1] == key]  # -m: by point
+    assert level == ERROR and fix.startswith("  fix: ") and "Traceback" not in proc.stderr, proc.stderr
+    assert _everything(root) == [] and _everything(scratch) == []
+
+
+@pytest.mark.e2e  # reads MDS data made by data_prep's command (the c4_mds fixture)
+def test_the_data_a_run_would_not_find_is_named_by_what_to_change(tmp_path, c4_mds):
+    """The details: data=mock's own splits are there once written (no problem), another one is named with the splits
+    there are; a remote folder is not needed where the local one holds the whole split; a storage not mounted on this
+    node is the mounts rule's to name; names that are not hub names are named as such."""
+    found = check(compose(["eval_loader.dataset.split=validation"]), Context())
+    [p] = found
+    assert "holds no split 'validation'" in p.problem and "its splits: train, val" in p.problem, p
+    assert check(compose(["data=mds", f"tokenizer.name={TOKENIZER}", "max_seq_len=128", f"variables.data_local={c4_mds}",
+                          f"variables.data_remote={tmp_path / 'gone'}"]), Context()) == []  # a whole copy here
+    cache = ["data=mds", f"tokenizer.name={TOKENIZER}", "max_seq_len=128", f"variables.data_local={tmp_path / 'cache'}"]
+    assert check(compose([*cache, f"variables.data_remote={c4_mds}"]), Context()) == []  # copied from there
+    (tmp_path / "blob").mkdir()
+    [p, _] = check(compose([*cache, f"variables.data_remote={tmp_path / 'blob'}"]), Context())  # its train and val
+    assert (p.key, p.problem) == ("variables.data_remote", f"{tmp_path / 'blob'} has no train/index.json (streaming copies "
+                                  f"train_loader's split from it into {tmp_path / 'cache'} as the run starts, and "
+                                  "stops there with nothing to copy)"), p
+    mounted = [*cache, "storage=blob", "storage.mounts=[/blob-not-here]", "variables.data_remote=/blob-not-here/c4"]
+    assert [p.key for p in check(compose(mounted), Context())] == ["storage.mounts"]
+    for name in ("a/b/c", "my tokenizer", "org/name--x", "/no/such/folder"):
+        [p] = check(compose(["data=mds", f"tokenizer.name='{name}'", "max_seq_len=128",
+                             f"variables.data_local={c4_mds}"]), Context())
+        assert p.key == "tokenizer.name" and p.level == ERROR, p
+    gpu = ["cluster=ndv5", "data=mock", "global_train_batch_size=64"]
+    [p] = [p for p in check(compose([*gpu, "model.init_device=cuda"]), Context(mode="sweep", choices={"cluster": "ndv5"}))
+           if p.key == "model.init_device"]
+    assert "asserts one of cpu, meta, mixed" in p.problem and p.fix.startswith("model.init_device=meta"), p

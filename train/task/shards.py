@@ -9,8 +9,9 @@ Shards: data_prep records every shard file's hash in index.json (`raw_data.hashe
 streaming's MDSWriter does). A flipped byte in a sample trains silently; a damaged val shard fails at the first
 evaluation, after eval_interval of training, on every retry. So the shards of each split are hashed here, spread
 over every rank of the job (each rank hashes every world-size-th shard), and the job stops naming the damaged
-ones. Folders without hashes (streaming's writer without `hashes=`, llm-foundry's converter) are left as they are;
-remote data (variables.data_remote) is streamed and checked by streaming as it downloads it.
+ones, a plain run leaving nothing behind (train/task/refusal.py). Folders without hashes (streaming's writer
+without `hashes=`, llm-foundry's converter) are left as they are; remote data (variables.data_remote) is streamed
+and checked by streaming as it downloads it.
 """
 import json
 import logging
@@ -24,6 +25,7 @@ from omegaconf import OmegaConf
 from common.errors import UserError
 from data_prep.mds import file_hashes
 from train.config.loaders import loader_keys
+from train.task import refusal
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ def check_mounts(cfg) -> None:
     node = os.uname().nodename
     missing = unmounted(cfg.storage.mounts)
     if missing:
+        refusal.take_back()
         raise NotMounted(problems=[
             _problem("storage.mounts", f"{path} is not a mount point on {node} (nothing is mounted there: reads "
                      "would find nothing and writes would land on the node's own disk)",
@@ -118,6 +121,7 @@ def same_train_data(then: dict | None, now: dict | None, fcfg, checkpoint) -> No
     streaming's place in the old data (its epoch and sample offset) in other samples, and end with exit 0."""
     if not then or not now or then.get("sha256") == now.get("sha256"):
         return
+    refusal.take_back()
     counts = f"{now.get('samples')} samples now, {then.get('samples')} when the run started"
     indexes = " and ".join(map(str, _train_indexes(fcfg)))
     raise OtherData("train_loader.dataset", f"{indexes} is not the data this run trained on ({counts}; its "
@@ -189,6 +193,7 @@ def verify_shards(fcfg) -> None:
         gathered = dist.all_gather_object(mine)
         mine = [d for part in gathered for d in part]
     if mine:
+        refusal.take_back()  # a plain run leaves nothing: its run folder's files, its claim (train/task/refusal.py)
         raise DamagedShard(problems=[
             _problem(key, f"shard {file} is damaged: {why} (streaming would read wrong tokens, or fail mid-run)",
                      "copy the data again (or make it again with data_prep), or point variables.data_local at an "
