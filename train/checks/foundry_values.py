@@ -313,6 +313,27 @@ def tokenizer_kwargs(cfg, ctx):
                           or f"remove it (~tokenizer.kwargs.{key})", WARNING)
 
 
+INIT_DEVICES = ("cpu", "meta", "mixed")  # llm-foundry's train (process_init_device) asserts one of them
+
+
+def init_device(cfg, ctx):
+    """Where the model's weights are made: llm-foundry's train asserts cpu, meta or mixed (a bare AssertionError as
+    the model is built, after the queue and the run's first files); mixed needs FSDP."""
+    device = value(cfg, "model.init_device")
+    if device is None:
+        return
+    if device not in INIT_DEVICES:
+        gpus = value(cfg, "cluster.gpus_per_node") or 0
+        where = (f"; cluster={value(cfg, 'cluster.name')} has no GPU either (cluster.gpus_per_node=0)"
+                 if str(device).startswith("cuda") and not gpus else "")
+        yield Problem("model.init_device", f"{device!r} is not one llm-foundry builds a model on (it asserts one of "
+                      f"{', '.join(INIT_DEVICES)}){where}", "model.init_device=" + ("meta (FSDP moves the weights to "
+                      "the GPUs)" if gpus else "cpu (what the CPU presets set)"))
+    elif device == "mixed" and value(cfg, "fsdp_config") is None:
+        yield Problem("model.init_device", "mixed needs FSDP (llm-foundry raises NotImplementedError without "
+                      "fsdp_config)", "model.init_device=cpu")
+
+
 def _max_duration_count(cfg):
     time = time_of(value(cfg, "max_duration"))
     return time if time and time[1] in ("ba", "ep", "tok", "sp") else (None, None)
@@ -653,6 +674,6 @@ def icl_tasks(cfg, ctx):
         yield from icl_task(task, f"icl_tasks[{i}]")
 
 
-RULES = [train_config_types, seed, registries, optimizer, scheduler, model, tokenizer_kwargs,
+RULES = [train_config_types, seed, registries, optimizer, scheduler, model, init_device, tokenizer_kwargs,
          durations, workers, flags, cluster_numbers, algorithms, speed_monitor, labels, loader_arguments, dataset_keys,
          model_keys, model_parts, tensor_parallel, icl_tasks]

@@ -62,6 +62,10 @@ class CheckBeforeWriting(Callback):
 
             print_plan(cfg, problems)
             sys.exit(0)
+        from train.task.refusal import hold  # before Hydra writes: what a refusing task takes back; the save folder
+
+        if not report(hold(config, cfg)):
+            sys.exit(2)
 
     @_or_stop
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
