@@ -1,5 +1,5 @@
 """Compose a sweep's points as their jobs will (same Hydra context), for any app of this project: the launcher
-hands each app the points a sweeper gives it (hydra_plugins/pretrain_launcher/), and the app composes and checks
+hands each app the points a sweeper gives it (common/sweep/launch.py), and the app composes and checks
 them here (train/launch/sweep_app.py, data_prep/sweep_app.py)."""
 import copy
 from pathlib import Path

@@ -1,10 +1,10 @@
 """`python -m data_prep.status SWEEP_FOLDER [--watch [SECONDS]]`: where every part of a data_prep sweep stands
-(hydra_plugins/pretrain_launcher/sweep_status.py); the folder is the one the submission printed
+(common/sweep/status.py); the folder is the one the submission printed
 (`<out_root>/.data_prep_jobs/<split>/<time>`)."""
 import sys
 
 from common.errors import UserError
-from hydra_plugins.pretrain_launcher.sweep_status import main
+from common.sweep.status import main
 
 
 def _latest():

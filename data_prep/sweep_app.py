@@ -1,4 +1,4 @@
-"""data_prep's side of the sweep launcher (hydra_plugins/pretrain_launcher/): `python -m data_prep -m
+"""data_prep's side of the sweep launcher (common/sweep/): `python -m data_prep -m
 'part=range(0,N)' num_parts=N` sends one job per part, all parts in one Slurm job array (hydra/launcher=htc) or
 as processes here (the default, data_prep_local). Resources come from `hydra.launcher.*` (data_prep has no
 cluster group). The output does not depend on how the parts ran: the last part to finish merges.
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.pretrain_launcher.contract import Resources, SweepApp, params_resources
+from common.sweep.contract import Resources, SweepApp, params_resources
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ import pytest
 # process) oversubscribes them. Measured: two two-rank resume tests side by side, 148 s without, 94 s with.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# Hydra's plugin scan executes every module of hydra_plugins/ again, in place, each time it builds its Plugins
+# Hydra's plugin scan executes every module of its plugin package again, in place, each time it builds its Plugins
 # singleton (first use in a process; again after Singleton.set_state, as Hydra's test fixtures and submitted jobs
 # call it). Every real command scans first; so does each test process, so that a test sees what a command sees.
-# (The launcher tells an app by its class's name for this reason: contract._is_sweep_app.)
+# (So the plugin package holds only what the scan must find: the launcher's work lives in common/sweep/.)
 from hydra.core.plugins import Plugins  # noqa: E402
 
 Plugins.instance()

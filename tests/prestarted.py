@@ -24,7 +24,7 @@ Forks share their server's string hash seed where fresh processes each draw one 
 reseeded in each), and so do a forked job's ranks: the references a run is compared with are made fresh
 (helpers.finished), with fresh ranks. A forked command's command line and environment are written over its
 server's where /proc shows them (each server starts with room for them): the launcher
-(hydra_plugins/pretrain_launcher/outcomes.py) and the tests (helpers.kill_all_with) find it as a fresh one.
+(common/sweep/outcomes.py) and the tests (helpers.kill_all_with) find it as a fresh one.
 
 Stand-ins: a command a test must be able to kill (`popen`), and a local `-m` run's ranks, which submitit's local
 controller starts as `PYTHON -u -m submitit.core._submit FOLDER` (~8.5 s of CPU each, most of it the imports; a
@@ -55,13 +55,14 @@ from pathlib import Path
 # What each kind imports before it forks: a light command's imports (train/__main__.py, Hydra's plugin scan), and
 # a training's (train/task/main.py imports the libraries with the GC paused: common/collector.py).
 LIGHT = ("hydra", "omegaconf", "train", "train.config.compose", "common.compose", "train.checks.gate",
-         "hydra_plugins.pretrain_launcher.sweep_status")
+         "common.sweep.status")
 HEAVY = ("train.task.main", "train.checkpoint.resume", "train.hf_model", "transformers")
 FOUNDRY = ("composer", "llmfoundry.command_utils")
 # A light command's that sweeps with Optuna (`hparams_search=`): the sweeper's library, imported as Hydra makes it.
 SWEEPER = ("hydra_plugins.hydra_optuna_sweeper._impl",)
-# A rank's: submitit's entry point and what it unpickles (our launcher, which runs the training), then a training's.
-RANK = ("submitit.core.submission", "hydra_plugins.pretrain_launcher.pretrain_launcher")
+# A rank's: submitit's entry point and what it unpickles (our launcher, which runs the training; its plugin class
+# comes with Hydra's plugin scan), then a training's.
+RANK = ("submitit.core.submission", "common.sweep.launch")
 _MODULES = {"train": None, "train.status": "light", "train.export": "heavy", "train.evaluate": "heavy",
             "train.consolidate": "heavy", "train.sample": "heavy", "data_prep": "light"}
 # A look, or a launcher whose ranks are fresh processes: no training in the command's own process.
@@ -351,7 +352,7 @@ def _room() -> dict | None:
 
 def _not_forkable(kind: str, request: dict, imported_under: dict, set_by_imports: dict, room: dict | None) -> list:
     """Why a stand-in's command cannot be forked ([] if it can): /proc could not show it as its own (launchers
-    and tests find ranks and killed runs by their environment: hydra_plugins/pretrain_launcher/outcomes.py,
+    and tests find ranks and killed runs by their environment: common/sweep/outcomes.py,
     helpers.kill_all_with), or, for a rank, an environment its imports or the interpreter's start read otherwise
     (a command's was checked by kind_for)."""
     if room is None:

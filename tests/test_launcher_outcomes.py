@@ -12,7 +12,7 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from submitit.core.utils import JobPaths, cloudpickle_dump
 
-from hydra_plugins.pretrain_launcher.outcomes import (
+from common.sweep.outcomes import (
     bucket,
     ended,
     final_state,
@@ -91,7 +91,7 @@ def test_a_local_job_has_ended_once_its_controller_has_also_seen_from_another_pr
     its id alone (as sweep.json names it) is running while submitit's controller of it runs, and has ended after."""
     import submitit
 
-    from hydra_plugins.pretrain_launcher.outcomes import local_alive
+    from common.sweep.outcomes import local_alive
 
     ex = submitit.AutoExecutor(folder=tmp_path / "%j", cluster="local")
     ex.update_parameters(timeout_min=2)
@@ -196,7 +196,7 @@ def test_out_of_time_leads_with_submitits_verdict_not_what_followed_from_it(tmp_
     import os
     import time
 
-    from hydra_plugins.pretrain_launcher.sweep_status import rows
+    from common.sweep.status import rows
 
     job = StandInJob(tmp_path / "4242", "TIMEOUT")
     job.log(0, f"submitit WARNING (2026-11-25 18:39:40,070) - Caught signal SIGUSR2 on vm: this job is timed-out.\n"
@@ -231,7 +231,7 @@ def test_a_killed_rank_without_a_result_shows_the_job_state_and_its_last_traceba
 
 
 def test_a_wide_job_that_failed_one_way_is_one_short_cell_first_failure_first(tmp_path):
-    from hydra_plugins.pretrain_launcher.outcomes import rank_errors
+    from common.sweep.outcomes import rank_errors
 
     job = StandInJob(tmp_path, "CANCELLED by 0", num_tasks=128)  # cancelled while pending: no rank ever ran
     ranks = rank_outcomes(job, wait_s=0)
@@ -298,7 +298,7 @@ def manifest(tmp_path, report=None):
 
 
 def test_a_running_point_shows_what_its_rank_0_last_wrote(tmp_path):
-    from hydra_plugins.pretrain_launcher.sweep_status import console, rows
+    from common.sweep.status import console, rows
 
     (tmp_path / "0").mkdir()
     (tmp_path / "0" / "progress.json").write_text('{"starts": 3, "progress": "step 20/40", "step": 20, "loss": 5.5,'
@@ -316,7 +316,7 @@ def test_a_running_point_shows_what_its_rank_0_last_wrote(tmp_path):
 def test_a_completed_point_shows_the_whole_runs_rates_from_its_metrics(tmp_path):
     """Once a point completes, tokens/s and MFU are the whole run's (metrics.json), both over the batches alone,
     never the last progress line's stretch beside the whole run's other figure."""
-    from hydra_plugins.pretrain_launcher.sweep_status import rows
+    from common.sweep.status import rows
 
     (tmp_path / "0").mkdir()
     (tmp_path / "0" / "progress.json").write_text('{"starts": 1, "progress": "step 40/40", "step": 40, "loss": 3.5,'
@@ -331,7 +331,7 @@ def test_a_completed_point_shows_the_whole_runs_rates_from_its_metrics(tmp_path)
 
 
 def test_a_job_not_yet_in_slurms_accounting_is_pending(tmp_path):
-    from hydra_plugins.pretrain_launcher.sweep_status import rows
+    from common.sweep.status import rows
 
     [row] = rows(manifest(tmp_path), [StandInJob(tmp_path / "4242", "UNKNOWN")])
     assert row["state"] == "PENDING" and row["step"] == "" and row["requeues"] == 0
@@ -340,7 +340,7 @@ def test_a_job_not_yet_in_slurms_accounting_is_pending(tmp_path):
 @pytest.mark.parametrize("outcome, state", [("success", "COMPLETED"), ("error", "FAILED")])
 def test_the_summary_job_needs_no_slurm_client(tmp_path, outcome, state):
     """It runs after every point (afterany), maybe in a container without sacct: the result files decide."""
-    from hydra_plugins.pretrain_launcher.sweep_status import rows, write_summary
+    from common.sweep.status import rows, write_summary
 
     job = StandInJob(tmp_path / "4242", RuntimeError("sacct: command not found"))
     for k in (0, 1):
@@ -361,7 +361,7 @@ def test_a_point_whose_job_folder_is_gone_cannot_be_told_and_the_summary_files_s
     UNKNOWN with the folder named, the summary files left as they were, exit 1 (a point not known to be done)."""
     import socket
 
-    from hydra_plugins.pretrain_launcher.sweep_status import main, rows, write_manifest
+    from common.sweep.status import main, rows, write_manifest
 
     sweep = tmp_path / "sweep"
     job = StandInJob(sweep / ".submitit" / "4242", "COMPLETED")
@@ -383,18 +383,26 @@ def test_a_point_whose_job_folder_is_gone_cannot_be_told_and_the_summary_files_s
 
 
 def test_an_app_imported_before_hydras_plugin_scan_runs_again_is_still_a_sweep_app():
-    """Hydra's plugin scan executes hydra_plugins/ modules again in place whenever it builds its Plugins singleton
-    (Singleton.set_state does, as a submitted job and Hydra's test fixtures do): the launcher's SweepApp is then
-    a new class, and the training app imported before it was refused as 'not a SweepApp'. A class that is none
-    is still refused."""
+    """Hydra's plugin scan executes its plugin package's modules again in place whenever it builds its Plugins singleton
+    (Singleton.set_state does, as a submitted job and Hydra's test fixtures do): a SweepApp defined there was then a
+    new class, and the training app imported before it was refused as 'not a SweepApp'. The contract lives in
+    common/sweep/, which the scan does not execute: the launcher class the scan defines again still loads the app.
+    A class that is none is still refused."""
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
     from hydra.core.singleton import Singleton
 
-    from hydra_plugins.pretrain_launcher import contract
+    from common.sweep import contract
+    from common.sweep.launch import SweepLaunch
     from train.launch.sweep_app import TrainApp
 
+    target = ConfigStore.instance().load("hydra/launcher/pretrain.yaml").node._target_
+    before = Plugins.instance().class_name_to_class[target]
     Singleton.set_state(Singleton.get_state())  # a fresh Plugins singleton: the scan runs again
-    assert not issubclass(TrainApp, contract.SweepApp)  # the scan did redefine it: this test reproduces the case
-    assert type(contract.load_app("train.launch.sweep_app.TrainApp")).__name__ == "TrainApp"
+    after = Plugins.instance().class_name_to_class[target]
+    assert after is not before and issubclass(after, SweepLaunch)  # the scan did run again: the case reproduced
+    assert issubclass(TrainApp, contract.SweepApp)
+    assert type(contract.load_app("train.launch.sweep_app.TrainApp")) is TrainApp
     with pytest.raises(TypeError, match="collections.OrderedDict: not a SweepApp"):
         contract.load_app("collections.OrderedDict")
 

@@ -169,7 +169,7 @@ def test_status_beside_a_running_local_sweep_sees_it_running_and_a_killed_point_
 def test_status_of_a_path_that_is_no_sweep_or_of_a_damaged_sweep_json_says_what_it_is_and_writes_nothing(tmp_path):
     """A file, or a sweep.json cut short, a list, or without the launcher's keys: tracebacks (NotADirectoryError,
     JSONDecodeError, KeyError). Each: exit 2, `error: sweep:` naming what the path is, a fix, nothing written."""
-    from hydra_plugins.pretrain_launcher.sweep_status import write_manifest
+    from common.sweep.status import write_manifest
 
     readme = tmp_path / "README.md"
     readme.write_text("# notes\n")

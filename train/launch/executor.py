@@ -1,4 +1,4 @@
-"""A sweep point's config -> the resources its job needs (hydra_plugins/pretrain_launcher/contract.py). Light, so
+"""A sweep point's config -> the resources its job needs (common/sweep/contract.py). Light, so
 `plan` can show the exact sbatch script that would be submitted.
 
 Resources come from each point's own `cluster` group, so `-m cluster.nodes=1,2` really asks for 1 and 2 nodes.
@@ -11,8 +11,8 @@ from omegaconf import DictConfig
 
 from common import host_requeue, image
 from common.paths import PROJECT
-from hydra_plugins.pretrain_launcher import contract
-from hydra_plugins.pretrain_launcher.contract import Resources
+from common.sweep import contract
+from common.sweep.contract import Resources
 from train.launch.requeue import facts_lines
 
 # The project checkout, mounted into containers so that jobs run this code.

@@ -1,4 +1,4 @@
-"""Training's side of the sweep launcher (hydra_plugins/pretrain_launcher/): its points composed and checked, each
+"""Training's side of the sweep launcher (common/sweep/): its points composed and checked, each
 point's resources (from its own `cluster` group, so `-m cluster.nodes=1,2` really asks for 1 and 2 nodes), its
 objective (the metric `objective` names, for Hydra's sweepers), a point whose run already finished, and what its
 summary row shows. data_prep's side is data_prep/sweep_app.py. Light: no torch, no llm-foundry.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.pretrain_launcher.contract import Point, Resources, SweepApp
+from common.sweep.contract import Point, Resources, SweepApp
 
 
 def eval_loss(final_eval: dict) -> float | str | None:
@@ -190,8 +190,8 @@ class TrainApp(SweepApp):
         """A point's columns from what its rank 0 wrote (train/task/run_report.py): progress.json as it trains,
         metrics.json at the end."""
         from common.files import read_json
-        from hydra_plugins.pretrain_launcher.outcomes import existing
-        from hydra_plugins.pretrain_launcher.sweep_status import GOING
+        from common.sweep.outcomes import existing
+        from common.sweep.status import GOING
         from train.task.preflight_report import exclusions, latest
 
         report = Path(point["report"])
@@ -218,7 +218,7 @@ class TrainApp(SweepApp):
         except OSError:
             age = None
         going = state.split(" ")[0] in GOING  # "PENDING (Resources)"; an ended point has no ETA
-        # Requeues of the point's job: Slurm's count (its accounting, sweep_status.rows) where it could be asked,
+        # Requeues of the point's job: Slurm's count (its accounting: status.rows) where it could be asked,
         # else what rank 0 recorded of SLURM_RESTART_COUNT as its latest start began training (a file written
         # before that was recorded: its starts after the first). A record of another job (an earlier sweep's, in
         # this report folder) says nothing of this one's.

@@ -191,7 +191,7 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
         "preflight": _preflight(cfg, nodes, tasks),
         "sbatch_script": sbatch_script(cfg, _submitit_folder()),
         "sbatch_array": None,  # a sweep's points with equal resources: one job array (forecast_report.print_plans)
-        # what `-m` does after submitting (hydra_plugins/pretrain_launcher/): return at once, or wait
+        # what `-m` does after submitting (common/sweep/launch.py): return at once, or wait
         "sweep_waits": bool(cfg.cluster.name == "local" or cfg.cluster.wait),
         "summary_partition": None if cfg.cluster.name == "local" else (cfg.cluster.summary_partition
                                                                        or cfg.cluster.partition),

@@ -251,7 +251,7 @@ def print_plans(cfgs: list, problems=(), batch_of: str | None = None) -> list:
     first batch these points are, when it launches more later."""
     prefix = [f"[sweep point #{i}] " for i in range(len(cfgs))]
     plans = [build_plan(cfg, [p for p in problems if p.key.startswith(prefix[i])]) for i, cfg in enumerate(cfgs)]
-    # Points with equal resources go as one job array (hydra_plugins/pretrain_launcher/contract.py): its script
+    # Points with equal resources go as one job array (common/sweep/contract.py): its script
     # is what they are submitted with, not each one's own
     submitted = [i for i, p in enumerate(plans) if p["sbatch_script"] and not p.get("finished")]
     if len(submitted) > 1:

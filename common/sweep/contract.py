@@ -193,13 +193,6 @@ def load_app(path: Optional[str]) -> SweepApp:
     from hydra.utils import get_class
 
     cls = get_class(path)
-    if not (isinstance(cls, type) and any(_is_sweep_app(c) for c in cls.__mro__)):
-        raise TypeError(f"hydra.launcher.app={path}: not a SweepApp (hydra_plugins/pretrain_launcher/contract.py)")
+    if not (isinstance(cls, type) and issubclass(cls, SweepApp)):
+        raise TypeError(f"hydra.launcher.app={path}: not a SweepApp (common/sweep/contract.py)")
     return cls()
-
-
-def _is_sweep_app(cls: type) -> bool:
-    # By name, not identity: Hydra's plugin scan executes every module of hydra_plugins/ again in place (each
-    # Plugins singleton it builds, e.g. after Singleton.set_state), redefining SweepApp, while an app imported
-    # before it (train.launch.sweep_app, outside hydra_plugins/) stays bound to the class it subclassed.
-    return cls.__module__ == SweepApp.__module__ and cls.__qualname__ == SweepApp.__qualname__

@@ -88,7 +88,7 @@ _APPS = {"train.sweep_app": "train.launch.sweep_app.TrainApp", "train.sweep_app.
 
 
 def app_of(manifest: dict):
-    from hydra_plugins.pretrain_launcher.contract import load_app
+    from common.sweep.contract import load_app
 
     return load_app(_APPS.get(manifest["app"], manifest["app"]))
 
@@ -115,7 +115,7 @@ def rows(manifest: dict, point_jobs: list, wait_s: float = 0, all_ended: bool = 
     (a container without a Slurm client)."""
     import socket
 
-    from hydra_plugins.pretrain_launcher.outcomes import (
+    from common.sweep.outcomes import (
         SLURM_ENDS,
         ended,
         final_state,
@@ -177,7 +177,7 @@ def rows(manifest: dict, point_jobs: list, wait_s: float = 0, all_ended: bool = 
 def write_summary(sweep_dir: Path, manifest: dict, table_rows: list) -> str:
     """summary.md and summary.csv, each replaced whole; returns the markdown: the app's heading, the overrides
     every point shares (once), the table."""
-    from hydra_plugins.pretrain_launcher.outcomes import markdown
+    from common.sweep.outcomes import markdown
 
     heading = app_of(manifest).heading(manifest)
     shared = manifest["shared"]
@@ -197,7 +197,7 @@ def write_summary(sweep_dir: Path, manifest: dict, table_rows: list) -> str:
 
 def console(manifest: dict, table_rows: list) -> str:
     """What a terminal shows: the app's heading and its columns (SHOWN), error only where a point has one."""
-    from hydra_plugins.pretrain_launcher.outcomes import markdown
+    from common.sweep.outcomes import markdown
 
     app = app_of(manifest)
     shown = [k for k in app.shown if k not in ("error", "preflight") or any(r.get(k) for r in table_rows)]
