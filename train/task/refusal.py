@@ -27,6 +27,7 @@ class Noted:
     log_size: int = 0
     new_folders: list = field(default_factory=list)  # the folders the claim made (deepest first)
     lock: Path | None = None  # the save folder's .lock, when the claim made it
+    claimed: bool = False  # no other run of this name can be writing run_dir meanwhile
 
 
 _noted: Noted | None = None
@@ -76,6 +77,7 @@ def hold(config, cfg) -> list:
         except resume.FolderInUse as err:
             _noted = None
             return err.problems
+        _noted.claimed = True
     return []
 
 
@@ -96,7 +98,8 @@ def take_back() -> None:
                 pass
     for path, data in n.kept.items():
         path.write_bytes(data)
-    if n.log is not None and n.log in n.paths and n.log.is_file():
+    if n.claimed and n.log is not None and n.log in n.paths and n.log.is_file():
+        # (without a save folder to claim, a run of this name may be writing it too: its lines are kept)
         os.truncate(n.log, n.log_size)
     if n.lock is not None:  # the process ends now, releasing the claim; its file goes first
         n.lock.unlink(missing_ok=True)
