@@ -45,7 +45,7 @@ if __name__ == "__main__":
     import os
 
     os.umask(os.umask(0o027) | 0o027)  # its plans, sweep scripts and pickles are not world-readable
-    from common.compose import compose_once_per_command
+    from common.compat import patch_hydra_compose_once_per_command
 
-    compose_once_per_command(sys.argv[1:])
+    patch_hydra_compose_once_per_command(sys.argv[1:])
     main()

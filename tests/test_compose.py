@@ -144,7 +144,7 @@ def test_compose_refuses_what_hydra_refuses_with_its_message(overrides, tmp_path
 
 
 def test_an_interpolation_parsed_once_reads_the_same_after_others(tmp_path):
-    """Each `${...}` text is parsed once per process (train/config/resolvers.py): a tree made earlier, read again
+    """Each `${...}` text is parsed once per process (common/compat.py): a tree made earlier, read again
     after the grammar's lexer has gone through other texts, gives what a first parse gives; a text that does
     not parse is refused each time, not remembered as something else."""
     import omegaconf.base
@@ -183,11 +183,11 @@ def _as_hydras_main(overrides: list, multirun: bool):
                                   ["model=nosuch"], ["-m", "hydra.launcher.nosuch=1,2"]])
 def test_a_command_composes_once_what_hydra_composes_twice(line, tmp_path, monkeypatch):
     """Hydra's main composes a command's config twice (get_mode reads hydra.mode from a whole composition); a
-    command composes it once (common/compose.py: compose_once_per_command) and gets the same config, or Hydra's
+    command composes it once (common/compat.py: patch_hydra_compose_once_per_command) and gets the same config, or Hydra's
     same error: a sweep override without -m, a preset that does not exist, a sweep over Hydra's own settings."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
-    from common.compose import compose_once_per_command
+    from common.compat import patch_hydra_compose_once_per_command
 
     monkeypatch.setenv("PRETRAIN_ROOT", str(tmp_path))
     multirun = line[0] == "-m"
@@ -198,7 +198,7 @@ def test_a_command_composes_once_what_hydra_composes_twice(line, tmp_path, monke
                         lambda self, *a, **k: composed.append(1) or hydras(self, *a, **k))
     results = []
     for once in (False, True):
-        undo = compose_once_per_command(line) if once else (lambda: None)
+        undo = patch_hydra_compose_once_per_command(line) if once else (lambda: None)
         composed.clear()
         GlobalHydra.instance().clear()
         try:
@@ -220,17 +220,17 @@ def test_a_command_composes_once_what_hydra_composes_twice(line, tmp_path, monke
 @pytest.mark.xdist_group("conf")  # (see above)
 def test_a_commands_help_lists_what_hydras_lists_from_one_copy_of_the_repository(monkeypatch):
     """`--help` lists every config group's options: Hydra copies the whole config repository for each question it
-    asks; a command (compose_once_per_command) asks one copy, and lists the same."""
+    asks; a command (patch_hydra_compose_once_per_command) asks one copy, and lists the same."""
     from hydra._internal.config_repository import CachingConfigRepository
 
-    from common.compose import compose_once_per_command
+    from common.compat import patch_hydra_compose_once_per_command
 
     copies = []
     hydras = CachingConfigRepository.__init__
     monkeypatch.setattr(CachingConfigRepository, "__init__", lambda self, d: copies.append(1) or hydras(self, d))
     listed = []
     for once in (False, True):
-        undo = compose_once_per_command([]) if once else (lambda: None)
+        undo = patch_hydra_compose_once_per_command([]) if once else (lambda: None)
         GlobalHydra.instance().clear()
         try:
             with initialize_config_dir(str(CONF), version_base=None):

@@ -113,26 +113,16 @@ def composition_problems(args: list, err) -> list:
 def report_composition_problems(args: list) -> None:
     """Hydra prints its own error for an override it cannot apply as it composes (exit 1), advising `+` for a
     misspelt key: where composition_problems can say more, that instead, exit 2, before anything is written."""
-    import hydra._internal.utils as hydra_utils
-    from hydra.errors import ConfigCompositionException
+    from common.compat import patch_hydra_composition_errors_answered_first
 
-    hydras = hydra_utils.run_and_report
+    def answer(err) -> None:
+        problems = composition_problems(args, err)
+        if problems:
+            for problem in problems:
+                print(problem, file=sys.stderr)
+            sys.exit(2)
 
-    def run_and_report(func):
-        def composed():
-            try:
-                return func()
-            except ConfigCompositionException as err:
-                problems = composition_problems(args, err)
-                if not problems:
-                    raise
-                for problem in problems:
-                    print(problem, file=sys.stderr)
-                sys.exit(2)
-
-        return hydras(composed)
-
-    hydra_utils.run_and_report = run_and_report
+    patch_hydra_composition_errors_answered_first(answer)
 
 
 if __name__ == "__main__":
@@ -140,10 +130,10 @@ if __name__ == "__main__":
     # nothing this command (or a job it starts: Slurm and submitit pass the umask on) writes is world-readable.
     os.umask(os.umask(0o027) | 0o027)
     sys.argv[1:] = command_line(sys.argv[1:])
-    from common.compose import compose_once_per_command
+    from common.compat import patch_hydra_compose_once_per_command
     from train.checks.gate import before_hydra
 
-    compose_once_per_command(sys.argv[1:])
+    patch_hydra_compose_once_per_command(sys.argv[1:])
 
     before_hydra(sys.argv[1:])  # what Hydra itself would refuse, as key / problem / fix (exit 2)
     report_composition_problems(sys.argv[1:])  # and what it refuses as it composes

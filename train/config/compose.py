@@ -121,7 +121,8 @@ def _composed(config_name: str, overrides: list) -> DictConfig:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
 
-    from common.compose import split, with_values
+    from common.compat import hydra_caching_repo, hydra_with_value_overrides
+    from common.compose import split
 
     loader = GlobalHydra.instance().config_loader()
     parsed = OverridesParser.create().parse_overrides(overrides)
@@ -131,12 +132,12 @@ def _composed(config_name: str, overrides: list) -> DictConfig:
     # conf/ as it is now (a test may add a file to a group), and the working directory Hydra records
     conf = (config_name, os.getcwd(), _files(CONF))
     if conf not in _REPOS:  # which overrides choose a group (the primary config read for its search path)
-        _REPOS[conf] = loader._parse_overrides_and_create_caching_repo(config_name, [])[1]
+        _REPOS[conf] = hydra_caching_repo(loader, config_name)
     values, groups = split(_REPOS[conf], parsed)
     key = (conf, groups)
     if key not in _BASES:
         _BASES[key] = hydra_compose(config_name, overrides=list(groups), return_hydra_config=True)
-    return with_values(_BASES[key], parsed, values)
+    return hydra_with_value_overrides(_BASES[key], parsed, values)
 
 
 def _files(folder) -> tuple:

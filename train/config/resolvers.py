@@ -1,5 +1,4 @@
-"""OmegaConf resolvers used by conf/, and its interpolations parsed once each. Set before Hydra composes anything."""
-import functools
+"""OmegaConf resolvers used by conf/. Set before Hydra composes anything."""
 import os
 
 from omegaconf import OmegaConf
@@ -33,17 +32,3 @@ def register_resolvers() -> None:
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
 
-
-def parse_each_interpolation_once() -> None:
-    """OmegaConf parses a value's `${...}` with its ANTLR grammar (pure Python) each time the value is read, and
-    a composed config is read whole many times (checks, the run's name, the plan): half the time of composing
-    and resolving one (15 configs composed and resolved: 2.7-2.8 s, 1.4-1.6 s parsed once). A parse tree depends
-    on the text alone and nothing changes it once made (its tokens keep their own input), so each text is parsed
-    once per process. OmegaConf 2.3 reads `parse` by name in base.py and _utils.py."""
-    import omegaconf._utils
-    import omegaconf.base
-    from omegaconf import grammar_parser
-
-    if not hasattr(omegaconf.base.parse, "cache_info"):
-        once = functools.lru_cache(maxsize=4096)(grammar_parser.parse)
-        omegaconf.base.parse = omegaconf._utils.parse = once

@@ -1,0 +1,362 @@
+"""Every place this project reaches into another library: a private function, class or attribute it uses, or a
+function of the library it replaces in this process (a patch). Nothing else in the project does
+(tests/test_compat.py scans for it).
+
+Each is written against exact versions of the libraries it reaches into (`written_against`), read from the
+installed distributions when it is called: another version stops it before it touches the library, naming the
+package, the version found, the versions it was written against and the test that pins what it does (run that
+test against the new version, then add the version). A local version label (`2.7.0+cu126`) is the version it
+builds. Light: the libraries are imported by the function that needs them."""
+import functools
+
+from common.errors import UserError
+
+GUARDED: dict = {}  # name: each guarded function, for the tests
+HYDRA = {"hydra-core": ("1.3.2",)}
+OMEGACONF = {"omegaconf": ("2.3.1",)}
+SUBMITIT = {"submitit": ("1.5.4",)}
+COMPOSER = {"mosaicml": ("0.32.1",)}
+STREAMING = {"mosaicml-streaming": ("0.12.0",)}
+TORCH = {"torch": ("2.7.0",)}
+
+
+class UnsupportedVersion(UserError):
+    """A library installed at a version a use of its insides was not written against."""
+
+
+@functools.cache
+def installed(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
+def check(what: str, versions: dict, pinned_by: str) -> None:
+    """Raise UnsupportedVersion unless every package of `versions` ({name: (version, ...)}) is installed at one of
+    its versions."""
+    for package, supported in versions.items():
+        found = installed(package)
+        if found.split("+", 1)[0] not in supported:
+            raise UnsupportedVersion(
+                package, f"{found} is installed; common/compat.py: {what} was written against {package} "
+                f"{' or '.join(supported)} only", f"install {package}=={supported[-1]} (requirements.lock); or run "
+                f"{pinned_by} with {package} {found} and, where it passes, add {found} to {what}'s versions")
+
+
+def written_against(versions: dict, pinned_by: str):
+    """The decorated function checks `versions` each time it is called, before it runs. `pinned_by`: the test
+    (tests/<file>.py::<test>) that shows what it does."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def guarded(*args, **kwargs):
+            check(fn.__name__, versions, pinned_by)
+            return fn(*args, **kwargs)
+
+        guarded.versions, guarded.pinned_by = versions, pinned_by
+        GUARDED[fn.__name__] = guarded
+        return guarded
+
+    return wrap
+
+
+# ------------------------------------------------------------------------------------------------------ Hydra
+
+
+@written_against(HYDRA, "tests/test_compose.py::test_each_point_equals_hydras_own_composition")
+def hydra_caching_repo(loader, config_name: str, overrides=()):
+    """The config repository Hydra's `loader` composes `config_name` with (the primary config read for its
+    `hydra.searchpath`: yaml=PATH's source): ConfigLoaderImpl._parse_overrides_and_create_caching_repo."""
+    return loader._parse_overrides_and_create_caching_repo(config_name, list(overrides))[1]
+
+
+@written_against(HYDRA, "tests/test_compose.py::test_each_point_equals_hydras_own_composition")
+def hydra_with_value_overrides(base, parsed: list, values: list):
+    """A copy of `base` (Hydra's composition of the group choices among `parsed`) with the value overrides applied
+    by Hydra's own function, and Hydra's record of all the overrides, in the order given: what Hydra composes from
+    scratch for `parsed` (ConfigLoaderImpl._load_configuration_impl's second step)."""
+    import copy
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
+    from omegaconf import open_dict, read_write
+
+    cfg = copy.deepcopy(base)
+    ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+    job = cfg.hydra.job
+    with open_dict(cfg.hydra), read_write(cfg.hydra):
+        cfg.hydra.overrides.task = [o.input_line for o in parsed]
+        job.override_dirname = get_overrides_dirname(
+            overrides=parsed, kv_sep=job.config.override_dirname.kv_sep,
+            item_sep=job.config.override_dirname.item_sep,
+            exclude_keys=job.config.override_dirname.exclude_keys)
+    return cfg
+
+
+@written_against(HYDRA, "tests/test_compose.py::test_a_command_composes_once_what_hydra_composes_twice")
+def patch_hydra_compose_once_per_command(args: list):
+    """Make a command's Hydra compose its config once, not twice (`args`: the command line Hydra reads, -m and all).
+    Hydra's main composes the whole config to read `hydra.mode` (Hydra.get_mode: in MULTIRUN mode, the overrides
+    unchecked), then composes it again to run or sweep: a third of a refused, planned or submitted command's time
+    (~0.25 s of ~0.8 s). Here get_mode composes in the mode the command runs in (RUN without -m), and that
+    composition is the next one asked for with the same config name, overrides and mode (and the `hydra.mode=<mode>`
+    Hydra adds to them when the config sets none), after Hydra's own check of the overrides for that mode. The
+    config is the one Hydra would compose: RUN and MULTIRUN differ only where a group choice is `???` (MULTIRUN
+    leaves it out, RUN refuses it); where RUN refuses, Hydra's own get_mode answers and nothing is kept. A kept
+    composition is handed out once: a process that composes many configs keeps nothing between its own calls.
+    `--help` lists its groups from one copy of the config repository
+    (tests/test_compose.py::test_a_commands_help_lists_what_hydras_lists_from_one_copy_of_the_repository).
+    Returns the undo (tests)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.hydra import Hydra
+    from hydra.core.object_type import ObjectType
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+
+    mode = RunMode.MULTIRUN if {"-m", "--multirun"} & set(args) else RunMode.RUN
+    kept = {}
+    hydras_get_mode, hydras_load = Hydra.get_mode, ConfigLoaderImpl.load_configuration
+
+    def get_mode(self, config_name, overrides):
+        try:
+            cfg = hydras_load(self.config_loader, config_name=config_name, overrides=overrides, run_mode=mode,
+                              validate_sweep_overrides=False)  # unchecked, as Hydra's get_mode
+        except Exception:  # noqa: BLE001 -- Hydra's own answer, and its own error when it runs
+            return hydras_get_mode(self, config_name, overrides)
+        kept[(config_name, tuple(overrides), mode)] = cfg
+        return cfg.hydra.mode
+
+    def load_configuration(self, config_name, overrides, run_mode, from_shell=True, validate_sweep_overrides=True):
+        given, added = list(overrides), []
+        cfg = kept.pop((config_name, tuple(given), run_mode), None)
+        if cfg is None and given[-1:] == [f"hydra.mode={run_mode.name}"]:
+            # where the config sets no hydra.mode, Hydra's main adds `hydra.mode=<mode>` after get_mode
+            added = given[-1:]
+            cfg = kept.pop((config_name, tuple(given[:-1]), run_mode), None)
+        if cfg is None:
+            return hydras_load(self, config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
+        parser = OverridesParser.create()
+        if validate_sweep_overrides:  # what _load_configuration_impl checks before it composes
+            self.validate_sweep_overrides_legal(parser.parse_overrides(given), run_mode=run_mode, from_shell=from_shell)
+        if added:  # a value override, applied last and recorded last, as _load_configuration_impl does
+            ConfigLoaderImpl._apply_overrides_to_config(parser.parse_overrides(added), cfg)
+            cfg.hydra.overrides.hydra.append(added[0])
+        return cfg
+
+    # `--help` lists each config group's options: Hydra makes a copy of the whole config repository for each of
+    # the ~130 questions it asks (ConfigLoaderImpl.get_group_options), 3 of the command's 4 s. One copy answers all.
+    hydras_options, repos = ConfigLoaderImpl.get_group_options, {}
+
+    def get_group_options(self, group_name, results_filter=ObjectType.CONFIG, config_name=None, overrides=None):
+        key = (config_name, tuple(overrides or ()))
+        if key not in repos:
+            repos[key] = self._parse_overrides_and_create_caching_repo(config_name, list(key[1]))[1]
+        return repos[key].get_group_options(group_name, results_filter)
+
+    Hydra.get_mode, ConfigLoaderImpl.load_configuration = get_mode, load_configuration
+    ConfigLoaderImpl.get_group_options = get_group_options
+
+    def undo():
+        Hydra.get_mode, ConfigLoaderImpl.load_configuration = hydras_get_mode, hydras_load
+        ConfigLoaderImpl.get_group_options = hydras_options
+
+    return undo
+
+
+@written_against(HYDRA, "tests/test_validate.py::"
+                 "test_the_storage_root_a_near_miss_under_a_group_and_a_yaml_folder_are_named_for_what_they_are")
+def patch_hydra_composition_errors_answered_first(answer) -> None:
+    """Hydra's main composes inside hydra._internal.utils.run_and_report, which prints its own error for an
+    override it cannot apply (its ConfigCompositionException) and exits 1. Here `answer(err)` sees each such
+    error first (it may exit); where it returns, Hydra reports the error as before."""
+    import hydra._internal.utils as hydra_utils
+    from hydra.errors import ConfigCompositionException
+
+    hydras = hydra_utils.run_and_report
+
+    def run_and_report(func):
+        def composed():
+            try:
+                return func()
+            except ConfigCompositionException as err:
+                answer(err)
+                raise
+
+        return hydras(composed)
+
+    hydra_utils.run_and_report = run_and_report
+
+
+# --------------------------------------------------------------------------------------------------- OmegaConf
+
+
+@written_against(OMEGACONF, "tests/test_compose.py::test_an_interpolation_parsed_once_reads_the_same_after_others")
+def patch_omegaconf_parse_each_interpolation_once() -> None:
+    """OmegaConf parses a value's `${...}` with its ANTLR grammar (pure Python) each time the value is read, and
+    a composed config is read whole many times (checks, the run's name, the plan): half the time of composing
+    and resolving one (15 configs composed and resolved: 2.7-2.8 s, 1.4-1.6 s parsed once). A parse tree depends
+    on the text alone and nothing changes it once made (its tokens keep their own input), so each text is parsed
+    once per process. OmegaConf 2.3 reads `parse` by name in base.py and _utils.py."""
+    import omegaconf._utils
+    import omegaconf.base
+    from omegaconf import grammar_parser
+
+    if not hasattr(omegaconf.base.parse, "cache_info"):
+        once = functools.lru_cache(maxsize=4096)(grammar_parser.parse)
+        omegaconf.base.parse = omegaconf._utils.parse = once
+
+
+# ---------------------------------------------------------------------------------------------------- submitit
+
+
+@written_against(SUBMITIT, "tests/test_common.py::"
+                 "test_a_repeated_usr2_requeues_once_and_a_cut_short_dump_does_not_fail_the_next_allocation")
+def patch_submitit_slurm_requeue(requeue) -> int:
+    """submitit's handler of its USR signal (a time limit's or a preemption's warning) requeues a Slurm job by
+    SlurmJobEnvironment._requeue(env, countdown), `scontrol requeue` inside the task: `requeue` does it instead,
+    in this process. Returns that signal, as submitit registered its handler for it (SlurmJobEnvironment._usr_sig)."""
+    from submitit.slurm.slurm import SlurmJobEnvironment
+
+    SlurmJobEnvironment._requeue = requeue
+    return SlurmJobEnvironment._usr_sig()
+
+
+# ---------------------------------------------------------------------------------------------------- composer
+
+
+@written_against(COMPOSER, "tests/test_train_runs.py::"
+                 "test_composers_record_names_the_cpu_as_py_cpuinfo_does_without_its_process")
+def patch_composer_cpu_model_from_proc() -> None:
+    """composer's environment record (get_composer_env_dict: the trainer reads its version from it when built)
+    names the CPU through py-cpuinfo, which starts a Python process to probe it: 1.1 s of CPU per rank, every
+    run, for a name the trainer does not log. The same name from /proc/cpuinfo ("model name", what cpuinfo reports
+    as brand_raw on Linux), else the platform's; composer's record keeps its other fields."""
+    from pathlib import Path
+
+    from composer.utils import collect_env
+
+    def cpu_model() -> str:
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.partition(":")[0].strip() in ("model name", "Model", "cpu model"):
+                    return line.partition(":")[2].strip()
+        except OSError:
+            pass
+        import platform
+
+        return platform.processor() or "CPU"
+
+    collect_env.get_cpu_model = cpu_model
+
+
+@written_against({**COMPOSER, "llm-foundry": ("0.22.0",), "transformers": ("4.51.3",)}, "tests/test_train_runs.py::"
+                 "test_mpt_is_known_to_be_no_registered_causal_lm_without_importing_them_all")
+def patch_composer_skip_causal_lm_registry_scan() -> None:
+    """composer's HuggingFaceModel asks whether the model is one of transformers' registered causal LMs
+    (huggingface._is_registered_causal_lm) by importing every class of MODEL_FOR_CAUSAL_LM_MAPPING (109 model
+    modules: 0.9 s per rank, every run). llm-foundry's MPTForCausalLM is in no such mapping and subclasses none of
+    them (PreTrainedModel directly): for it the answer is False without the imports (llm-foundry sets
+    shift_labels itself); any other model is asked as composer asks."""
+    from composer.models import huggingface
+    from llmfoundry.models.mpt import MPTForCausalLM
+
+    asked = huggingface._is_registered_causal_lm
+    if getattr(asked, "knows_mpt", False):
+        return
+
+    def registered(model) -> bool:
+        if type(huggingface.maybe_get_underlying_model(model)) is MPTForCausalLM:
+            return False
+        return asked(model)
+
+    registered.knows_mpt = True
+    huggingface._is_registered_causal_lm = registered
+
+
+# --------------------------------------------------------------------------------------------------- streaming
+
+
+@written_against(STREAMING, "tests/test_shm.py::test_the_ranks_of_a_job_take_their_leaders_prefix")
+def patch_streaming_shm_prefix_from_local_leader() -> None:
+    """Every dataset's shared-memory prefix is its local leader's (train/task/shm_registry.py says why):
+    StreamingDataset looks get_shm_prefix up in its module, streaming_shm_prefix_from_local_leader answers."""
+    from streaming.base import dataset
+
+    dataset.get_shm_prefix = streaming_shm_prefix_from_local_leader
+
+
+@written_against(STREAMING, "tests/test_shm.py::test_the_ranks_of_a_job_take_their_leaders_prefix")
+def streaming_shm_prefix_from_local_leader(streams_local: list, streams_remote: list, world, retry: int = 100):
+    """streaming's get_shm_prefix (streaming.base.shared.prefix) with one walk of the registry per node, the local
+    leader's, whose number the other ranks of the node take (one all-gather where streaming has a barrier), by its
+    private steps: _check_self, _check_and_find_retrying, _get_path, _pack_locals, _unpack_locals."""
+    import torch.distributed as dist
+    from streaming.base.constant import LOCALS, SHM_TO_CLEAN
+    from streaming.base.shared import SharedMemory
+    from streaming.base.shared import prefix as shared
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return shared.get_shm_prefix(streams_local, streams_remote, world, retry)
+    shared._check_self(streams_local)
+    found = None
+    if world.is_local_leader:
+        found = max(shared._check_and_find_retrying(streams_local, streams_remote, shm_name=name, retry=retry)
+                    for name in SHM_TO_CLEAN)
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, (world.node, found))
+    prefix_int = next(n for node, n in every if node == world.node and n is not None)
+    name = shared._get_path(prefix_int, LOCALS)
+    if world.is_local_leader:
+        data = shared._pack_locals(streams_local, prefix_int)
+        shm = SharedMemory(name, True, len(data))
+        shm.buf[:len(data)] = data
+    dist.barrier()
+    if not world.is_local_leader:
+        shm = SharedMemory(name, False)  # made by the leader before the barrier
+        their_locals, _ = shared._unpack_locals(bytes(shm.buf))
+        if their_locals != streams_local:
+            raise RuntimeError(f"streaming's shared memory {name} holds the local folders {their_locals}, this "
+                               f"rank's are {streams_local}: the ranks of a node build their datasets alike")
+    return prefix_int, shm
+
+
+# ------------------------------------------------------------------------------------------------------- torch
+
+
+@written_against(TORCH, "tests/test_resume.py::test_one_rank_and_two_ranks_train_alike_batch_by_batch")
+def patch_torch_gloo_reduce_scatter_average() -> None:
+    """Make a reduce-scatter asked to average over gloo average (torch.distributed.reduce_scatter_tensor, which
+    FSDP2 looks up in its module). torch 2.7's gloo sums instead, without a word (pytorch/pytorch#162338), and FSDP2
+    asks for the average of fp32 gradients: every CPU run of more than one rank trained on gradients world_size
+    times too large. AdamW hides most of it; gradient clipping (the default norm 1.0) does not: 2 ranks and 1 rank
+    parted at the first step whose gradient norm fell under the threshold. Checked by one reduce-scatter at the
+    start (every rank, all alike), so a torch that averages is left alone; where gloo sums, that process's
+    reduce-scatters with AVG on a gloo group become SUM and a division by the group's size (the average asked
+    for, as NCCL computes it). Other backends and ops are untouched."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() < 2 or dist.get_backend() != "gloo":
+        return
+    if getattr(dist.reduce_scatter_tensor, "averages_over_gloo", False):
+        return  # already in place (a second start in this process)
+    world = dist.get_world_size()
+    probe = torch.empty(1)
+    dist.reduce_scatter_tensor(probe, torch.ones(world), op=dist.ReduceOp.AVG)
+    if probe.item() == 1.0:
+        return  # this torch averages
+    if probe.item() != float(world):
+        raise RuntimeError(f"gloo's reduce-scatter with AVG of ones over {world} ranks gave {probe.item()}: "
+                           "neither the average (1) nor the sum; the gradients of FSDP2 would be wrong")
+    summing = dist.reduce_scatter_tensor
+
+    def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        if op != dist.ReduceOp.AVG or dist.get_backend(group) != "gloo":
+            return summing(output, input, op=op, group=group, async_op=async_op)
+        if async_op:  # the division would have to wait for the work: not needed by FSDP2 on CPU
+            raise NotImplementedError("an asynchronous reduce-scatter with AVG over gloo (gloo would sum, "
+                                      "pytorch/pytorch#162338)")
+        work = summing(output, input, op=dist.ReduceOp.SUM, group=group)
+        output.div_(dist.get_world_size(group))
+        return work
+
+    reduce_scatter_tensor.averages_over_gloo = True
+    dist.reduce_scatter_tensor = reduce_scatter_tensor
