@@ -142,7 +142,7 @@ def test_a_second_run_of_the_same_name_started_beside_the_first_touches_nothing_
         return run("-m", "train", "max_duration=4ba", f"cluster.env.WHO={who}", root=root, timeout=300)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        procs = dict(zip(("alpha", "bravo"), pool.map(start, ("alpha", "bravo"))))
+        procs = dict(zip(("who-7f3a", "who-c91e"), pool.map(start, ("who-7f3a", "who-c91e"))))
     assert sorted(p.returncode for p in procs.values()) == [0, 2], [p.stderr[-2000:] for p in procs.values()]
     [first] = [who for who, p in procs.items() if p.returncode == 0]
     [second] = [who for who in procs if who != first]
