@@ -185,6 +185,33 @@ def patch_hydra_composition_errors_answered_first(answer) -> None:
     hydra_utils.run_and_report = run_and_report
 
 
+@written_against(HYDRA, "tests/test_launcher_outcomes.py::test_each_failed_rank_shows_its_own_exception_and_log_tail")
+def hydra_job_return_value(ret):
+    """What a Hydra JobReturn holds: its task's value, or its error where it failed (JobReturn._return_value;
+    its public `return_value` raises that error instead, after printing it). Set it by that property."""
+    return ret._return_value
+
+
+SWEEPS = ("tests/test_hydra_sweeps.py::"
+          "test_a_grid_declared_as_config_is_every_combination_planned_and_nothing_is_written")
+
+
+@written_against(HYDRA, SWEEPS)
+def hydra_basic_sweeper():
+    """Hydra's basic sweeper class (hydra._internal.core_plugins.basic_sweeper.BasicSweeper), for a plugin class
+    over it."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    return BasicSweeper
+
+
+@written_against(HYDRA, SWEEPS)
+def hydra_basic_sweeper_params(sweeper) -> list:
+    """The overrides `hydra.sweeper.params` sweeps (`key=value,value`), as BasicSweeper._parse_config makes them
+    for `sweeper`, one of its subclasses."""
+    return sweeper._parse_config()
+
+
 # --------------------------------------------------------------------------------------------------- OmegaConf
 
 
@@ -217,6 +244,27 @@ def patch_submitit_slurm_requeue(requeue) -> int:
 
     SlurmJobEnvironment._requeue = requeue
     return SlurmJobEnvironment._usr_sig()
+
+
+@written_against(SUBMITIT, "tests/test_security.py::"
+                 "test_the_plan_shows_exactly_the_script_that_is_submitted_and_a_credential_reaches_the_job_unwritten")
+def submitit_sbatch_script(executor, command: str, array_size: int = 1) -> str:
+    """The sbatch script submitit writes to run `command` for one job of `executor` (an AutoExecutor for Slurm),
+    or for a job array of `array_size`. submitit has no public way to render it: this is its Slurm executor's
+    (AutoExecutor._executor) private `_make_submission_file_text`, with the `map_count` its array submission
+    sets. Changes `executor`."""
+    slurm = executor._executor
+    if array_size > 1:
+        slurm.parameters["map_count"] = array_size
+    return slurm._make_submission_file_text(command, "plan")
+
+
+@written_against(SUBMITIT, "tests/test_launcher_outcomes.py::"
+                 "test_a_local_job_has_ended_once_its_controller_has_also_seen_from_another_process")
+def submitit_local_controller(job):
+    """The Popen of a local job's controller (LocalJob._process) in the process that started it, else None (a job
+    read back from its folder, another process's)."""
+    return getattr(job, "_process", None)
 
 
 # ---------------------------------------------------------------------------------------------------- composer

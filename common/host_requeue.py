@@ -3,9 +3,10 @@
 On a time limit or preemption (USR2, `cluster.signal_delay_s` ahead) submitit's handler in global rank 0 dumps the
 resubmission pickle (with the max_num_timeout countdown) and then calls its environment's `_requeue`, which runs
 `scontrol requeue` inside the task. `install()` (every rank, at the start of the job body) replaces that
-`_requeue` in this process by one that writes a request file, `<submitit folder of this job>/<job_id>_requeue`,
-and lets rank 0 exit (255): srun (`--kill-on-bad-exit=1`) then ends the other ranks and returns, and the batch
-script's lines after srun (`teardown_lines`) run `scontrol requeue` on the host, where the Slurm client is.
+`_requeue` in this process (common/compat.py: patch_submitit_slurm_requeue) by one that writes a request file,
+`<submitit folder of this job>/<job_id>_requeue`, and lets rank 0 exit (255): srun (`--kill-on-bad-exit=1`) then
+ends the other ranks and returns, and the batch script's lines after srun (`teardown_lines`) run `scontrol requeue`
+on the host, where the Slurm client is.
 One path for container and bare-venv jobs. The preflight check's node exclusion goes the same way
 (train/launch/requeue.py). Global rank 0 runs on the allocation's first node, where the batch script runs, so the
 request is seen at once even on a network filesystem. Light: the standard library and common/files.py, submitit
@@ -73,11 +74,11 @@ def install() -> None:
     if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
         return
     from submitit.core.job_environment import SignalHandler
-    from submitit.slurm.slurm import SlurmJobEnvironment
 
-    SlurmJobEnvironment._requeue = _request_requeue
-    # submitit registered its handler (a bound method) before the job body started
-    usr2 = SlurmJobEnvironment._usr_sig()
+    from common.compat import patch_submitit_slurm_requeue
+
+    usr2 = patch_submitit_slurm_requeue(_request_requeue)
+    # submitit registered its handler (a bound method) for that signal before the job body started
     handler = signal.getsignal(usr2)
     if isinstance(getattr(handler, "__self__", None), SignalHandler):
         signal.signal(usr2, _answer_once(handler))

@@ -88,7 +88,8 @@ def test_a_slurm_job_has_ended_only_in_a_state_slurm_does_not_resume_from(tmp_pa
 @pytest.mark.e2e  # starts a Python process of its own
 def test_a_local_job_has_ended_once_its_controller_has_also_seen_from_another_process(tmp_path):
     """`python -m train.status` beside a running local sweep holds no process handle of its jobs: a job known by
-    its id alone (as sweep.json names it) is running while submitit's controller of it runs, and has ended after."""
+    its id alone (as sweep.json names it) is running while submitit's controller of it runs, and has ended after;
+    so has the submitting process's job (its controller's process handle, common/compat.py)."""
     import submitit
 
     from common.sweep.outcomes import local_alive
@@ -99,6 +100,7 @@ def test_a_local_job_has_ended_once_its_controller_has_also_seen_from_another_pr
     seen = submitit.LocalJob(folder=tmp_path / "%j", job_id=job.job_id, tasks=(0,))  # the status command's
     try:
         assert local_alive(seen) is True and ended(seen, "local") is False
+        assert local_alive(job) is True and ended(job, "local") is False
     finally:
         job.cancel()  # SIGINT: the controller ends its task and exits
     deadline = time.time() + 60
@@ -106,6 +108,7 @@ def test_a_local_job_has_ended_once_its_controller_has_also_seen_from_another_pr
         assert time.time() < deadline
         time.sleep(0.2)
     assert local_alive(seen) is False and ended(seen, "local") is True
+    assert local_alive(job) is False and ended(job, "local") is True
     assert ended(StandInJob(tmp_path, "RUNNING", job_id=str(os.getpid())), "local") is True  # a pid not a controller
 
 

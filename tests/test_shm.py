@@ -187,8 +187,8 @@ RANK = textwrap.dedent("""
     shared._each_prefix_int = from_base
     dist.init_process_group("gloo", init_method=os.environ["INIT"], rank=int(os.environ["RANK"]), world_size=2)
     if fix:
-        from train.task import shm_registry
-        shm_registry.agree_on_prefixes()
+        from common.compat import patch_streaming_shm_prefix_from_local_leader
+        patch_streaming_shm_prefix_from_local_leader()
     if os.environ["RANK"] == "1":  # the leader has scanned; the other job ends; then this rank scans
         while not ready.exists():
             time.sleep(0.05)
@@ -216,7 +216,7 @@ def test_the_ranks_of_a_job_take_their_leaders_prefix(tmp_path, fix):
     """streaming 0.12 has every rank scan the registry on its own (base/shared/prefix.py) and the followers open
     the prefix they found: where another job's shared memory went away between the leader's scan and a
     follower's, they part ("shared memory prefix=378 was not registered by local leader", seen with two 2-rank
-    runs on one machine). With agree_on_prefixes every rank takes its local leader's number."""
+    runs on one machine). Patched (common/compat.py), every rank takes its local leader's number."""
     import socket
 
     base = random.randrange(900000, 990000, 10)

@@ -182,18 +182,18 @@ def test_every_relative_path_of_the_config_is_absolute_before_the_task_leaves_th
 
 @pytest.mark.torch
 def test_composers_record_names_the_cpu_as_py_cpuinfo_does_without_its_process(monkeypatch):
-    """The task reads the CPU's name for composer's environment record from /proc/cpuinfo (train/task/main.py):
+    """The task reads the CPU's name for composer's environment record from /proc/cpuinfo (common/compat.py):
     the name py-cpuinfo's probe process gives, and no process started for it."""
     import subprocess as sp
 
     import cpuinfo
     from composer.utils import collect_env
 
-    from train.task.main import cpu_model_from_proc
+    from common.compat import patch_composer_cpu_model_from_proc
 
     want = str(cpuinfo.get_cpu_info().get("brand_raw", "CPU"))
     monkeypatch.setattr(collect_env, "get_cpu_model", collect_env.get_cpu_model)  # restored after the test
-    cpu_model_from_proc()
+    patch_composer_cpu_model_from_proc()
 
     def no_process(*args, **kwargs):
         raise AssertionError(f"a process started: {args}")
@@ -205,21 +205,21 @@ def test_composers_record_names_the_cpu_as_py_cpuinfo_does_without_its_process(m
 @pytest.mark.torch
 def test_mpt_is_known_to_be_no_registered_causal_lm_without_importing_them_all(monkeypatch):
     """composer's question (is the model one of transformers' registered causal LMs?) answered for MPT without
-    its scan of every registered class (train/task/main.py): the answer composer's own scan gives, and other
+    its scan of every registered class (common/compat.py): the answer composer's own scan gives, and other
     models still asked as composer asks."""
     from composer.models import huggingface
     from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
     from transformers import GPT2Config, GPT2LMHeadModel
     from transformers.models.auto import modeling_auto
 
-    from train.task.main import _mpt_is_in_no_transformers_mapping
+    from common.compat import patch_composer_skip_causal_lm_registry_scan
 
     mpt = MPTForCausalLM(MPTConfig(d_model=16, n_heads=2, n_layers=1, max_seq_len=8, vocab_size=32))
     gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=16, n_head=2, n_layer=1, n_positions=8, vocab_size=32))
     composers = huggingface._is_registered_causal_lm
     assert composers(mpt) is False and composers(gpt2) is True  # composer's scan
     monkeypatch.setattr(huggingface, "_is_registered_causal_lm", composers)  # restored after the test
-    _mpt_is_in_no_transformers_mapping()
+    patch_composer_skip_causal_lm_registry_scan()
     assert huggingface._is_registered_causal_lm(gpt2) is True
     monkeypatch.setattr(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING.__class__, "values",
                         lambda self: pytest.fail("scanned every registered causal LM"))

@@ -165,9 +165,9 @@ def icl(folder: Path, task_file: Path, task_type: str, max_seq_len: int, batch_s
     from llmfoundry.command_utils import evaluate
     from omegaconf import OmegaConf
 
-    from train.task.main import cpu_model_from_proc
+    from common.compat import patch_composer_cpu_model_from_proc
 
-    cpu_model_from_proc()  # llm-foundry's evaluate builds a Trainer: the CPU's name without py-cpuinfo's process
+    patch_composer_cpu_model_from_proc()  # llm-foundry's evaluate builds a Trainer: the CPU's name, no py-cpuinfo
 
     cfg = OmegaConf.create({
         "seed": 17, "max_seq_len": max_seq_len, "device_eval_batch_size": batch_size, "precision": "fp32",

@@ -191,7 +191,7 @@ def export(ckpt, out: Path, precision: str = "float32") -> Path:
     from composer.models import HuggingFaceModel
     from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
     from llmfoundry.utils.huggingface_hub_utils import edit_files_for_hf_compatibility
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers import AutoConfig
 
     weights, hf = read_model(ckpt)
     config = dict(hf["model"]["config"]["content"])
@@ -207,7 +207,7 @@ def export(ckpt, out: Path, precision: str = "float32") -> Path:
 
     # As llm-foundry's hf_checkpointer: register MPT with the auto classes so save_pretrained writes its code
     # and an auto_map, then flatten the llmfoundry imports of that code so that it runs without llm-foundry.
-    CONFIG_MAPPING._extra_content["mpt"] = MPTConfig
+    AutoConfig.register("mpt", MPTConfig, exist_ok=True)  # in place of transformers' own MPT
     MPTConfig.register_for_auto_class()
     MPTForCausalLM.register_for_auto_class("AutoModelForCausalLM")
     with torch.device("meta"):

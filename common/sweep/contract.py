@@ -62,16 +62,14 @@ def executor(res: Resources, folder: str):
 
 
 def sbatch_script(res: Resources, folder: str, python: str, count: int = 1) -> str:
-    """The sbatch script submitit writes for one job of `res`, or for a job array of `count` (what `plan` shows).
-    submitit has no public way to render it: this is its private `_make_submission_file_text`, with the
-    `map_count` its array submission sets, pinned by tests/test_security.py and tests/test_slurm_sweeps.py (the
-    script submitted equals the plan's)."""
+    """The sbatch script submitit writes for one job of `res`, or for a job array of `count` (what `plan` shows),
+    pinned by tests/test_security.py and tests/test_slurm_sweeps.py (the script submitted equals the plan's)."""
     import shlex
 
-    slurm = executor(res, folder)._executor
-    if count > 1:
-        slurm.parameters["map_count"] = count
-    return slurm._make_submission_file_text(f"{python} -u -m submitit.core._submit {shlex.quote(folder)}", "plan")
+    from common.compat import submitit_sbatch_script
+
+    return submitit_sbatch_script(executor(res, folder), f"{python} -u -m submitit.core._submit {shlex.quote(folder)}",
+                                  count)
 
 
 def job_arrays(resources: list) -> list:

@@ -48,6 +48,12 @@ class PointFailed(RuntimeError):
     """A point that did not complete, as its JobReturn carries it to the sweeper."""
 
 
+def _job_return(p, status, value) -> JobReturn:
+    ret = JobReturn(overrides=p.overrides, cfg=p.cfg, status=status)
+    ret.return_value = value
+    return ret
+
+
 class SweepLaunch:
     """The launcher's work. Hydra's plugin class, `SweepLauncher` (the `pretrain` launchers' `_target_`), puts it
     over hydra-submitit-launcher's BaseSubmititLauncher, whose `setup` (config, task), `params` and job body
@@ -74,11 +80,12 @@ class SweepLaunch:
         tell that a rank failed. Raise it again: the traceback goes to this rank's log, submitit stores it
         as the task's error, and the process exits 1."""
         from common import host_requeue
+        from common.compat import hydra_job_return_value
 
         host_requeue.install()
         ret = super().__call__(*args, **kwargs)
-        if ret.status == JobStatus.FAILED and isinstance(ret._return_value, BaseException):
-            raise ret._return_value
+        if ret.status == JobStatus.FAILED and isinstance(hydra_job_return_value(ret), BaseException):
+            raise hydra_job_return_value(ret)
         return ret
 
     def prepare(self, job_overrides: Sequence[Sequence[str]], first: int = 0) -> list:
@@ -239,26 +246,24 @@ class SweepLaunch:
         values, returns = [], []
         for p, row in zip(points, rows):
             if p.finished is not None:
-                outcome, value = "success", JobReturn(overrides=p.overrides, cfg=p.cfg, status=JobStatus.COMPLETED,
-                                                      _return_value=p.finished.get("value"))
+                outcome, value = "success", _job_return(p, JobStatus.COMPLETED, p.finished.get("value"))
             else:
                 outcome, value = load_result(p.job.task(0).paths.result_pickle)
             ok = row["state"] == "COMPLETED" and outcome == "success" and value.status == JobStatus.COMPLETED
             values.append(value.return_value if ok else None)
             if ok:
                 try:
-                    value._return_value = self.app.objective(p.cfg, value.return_value)
+                    value.return_value = self.app.objective(p.cfg, value.return_value)
                 except Exception as err:  # the point ran, but its objective cannot be had: say which and why
                     if self._results_read():  # a sweeper that needs it: the point failed, for it
-                        value = JobReturn(overrides=p.overrides, cfg=p.cfg, status=JobStatus.FAILED,
-                                          _return_value=PointFailed(f"point #{p.num}: {err}"))
+                        value = _job_return(p, JobStatus.FAILED, PointFailed(f"point #{p.num}: {err}"))
                     else:
                         log.warning(f"[sweep] #{p.num}: no objective ({err})")
-                        value._return_value = None
+                        value.return_value = None
                 returns.append(value)
             else:
-                returns.append(JobReturn(overrides=p.overrides, cfg=p.cfg, status=JobStatus.FAILED, _return_value=
-                                         PointFailed(f"point #{p.num} {row['state']}: {row['error'] or row['log']}")))
+                returns.append(_job_return(p, JobStatus.FAILED, PointFailed(
+                    f"point #{p.num} {row['state']}: {row['error'] or row['log']}")))
         self.failed_checks = self.app.finish(values, rows) or self.failed_checks
         failed = [(p, row) for p, row in zip(points, rows) if row["state"] != "COMPLETED"]
         for p, row in failed:

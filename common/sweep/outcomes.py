@@ -13,6 +13,8 @@ from typing import Any
 
 from hydra.core.utils import JobStatus
 
+from common.compat import hydra_job_return_value, submitit_local_controller
+
 
 def ended(job, scheduler: str) -> bool:
     """submitit calls a job done once its rank-0 result file exists. A rank that fails while Slurm tears the
@@ -61,7 +63,7 @@ def _tasks_alive(job) -> bool:
 def _controller_alive(job) -> bool | None:
     import psutil
 
-    process = getattr(job, "_process", None)
+    process = submitit_local_controller(job)
     if process is not None:  # ours: poll() also reaps it
         return process.poll() is None
     try:
@@ -182,7 +184,8 @@ def rank_outcomes(job, wait_s: float = 15.0) -> list:
         if outcome == "success" and getattr(value, "status", None) != JobStatus.FAILED:
             r.ok = True
         elif outcome == "success":  # a job started before tasks re-raised their exceptions
-            r.error = f"{type(value._return_value).__name__}: {value._return_value}"
+            error = hydra_job_return_value(value)
+            r.error = f"{type(error).__name__}: {error}"
         elif outcome == "error":
             # submitit raises UncompletedJobError in the task when it ran out of time (or was preempted) and will
             # not be requeued, in whatever the task was doing then: a library that was importing wraps it in its

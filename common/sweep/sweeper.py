@@ -7,7 +7,7 @@ first hands every point of every batch to the launcher's `prepare` (composed onc
 ends the command with the app's exit status if a point did not complete (the launcher has printed why).
 
 Hydra's plugin class, `CheckedSweeper` (`hydra/sweeper: basic`'s `_target_`), puts this over BasicSweeper, whose
-`split_arguments`, `_parse_config`, `max_batch_size`, `config` and `launcher` it uses.
+`split_arguments`, `_parse_config` (common/compat.py), `max_batch_size`, `config` and `launcher` it uses.
 """
 import sys
 from pathlib import Path
@@ -17,11 +17,13 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
 from omegaconf import OmegaConf
 
+from common.compat import hydra_basic_sweeper_params
+
 
 class CheckedSweep:
     def sweep(self, arguments: list) -> Any:
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        batches = self.split_arguments(parser.parse_overrides(self._parse_config() + list(arguments)),
+        batches = self.split_arguments(parser.parse_overrides(hydra_basic_sweeper_params(self) + list(arguments)),
                                        self.max_batch_size)
         prepare = getattr(self.launcher, "prepare", None)
         if prepare is not None:  # every point, before anything is written (may exit: refused, or a plan shown)

@@ -4,9 +4,9 @@ common/sweep/sweeper.py over it."""
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 
+from common.compat import hydra_basic_sweeper
 from common.sweep.sweeper import CheckedSweep
 
 
@@ -20,5 +20,5 @@ class CheckedSweeperConf:
 ConfigStore.instance().store(group="hydra/sweeper", name="checked", node=CheckedSweeperConf, provider="pretrain")
 
 
-class CheckedSweeper(CheckedSweep, BasicSweeper):
+class CheckedSweeper(CheckedSweep, hydra_basic_sweeper()):
     pass

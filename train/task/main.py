@@ -14,12 +14,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
+from common import compat
 from common.collector import imported_without_collections
 from common.errors import UserError
 from common.signals import leave_to_the_task_in_every_fork
 from train.config.loaders import loader_keys
 from train.task import shards
-from train.task.distributed import decided_on_rank_0, export_from_submitit, gloo_reduce_scatter_averages
+from train.task.distributed import decided_on_rank_0, export_from_submitit
 from train.task.foundry import foundry_config
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,9 @@ def run(cfg: DictConfig) -> dict:
     register()
     tracking.register()  # conf/logger/: one tracking run per training run
     tracking.for_this_training(fcfg, resumed, cfg)
-    cpu_model_from_proc()  # what building composer's Trainer does for nothing this run uses
-    _mpt_is_in_no_transformers_mapping()
+    # what building composer's Trainer does for nothing this run uses
+    compat.patch_composer_cpu_model_from_proc()
+    compat.patch_composer_skip_causal_lm_registry_scan()
     report = Path(fcfg.callbacks.run_report.folder)
     try:
         # llm-foundry prints the whole resolved config (log_config, which also hands it to the tracking loggers
@@ -168,50 +170,7 @@ def _start_dist(fcfg) -> None:
     from composer.utils import dist, get_device
 
     dist.initialize_dist(get_device(None), timeout=float(fcfg.get("dist_timeout") or 600.0))
-    gloo_reduce_scatter_averages()  # FSDP2's gradients on CPU: the mean over the ranks, not their sum
-
-
-def cpu_model_from_proc() -> None:
-    """composer's environment record (get_composer_env_dict: the trainer reads its version from it when built)
-    names the CPU through py-cpuinfo, which starts a Python process to probe it: 1.1 s of CPU per rank, every
-    run, for a name the trainer does not log. The same name from /proc/cpuinfo ("model name", what cpuinfo reports
-    as brand_raw on Linux), else the platform's; composer's record keeps its other fields."""
-    from composer.utils import collect_env
-
-    def cpu_model() -> str:
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.partition(":")[0].strip() in ("model name", "Model", "cpu model"):
-                    return line.partition(":")[2].strip()
-        except OSError:
-            pass
-        import platform
-
-        return platform.processor() or "CPU"
-
-    collect_env.get_cpu_model = cpu_model
-
-
-def _mpt_is_in_no_transformers_mapping() -> None:
-    """composer's HuggingFaceModel asks whether the model is one of transformers' registered causal LMs by
-    importing every class of MODEL_FOR_CAUSAL_LM_MAPPING (109 model modules: 0.9 s per rank, every run).
-    llm-foundry's MPTForCausalLM is in no such mapping and subclasses none of them (PreTrainedModel directly):
-    for it the answer is False without the imports (llm-foundry sets shift_labels itself); any other model is
-    asked as composer asks."""
-    from composer.models import huggingface
-    from llmfoundry.models.mpt import MPTForCausalLM
-
-    asked = huggingface._is_registered_causal_lm
-    if getattr(asked, "knows_mpt", False):
-        return
-
-    def registered(model) -> bool:
-        if type(huggingface.maybe_get_underlying_model(model)) is MPTForCausalLM:
-            return False
-        return asked(model)
-
-    registered.knows_mpt = True
-    huggingface._is_registered_causal_lm = registered
+    compat.patch_torch_gloo_reduce_scatter_average()  # FSDP2's gradients on CPU: the ranks' mean, not their sum
 
 
 def _choose_resume_point(cfg, fcfg) -> str | None:

@@ -21,7 +21,7 @@ goes as it iterates and ends. streaming 0.12 has every rank of a job walk the re
 followers open the prefix they found (get_shm_prefix); where a name went away between the leader's walk and a
 follower's they part, and the follower fails ("shared memory prefix=378 was not registered by local leader"; two
 2-rank runs on one machine; mosaicml/streaming#901 is open). So the followers take their local leader's number
-(agree_on_prefixes).
+(common/compat.py: patch_streaming_shm_prefix_from_local_leader).
 """
 import contextlib
 import fcntl
@@ -49,50 +49,12 @@ def hold() -> None:
     """Before llm-foundry builds the loaders (every rank of the job, after the process group is up)."""
     from composer.utils import dist
 
-    agree_on_prefixes()
+    from common.compat import patch_streaming_shm_prefix_from_local_leader
+
+    patch_streaming_shm_prefix_from_local_leader()
     if os.environ.get("LOCAL_RANK", "0") == "0":
         lead()
     dist.barrier()  # the other ranks look at the registry only once their leader holds the lock
-
-
-def agree_on_prefixes() -> None:
-    """Every dataset's prefix is its local leader's; StreamingDataset looks get_shm_prefix up in its module."""
-    from streaming.base import dataset
-
-    dataset.get_shm_prefix = leaders_prefix
-
-
-def leaders_prefix(streams_local: list, streams_remote: list, world, retry: int = 100) -> tuple:
-    """streaming's get_shm_prefix with one walk of the registry per node, the local leader's, whose number the
-    other ranks of the node take (one all-gather where streaming has a barrier)."""
-    import torch.distributed as dist
-    from streaming.base.constant import LOCALS, SHM_TO_CLEAN
-    from streaming.base.shared import SharedMemory
-    from streaming.base.shared import prefix as shared
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return shared.get_shm_prefix(streams_local, streams_remote, world, retry)
-    shared._check_self(streams_local)
-    found = None
-    if world.is_local_leader:
-        found = max(shared._check_and_find_retrying(streams_local, streams_remote, shm_name=name, retry=retry)
-                    for name in SHM_TO_CLEAN)
-    every = [None] * dist.get_world_size()
-    dist.all_gather_object(every, (world.node, found))
-    prefix_int = next(n for node, n in every if node == world.node and n is not None)
-    name = shared._get_path(prefix_int, LOCALS)
-    if world.is_local_leader:
-        data = shared._pack_locals(streams_local, prefix_int)
-        shm = SharedMemory(name, True, len(data))
-        shm.buf[:len(data)] = data
-    dist.barrier()
-    if not world.is_local_leader:
-        shm = SharedMemory(name, False)  # made by the leader before the barrier
-        their_locals, _ = shared._unpack_locals(bytes(shm.buf))
-        if their_locals != streams_local:
-            raise RuntimeError(f"streaming's shared memory {name} holds the local folders {their_locals}, this "
-                               f"rank's are {streams_local}: the ranks of a node build their datasets alike")
-    return prefix_int, shm
 
 
 def lead() -> None:
