@@ -4,7 +4,7 @@ Hydra makes a plain run's folder (`.hydra/` with every override, the job log) be
 callbacks run earlier. So a plain run's checks, and its `plan`, happen here: a refused run, a plan (and `--cfg`,
 `--help`, which never reach a callback) write nothing anywhere. A sweep's points are checked by the launcher
 before anything is submitted, and by our sweeper before anything is written (train/launch/sweep_app.py,
-hydra_plugins/pretrain_launcher/checked_sweeper.py). Hydra's global state is read here, once, into the Context.
+common/sweep/sweeper.py). Hydra's global state is read here, once, into the Context.
 """
 import functools
 import sys
@@ -114,7 +114,7 @@ def _app_shape(config_name: str = "train"):
     for entry in primary.get("defaults") or []:
         if isinstance(entry, dict):
             for group in entry:
-                if group == "yaml":  # any file: yaml=PATH (hydra_plugins/recipe_source/)
+                if group == "yaml":  # any file: yaml=PATH (train/config/recipe_yaml.py)
                     groups[group] = []
                 elif "@" not in group and not group.startswith("override") and (CONF / group).is_dir():
                     # files starting with `_` are building blocks of the presets, not choices
@@ -270,8 +270,8 @@ def _recipe_problems(override) -> list:
 
     from omegaconf import OmegaConf
 
-    from hydra_plugins.recipe_source.recipe_source import recipe_file
     from train.checks import Problem
+    from train.config.recipe_yaml import recipe_file
 
     try:
         paths = list(override.sweep_string_iterator()) if override.is_sweep_override() else \

@@ -685,9 +685,9 @@ def objective_direction(config):
 
 @functools.lru_cache(maxsize=8)
 def _recipe(path: str):
-    """The user's YAML (`yaml=`) as this process read it (hydra_plugins/recipe_source/: its bytes once per
+    """The user's YAML (`yaml=`) as this process read it (train/config/recipe_yaml.py: its bytes once per
     process), parsed once: the rules below ask it for many keys. None when it does not parse."""
-    from hydra_plugins.recipe_source.recipe_source import read, recipe_file
+    from train.config.recipe_yaml import read, recipe_file
 
     try:
         return OmegaConf.load(io.BytesIO(read(recipe_file(path))))

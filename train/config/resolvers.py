@@ -11,7 +11,7 @@ def subdir(root, name):
 
 def given_or(value, otherwise):
     """`value` unless it is blank (null or ""): a YAML's `run_name: ${variables.run_name}` with the variable given
-    on the command line, else our name (hydra_plugins/recipe_source/)."""
+    on the command line, else our name (train/config/recipe_yaml.py)."""
     return otherwise if value in (None, "") else value
 
 

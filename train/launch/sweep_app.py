@@ -104,13 +104,13 @@ class TrainApp(SweepApp):
 
     def job_overrides(self, overrides: list, sweep_dir) -> list:
         """`yaml=PATH` becomes a copy of the recipe as this command read and checked it, in the sweep's
-        .recipes/<hash>/ (hydra_plugins/recipe_source/): a job composes from it when it starts, after the queue,
+        .recipes/<hash>/ (train/config/recipe_yaml.py): a job composes from it when it starts, after the queue,
         and again after each requeue, whatever the file holds by then. The copy keeps the file's name, which the
         run's name starts with; the summary still shows the path given."""
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        from hydra_plugins.recipe_source.recipe_source import pinned
         from train.config.compose import quoted_path
+        from train.config.recipe_yaml import pinned
 
         parser = OverridesParser.create()
         out = []
