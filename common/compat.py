@@ -369,6 +369,17 @@ def streaming_shm_prefix_from_local_leader(streams_local: list, streams_remote: 
 # ------------------------------------------------------------------------------------------------------- torch
 
 
+@written_against(TORCH, "tests/test_export.py::"
+                 "test_two_rank_sharded_checkpoint_exported_on_one_process_scores_the_trainers_eval")
+def torch_dcp_read_keys(keys: set, checkpoint_id: str) -> dict:
+    """The named keys of a torch distributed checkpoint (a folder of shards) read into this one process, whatever
+    the number of ranks that wrote it, without a process group (collective where one is up: every rank calls it):
+    torch's own single-process reader, torch.distributed.checkpoint.state_dict_loader._load_state_dict_from_keys."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    return _load_state_dict_from_keys(set(keys), checkpoint_id=checkpoint_id)
+
+
 @written_against(TORCH, "tests/test_resume.py::test_one_rank_and_two_ranks_train_alike_batch_by_batch")
 def patch_torch_gloo_reduce_scatter_average() -> None:
     """Make a reduce-scatter asked to average over gloo average (torch.distributed.reduce_scatter_tensor, which

@@ -121,10 +121,12 @@ class EncoderPool:
     def __enter__(self) -> "EncoderPool":
         if self.workers > 1:
             # fork: workers start in milliseconds and inherit the loaded tokenizer.
+            before = set(multiprocessing.active_children())
             self.pool = ProcessPoolExecutor(self.workers, multiprocessing.get_context("fork"), _init, self.args)
             # With fork every worker starts at the first submit: now, before the progress bar starts a thread.
             self.pool.submit(int).result()
-            self.processes = list((getattr(self.pool, "_processes", None) or {}).values())  # to name the dead one
+            # its workers, the processes started since, in the order they started: to name the dead one
+            self.processes = sorted(set(multiprocessing.active_children()) - before, key=lambda p: p.pid)
         else:
             _init(*self.args)
         return self

@@ -270,3 +270,23 @@ def test_the_next_merge_removes_what_a_killed_merge_left(tmp_path):
     (split / f".{SUMMARY}.tmp-node7-4711").write_text("{")
     prep(*args, f"out_root={tmp_path}")
     assert temp_files(tmp_path) == [] and (split / "index.json").exists()
+
+
+def test_a_tokenizing_worker_killed_is_named_by_its_pid_and_signal():
+    """The pool's workers are the processes it started (multiprocessing's own list of children): one killed from
+    outside (the OOM killer's SIGKILL) ends the run naming it, not the workers the pool stopped itself."""
+    import signal
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from data_prep.encode import EncoderPool
+
+    tok = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    with EncoderPool(tok, "text", [], [], workers=2) as pool:
+        assert [p.pid for p in pool.processes] == sorted(pool.pool._processes)  # every worker, nothing else
+        os.kill(pool.processes[1].pid, signal.SIGKILL)
+        pool.processes[1].join(10)
+        with pytest.raises(DataPrepError) as err:
+            list(pool.map([(0, b'{"text": "a a"}\n')]))
+    assert f"a tokenizing worker process died (pid {pool.processes[1].pid}, killed by SIGKILL)" in str(err.value)

@@ -95,16 +95,18 @@ def read_model(ckpt) -> tuple[dict, dict]:
     """
     import torch
 
+    from common.compat import UnsupportedVersion, torch_dcp_read_keys
+
     fix = "export a checkpoint written by `python -m train`"
     try:
         if ckpt.sharded:
             # Loads the named keys of a torch distributed checkpoint into this one process, without a process
             # group, whatever the number of ranks that wrote it (torch's own single-process reader).
-            from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-
-            state = _load_state_dict_from_keys({"state.model", "state.integrations"}, checkpoint_id=str(ckpt.path))
+            state = torch_dcp_read_keys({"state.model", "state.integrations"}, checkpoint_id=str(ckpt.path))
         else:
             state = torch.load(ckpt.path, map_location="cpu", mmap=True, weights_only=False)
+    except UnsupportedVersion:
+        raise
     except Exception as err:  # noqa: BLE001 -- a zip or a folder of something else: torch's own words, no traceback
         raise UserError("checkpoint", f"{ckpt.path} is not a checkpoint torch can read ({type(err).__name__}: "
                         f"{' '.join(str(err).split())[:300]})", fix) from None

@@ -72,6 +72,21 @@ def find(folder) -> list[Checkpoint]:
     return sorted(found, key=lambda c: (c.batch, c.epoch, c.sharded))
 
 
+def run_record(folder) -> dict:
+    """What the run of a save folder is: its identity.json, else the record its newest checkpoint carries (the
+    folder copied without identity.json); {} where neither says."""
+    from train.checkpoint.integrity import run_of
+    from train.config.identity import read_record
+
+    record = read_record(folder)
+    if isinstance(record, dict) and isinstance(record.get("identity"), dict):
+        return record
+    for ckpt in reversed(find(folder)):
+        if run_of(ckpt.path):
+            return run_of(ckpt.path)
+    return {}
+
+
 def problem(ckpt: Checkpoint) -> str | None:
     """Why this checkpoint cannot be loaded, or None when it is complete.
 
@@ -189,9 +204,9 @@ def stored_model(path: Path) -> dict | None:
 
     try:
         if path.is_dir():
-            from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+            from common.compat import torch_dcp_read_keys
 
-            state = _load_state_dict_from_keys({"state.integrations"}, checkpoint_id=str(path))["state"]
+            state = torch_dcp_read_keys({"state.integrations"}, checkpoint_id=str(path))["state"]
         else:
             state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)["state"]
         content = state["integrations"]["huggingface"]["model"]["config"]["content"]
