@@ -159,9 +159,10 @@ def _never(v) -> bool:
 
 
 def eval_interval(cfg, ctx):
-    """eval_interval=0 trained without one evaluation, exit 0, while the run built its evaluators and checked their
-    data, and its summary and an Optuna objective then read no eval loss (save_interval=0 is refused: rules of
-    checkpoints.py). What says "no evaluation" is no evaluator."""
+    """eval_interval=0 is composer's "never evaluate" (the scripts this replaces run `max_duration=3ba
+    eval_interval=0` as their smoke test): legal, but it trained without one evaluation, without a word, while the
+    run built its evaluators and checked their data, and its summary and an Optuna objective then read no eval
+    loss. Said; what says "no evaluation" plainly is no evaluator."""
     v = value(cfg, "eval_interval")
     if v is None:
         return  # absent (a YAML's choice): llm-foundry's default, every epoch
