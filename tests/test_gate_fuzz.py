@@ -272,8 +272,8 @@ CASES = [
     (["scheduler.t_warmup=-1ba"], "refused", "scheduler.t_warmup"),
     (["+scheduler.t_max=-1ba"], "refused", "scheduler.t_max"),
     # no evaluation by an interval that never fires: trained without a word, exit 0 (eval_loader=null says it)
-    (["eval_interval=0"], "refused", "eval_interval"),
-    (["eval_interval=0ba"], "refused", "eval_interval"),
+    (["eval_interval=0", "plan=true"], "warned", "eval_interval"),
+    (["eval_interval=0ba", "plan=true"], "warned", "eval_interval"),
     # not true or false where a flag is read: a number OmegaConf reads as true, a word any code reads as true
     (["eval_first=2"], "refused", "eval_first"),
     (["save_overwrite=2"], "refused", "save_overwrite"),
