@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 import train  # noqa: F401  (registers resolvers)
 from common.compose import without_hydra
 from common.paths import CONF
+from train.config.recipe_yaml import run_name_placeholder
 
 # Maps users extend with their own keys (environment variables, #SBATCH flags): `key=value` adds a key there, as
 # it would in a shell script, instead of Hydra's "Key ... is not in struct" (its `+` or `++` still work).
@@ -57,15 +58,6 @@ def foundry_key_override(arg: str) -> str:
     from train.checks.values import FOUNDRY_KEYS
 
     return "++" + arg if key.split(".")[0] in FOUNDRY_KEYS else arg
-
-
-RUN_NAME_PLACEHOLDER = re.compile(r"(?<!\$)\{run_name\}")
-
-
-def run_name_placeholder(path):
-    """composer fills `{run_name}` in save_folder itself (llm-foundry's YAMLs: `./{run_name}/checkpoints`): the same
-    folder as `${run_name}`, which every reader of the folder here resolves (resume, finished.json, status)."""
-    return RUN_NAME_PLACEHOLDER.sub("${run_name}", path) if isinstance(path, str) else path
 
 
 def recipe_override(arg: str) -> str:

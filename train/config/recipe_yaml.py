@@ -33,6 +33,7 @@ submitted, not the file as edited since (which would also be another run: its na
 """
 import hashlib
 import io
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -42,6 +43,16 @@ from omegaconf import OmegaConf
 GROUP = "yaml"
 VARIABLE_RUN_NAME = "${variables.run_name}"
 OUR_RUN_NAME = "${run_id:${hydra:runtime.choices.model},${hydra:runtime.choices.yaml}}"  # conf/train.yaml's
+
+
+RUN_NAME_PLACEHOLDER = re.compile(r"(?<!\$)\{run_name\}")
+
+
+def run_name_placeholder(path):
+    """composer fills `{run_name}` in save_folder itself (llm-foundry's YAMLs: `./{run_name}/checkpoints`): the same
+    folder as `${run_name}`, which every reader of the folder here resolves (resume, finished.json, status);
+    a command line's `save_folder=` too (train/config/compose.py)."""
+    return RUN_NAME_PLACEHOLDER.sub("${run_name}", path) if isinstance(path, str) else path
 
 
 def recipe_file(option: str) -> Path:
@@ -125,8 +136,6 @@ def load_config(source, config_path: str) -> ConfigResult:
         else:
             del cfg["run_name"]
     if isinstance(cfg.get("save_folder"), str):  # `./{run_name}/checkpoints`: composer's placeholder
-        from train.config.compose import run_name_placeholder
-
         cfg.save_folder = run_name_placeholder(cfg.save_folder)
     if OmegaConf.is_list(cfg.get("eval_loader")):
         # several evaluators: llm-foundry moves an eval_loader list to eval_loaders; so does this, since
