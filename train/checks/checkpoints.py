@@ -417,7 +417,7 @@ def fits_on_the_storage(cfg, ctx):
         return
     have = free + _bytes_in(folder)
     if need > have:
-        from train.plan.forecast_report import _size
+        from train.plan.estimate import size_words as _size
 
         keep = value(cfg, "save_num_checkpoints_to_keep")
         # room for `fewer` kept plus the next one written; under 1 none can be kept (-1 would keep every one)

@@ -8,6 +8,16 @@ works out only with 2**30 bytes per "GB", so that is what a "GB/s" is here.
 GiB = 2**30
 TiB = 2**40
 
+
+def size_words(n) -> str:
+    """A size in bytes as the plan and the checks print it."""
+    if n is None:
+        return "?"
+    if n >= TiB:
+        return f"{n / TiB:.2f} TiB"
+    return f"{n / GiB:.1f} GiB" if n >= GiB / 10 else f"{n / 2**20:.1f} MiB"
+
+
 # Bytes per parameter that FSDP keeps sharded under llm-foundry's MPT presets (mixed_precision PURE, AdamW):
 # fp32 weights, fp32 gradients (FSDP hands the optimizer full-precision sharded grads), two fp32 Adam moments.
 WEIGHT_BYTES, GRAD_BYTES, ADAM_BYTES = 4, 4, 8

@@ -7,7 +7,7 @@ import json
 from omegaconf import DictConfig, OmegaConf
 
 from train.checks.core import value
-from train.plan.estimate import GiB, TiB
+from train.plan.estimate import size_words as _size
 from train.plan.forecast import MEGATRON_GPT3_CHECKPOINT_BYTES, build_plan
 
 
@@ -37,14 +37,6 @@ def _render_export(p: dict) -> str:
                 f"{p['export_folder']} at the end of training")
     return (f"export      none (export=hf writes a Hugging Face folder at the end); `python -m train.export` of a "
             f"checkpoint: {size} ({p['export_precision']}), half that with --precision=bfloat16")
-
-
-def _size(n) -> str:
-    if n is None:
-        return "?"
-    if n >= TiB:
-        return f"{n / TiB:.2f} TiB"
-    return f"{n / GiB:.1f} GiB" if n >= GiB / 10 else f"{n / 2**20:.1f} MiB"
 
 
 def _duration_words(s) -> str:
