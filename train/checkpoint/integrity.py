@@ -101,21 +101,6 @@ def run_of(ckpt) -> dict:
     return run if isinstance(run, dict) else {}
 
 
-def run_record(folder) -> dict:
-    """What the run of a save folder is: its identity.json, else the record its newest checkpoint carries (the
-    folder copied without identity.json); {} where neither says."""
-    from train.checkpoint.resume import find
-    from train.config.identity import read_record
-
-    record = read_record(folder)
-    if isinstance(record, dict) and isinstance(record.get("identity"), dict):
-        return record
-    for ckpt in reversed(find(folder)):
-        if run_of(ckpt.path):
-            return run_of(ckpt.path)
-    return {}
-
-
 _COUNTS = {"ba": "batch", "sp": "sample", "tok": "token"}
 
 

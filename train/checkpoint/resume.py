@@ -72,6 +72,21 @@ def find(folder) -> list[Checkpoint]:
     return sorted(found, key=lambda c: (c.batch, c.epoch, c.sharded))
 
 
+def run_record(folder) -> dict:
+    """What the run of a save folder is: its identity.json, else the record its newest checkpoint carries (the
+    folder copied without identity.json); {} where neither says."""
+    from train.checkpoint.integrity import run_of
+    from train.config.identity import read_record
+
+    record = read_record(folder)
+    if isinstance(record, dict) and isinstance(record.get("identity"), dict):
+        return record
+    for ckpt in reversed(find(folder)):
+        if run_of(ckpt.path):
+            return run_of(ckpt.path)
+    return {}
+
+
 def problem(ckpt: Checkpoint) -> str | None:
     """Why this checkpoint cannot be loaded, or None when it is complete.
 

@@ -576,8 +576,7 @@ def continued_run(cfg, ctx):
     fixed = folder != value(cfg, "checkpoint.folder")  # not the checkpoint group's folder of this run's name
     if not folder or not (named(cfg, ctx) or fixed) or "://" in str(folder):
         return
-    from train.checkpoint.integrity import run_record
-    from train.checkpoint.resume import find
+    from train.checkpoint.resume import find, run_record
     from train.config.identity import identity, spelt_once
 
     found, theirs = find(folder), run_record(folder).get("identity")

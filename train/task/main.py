@@ -250,7 +250,7 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
         # what the run is: the record the checkpoint resumed from carries (it travels with it), else identity.json,
         # else another of its checkpoints' manifests; a checkpoint of a run none of them establishes could be of
         # other data or settings
-        before = (integrity.run_of(chosen.path) if chosen else {}) or integrity.run_record(folder)
+        before = (integrity.run_of(chosen.path) if chosen else {}) or resume.run_record(folder)
         if chosen and not isinstance(before.get("identity"), dict):
             raise integrity.RunStopped(
                 "save_folder", f"what run {chosen.path} belongs to cannot be established: "
