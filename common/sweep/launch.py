@@ -44,6 +44,19 @@ log = logging.getLogger("sweep")
 _RESULTS_UNREAD = ("CheckedSweeper", "BasicSweeper")
 
 
+def names_this_launcher(target: str) -> bool:
+    """Whether a `hydra.launcher._target_` names this launcher: the class it names does this work (Hydra's plugin
+    scan has imported every launcher's module already; a target that names no class names none)."""
+    import importlib
+
+    module, _, name = str(target).rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name, None)
+    except Exception:  # noqa: BLE001 -- not importable: not this launcher (Hydra says why when it instantiates it)
+        return False
+    return isinstance(cls, type) and issubclass(cls, SweepLaunch)
+
+
 class PointFailed(RuntimeError):
     """A point that did not complete, as its JobReturn carries it to the sweeper."""
 

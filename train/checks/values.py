@@ -7,6 +7,7 @@ import re
 
 from omegaconf import OmegaConf
 
+from common.sweep.launch import names_this_launcher
 from train.checks import foundry_names as names
 from train.checks.core import (
     ERROR,
@@ -623,7 +624,7 @@ def foreign_launcher(config):
     that train alike, a plan. `plan=true` then trained the points (measured: `-m plan=true
     hydra/launcher=submitit_local` wrote a finished run's checkpoints): refused; any other use is warned."""
     target = str(OmegaConf.select(config, "hydra.launcher._target_") or "")
-    if not target or target.startswith("hydra_plugins.pretrain_launcher."):
+    if not target or names_this_launcher(target):
         return
     choice = config.hydra.runtime.choices.get("hydra/launcher") or target
     if OmegaConf.select(config, "plan", default=None) not in (None, False):
@@ -649,7 +650,7 @@ _LAUNCHER_RESOURCES = {"scheduler": "cluster=local or a Slurm preset", "partitio
 def launcher_resources(config):
     """`hydra.launcher.<resource>` given for training, which reads its resources from cluster.* instead."""
     target = str(OmegaConf.select(config, "hydra.launcher._target_") or "")
-    if not target.startswith("hydra_plugins.pretrain_launcher."):
+    if not names_this_launcher(target):
         return
     for override in OmegaConf.select(config, "hydra.overrides.hydra") or []:
         key = str(override).lstrip("+~").split("=", 1)[0]
