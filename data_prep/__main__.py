@@ -45,6 +45,9 @@ if __name__ == "__main__":
     import os
 
     os.umask(os.umask(0o027) | 0o027)  # its plans, sweep scripts and pickles are not world-readable
+    from common.plugins import scan_or_say
+
+    scan_or_say()  # a broken Hydra plugin installed here is named, not Hydra's scan traceback
     from common.compat import patch_hydra_compose_once_per_command
 
     patch_hydra_compose_once_per_command(sys.argv[1:])

@@ -205,3 +205,21 @@ def test_a_finished_point_run_again_with_other_evaluation_settings_says_its_numb
     assert "are that run's, from its own evaluation settings (eval_subset_num_batches: " in other.stderr, \
         other.stderr[-3000:]
     assert ", 1 here" in other.stderr
+
+
+@pytest.mark.parametrize("app", [("train", "plan=true"), ("data_prep", "--help")])
+def test_a_hydra_plugin_that_fails_to_import_is_named_with_the_fix_not_hydras_scan_traceback(tmp_path, cli, app):
+    """hydra-nevergrad-sweeper 1.2.0 on Python 3.11 fails as Hydra imports it (not with an ImportError, which Hydra
+    only warns about): every command ended in Hydra's plugin-scan traceback. A plugin of the same kind, on the path."""
+    plugin = tmp_path / "plugins" / "hydra_plugins" / "broken_sweeper"
+    plugin.mkdir(parents=True)
+    (plugin / "__init__.py").write_text("from dataclasses import dataclass, field\n\n\n@dataclass\nclass Conf:\n"
+                                        "    params: dict = {}  # a mutable default: ValueError on Python 3.11\n")
+    root = tmp_path / "root"
+    root.mkdir()
+    proc = cli(*app, root=root, env={"PYTHONPATH": str(tmp_path / "plugins")})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: hydra_plugins.broken_sweeper: a Hydra plugin installed here fails to import "
+                                  "(ValueError: mutable default"), proc.stderr[-2000:]
+    assert f"from {plugin / '__init__.py'}" in proc.stderr and "\n  fix: pip uninstall" in proc.stderr
+    assert "Traceback" not in proc.stderr and list(root.iterdir()) == []

@@ -130,6 +130,9 @@ if __name__ == "__main__":
     # nothing this command (or a job it starts: Slurm and submitit pass the umask on) writes is world-readable.
     os.umask(os.umask(0o027) | 0o027)
     sys.argv[1:] = command_line(sys.argv[1:])
+    from common.plugins import scan_or_say
+
+    scan_or_say()  # a broken Hydra plugin installed here is named, not Hydra's scan traceback
     from common.compat import patch_hydra_compose_once_per_command
     from train.checks.gate import before_hydra
 
