@@ -50,7 +50,9 @@ def test_sweep_plans():
 def test_sweep_submits(slurm):
     out = smoke("bench_sweep.py")  # the fixture exported SLURM_CONF: --smoke then submits
     has(rf"^submit to Slurm, 4 points +{NUMBER} +{NUMBER} +{NUMBER}$", out)
-    has(rf"^submit, 4 points / 1 point: {NUMBER}x$", out)
+    has(rf"^reference submitit_slurm, 4 pts +{NUMBER} +{NUMBER} +{NUMBER}$", out)  # hydra-submitit-launcher's
+    has(rf"^submit, 4 points / 1 point: {NUMBER}x; reference: {NUMBER}x$", out)
+    has(rf"^submit, ours / reference, 4 points: {NUMBER}x$", out)
 
 
 @pytest.mark.train  # trains twice, ours and llm-foundry's
