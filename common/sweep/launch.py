@@ -205,13 +205,13 @@ class SweepLaunch:
 
     def _submit(self, points: list, folder: str, sweep_dir: Path) -> None:
         """Each job of contract.job_arrays: points with equal resources as one job array."""
+        state = _singleton_state()  # Hydra's, the same for every point: a deepcopy of it each was a third of a submit
         for res, idx in job_arrays([p.resources for p in points]):
             ex = executor(res, folder)
             with ex.batch():
                 for p in (points[i] for i in idx):
                     p.job = ex.submit(self, self.app.job_overrides(p.overrides, sweep_dir), "hydra.sweep.dir", p.num,
-                                      f"job_id_for_{p.num}",
-                                      _singleton_state())
+                                      f"job_id_for_{p.num}", state)
         for p in points:
             print(f"[sweep] #{p.num} {' '.join(p.overrides) or '(defaults)'} -> job {p.job.job_id}, "
                   f"log {p.job.task(0).paths.stderr}", flush=True)
