@@ -205,12 +205,14 @@ class SweepLaunch:
 
     def _submit(self, points: list, folder: str, sweep_dir: Path) -> None:
         """Each job of contract.job_arrays: points with equal resources as one job array."""
-        state = _singleton_state()  # Hydra's, the same for every point: a deepcopy of it each was a third of a submit
+        # The job body (this launcher) and Hydra's state are the same for every point: each is copied and pickled
+        # once per submission, and every point's pickle holds those bytes beside its own overrides
+        body, state = _PickledOnce(self), _PickledOnce(_singleton_state())
         for res, idx in job_arrays([p.resources for p in points]):
             ex = executor(res, folder)
             with ex.batch():
                 for p in (points[i] for i in idx):
-                    p.job = ex.submit(self, self.app.job_overrides(p.overrides, sweep_dir), "hydra.sweep.dir", p.num,
+                    p.job = ex.submit(body, self.app.job_overrides(p.overrides, sweep_dir), "hydra.sweep.dir", p.num,
                                       f"job_id_for_{p.num}", state)
         for p in points:
             print(f"[sweep] #{p.num} {' '.join(p.overrides) or '(defaults)'} -> job {p.job.job_id}, "
@@ -288,6 +290,22 @@ class SweepLaunch:
         if failed:
             log.error(f"[sweep] {len(failed)} of {len(points)} points did not complete")
         return returns
+
+
+class _PickledOnce:
+    """An object as a job's pickle carries it, pickled here once however many jobs carry it: it unpickles to the
+    object itself (the job never sees this wrapper). Pickling the launcher and Hydra's state again for each point
+    was most of what a submit grew by with its points."""
+
+    def __init__(self, obj) -> None:
+        import cloudpickle  # submitit's pickler
+
+        self.data = cloudpickle.dumps(obj)
+
+    def __reduce__(self):
+        import pickle
+
+        return pickle.loads, (self.data,)
 
 
 def _singleton_state():
