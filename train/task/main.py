@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import stat
-import sys
 import tempfile
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from common import compat
 from common.collector import imported_without_collections
+from common.console import libraries_to_the_log, library_levels, printed_to_the_log
 from common.errors import UserError
 from common.signals import leave_to_the_task_in_every_fork
 from train.config.loaders import loader_keys
@@ -83,10 +83,13 @@ def run(cfg: DictConfig) -> dict:
     report = Path(fcfg.callbacks.run_report.folder)
     try:
         # llm-foundry prints the whole resolved config (log_config, which also hands it to the tracking loggers
-        # as parameters): a message, so stderr; stdout holds only the run's answer, printed below
+        # as parameters): to the run's log (common/console.py); stdout holds only the run's answer, printed below
         trained = True  # false: it had reached max_duration already (nothing is written then)
         ended = None  # the batch training ended at
-        with contextlib.redirect_stdout(sys.stderr):
+        libraries_to_the_log()
+        library_levels(fcfg.get("python_log_level"))
+        fcfg.python_log_level = None  # applied above; llm-foundry's own would replace the run's log handlers
+        with contextlib.redirect_stdout(printed_to_the_log("llmfoundry.config")):
             shm_registry.hold()  # released at INIT (train/task/run_report.py), once the loaders are built
             try:
                 trainer = train(fcfg)
@@ -156,12 +159,27 @@ def run(cfg: DictConfig) -> dict:
             # a run stopped by its final evaluation's non-finite loss, whose final checkpoint is its only one (none
             # before it to go back to): that checkpoint stands at max_duration, but its numbers are not a result
             check_eval(metrics.get("final_eval") or {}, f"batch {at}", after_fit=True)
-        print(f"\nfinal train loss {metrics.get('final_train_loss')}, "
-              f"eval {metrics.get('final_eval')}\n"
-              f"checkpoints: {fcfg.save_folder or 'none (checkpoint=none)'}\n"
-              f"loss curve:  {report / 'loss_curve.png'}\nmetrics:     {report / 'metrics.json'}",
-              flush=True)  # the run's answer: stdout
+        print(f"\nfinal train loss {_rounded(metrics.get('final_train_loss'))}, "
+              f"eval {_rounded(metrics.get('final_eval'))}\n"
+              f"checkpoints: {_shown(fcfg.save_folder) if fcfg.save_folder else 'none (checkpoint=none)'}\n"
+              f"loss curve:  {_shown(report / 'loss_curve.png')}\nmetrics:     {_shown(report / 'metrics.json')}",
+              flush=True)  # the run's answer: stdout (metrics.json holds every number unrounded)
     return metrics
+
+
+def _rounded(value):
+    """Numbers as a person reads them: three significant digits (3.33, 26.2, 0.248)."""
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return float(f"{value:.3g}") if isinstance(value, float) else value
+
+
+def _shown(path) -> str:
+    """A path under the working directory as relative to it (runs/checkpoints/...), any other whole."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _start_dist(fcfg) -> None:
