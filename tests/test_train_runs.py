@@ -35,8 +35,18 @@ def test_default_run_trains_evaluates_checkpoints_and_plots(tmp_path, cli):
         assert shown in proc.stdout
     # messages on stderr and in the run's own log file (Hydra's job log)
     [job_log] = (tmp_path / "outputs").rglob("__main__.log")
-    assert "INFO: Building trainer..." in proc.stderr
-    assert "[llmfoundry.command_utils.train][INFO] - Starting training..." in job_log.read_text()
+    # one screen: this tool's messages on the console; the libraries' (llm-foundry's resolved config, its notes,
+    # Python's and transformers' warnings) in the log file alone
+    assert len((proc.stdout + proc.stderr).strip().splitlines()) <= 30, proc.stdout + proc.stderr
+    assert "Building trainer" not in proc.stderr and "UserWarning" not in proc.stderr
+    assert "GenerationMixin" not in proc.stderr and "run_name:" not in proc.stderr
+    logged = job_log.read_text()
+    assert "[llmfoundry.command_utils.train][INFO] - Starting training..." in logged
+    assert "[llmfoundry.config][INFO] - run_name: " in logged and "[py.warnings][WARNING]" in logged
+    assert "[transformers.modeling_utils][WARNING] - MPTForCausalLM has generative capabilities" in logged
+    # rounded for a person; metrics.json holds every number whole
+    rounded = float(format(m["final_train_loss"], ".3g"))
+    assert proc.stdout.strip().startswith(f"final train loss {rounded}, eval {{'eval/LanguageCrossEntropy': "), proc.stdout
     # progress: one line per console_log_interval (10ba), no bar, none of composer's console metrics blocks
     progress = [line for line in proc.stderr.splitlines() if "[progress] step" in line]
     assert [line.split("[progress] ")[1].split(",")[0] for line in progress] == \
@@ -54,6 +64,16 @@ def test_default_run_trains_evaluates_checkpoints_and_plots(tmp_path, cli):
     assert "[progress]" not in proc.stdout  # stdout holds only the answer: the final report, not llm-foundry's config
     assert [line.split(" ")[0] for line in proc.stdout.strip().splitlines()] == [
         "final", "checkpoints:", "loss", "metrics:"], proc.stdout[-2000:]
+
+
+def test_python_log_level_shows_the_libraries_messages_on_the_console_and_the_log_file_keeps_all(tmp_path, cli):
+    """llm-foundry's own switch for its messages: the console shows the libraries' messages of that level too (its
+    `logging.basicConfig(force=True)` replaced the run's handlers: its log file stopped at the trainer's start)."""
+    proc = cli("train", "python_log_level=info", "max_duration=2ba", "eval_interval=2ba", "checkpoint=none",
+               check=True)
+    assert "INFO: Building trainer..." in proc.stderr and "run_name: " in proc.stderr, proc.stderr[-3000:]
+    [job_log] = (tmp_path / "outputs").rglob("__main__.log")
+    assert "[train.task.run_report][INFO] - [progress] step 2/2" in job_log.read_text()
 
 
 def test_the_loss_curve_is_drawn_at_each_checkpoint_of_a_running_job(tmp_path):
