@@ -293,6 +293,8 @@ def test_the_default_run_exports_samples_and_generates_with_plain_transformers(t
     assert folder.startswith(str(tmp_path / "lustre" / "outputs" / name))
     sample = cli("train.sample", name, "The weather today is", "--max-new-tokens=8", storage, root=elsewhere, check=True, env=OFFLINE)
     assert sample.stdout.startswith("The weather today is")
+    # a continuation of bytes that are no UTF-8 text is said to be so, and why
+    assert ("\ufffd" in sample.stdout) == ("not UTF-8 text, shown as \ufffd (data=mock's" in sample.stderr)
     [data] = (tmp_path / "lustre" / "datasets").iterdir()  # the mock data the run trained on
     scored = cli("train.evaluate", name, f"--data={data}", "--batches=1", storage, root=elsewhere, check=True,
                  env=OFFLINE)
@@ -584,3 +586,11 @@ def test_the_runs_record_is_found_and_what_cannot_be_read_again_is_refused_befor
     os.utime(newest, (500, 500))
     with pytest.raises(UserError, match="does not say what the run's evaluation read"):
         _run_metrics(export)  # the newest is now the start from before the record
+
+
+def test_a_continuation_that_is_not_text_is_said_to_be_so_and_why():
+    from train.sample import undecodable
+
+    assert undecodable(["plain text", "more"], 257) is None
+    assert "data=mock's byte-level tokenizer" in undecodable(["ab\ufffdc"], 257)
+    assert "data=mock" not in undecodable(["ab\ufffdc"], 50368)

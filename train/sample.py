@@ -89,10 +89,22 @@ def main(argv=None) -> int:
     if too_long:
         print(too_long, file=sys.stderr)
         return 2
-    for prompt, text in zip(args.prompts, generate(model, tokenizer, args.prompts, args.max_new_tokens,
-                                                   args.temperature, args.top_k, args.seed)):
+    texts = generate(model, tokenizer, args.prompts, args.max_new_tokens, args.temperature, args.top_k, args.seed)
+    for prompt, text in zip(args.prompts, texts):
         print(f"{prompt}{text}\n---")
+    why = undecodable(texts, len(tokenizer))
+    if why:
+        log.warning(why)
     return 0
+
+
+def undecodable(texts: list[str], vocab: int) -> str | None:
+    """Why a continuation shows U+FFFD, where one does: its tokens decode to bytes that are no UTF-8 text."""
+    if not any("\ufffd" in t for t in texts):
+        return None
+    mock = " (data=mock's byte-level tokenizer: a model trained on its synthetic token stream continues with bytes, " \
+        "not text; train on real data, e.g. data=c4, for text)" if vocab <= 512 else ""
+    return f"the continuations hold bytes that are not UTF-8 text, shown as \ufffd{mock}"
 
 
 if __name__ == "__main__":
