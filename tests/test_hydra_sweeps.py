@@ -56,7 +56,7 @@ def test_hydra_sweeper_basic_is_checked_first_and_a_plan_of_batches_says_it_show
 def test_a_plan_handed_to_another_plugins_launcher_is_refused_and_nothing_is_written(tmp_path, cli, launcher):
     """hydra-submitit-launcher's `submitit_local` and Hydra's `basic` run the points as they are handed: `-m
     plan=true` with one of them trained the point (measured: a finished run's checkpoints, exit 0). Refused before
-    anything is written; a point that reaches a task with plan set is refused there too (train/task/main.py)."""
+    anything is written (train.checks.validate, as the sweep starts): no task is started with plan set."""
     proc = cli("train", "-m", "plan=true", f"hydra/launcher={launcher}", "max_duration=1ba", check=2)
     assert f"error: plan: set, but hydra/launcher={launcher} runs the points: only this project's launcher shows " \
         "a sweep's plan" in proc.stderr, proc.stderr
@@ -76,16 +76,6 @@ def test_the_launchers_resource_keys_are_refused_for_training_naming_the_cluster
                     "error: hydra.launcher.array_parallelism: is not read by training: a training point's job takes "
                     "its resources from its cluster group", "  fix: leave out hydra.launcher.array_parallelism"], said
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
-
-
-def test_a_task_started_with_plan_set_trains_nothing():
-    from omegaconf import OmegaConf
-
-    from common.errors import UserError
-    from train.task.main import run
-
-    with pytest.raises(UserError, match="plan: True, but this process was started to train: nothing was trained"):
-        run(OmegaConf.create({"plan": True}))
 
 
 def test_an_objective_no_trial_reports_is_refused_before_anything_is_written(tmp_path, cli):

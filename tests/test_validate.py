@@ -12,7 +12,7 @@ import zipfile
 import pytest
 from helpers import PYTHON, ROOT, TOKENIZER, problems_in
 
-from train.checks import ERROR, WARNING, ConfigError, Context, check, check_points, resolve_all, values
+from train.checks import ERROR, WARNING, ConfigError, Context, check, resolve_all, validate, values
 from train.checks.gate import hydra_problems
 from train.config.compose import compose
 
@@ -523,10 +523,10 @@ def test_sweep_checks_every_point_and_names_it():
     good = _resolved(["cluster=slurm-local"])
     bad = _resolved(["cluster=slurm-local", "optimizer.lr=-1"])
     sweep = [Context(mode="sweep")] * 2
-    [p] = check_points([good, bad], sweep)
+    [p] = validate([good, bad], sweep, first=0)
     assert p.key == "[sweep point #1] optimizer.lr"
-    assert check_points([good, _resolved(["cluster=slurm-local", "optimizer.lr=1e-4"])], sweep) == []
-    [p] = check_points([good, _resolved(["cluster=slurm-local", f"run_name={good.run_name}"])], sweep)
+    assert validate([good, _resolved(["cluster=slurm-local", "optimizer.lr=1e-4"])], sweep, first=0) == []
+    [p] = validate([good, _resolved(["cluster=slurm-local", f"run_name={good.run_name}"])], sweep, first=0)
     assert p.key == "save_folder"
 
 

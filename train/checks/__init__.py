@@ -48,16 +48,39 @@ def check(cfg, ctx: Context) -> list:
     return [p.masked(secrets) for secrets in [safety.secret_values(cfg) if unique else []] for p in unique]  # never echo a credential
 
 
-def check_points(cfgs: list, ctxs: list, checked: dict | None = None, first: int = 0) -> list:
-    """Every point of a sweep (resolved), and what no single point shows: two points writing one save_folder
-    would resume from, and overwrite, each other's checkpoints. checked: {point: its problems} for points
-    already checked (the ones that do not resolve)."""
-    found, folders = [], {}
-    for num, (cfg, ctx) in enumerate(zip(cfgs, ctxs)):
+def validate(points: list, ctxs: list, *, sweep=None, first: int | None = None, unresolved: dict | None = None,
+             checked: dict | None = None) -> list:
+    """Every check of a command's config: the one pass, on the login node, before anything is written or submitted.
+    A plain run and its plan ask it for their point (train/checks/gate.py, Hydra's callback before it writes the run
+    folder); `-m` for the sweep's own settings as the sweep starts (the same callback: what its sweeper and launcher
+    would fail on as they start, sweep=the command's Hydra config) and for every point (train/launch/sweep_app.py,
+    before anything is submitted). A task checks again only what the allocation alone can see (its devices, mounts,
+    shards, the checkpoint it resumes from).
+
+    points: the composed configs, each with its Context in ctxs; a sweep's (first: the number of the first) are
+    said as `[sweep point #n] key`, and checked for what no single point shows: two points writing one save_folder
+    would resume from, and overwrite, each other's checkpoints. unresolved: {point's index: the problems of
+    resolving it} for a point that does not resolve, checked as it is so that its problems name their keys (said
+    where checking finds no error of its own). checked: {point's index: its problems} for points checked already
+    (one that does not resolve is checked while its own Hydra context is set: its run name reads it)."""
+    found = []
+    if sweep is not None:
+        found += [*values.sweeper_storage(sweep.hydra.sweeper), *values.objective_direction(sweep),
+                  *values.foreign_launcher(sweep), *values.launcher_resources(sweep)]
+    folders = {}
+    for num, (cfg, ctx) in enumerate(zip(points, ctxs)):
         if checked and num in checked:
             found += checked[num]
             continue
-        found += [p.at_point(first + num) for p in check(cfg, ctx)]
+        own = check(cfg, ctx)
+        if unresolved and num in unresolved and not errors(own):
+            own += unresolved[num]
+        if first is None:
+            found += own
+            continue
+        found += [p.at_point(first + num) for p in own]
+        if unresolved and num in unresolved:
+            continue  # its save_folder may be what does not resolve
         folder = cfg.get("save_folder")
         if folder and folder in folders:
             found.append(Problem("save_folder", f"sweep points #{folders[folder]} and #{first + num} both write to "

@@ -150,9 +150,27 @@ def resolved(cfg):
     return out
 
 
+def nearest(word, options, cutoff: float = 0.6) -> str | None:
+    """The one suggester of a name for a misspelt one (a key, a preset, a metric, a setting): the closest of
+    options, or None. Every "did you mean" of the project asks it."""
+    found = difflib.get_close_matches(str(word), sorted(options), n=1, cutoff=cutoff)
+    return found[0] if found else None
+
+
 def close_match(word: str, options) -> str:
-    found = difflib.get_close_matches(word, sorted(options), n=1)
-    return f"did you mean `{found[0]}`?" if found else ""
+    found = nearest(word, options)
+    return f"did you mean `{found}`?" if found else ""
+
+
+# An override of a key the config does not have, as the gate says it before Hydra composes and as it answers
+# Hydra's own refusal while composing (train/checks/gate.py).
+NOT_A_KEY = "is not a key of this config"
+SEE_THE_KEYS = "see the keys with `python -m train --cfg job`; `+variables.<name>=...` adds a value of your own"
+
+
+def did_you_mean(key: str, value) -> str:
+    """The fix of a misspelt key on the command line: the key meant, and the override with it."""
+    return f"did you mean {key}? ({key}={value})"
 
 
 def is_int(v) -> bool:

@@ -3,7 +3,6 @@
 llm-foundry, composer, torch or streaming refuse once the run has started, or that surely fail (NaN, a negative
 learning rate). Light: the names and types are kept in foundry_names.py (tested against the pinned library), so
 nothing here imports llm-foundry or torch."""
-import difflib
 import logging
 import math
 import re
@@ -11,7 +10,7 @@ import re
 from omegaconf import ListConfig, OmegaConf
 
 from train.checks import foundry_names as names
-from train.checks.core import ERROR, WARNING, Problem, close_match, is_int, is_number, time_of, value
+from train.checks.core import ERROR, WARNING, Problem, close_match, is_int, is_number, nearest, time_of, value
 from train.config.loaders import eval_keys, loader_keys
 
 # composer's reproducibility.seed_all refuses seeds outside [0, 2^32 - 1] (numpy's range)
@@ -559,7 +558,7 @@ def model_parts(cfg, ctx):
         if readers:  # a setting of another initialization (init_std is baseline_'s, kaiming_normal_ ignores it)
             fix = f"model.init_config.name={readers[0]} to use it, or remove it"
         else:
-            meant = (difflib.get_close_matches(str(key), every, n=1) or [None])[0]
+            meant = nearest(key, every)
             fix = f"remove it ({name} reads {', '.join(reads) or 'nothing'})" if meant is None else \
                 f"did you mean `{meant}`?" + ("" if meant in reads else f" (with model.init_config.name={read_by(meant)[0]})")
         yield Problem(f"model.init_config.{key}", f"is not read by the {name} initialization (it takes any key and "

@@ -49,12 +49,12 @@ class CheckBeforeWriting(Callback):
         from hydra.core.hydra_config import HydraConfig
 
         from common.compose import without_hydra
-        from train.checks import check, report, resolved
+        from train.checks import report, resolved, validate
 
         HydraConfig.instance().set_config(config)  # as run_job does next: `${run_id:...}` reads the overrides
         cfg = resolved(without_hydra(config, OmegaConf.select(config, "hydra.run.dir")))
         ctx = context(config, cfg, config.hydra.overrides.task, sweep=False)
-        problems = _checked(lambda: check(cfg, ctx))
+        problems = _checked(lambda: validate([cfg], [ctx]))
         if not report(problems):
             sys.exit(2)
         if ctx.mode == "plan":
@@ -69,13 +69,11 @@ class CheckBeforeWriting(Callback):
 
     @_or_stop
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        """What the sweeper itself would fail on when it starts, before it writes anything (the points are checked
-        by the launcher, all at once, before anything is submitted)."""
-        from train.checks import report
-        from train.checks.values import foreign_launcher, launcher_resources, objective_direction, sweeper_storage
+        """What the sweeper and the launcher would fail on when they start, before they write anything (the points
+        are checked by the launcher, all at once, before anything is submitted)."""
+        from train.checks import report, validate
 
-        if not report([*sweeper_storage(config.hydra.sweeper), *objective_direction(config), *foreign_launcher(config),
-                       *launcher_resources(config)]):
+        if not report(validate([], [], sweep=config)):
             sys.exit(2)
 
 
@@ -92,12 +90,6 @@ def _checked(fn):
 
 
 # ---- before Hydra: what Hydra itself would refuse, said the way the checks say it --------------------------------
-
-# Hydra's flags that take the next word as their value (`--cfg job`, `-cn train`).
-_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
-                     "-cd", "--experimental-rerun"}
-_INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
-
 
 def _app_shape(config_name: str = "train"):
     """(the app's config groups -> their public presets, the top-level keys of its config), from conf/ alone: the
@@ -153,14 +145,14 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
     grammar cannot read (unquoted unicode, `$(...)`, an unclosed list), a preset that does not exist (with the
     closest one, and only the public presets), a top-level key the config does not have (with the closest key,
     instead of Hydra's advice to add it with `+`). Values are masked where they hold a credential."""
-    import difflib
-
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     from train.checks import Problem
+    from train.checks.core import NOT_A_KEY, SEE_THE_KEYS, did_you_mean, nearest
     from train.checks.safety import CREDENTIAL, SECRET_KEY
     from train.checks.values import FOUNDRY_KEYS
+    from train.config.compose import FLAGS_WITH_VALUE
 
     groups, top = _app_shape(config_name)
     # the keys the presets chosen on this command line add at the top (`loggers.mlflow.resume=false` beside
@@ -172,12 +164,12 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
                 top = top | _added_at_the_top(group, choice.strip())
     parser = OverridesParser.create()
     found, skip = [], False
-    for i, arg in enumerate(args):
+    for arg in args:
         if skip:
             skip = False
             continue
         if arg.startswith("-"):  # -m, --cfg job, --help, ...: Hydra's own flags
-            skip = arg in _FLAGS_WITH_VALUE or (arg == "--info" and i + 1 < len(args) and args[i + 1] in _INFO_VALUES)
+            skip = arg in FLAGS_WITH_VALUE
             continue
         key = arg.split("=", 1)[0].lstrip("+~")
         try:
@@ -213,9 +205,9 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
                 continue
             for choice in choices:
                 if choice not in groups[key]:
-                    close = difflib.get_close_matches(choice, groups[key], n=1, cutoff=0.5)
+                    close = nearest(choice, groups[key], cutoff=0.5)
                     found.append(Problem(key, f"{choice!r} is not a {key} preset (conf/{key}/)",
-                                         (f"did you mean {key}={close[0]}? " if close else "")
+                                         (f"did you mean {key}={close}? " if close else "")
                                          + f"{key} presets: {', '.join(groups[key])}"))
             continue
         first = key.split(".")[0]
@@ -225,7 +217,7 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
         if first in top or first in groups or override.is_add() or override.is_force_add() or override.is_delete():
             continue
         options = sorted(top | set(groups))
-        close = difflib.get_close_matches(first, options, n=1, cutoff=0.6)
+        close = nearest(first, options)
         setters = [f"{g}={c}" for g in groups if g not in ("yaml", "experiment") for c in groups[g]
                    if first in _added_at_the_top(g, c)]
         if setters:
@@ -233,10 +225,10 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
         elif first in FOUNDRY_KEYS:
             fix = f"+{arg} (an llm-foundry key this config does not set yet: add it with +)"
         elif close:
-            fix = f"did you mean {close[0]}? ({close[0]}{key[len(first):]}={_raw_value(arg)})"
+            fix = did_you_mean(close + key[len(first):], _raw_value(arg))
         else:
-            fix = "see the keys with `python -m train --cfg job`; `+variables.<name>=...` adds a value of your own"
-        found.append(Problem(key, "is not a key of this config", fix))
+            fix = SEE_THE_KEYS
+        found.append(Problem(key, NOT_A_KEY, fix))
     return found
 
 
@@ -339,12 +331,11 @@ def _dotted(node, prefix="") -> list:
 def _schema_problems(override, key: str) -> list:
     """Our typed groups (train/config/schema.py) refuse a value of the wrong type or a key they lack at composition, in
     OmegaConf's words and with exit 1; the same verdict here, as key / problem / fix."""
-    import difflib
-
     from omegaconf import OmegaConf
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
     from train.checks import Problem
+    from train.checks.core import did_you_mean, nearest
 
     group, _, sub = key.partition(".")
     node = OmegaConf.structured(_schemas()[group])
@@ -366,9 +357,9 @@ def _schema_problems(override, key: str) -> list:
             if override.is_add() or override.is_force_add():
                 return found  # `+cluster.x=`: Hydra refuses it too, in its own words
             options = [f"{group}.{k}" for k in _dotted(node)]
-            close = difflib.get_close_matches(key, options, n=1, cutoff=0.6)
+            close = nearest(key, options)
             found.append(Problem(key, f"is not a key of {group} (train/config/schema.py)",
-                                 f"did you mean {close[0]}? ({close[0]}={v})" if close else
+                                 did_you_mean(close, v) if close else
                                  f"see the keys with `python -m train --cfg job --package {group}`"))
             return found
         except ValidationError as err:
@@ -399,9 +390,90 @@ def _one_command(args: list) -> list:
                     "`--cfg job` without -m shows one point's config; `-m ... plan=true` plans every point of a sweep")]
 
 
+def _dotted_keys(node, prefix="") -> set:
+    keys = set()
+    if isinstance(node, dict):
+        for k, v in node.items():
+            full = f"{prefix}{k}"
+            keys.add(full)
+            keys |= _dotted_keys(v, full + ".")
+    return keys
+
+
+def suggest_keys(args: list) -> list:
+    """For overrides of keys the config does not have (Hydra's "Key 'x' is not in struct"): the closest keys."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from common.paths import CONF
+    from train.checks import ConfigError
+    from train.checks.core import NOT_A_KEY, SEE_THE_KEYS, did_you_mean, nearest
+    from train.config.compose import compose
+
+    groups = {p.name for p in CONF.iterdir() if p.is_dir()}
+    pairs = [a.split("=", 1) for a in args if "=" in a and not a.startswith("-")]
+    choices = [f"{k}={v}" for k, v in pairs if k in groups]
+    unknown = [(k.lstrip("~"), v) for k, v in pairs
+               if not k.startswith("+") and "/" not in k and k not in groups | {"yaml"} and not k.startswith("hydra")]
+    if not unknown:
+        return []
+    GlobalHydra.instance().clear()
+    try:
+        cfg = compose(choices)
+    except Exception:
+        return []
+    finally:
+        GlobalHydra.instance().clear()
+    keys = _dotted_keys(OmegaConf.to_container(cfg, resolve=False))
+    found = []
+    for key, val in unknown:
+        if key in keys:
+            continue
+        # a misspelt key is close to one beside it (not to its parent: model.attn_config.alibi is no typo of
+        # model.attn_config, it is an llm-foundry key the preset does not set)
+        parent, _, name = key.rpartition(".")
+        beside = {k.rpartition(".")[2]: k for k in keys if k.rpartition(".")[0] == parent}
+        match = nearest(name, beside)
+        if match:
+            fix = did_you_mean(beside[match], val)
+        elif parent and isinstance(OmegaConf.select(cfg, parent), DictConfig):
+            fix = f"+{key}={val} (a key {parent} does not set yet: Hydra adds one with +)"
+        else:
+            fix = SEE_THE_KEYS
+        found.append(ConfigError(key, NOT_A_KEY, fix))
+    return found
+
+
+def composition_problems(args: list, err) -> list:
+    """Hydra's refusal of an override as it composes (its ConfigCompositionException), as key / problem / fix: a
+    misspelt key under a group, said as "did you mean" where Hydra advised adding it with +; a key added with + that
+    the config has; a value that cannot take a mapping's place. [] where there is nothing more to say than Hydra."""
+    import re
+
+    from train.checks import Problem
+
+    text = str(err)
+    if found := re.match(r"Could not override '([^']+)'", text):
+        return [p for p in suggest_keys(args) if p.key == found.group(1)]
+    if found := re.match(r"Could not append to config\. An item is already at '([^']+)'", text):
+        key = found.group(1)
+        given = [a.split("=", 1)[1] for a in args if "=" in a and a.split("=", 1)[0].lstrip("+") == key]
+        return [Problem(key, "is set already, and + adds a key the config does not have",
+                        f"{key}={given[-1] if given else '<value>'} (without +)")]
+    if found := re.match(r"Error merging override ([^=\s]+)=(.*)", text):
+        key, why = found.group(1).lstrip("+~"), " ".join(str(err.__cause__ or "").splitlines()[:1])
+        return [Problem(key, f"`{found.group(2)}` cannot take its place" + (f" ({why})" if why else ""),
+                        f"a value of the kind it holds (`python -m train --cfg job` shows it); a mapping's keys are "
+                        f"set one by one: {key}.<name>=<value>")]
+    return []
+
+
 def before_hydra(args: list) -> None:
-    """Refuse, before Hydra reads the command line, what Hydra would refuse with its own words (exit 2, nothing
-    written). Anything else is left to Hydra and the checks."""
+    """The one wrapper over Hydra's own errors of a command line, said as key / problem / fix, exit 2, nothing
+    written: what Hydra would refuse before composing (its grammar, a preset or key that does not exist, two of its
+    commands), refused here before Hydra reads the command line; what it refuses as it composes (a misspelt key
+    under a group, for which it advises `+`), answered when it refuses it. Anything else is left to Hydra and the
+    checks (validate)."""
+    from common.compat import patch_hydra_composition_errors_answered_first
     from train.checks import report
     from train.checks.safety import command_line_secrets, masked
 
@@ -410,3 +482,12 @@ def before_hydra(args: list) -> None:
     problems = _one_command(args) + secrets + hydra_problems(args)
     if problems and not report([masked(p, masks) for p in problems]):
         sys.exit(2)
+
+    def answer(err) -> None:
+        problems = composition_problems(args, err)
+        if problems:
+            for problem in problems:
+                print(problem, file=sys.stderr)
+            sys.exit(2)
+
+    patch_hydra_composition_errors_answered_first(answer)

@@ -2,9 +2,7 @@
 and reaches Slurm (sbatch refuses an unknown option only once the sweep folder is made) or sets a variable that
 nothing reads beside the preset's own. Light: the option list is kept here, no Slurm client needed.
 """
-import difflib
-
-from train.checks.core import WARNING, Problem, value
+from train.checks.core import WARNING, Problem, nearest, value
 from train.launch.executor import sbatch_name
 
 # sbatch's long options: those `sbatch --help` lists (Slurm 22.05, the loopback cluster's; tests/test_open_maps.py
@@ -76,10 +74,10 @@ def sbatch_extra(cfg, ctx):
             continue
         if name in SBATCH_OPTIONS:
             continue
-        close = difflib.get_close_matches(name, sorted(SBATCH_OPTIONS), n=1, cutoff=0.75)
+        close = nearest(name, SBATCH_OPTIONS, cutoff=0.75)
         if close:  # a typo of a real option: sbatch refuses it ("unrecognized option"), after the sweep folder
             yield Problem(f"cluster.sbatch_extra.{key}", f"is not an sbatch option (sbatch would refuse it: "
-                          f"unrecognized option '--{name}')", f"did you mean cluster.sbatch_extra.{close[0]}?")
+                          f"unrecognized option '--{name}')", f"did you mean cluster.sbatch_extra.{close}?")
         else:  # perhaps an option of a newer Slurm than the one this list was made from
             yield Problem(f"cluster.sbatch_extra.{key}", "is not an option of sbatch 22.05 (sbatch --help and its "
                           "manual): an older sbatch refuses it", "check `sbatch --help` on the cluster", WARNING)
@@ -92,10 +90,10 @@ def env_near_misses(cfg, ctx):
              if str(o).lstrip("+~").startswith("cluster.env.")}
     preset = [k for k in env if k not in given]
     for name in sorted(given & set(env)):
-        close = difflib.get_close_matches(name, preset, n=1, cutoff=0.85)
+        close = nearest(name, preset, cutoff=0.85)
         if close:
-            yield Problem(f"cluster.env.{name}", f"is set beside the preset's {close[0]}, a name one typo away: "
-                          f"nothing reads {name}", f"did you mean cluster.env.{close[0]}={env[name]}?", WARNING)
+            yield Problem(f"cluster.env.{name}", f"is set beside the preset's {close}, a name one typo away: "
+                          f"nothing reads {name}", f"did you mean cluster.env.{close}={env[name]}?", WARNING)
 
 
 RULES = [sbatch_extra, env_near_misses]

@@ -18,6 +18,7 @@ from train.checks.core import (
     close_match,
     is_int,
     is_number,
+    nearest,
     per_batch,
     same_or_under,
     time_of,
@@ -582,12 +583,10 @@ def objective_reported(cfg, ctx):
         reported = _lm_eval_metrics(cfg)
         if reported is None or metric in reported:
             return
-        import difflib
-
-        near = difflib.get_close_matches(metric, reported, n=1)
+        near = nearest(metric, reported)
         yield Problem("objective", f"{name} is no metric of this run ({prefix}/... reports {', '.join(reported)}): "
                       f"the {sweeper} sweeper would get no value from any trial, each failing after its training",
-                      f"objective={prefix}/{near[0] if near else reported[0]}")
+                      f"objective={prefix}/{near or reported[0]}")
         return
     yield Problem("objective", f"{name} is no metric of this run ("
                   + (f"its evaluators report {', '.join(f'{label}/...' for label in labels)}" if labels else

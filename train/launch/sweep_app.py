@@ -60,7 +60,7 @@ class TrainApp(SweepApp):
         from hydra.core.hydra_config import HydraConfig
 
         from common.compose import sweep_points
-        from train.checks import ConfigError, check, check_points, errors, report, resolve_all
+        from train.checks import ConfigError, errors, report, resolve_all, validate
         from train.checks.gate import context
         from train.config.identity import distinct_names
 
@@ -71,23 +71,22 @@ class TrainApp(SweepApp):
         def points(lists):
             """A point that does not resolve is checked as it is, so that its problems name their keys
             (storage.tier, not the storage.write_GBps that interpolates it)."""
-            cfgs, ctxs, unresolved = [], [], {}
+            cfgs, ctxs, checked = [], [], {}
             for num, (overrides, cfg) in enumerate(sweep_points(loader, config, sweep_dir, lists, first)):
                 ctx = context(config, cfg, overrides, sweep=True)
                 try:
                     resolve_all(cfg)
-                except ConfigError as err:
-                    found = check(cfg, ctx)
-                    unresolved[num] = [p.at_point(first + num) for p in (found if errors(found) else found + err.problems)]
+                except ConfigError as err:  # checked now, while its Hydra context is set (its run name reads it)
+                    checked[num] = validate([cfg], [ctx], first=first + num, unresolved={0: err.problems})
                 cfgs.append(cfg)
                 ctxs.append(ctx)
-            return cfgs, ctxs, unresolved
+            return cfgs, ctxs, checked
 
-        cfgs, ctxs, unresolved = points(job_overrides)
+        cfgs, ctxs, checked = points(job_overrides)
         renamed = distinct_names([list(c.overrides) for c in ctxs], cfgs)
         if renamed:  # points that train the same thing, run differently: a run each (train/config/identity.py)
-            cfgs, ctxs, unresolved = points(renamed)
-        problems = check_points(cfgs, ctxs, unresolved, first)
+            cfgs, ctxs, checked = points(renamed)
+        problems = validate(cfgs, ctxs, first=first, checked=checked)
         if errors(problems):
             raise ConfigError(problems=problems)
         report(problems)  # the warnings

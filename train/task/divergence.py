@@ -21,12 +21,12 @@ looked at); and it raises its own exception, a traceback rather than the error u
 
 Light: no torch (the checks read the settings before anything starts).
 """
-import difflib
 import logging
 import math
 from collections import deque
 
 from common.errors import UserError
+from train.checks.core import nearest
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +48,9 @@ def problems(settings) -> list:
         v = settings[k]
         least = 1 if k == "window_size" else 0  # patience 0: the first outlier stops the run
         if k not in DEFAULTS:
-            near = difflib.get_close_matches(str(k), DEFAULTS, n=1)
+            near = nearest(k, DEFAULTS)
             found.append((f"{KEY}.{k}", f"is not a setting of the divergence rule (it takes {', '.join(DEFAULTS)})",
-                          f"did you mean `{near[0]}`?" if near else f"remove it (~{KEY}.{k})"))
+                          f"did you mean `{near}`?" if near else f"remove it (~{KEY}.{k})"))
         elif k in ("window_size", "patience") and not (isinstance(v, int) and not isinstance(v, bool) and v >= least):
             found.append((f"{KEY}.{k}", f"must be a whole number of batches, {least} or more, got {v!r}",
                           f"+{KEY}.{k}={DEFAULTS[k]} (the default)"))

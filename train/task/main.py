@@ -27,10 +27,9 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: DictConfig) -> dict:
-    if OmegaConf.select(cfg, "plan", default=None) not in (None, False):  # a look never trains (train/checks/gate.py
-        # and the launcher print a plan and exit first; a launcher of another plugin would not)
-        raise UserError("plan", f"{cfg.plan}, but this process was started to train: nothing was trained",
-                        "show the plan without -m, or with this project's launcher (no hydra/launcher=...)")
+    # The config was checked on the login node (train.checks.validate: a plan never reaches here, nor a launcher of
+    # another plugin with plan set); this task checks only what its allocation alone can see: the mounts, the
+    # socket folder, the shards' hashes, the devices (preflight) and the checkpoint it resumes from.
     # A log file on a full file system must not print a traceback per message (logging's default): the
     # writes that matter say so themselves (common/files.py: DiskFull).
     logging.raiseExceptions = False
