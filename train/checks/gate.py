@@ -2,9 +2,11 @@
 
 Hydra makes a plain run's folder (`.hydra/` with every override, the job log) before the task starts; its
 callbacks run earlier. So a plain run's checks, and its `plan`, happen here: a refused run, a plan (and `--cfg`,
-`--help`, which never reach a callback) write nothing anywhere. A sweep's points are checked by the launcher
-before anything is submitted, and by our sweeper before anything is written (train/launch/sweep_app.py,
-common/sweep/sweeper.py). Hydra's global state is read here, once, into the Context.
+`--help`, which never reach a callback) write nothing anywhere. A sweep's own settings are checked here as it
+starts; its points by the launcher before anything is submitted, and by our sweeper before anything is written
+(train/launch/sweep_app.py, common/sweep/sweeper.py). Each asks train.checks.validate, which holds every check.
+Hydra's global state is read here, once, into the Context. Before Hydra reads the command line, before_hydra is
+the one wrapper over Hydra's own refusals of it.
 """
 import functools
 import sys
