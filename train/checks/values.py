@@ -175,7 +175,7 @@ def eval_interval(cfg, ctx):
                       f"builds its evaluators ({', '.join(eval_keys(cfg)) or 'icl_tasks'}) and reads their data: "
                       "no eval loss for its summary, metrics.json or a sweep's objective",
                       "to train without evaluating: eval_loader=null (and icl_tasks=null); else a positive interval, "
-                      "e.g. eval_interval=1000ba")
+                      "e.g. eval_interval=1000ba", WARNING)
 
 
 def numbers(cfg, ctx):
