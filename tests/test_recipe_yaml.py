@@ -397,14 +397,16 @@ def test_an_eval_loader_list_is_several_evaluators_each_checked_as_the_one_is(tm
     cfg = compose(given)
     assert cfg.eval_loader is None and [e.get("label") for e in cfg.eval_loaders] == ["c4", "elsewhere", "c4", None]
     found = {(p.key, p.level): p for p in check(cfg, Context())}
+    # (and testing.yaml's own save_interval, 1000ba against its 200 batches: the final checkpoint alone, said)
     assert sorted(found) == [("eval_loaders.1.dataset.local", "error"), ("eval_loaders.2.label", "warning"),
-                             ("eval_loaders.2.num_workers", "error"), ("eval_loaders.3.label", "error")], found
+                             ("eval_loaders.2.num_workers", "error"), ("eval_loaders.3.label", "error"),
+                             ("save_interval", "warning")], found
     assert "does not exist" in found["eval_loaders.1.dataset.local", "error"].problem
     assert "'c4' is also eval_loaders.0's label" in found["eval_loaders.2.label", "warning"].problem
     assert "llm-foundry refuses an evaluator of several without one" in found["eval_loaders.3.label", "error"].problem
     # the fixes, in the same keys on the command line
     fixed = compose([*given, f"eval_loaders.1.dataset.local={c4_mds}", "eval_loaders.2.num_workers=1",
-                     "eval_loaders.2.label=c4_2", "+eval_loaders.3.label=c4_3"])
+                     "eval_loaders.2.label=c4_2", "+eval_loaders.3.label=c4_3", "save_interval=100ba"])
     assert check(fixed, Context()) == []
 
 
