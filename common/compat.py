@@ -338,6 +338,37 @@ def patch_composer_skip_causal_lm_registry_scan() -> None:
 # --------------------------------------------------------------------------------------------------- streaming
 
 
+@written_against(STREAMING, "tests/test_shm.py::test_a_rank_that_attaches_before_the_block_is_sized_waits_for_it")
+def patch_streaming_shared_memory_attach_waits() -> None:
+    """streaming's SharedMemory (create=None, as every rank of a dataset's load_state_dict asks for its `_resume`
+    block) creates the block or, where another rank just did, attaches after one 7 ms tick: a rank that attaches
+    before the creator has sized the block fails (ValueError: cannot mmap an empty file; seen at a 4-rank resume on
+    a loaded machine: the job failed). An attach to a block not sized yet is tried again, for up to 30 s."""
+    import time
+
+    from streaming.base.shared import memory
+
+    builtin = memory.BuiltinSharedMemory
+    if getattr(builtin, "waits_to_be_sized", False):
+        return
+
+    class WaitsToBeSized(builtin):
+        waits_to_be_sized = True
+
+        def __init__(self, name=None, create=False, size=0):
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    super().__init__(name, create, size)
+                    return
+                except ValueError as err:
+                    if create or "empty file" not in str(err) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
+
+    memory.BuiltinSharedMemory = WaitsToBeSized
+
+
 @written_against(STREAMING, "tests/test_shm.py::test_the_ranks_of_a_job_take_their_leaders_prefix")
 def patch_streaming_shm_prefix_from_local_leader() -> None:
     """Every dataset's shared-memory prefix is its local leader's (train/task/shm_registry.py says why):

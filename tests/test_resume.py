@@ -85,7 +85,8 @@ def test_killed_after_a_checkpoint_then_finished_the_same_command_resumes_then_d
         said = again.stderr + task_log(tmp_path)
         assert "already trained to max_duration=40ba (checkpoint " in said and "nothing to do" in said
         assert f"add run_name={got['run_name']} and a larger max_duration" in said  # how to go on
-        assert f"final train loss {got['final_train_loss']}" in again.stdout  # the finished run's numbers
+        # the finished run's numbers, as the final line prints them (three significant digits)
+        assert f"final train loss {float(format(got['final_train_loss'], '.3g'))}, " in again.stdout
     else:  # a sweep: the point's run has finished (its finished.json), so nothing is submitted at all
         assert again.stdout.count(": nothing to submit") == 1 and "-> job" not in again.stdout, again.stdout
         assert "| COMPLETED |" in again.stdout

@@ -242,3 +242,37 @@ def test_the_ranks_of_a_job_take_their_leaders_prefix(tmp_path, fix):
         assert all(f"prefix {base + 1}" in o for o in out), out  # the leader found `base` taken when it scanned
     else:  # streaming as it is: the follower found `base` free and looks for a registration there
         assert ranks[1].returncode == 3 and f"prefix={base} was not registered by local leader" in out[1], out
+
+
+@pytest.mark.torch  # streaming imports torch
+@needs_shm
+@pytest.mark.parametrize("patched", [True, False])
+def test_a_rank_that_attaches_before_the_block_is_sized_waits_for_it(monkeypatch, patched):
+    """A dataset's `_resume` block at a resume: every rank asks streaming's SharedMemory to create it, and those
+    that find it made attach one tick later; the creator had not sized it yet (a loaded machine), and the rank
+    failed ('cannot mmap an empty file'). With the patch the attach waits until the block is sized."""
+    import threading
+
+    from streaming.base.shared import SharedMemory, memory
+
+    from common.compat import patch_streaming_shared_memory_attach_waits
+
+    monkeypatch.setattr(memory, "BuiltinSharedMemory", memory.BuiltinSharedMemory)  # restored after the test
+    if patched:
+        patch_streaming_shared_memory_attach_waits()
+    name = f"{random.randrange(990000, 999999):06d}_resume"
+    fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)  # made, not sized yet
+    sized = threading.Timer(0.3, os.ftruncate, (fd, mmap.PAGESIZE))
+    sized.start()
+    try:
+        if not patched:
+            with pytest.raises(ValueError, match="cannot mmap an empty file"):
+                SharedMemory(name=name, size=mmap.PAGESIZE, auto_cleanup=False)
+            return
+        shm = SharedMemory(name=name, size=mmap.PAGESIZE, auto_cleanup=False)
+        assert shm.buf.nbytes >= mmap.PAGESIZE
+        shm.shm.close()
+    finally:
+        sized.join()
+        os.close(fd)
+        os.unlink(f"/dev/shm/{name}")

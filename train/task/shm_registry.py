@@ -49,9 +49,10 @@ def hold() -> None:
     """Before llm-foundry builds the loaders (every rank of the job, after the process group is up)."""
     from composer.utils import dist
 
-    from common.compat import patch_streaming_shm_prefix_from_local_leader
+    from common.compat import patch_streaming_shared_memory_attach_waits, patch_streaming_shm_prefix_from_local_leader
 
     patch_streaming_shm_prefix_from_local_leader()
+    patch_streaming_shared_memory_attach_waits()
     if os.environ.get("LOCAL_RANK", "0") == "0":
         lead()
     dist.barrier()  # the other ranks look at the registry only once their leader holds the lock
