@@ -266,3 +266,29 @@ def test_a_mock_set_already_written_with_other_counts_is_refused_naming_the_coun
     assert ensure(str(folder), 128, 1024, 64) == folder
     assert not keyed(found(["data.train_samples=4096", f"storage.data_local_root={tmp_path / 'other'}"]),
                      "data.train_samples")  # another folder: written with those counts
+
+
+def test_a_new_run_beside_earlier_ones_is_said_once_per_command_and_not_beside_an_error(tmp_path):
+    """Each sweep point said it for each earlier run of the same model and data (four lines for a 2-point sweep
+    beside two runs), also when the command was refused. Now: one line per point naming every earlier run, one for
+    the command naming the other points, none beside an error."""
+    from train.checks import ERROR, WARNING, validate
+
+    root = tmp_path / "root" / "checkpoints"
+    for lr in ("1e-3", "2e-3"):  # two earlier runs with checkpoints
+        cfg = compose([f"optimizer.lr={lr}"])
+        folder = root / cfg.run_name
+        folder.mkdir(parents=True)
+        (folder / "ep0-ba40-rank0.pt").write_bytes(b"x")
+        write_record(folder, cfg.run_name, "mpt-tiny", identity(cfg))
+    points = [[f"optimizer.lr={lr}"] for lr in ("4e-3", "5e-3")]
+    cfgs = [compose(p) for p in points]
+    ctxs = [Context(mode="sweep", overrides=tuple(p), choices={"model": "mpt-tiny"}) for p in points]
+    said = [p for p in validate(cfgs, ctxs, first=0) if p.key.endswith("run_name")]
+    assert len(said) == 1 and said[0].level == WARNING, [str(p) for p in said]
+    assert said[0].problem.count("trains mpt-tiny on the same data") == 2  # both earlier runs, in one line
+    assert "(so are [sweep point #1" not in said[0].problem and "so are sweep point #1:" in said[0].problem
+    # beside a real error, only the error
+    bad = [compose([*p, "optimizer.lr=-1"]) for p in points]
+    found = validate(bad, ctxs, first=0)
+    assert any(p.level == ERROR for p in found) and not [p for p in found if p.key.endswith("run_name")]

@@ -88,7 +88,7 @@ def validate(points: list, ctxs: list, *, sweep=None, first: int | None = None, 
                                  "leave save_folder to the checkpoint group (one folder per run_name), or make it "
                                  "differ per point, e.g. save_folder=/data/ckpt/${run_name}"))
         folders.setdefault(folder, first + num)
-    return found
+    return checkpoints.said_once(found)
 
 
 def errors(problems: list) -> list:

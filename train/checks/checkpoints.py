@@ -7,6 +7,7 @@ system fills halfway through a month. Light: no torch.
 """
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from train.checks.core import (
@@ -446,16 +447,35 @@ def earlier_runs(cfg, ctx):
     if find(folder):
         return  # this run resumes
     name = str(value(cfg, "run_name"))
+    near = []
     for other, differs in same_model_and_data(root, name, model, identity(cfg))[:3]:
         newest = find(Path(root) / other)
         where = f"checkpoints up to batch {newest[-1].batch}" if newest else "no checkpoint yet"
         shown = "; ".join(f"{k}: {theirs!r} there, {ours!r} here" for k, (theirs, ours) in list(differs.items())[:4])
         more = f" (and {len(differs) - 4} more)" if len(differs) > 4 else ""
+        near.append((other, f"{other} trains {model} on the same data ({where}) and differs in {shown}{more}"))
+    if near:
         start = f"from {value(cfg, 'load_path')}" if value(cfg, "load_path") else "from step 0"
-        yield Problem("run_name", f"{name} is a new run ({start}), but {other} trains {model} on the same "
-                      f"data ({where}) and differs in {shown}{more}",
-                      f"to continue {other} under this command's settings instead, add run_name={other}; to "
-                      "start afresh, nothing to do", WARNING)
+        yield Problem("run_name", f"{name} {NEW_RUN} ({start}), but " + "; and ".join(said for _, said in near),
+                      f"to continue {near[0][0]} under this command's settings instead, add run_name={near[0][0]}; "
+                      "to start afresh, nothing to do", WARNING)
+
+
+NEW_RUN = "is a new run"  # earlier_runs' words: said once per command (train.checks.validate)
+
+
+def said_once(problems: list) -> list:
+    """earlier_runs' warnings of a command's points as one: the first point's, naming the others (a 2-point sweep
+    beside two earlier runs said four), and none where the command is refused (an error is what to read then)."""
+    near = [p for p in problems if p.level == WARNING and p.key.endswith("run_name") and f" {NEW_RUN} (" in p.problem]
+    if not near or (len(near) == 1 and not any(p.level == ERROR for p in problems)):
+        return problems
+    rest = [p for p in problems if p not in near]
+    if any(p.level == ERROR for p in rest):
+        return rest
+    points = [p.key.split("]")[0].lstrip("[") for p in near[1:] if p.key.startswith("[")]
+    also = f" (so are {', '.join(points)}: the same model on the same data)" if points else ""
+    return [*rest, replace(near[0], problem=near[0].problem + also)]
 
 
 # Settings that change the shapes or names of a model's weights: a checkpoint of one does not load into the other
