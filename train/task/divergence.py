@@ -1,7 +1,8 @@
-"""A run whose training loss stays far above where it was, or whose evaluation is not finite, has diverged: it
-stops, non-zero, on every rank together, before that step's checkpoint is written (composer writes a batch's
-checkpoint after its BATCH_END, and evaluates before it checkpoints). Measured: `optimizer.lr=100` on the tiny
-model rose from 6.8 to 47,413 at batch 4 and ~1.3e7 from batch 17 on, evaluated perplexity inf, and exited 0.
+"""A run whose training loss stays far above where it was has diverged in finite numbers: it stops, non-zero, on
+every rank together, before that step's checkpoint is written (composer writes a batch's checkpoint after its
+BATCH_END). An evaluation that is not finite stops it too (train/checkpoint/integrity.py: check_eval).
+Measured: `optimizer.lr=100` on the tiny model rose from 6.8 to 47,413 at batch 4 and ~1.3e7 from batch 17 on,
+evaluated perplexity inf, and exited 0.
 
 The rule, in the words of llm-foundry's kill_loss_spike callback (`+callbacks.run_report.divergence.<key>=...`):
 
@@ -138,28 +139,3 @@ class Divergence:
             self._warned = True
             key, problem, _ = self.words(step, since_checkpoints, stops=False)
             log.warning(f"{key}: {problem}")
-
-
-def check_metrics(values: dict, step: str, after_fit: bool) -> None:
-    """An evaluation metric that is not finite stops the run, on every rank (the metrics are the same on each),
-    whatever its cross-entropy: llm-foundry's LanguagePerplexity is exp(cross-entropy), inf in float32 from a
-    cross-entropy of 88.7 on (measured: lr=100 evaluated cross-entropy 1.24e7 and perplexity inf, exit 0). A
-    cross-entropy that is itself not finite is integrity.check_eval's, called first."""
-    from train.checkpoint.integrity import RunStopped
-
-    bad = [(k, v) for k, v in values.items() if not math.isfinite(v)]
-    if not bad:
-        return
-    key, v = bad[0]
-    ce = next((x for k, x in values.items() if k.endswith("CrossEntropy") and math.isfinite(x)), None)
-    why = f" (its cross-entropy is {ce:.6g}: exp() of it overflows)" if ce is not None and \
-        key.endswith("Perplexity") else ""
-    if after_fit:
-        raise RunStopped(key, f"the final evaluation's {key.rsplit('/', 1)[-1]} is {v} at {step}{why}: the model "
-                         "diverged; the run's final checkpoint holds these weights", "lower optimizer.lr (or "
-                         "lengthen scheduler.t_warmup) and train again under another run_name (or delete the "
-                         "checkpoints)")
-    raise RunStopped(key, f"the evaluation's {key.rsplit('/', 1)[-1]} is {v} at {step}{why}: the model diverged; "
-                     "the run stopped there, before that step's checkpoint", "lower optimizer.lr (or lengthen "
-                     "scheduler.t_warmup) as a new run (another name: it starts from step 0; or from a checkpoint's "
-                     "weights: load_path=<it> +load_weights_only=true)")

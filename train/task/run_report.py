@@ -32,7 +32,7 @@ from composer.utils import dist
 
 from common import files
 from train.checkpoint import integrity
-from train.task.divergence import Divergence, check_metrics
+from train.task.divergence import Divergence
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +266,6 @@ class RunReport(Callback):
             self._write_metrics(state)
             self._plot()
         integrity.check_eval(values, _step(state), self._fit_ended)
-        check_metrics(values, _step(state), self._fit_ended)  # perplexity inf of a finite cross-entropy, and the rest
 
     def fit_end(self, state: State, logger: Logger) -> None:
         self._fit_ended = True
