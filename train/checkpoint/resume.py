@@ -82,8 +82,8 @@ def run_record(folder) -> dict:
     if isinstance(record, dict) and isinstance(record.get("identity"), dict):
         return record
     for ckpt in reversed(find(folder)):
-        if run_of(ckpt.path):
-            return run_of(ckpt.path)
+        if carried := run_of(ckpt.path):
+            return carried
     return {}
 
 
