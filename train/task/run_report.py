@@ -32,6 +32,7 @@ from composer.utils import dist
 
 from common import files
 from train.checkpoint import integrity
+from train.task import goodput
 from train.task.divergence import Divergence
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,9 @@ class Manifests(Callback):
     """Placed after composer's CheckpointSaver (RunReport.fit_start appends it): once a checkpoint is complete on
     every rank, its manifest (train/checkpoint/integrity.py). No state of its own in checkpoints."""
 
-    def __init__(self, saver, saves):
-        self.saver, self.saves, self._seen = saver, saves, self._newest(saver)
+    def __init__(self, saver, saves, written=None):
+        """written(state): once a checkpoint is complete on every rank (its manifest written)."""
+        self.saver, self.saves, self._seen, self.written = saver, saves, self._newest(saver), written
         self._before = None  # the trainer's counts at the start of the batch now training
 
     @staticmethod
@@ -78,6 +80,8 @@ class Manifests(Callback):
         # max_duration it is the end of, in any unit, whatever the batch size was (train/task/main.py)
         stamp = {**self._counts(state), "before": self._before} if self._before else None
         integrity.manifest_collectively(ckpt, dist.get_world_size(), dist.get_global_rank(), stamp)
+        if self.written:
+            self.written(state)
 
 
 class RunReport(Callback):
@@ -112,6 +116,7 @@ class RunReport(Callback):
         self._batch_t = None
         self._status = {}  # progress.json's content (rank 0)
         self._fit_ended = False
+        self._clock = None  # rank 0: where this start's time goes, and the run's ledger (train/task/goodput.py)
 
     def init(self, state: State, logger: Logger) -> None:
         from train.task import shm_registry
@@ -129,7 +134,8 @@ class RunReport(Callback):
         if self.save_interval and savers:
             self._saves = create_interval_scheduler(self.save_interval)  # as the saver: the last batch too
             # after composer's saver (appended last by the trainer): each checkpoint's manifest, once it is complete
-            state.callbacks.append(Manifests(savers[0], create_interval_scheduler(self.save_interval)))
+            state.callbacks.append(Manifests(savers[0], create_interval_scheduler(self.save_interval),
+                                             self._checkpoint_written))
         self._flops_per_token = _flops_per_token(state.model)
         self._started_at = int(state.timestamp.batch)  # where this start resumed (0: from scratch)
         if dist.get_global_rank() == 0:
@@ -143,12 +149,18 @@ class RunReport(Callback):
             self._status = {"run_name": state.run_name, "starts": int(before.get("starts", 0)) + 1, "job": _job_id(),
                             "requeues": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
                             "max_duration": _duration(state.max_duration)}
+            self._clock = goodput.Clock(_ledger_folder(savers, state, self.folder) / goodput.FILE,
+                                        int(state.timestamp.batch), _job_id())
             self._write_status(step=int(state.timestamp.batch), state="training")
 
     def before_dataloader(self, state: State, logger: Logger) -> None:
         self._batch_t = time.perf_counter()
+        if self._clock:
+            self._clock.trains(int(state.timestamp.batch))
 
     def batch_end(self, state: State, logger: Logger) -> None:
+        if self._clock:
+            self._clock.trained(int(state.timestamp.batch))
         loss = (state.total_loss_dict or {}).get("loss/train/total")
         if loss is not None:
             self.train.append([int(state.timestamp.batch), float(loss)])
@@ -170,6 +182,8 @@ class RunReport(Callback):
         at_interval = self.interval.unit == TimeUnit.BATCH and batch % int(self.interval.value) == 0
         if at_interval or _done(state) >= 1.0:
             self._progress(state, now, tokens)
+        if self._clock:
+            self._clock.write()  # at most every goodput.HEARTBEAT_S between progress lines
 
     def _judge(self, state: State) -> None:
         """The divergence rule over the losses not yet fed (after a resume, the checkpoint's history first): every
@@ -188,6 +202,8 @@ class RunReport(Callback):
         raise integrity.RunStopped(*self._divergence.words(_step(state), rising))
 
     def epoch_end(self, state: State, logger: Logger) -> None:
+        if self._clock:
+            self._clock.enter("other")  # the loader's end ran out of batches
         if self.interval.unit == TimeUnit.EPOCH and int(state.timestamp.epoch) % int(self.interval.value) == 0 \
                 and _done(state) < 1.0:  # the last one was logged at its batch
             self._progress(state, time.perf_counter(), int(state.timestamp.token))
@@ -228,6 +244,9 @@ class RunReport(Callback):
     def _write_status(self, **fields) -> None:
         """progress.json (rank 0), replaced whole: the status command never reads half of one."""
         self._status.update({k: v for k, v in fields.items() if v is not None}, updated=time.time())
+        if self._clock:  # the run's goodput so far (its ledger written with it)
+            self._clock.write(force=True)
+            self._status.update(self._clock.account())
         files.cosmetic_write(self.folder / "progress.json", json.dumps(self._status).encode())
 
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
@@ -243,12 +262,26 @@ class RunReport(Callback):
             return
         integrity.check_weights(state, _step(state))
         self._saved.append(int(state.timestamp.batch))
+        if self._clock:
+            self._clock.checkpoint(int(state.timestamp.batch), written=False)
         if dist.get_global_rank() == 0:
             self._write_status(step=int(state.timestamp.batch), progress=_step(state))  # a kill after it: this step
             self._plot()
             from train.task.tracking import flush_queued
 
             flush_queued(_step(state))  # the batches up to this checkpoint in the tracking store before it exists
+
+    def _checkpoint_written(self, state: State) -> None:
+        if self._clock:
+            self._clock.checkpoint(int(state.timestamp.batch), written=True)
+
+    def eval_before_all(self, state: State, logger: Logger) -> None:
+        if self._clock:
+            self._clock.enter("eval")
+
+    def eval_after_all(self, state: State, logger: Logger) -> None:
+        if self._clock:
+            self._clock.enter("other")
 
     def eval_end(self, state: State, logger: Logger) -> None:
         # composer fires EVAL_END once per evaluator (llm-foundry's eval_loaders, ICL tasks), with the one that just
@@ -269,6 +302,8 @@ class RunReport(Callback):
 
     def fit_end(self, state: State, logger: Logger) -> None:
         self._fit_ended = True
+        if self._clock:
+            self._clock.finished()
         if dist.get_global_rank() != 0:
             return
         self._write_metrics(state)
@@ -295,6 +330,8 @@ class RunReport(Callback):
             # ...as this start's evaluations read: those of `eval` past this batch (a start before, at another
             # world size or eval batch size, read other samples)
             "evaluators_since": getattr(self, "_started_at", 0),
+            # the share of the run's allocated time that trained, and where the rest went (train/task/goodput.py)
+            **(self._clock.account() if self._clock else {}),
         }
         files.atomic_write(self.folder / "metrics.json", json.dumps(summary, indent=1).encode())  # read by summaries
 
@@ -343,6 +380,15 @@ class RunReport(Callback):
         self.train, self.evals = history["train"], history["evals"]
         self._divergence, self._fed = Divergence(self._divergence_settings), 0  # fed the history at the next batch
 
+
+
+def _ledger_folder(savers, state: State, report: Path) -> Path:
+    """Where the run's time ledger is kept: its local save folder, the one folder all its starts share (a
+    requeue, or the same command again under -m, writes its outputs elsewhere); else its report folder."""
+    from composer.utils import format_name_with_dist
+
+    local = [s for s in savers if s.remote_uploader is None]
+    return Path(format_name_with_dist(local[0].folder, state.run_name)) if local else report
 
 
 def _job_id() -> str | None:
