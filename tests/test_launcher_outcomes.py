@@ -305,32 +305,37 @@ def test_a_running_point_shows_what_its_rank_0_last_wrote(tmp_path):
 
     (tmp_path / "0").mkdir()
     (tmp_path / "0" / "progress.json").write_text('{"starts": 3, "progress": "step 20/40", "step": 20, "loss": 5.5,'
-                                                  ' "tokens_per_sec": 1234.5, "eta_s": 65}')
+                                                  ' "tokens_per_sec": 1234.5, "eta_s": 65, "goodput": 0.625}')
     [row] = rows(manifest(tmp_path), [StandInJob(tmp_path / "4242", "RUNNING")])
     assert (row["state"], row["requeues"], row["step"], row["loss"], row["eta"]) == \
         ("RUNNING", 2, "step 20/40", 5.5, "0:01:05")
     assert row["final_loss"] is None and row["tokens_per_sec"] == 1234.5 and row["error"] == ""
     assert row["log"].endswith("4242_0_log.err")
     shown = console(manifest(tmp_path), [row])
-    assert "| 0 | optimizer.lr=0.001 | 4242 | RUNNING | 2 | step 20/40 | 5.5 | 1234 |  | 0:01:05 |" in shown
+    assert "| 0 | optimizer.lr=0.001 | 4242 | RUNNING | 2 | step 20/40 | 5.5 | 1234 |  | 0.625 | 0:01:05 |" in shown
     assert "checkpoint" not in shown and "error" not in shown  # the files hold every column
 
 
 def test_a_completed_point_shows_the_whole_runs_rates_from_its_metrics(tmp_path):
     """Once a point completes, tokens/s and MFU are the whole run's (metrics.json), both over the batches alone,
-    never the last progress line's stretch beside the whole run's other figure."""
+    never the last progress line's stretch beside the whole run's other figure; so is its goodput, with its parts
+    in the summary files."""
     from common.sweep.status import rows
 
     (tmp_path / "0").mkdir()
     (tmp_path / "0" / "progress.json").write_text('{"starts": 1, "progress": "step 40/40", "step": 40, "loss": 3.5,'
-                                                  ' "tokens_per_sec": 900.0, "mfu": 0.30, "eta_s": 0}')
+                                                  ' "tokens_per_sec": 900.0, "mfu": 0.30, "eta_s": 0, "goodput": 0.9}')
+    parts = {"allocated_s": 100.0, "trained_s": 75.0, "startup_s": 20.0, "retrained_s": 5.0, "retrained_batches": 2}
     (tmp_path / "0" / "metrics.json").write_text('{"final_train_loss": 3.4, "tokens_per_sec": 1000.0, "mfu": 0.25,'
-                                                 ' "wall_tokens_per_sec": 800.0}')
+                                                 ' "wall_tokens_per_sec": 800.0, "goodput": 0.75, "goodput_parts": '
+                                                 + json.dumps(parts) + '}')
     job = StandInJob(tmp_path / "4242", "COMPLETED")
     for k in (0, 1):
         job.result(k, "success", success({"final_train_loss": 3.4}))
     [row] = rows(manifest(tmp_path), [job])
     assert (row["state"], row["final_loss"], row["tokens_per_sec"], row["mfu"]) == ("COMPLETED", 3.4, 1000.0, 0.25)
+    assert row["goodput"] == 0.75
+    assert row["goodput_parts"] == "allocated 0:01:40: trained 75.0%, startup 20.0%, retrained 5.0% (2 retrained batches)"
 
 
 def test_a_job_not_yet_in_slurms_accounting_is_pending(tmp_path):

@@ -49,8 +49,8 @@ class TrainApp(SweepApp):
     failed_exit = 1  # a point that did not complete
     log_tail = True  # a failed rank's last log lines beside its error: a training failure may need them
     # what a terminal shows (python -m train.status); the summary files hold every column
-    shown = ("point", "overrides", "job_id", "state", "requeues", "step", "loss", "tokens_per_sec", "mfu", "eta",
-             "last_progress", "preflight", "log", "error")
+    shown = ("point", "overrides", "job_id", "state", "requeues", "step", "loss", "tokens_per_sec", "mfu", "goodput",
+             "eta", "last_progress", "preflight", "log", "error")
 
     def configs(self, launcher, job_overrides: list, first: int) -> list:
         """Every point given, composed as its job will compose it and resolved while its own Hydra context is
@@ -191,6 +191,7 @@ class TrainApp(SweepApp):
         from common.files import read_json
         from common.sweep.outcomes import existing
         from common.sweep.status import GOING
+        from train.task.goodput import said
         from train.task.preflight_report import exclusions, latest
 
         report = Path(point["report"])
@@ -239,6 +240,10 @@ class TrainApp(SweepApp):
             "eval_loss": eval_loss(metrics.get("final_eval") or {}) if done else None,
             "tokens_per_sec": metrics.get("tokens_per_sec") if done else progress.get("tokens_per_sec"),
             "mfu": metrics.get("mfu") if done else progress.get("mfu"),  # both over the batches alone
+            # the share of the run's allocated time that trained, all its starts (train/task/goodput.py): the whole
+            # run's once it completed, else to its latest progress line; and where the rest went
+            "goodput": (metrics if done else progress).get("goodput"),
+            "goodput_parts": said((metrics if done else progress).get("goodput_parts") or {}),
             "eta": "" if eta is None or not going else str(timedelta(seconds=int(eta))),
             "last_progress": "" if age is None or not going else f"{timedelta(seconds=int(age))} ago",
             "world_size": point["world_size"],

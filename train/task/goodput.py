@@ -69,8 +69,7 @@ class Clock:
         before = _CURRENT[-1] if _CURRENT and _CURRENT[-1].path == self.path else None
         self.segments = before.segments if before else _read(self.path)
         if before:  # the same process fits again: from where its last segment ended; behind it, a rollback
-            before.close()
-            kind, began = "rollback" if batch < before.segment["batch"] else "start", before.segment["ended"]
+            kind, began = "rollback" if batch < before.segment["batch"] else "start", before.since
         else:
             kind = "start"
             began = began_at() if began is None else began
