@@ -259,17 +259,19 @@ def newest_complete(folder, reads_sharded: bool | None = None, tidy: bool = Fals
     return None
 
 
-def in_format(ckpt: Checkpoint, reads_sharded: bool) -> str:
+def in_format(ckpt: Checkpoint, reads_sharded: bool, into: Path | None = None) -> str:
     """The path this run loads to continue from `ckpt`, in the format it reads: converted beside it (with a
-    manifest of its own, train/checkpoint/integrity.py) when it is in the other one."""
+    manifest of its own, train/checkpoint/integrity.py) when it is in the other one; into `into` instead where given
+    (another run's checkpoint, continue_from=: its folder is only read)."""
     if ckpt.sharded == reads_sharded:
         return str(ckpt.path)
+    into = Path(into) if into is not None else ckpt.path.parent
     if ckpt.sharded:
-        out = ckpt.path.parent / f"{ckpt.stem}-rank0.pt"
+        out = into / f"{ckpt.stem}-rank0.pt"
         log.warning("resuming %s at one rank (no FSDP): consolidating its shards into %s first", ckpt.path, out)
         consolidate(ckpt.path, out)
     else:
-        out = ckpt.path.parent / ckpt.stem
+        out = into / ckpt.stem
         log.warning("resuming %s with sharded checkpoints: converting it into %s first", ckpt.path, out)
         shard(ckpt.path, out)
     return str(out)

@@ -439,7 +439,8 @@ def earlier_runs(cfg, ctx):
     from train.config.identity import label
 
     model = label(ctx.choices) if ctx.choices.get("model") or ctx.choices.get("yaml") else None
-    if not folder or not root or not model or "://" in str(folder) or ctx.given("run_name"):
+    if not folder or not root or not model or "://" in str(folder) or ctx.given("run_name") \
+            or value(cfg, "continue_from"):  # a continuation says what it starts from (train/checks/continuation.py)
         return
     from train.checkpoint.resume import find
     from train.config.identity import identity, same_model_and_data

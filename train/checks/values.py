@@ -30,7 +30,7 @@ from train.config.schema import SCHEMAS
 from train.plan import estimate
 
 # Ours: our typed groups and `plan`; removed before llm-foundry sees the config (train/task/foundry.py).
-PRODUCT_KEYS = frozenset({*SCHEMAS, "plan", "objective"})
+PRODUCT_KEYS = frozenset({*SCHEMAS, "plan", "objective", "continue_from"})
 # llm-foundry 0.22's TrainConfig fields (tests/test_config.py checks this list against the library).
 FOUNDRY_KEYS = frozenset("""
 model tokenizer optimizer scheduler train_loader device_train_batch_size device_eval_batch_size max_duration

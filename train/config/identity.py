@@ -167,6 +167,13 @@ def identity(cfg) -> dict:
     dataset = "train_loader.dataset"
     remote, local = flat.pop(f"{dataset}.remote", None), flat.pop(f"{dataset}.local", None)
     flat[f"{dataset}.source"] = remote if remote not in (None, "") else local
+    # continue_from counts where it is set (another run's checkpoint to go on from: train/config/continuation.py),
+    # spelt one way; left out where it is not, so that every other run keeps its name
+    given = flat.pop("continue_from", None)
+    if given not in (None, ""):
+        from train.config.continuation import spelt
+
+        flat["continue_from"] = spelt(given, OmegaConf.select(cfg, "storage.checkpoint_root", default=None))
     for k, v in flat.items():
         if _is_path_key(k):
             flat[k] = _path(v)

@@ -199,9 +199,17 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
         # train nothing, and `-m` would submit nothing for it (train/launch/finished.py)
         "finished": (read_finished(cfg) or {}).get("where"),
         "resumes": resumes,
+        # continue_from=: the run and batch it starts from, what changes there, its data and its schedule (words)
+        "continues": _continues(cfg) if not resumes else [],
         "warnings": [str(p) for p in problems],
     }
     return plan
+
+
+def _continues(cfg) -> list:
+    from train.checks.continuation import words
+
+    return words(cfg)
 
 
 def _resumes(cfg, duration, tokens_per_step: int, global_batch: int) -> dict | None:

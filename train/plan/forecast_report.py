@@ -116,6 +116,8 @@ def render(p: dict) -> str:
                 + (f", {_duration_words(r['seconds_left'])}" if r["seconds_left"] else "")
                 if r["steps_left"] is not None else "")
         add(f"resumes     from {r['checkpoint']} (batch {r['batch']:,}{trained}){left}")
+    for num, line in enumerate(p.get("continues") or ()):
+        add(("continues   from " if num == 0 else "            ") + line)
 
     ac = "on" if p["activation_checkpointing"] else "off"
     if p["memory_per_gpu_bytes"] is not None:

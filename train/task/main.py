@@ -66,14 +66,16 @@ def run(cfg: DictConfig) -> dict:
                 print(table(report), flush=True)
             return {"preflight": report}
     resumed = _choose_resume_point(cfg, fcfg)  # the run's own checkpoint, or None
-    if not resumed:
+    if not resumed and not OmegaConf.select(fcfg, "callbacks.continued_from"):  # verified as it was chosen
         _verify_load_path(fcfg)
     from llmfoundry.command_utils import train
 
     from train.task import shm_registry, tracking
+    from train.task.continuation import register as continuation_register
     from train.task.run_report import register
 
     register()
+    continuation_register()
     tracking.register()  # conf/logger/: one tracking run per training run
     tracking.for_this_training(fcfg, resumed, cfg)
     # what building composer's Trainer does for nothing this run uses
@@ -262,6 +264,11 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
             "not deleted); the run did not start from batch 0 over them",
             "restore the checkpoint files from a copy (then move them back), or start afresh under another "
             "run_name")
+    parent = None  # continue_from=: another run's checkpoint, for a start with none of its own
+    if chosen is None and cfg.get("continue_from"):
+        from train.task import continuation
+
+        parent = continuation.choose(cfg, folder, reads_sharded)
 
     def record_and_load_path():  # a conversion or the record may fail (a full disk): every rank hears it
         # what the run is: the record the checkpoint resumed from carries (it travels with it), else identity.json,
@@ -294,11 +301,35 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
                         "with the earlier evaluations (eval_subset_num_batches=-1 scores the whole split at any "
                         "world size)", chosen.batch, _said(scored), _said(before["eval_samples"]))
         path = resume.in_format(chosen, reads_sharded) if chosen else None
-        identity.write_record(folder, fcfg.run_name, _model_choice(), identity.identity(cfg),
-                              **({"train_data": data} if data else {}), eval_samples=scored)
-        return path
+        ours_now = identity.identity(cfg)
+        # where a run with continue_from= came from, kept by every later start (train/task/continuation.py)
+        lineage, from_path, same_data = before.get("continued_from"), None, True
+        if parent:
+            from train.config.continuation import same_data as same
+            from train.task import continuation
 
-    path = decided_on_rank_0(record_and_load_path)
+            lineage = parent[1]
+            same_data = same(identity.spelt_once(parent[2].get("identity") or {}), ours_now)
+            from_path = continuation.in_format(parent[0], reads_sharded, folder)
+        elif chosen and lineage:
+            from train.task import continuation
+
+            continuation.tidy(folder)  # its own checkpoint now: the conversion of the other run's is not read again
+        identity.write_record(folder, fcfg.run_name, _model_choice(), ours_now,
+                              **({"train_data": data} if data else {}), eval_samples=scored,
+                              **({"continued_from": lineage} if lineage else {}))
+        return path, from_path, lineage, same_data
+
+    path, from_path, lineage, same_data = decided_on_rank_0(record_and_load_path)
+    if lineage and OmegaConf.select(fcfg, "callbacks.run_report") is not None:
+        from train.config.continuation import said
+
+        with open_dict(fcfg):  # the run's reports say where it came from (metrics.json, progress.json)
+            fcfg.callbacks.run_report.continued_from = said(lineage)
+    if from_path:
+        from train.task import continuation
+
+        continuation.load_from(fcfg, from_path, lineage, same_data)
     if only_job and rank == 0:
         log.warning("autoresume=false, but this start is a requeue of job %s (SLURM_RESTART_COUNT=%s): it %s", job,
                     os.environ.get("SLURM_RESTART_COUNT"), f"continues the checkpoints its own job trained, from "

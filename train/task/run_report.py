@@ -86,12 +86,13 @@ class Manifests(Callback):
 
 class RunReport(Callback):
     def __init__(self, folder: str, interval="10ba", peak_flops: float | None = None, save_interval=None,
-                 divergence=None):
+                 divergence=None, continued_from: str | None = None):
         """interval: console_log_interval (batches or epochs, as composer's console logger takes it);
         peak_flops: the device's dense FLOP/s (cluster.peak_flops), None where unknown (no MFU then);
         save_interval: the checkpoint interval, to redraw the loss curve as each checkpoint is written;
         divergence: the divergence rule's settings (train/task/divergence.py), None for its defaults."""
         self.folder = Path(folder)
+        self.continued_from = continued_from  # `RUN@ba<N>` of a run with continue_from=, else None
         # the training loss's rule, fed every loss in order (a resumed run's history first: _fed of self.train so
         # far); the batches of this start's checkpoints, to name those written while the loss was rising
         self._divergence_settings, self._divergence, self._fed = divergence, Divergence(divergence), 0
@@ -148,7 +149,8 @@ class RunReport(Callback):
             # replaced yet. starts counts only the starts that got here (in this folder, across jobs).
             self._status = {"run_name": state.run_name, "starts": int(before.get("starts", 0)) + 1, "job": _job_id(),
                             "requeues": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
-                            "max_duration": _duration(state.max_duration)}
+                            "max_duration": _duration(state.max_duration),
+                            **({"continued_from": self.continued_from} if self.continued_from else {})}
             self._clock = goodput.Clock(_ledger_folder(savers, state, self.folder) / goodput.FILE,
                                         int(state.timestamp.batch), _job_id())
             self._write_status(step=int(state.timestamp.batch), state="training")
@@ -316,6 +318,8 @@ class RunReport(Callback):
         self.folder.mkdir(parents=True, exist_ok=True)
         summary = {
             "run_name": state.run_name,
+            # the run this one continued (continue_from=RUN@ba<N>: train/task/continuation.py), where it did
+            **({"continued_from": self.continued_from} if self.continued_from else {}),
             "batches": int(state.timestamp.batch),
             "tokens": int(state.timestamp.token),
             "world_size": dist.get_world_size(),

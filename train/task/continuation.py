@@ -1,0 +1,192 @@
+"""Inside the task: the start of a run with continue_from= (train/config/continuation.py) that has no checkpoint of
+its own yet loads the other run's checkpoint, verified as a resume verifies its own, through composer's own load:
+`load_path` (converted first into the format this world size reads, beside the new run's save folder: the run
+continued is never written), with `load_ignore_keys`:
+
+- `state/schedulers`: composer's schedulers are functions of the batch count and max_duration; left out, the
+  scheduler is this command's (its base learning rate, its warmup, its max_duration) read at the checkpoint's batch;
+  loaded, its base learning rates would be the other run's (measured on a resume: optimizer.lr=1e-12 went on at
+  0.003);
+- `state/dataset_state`, where the training data differs: the other run's position in its data means nothing in
+  this data, which is read from its beginning (composer would otherwise read through as many batches of it as the
+  other run had trained in its epoch, to get there).
+
+What composer cannot be told: the optimizer's param groups come back with the other run's hyperparameters (torch's
+`Optimizer.load_state_dict` takes the saved groups' lr, betas, eps, weight decay). ContinuedFrom, a callback of this
+start alone, keeps this command's: it reads them before the load and puts them back after it, with the learning rate
+of this command's schedule at the checkpoint's batch; with other data it starts the timestamp's counts within the
+epoch again, where the data now starts. The moments (Adam's state), the step counts and the batch, sample and token
+counts are the checkpoint's.
+
+Later starts of the new run resume from its own checkpoints, as any run does; its identity.json keeps its lineage.
+"""
+import logging
+import shutil
+from pathlib import Path
+
+from composer.core import Callback, State
+from composer.loggers import Logger
+
+log = logging.getLogger(__name__)
+
+CONVERTED = ".continued-from"  # <save_folder>.continued-from/: the other run's checkpoint in this run's format
+
+
+def converted_folder(save_folder) -> Path:
+    folder = Path(str(save_folder))
+    return folder.with_name(folder.name + CONVERTED)
+
+
+def choose(cfg, save_folder, reads_sharded: bool):
+    """(the other run's checkpoint to go on from, its lineage record), on every rank: its newest checkpoint (or the
+    one at the batch asked) that is complete and matches its manifest (each rank hashing its share, as a resume
+    does), or, without a manifest, the CRCs torch wrote into it. A newer one that does not verify is skipped with a
+    warning (it is the other run's: nothing is moved there); the one asked by its batch must verify. A start after
+    an earlier one that recorded its lineage (killed before its first checkpoint) goes on from the same batch."""
+    from composer.utils import dist
+    from omegaconf import OmegaConf
+
+    from train.checkpoint import integrity, resume
+    from train.checkpoint.integrity import RunStopped
+    from train.config.continuation import KEY, parse, spelt
+    from train.task.main import _differs_on_any_rank
+
+    text = str(cfg.get(KEY))
+    asked = parse(text)
+    root = OmegaConf.select(cfg, "storage.checkpoint_root", default=None)
+    folder = asked.folder(root)
+    batch = asked.batch
+    if batch is None:  # pinned by an earlier start of this run, where that checkpoint is still there
+        earlier = (resume.run_record(save_folder) or {}).get("continued_from") or {}
+        if earlier.get("asked") == spelt(text, root) and any(c.batch == earlier.get("batch")
+                                                            for c in resume.find(folder)):
+            batch = earlier["batch"]
+    box = [None]
+    if dist.get_global_rank() == 0:
+        order = sorted(resume.find(folder), key=lambda c: (c.batch, c.sharded == reads_sharded))
+        box = [[c for c in reversed(order) if batch is None or c.batch == batch]]
+    dist.broadcast_object_list(box)
+    skipped = []
+    for ckpt in box[0]:
+        why = [resume.problem(ckpt) if dist.get_global_rank() == 0 else None]
+        dist.broadcast_object_list(why)
+        whys = [why[0]] if why[0] else _differs_on_any_rank(ckpt.path, integrity.read_manifest(ckpt.path))
+        if whys:
+            skipped.append((ckpt.path, whys[0]))
+            if dist.get_global_rank() == 0:
+                log.warning("continue_from: %s does not verify (%s): not continued from; looking at the one "
+                            "before it (the run continued is left as it is)", ckpt.path, whys[0])
+            continue
+        record = integrity.run_of(ckpt.path) or resume.run_record(folder)
+        lineage = {"run": record.get("run_name") or folder.name, "folder": str(folder), "batch": ckpt.batch,
+                   "checkpoint": str(ckpt.path), "asked": spelt(text, root)}
+        return ckpt, lineage, record
+    what = f"its checkpoint of batch {batch}" if batch is not None else "any checkpoint of it"
+    raise RunStopped(KEY, f"{text}: {what} in {folder} does not verify (" + "; ".join(
+        f"{p.name}: {w}" for p, w in skipped) + "): nothing was trained from it",
+                     "an intact copy of that run's folder, or another batch of it: continue_from=" +
+                     f"{asked.where}@ba<N>")
+
+
+def in_format(ckpt, reads_sharded: bool, save_folder) -> str:
+    """The path to load (rank 0): the checkpoint itself, or its conversion into the format this world size reads,
+    written beside this run's save folder (<save_folder>.continued-from/, replaced whole each time)."""
+    from train.checkpoint import resume
+
+    if ckpt.sharded == reads_sharded:
+        return str(ckpt.path)
+    into = converted_folder(save_folder)
+    shutil.rmtree(into, ignore_errors=True)
+    into.mkdir(parents=True)
+    return resume.in_format(ckpt, reads_sharded, into=into)
+
+
+def tidy(save_folder) -> None:
+    """The conversion, once this run has a checkpoint of its own (rank 0): no later start reads it."""
+    into = converted_folder(save_folder)
+    if into.is_dir():
+        shutil.rmtree(into, ignore_errors=True)
+
+
+def load_from(fcfg, path: str, lineage: dict, same_data: bool) -> None:
+    """The trainer's settings for this start: composer loads `path` whole but the scheduler (and the data position
+    where the data differs), ContinuedFrom keeps this command's optimizer settings."""
+    from omegaconf import DictConfig, open_dict
+
+    fcfg.load_path, fcfg.load_weights_only = path, False
+    fcfg.load_ignore_keys = ["state/schedulers"] + ([] if same_data else ["state/dataset_state"])
+    with open_dict(fcfg):
+        if not isinstance(fcfg.get("callbacks"), DictConfig):
+            fcfg.callbacks = {}
+        fcfg.callbacks.continued_from = {"run": lineage["run"], "batch": lineage["batch"], "same_data": same_data,
+                                         "before": _before(lineage["checkpoint"])}
+        if not isinstance(fcfg.get("variables"), DictConfig):
+            fcfg.variables = {}
+        fcfg.variables.continued_from = path  # what is logged is what happened
+    log.info("continuing %s from batch %d: %s%s", lineage["run"], lineage["batch"], path,
+             "" if same_data else " (other data: read from its beginning)")
+
+
+def _before(checkpoint) -> dict | None:
+    """Where the batch that ended at the checkpoint began (batch, sample, token), as its manifest records it."""
+    from train.checkpoint.integrity import read_manifest
+
+    stamp = (read_manifest(checkpoint) or {}).get("timestamp") or {}
+    before = stamp.get("before")
+    return {k: int(before[k]) for k in ("batch", "sample", "token") if isinstance(before.get(k), int)} \
+        if isinstance(before, dict) else None
+
+
+class ContinuedFrom(Callback):
+    """This start only: this command's optimizer settings over the loaded ones (torch's load takes the saved param
+    groups'), the learning rate of this command's schedule at the checkpoint's batch, and, with other data, the
+    counts within the epoch started again where the new data starts."""
+
+    def __init__(self, run: str, batch: int, same_data: bool = True, before: dict | None = None):
+        """before: where the batch that ended at the checkpoint began (its manifest's record), at which composer
+        read the schedule for the batch after it."""
+        self.run, self.batch, self.same_data, self.before = run, int(batch), bool(same_data), dict(before or {})
+        self._groups = None
+
+    def before_load(self, state: State, logger: Logger) -> None:
+        self._groups = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+                        for opt in state.optimizers]
+
+    def after_load(self, state: State, logger: Logger) -> None:
+        from train.checkpoint.integrity import RunStopped
+
+        at = int(state.timestamp.batch)
+        if at != self.batch:
+            raise RunStopped("continue_from", f"the checkpoint loaded stands at batch {at}, not at {self.batch} as "
+                             f"{self.run}'s was chosen", "run the same command again")
+        for opt, groups in zip(state.optimizers, self._groups or ()):
+            for group, ours in zip(opt.param_groups, groups):
+                group.update(ours)
+        # composer steps its schedulers before it counts the batch just trained: the next batch trains at the
+        # schedule read where that batch began, so it is read there (the same settings give the other run's own
+        # learning rate, and its numbers)
+        now = state.timestamp
+        state.timestamp = now.copy(batch=self.before.get("batch", at - 1),
+                                   sample=self.before.get("sample", int(now.sample) - int(now.sample) // max(1, at)),
+                                   token=self.before.get("token", int(now.token) - int(now.token) // max(1, at)))
+        lrs = []
+        try:
+            for sched in state.schedulers:  # this command's, not loaded: its base learning rates are this command's
+                for group, base, fn in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
+                    group["lr"] = base * fn(sched.last_epoch)  # composer's lambdas read the state's timestamp
+                    lrs.append(group["lr"])
+        finally:
+            state.timestamp = now
+        if not self.same_data:
+            t = state.timestamp
+            state.timestamp = t.copy(batch_in_epoch=0, sample_in_epoch=0, token_in_epoch=0)
+        log.info("continued %s at batch %d: learning rate %s (this command's schedule there)%s", self.run, at,
+                 ", ".join(f"{lr:.6g}" for lr in lrs) or "as loaded",
+                 "" if self.same_data else "; the data from its beginning")
+
+
+def register() -> None:
+    from llmfoundry.registry import callbacks
+
+    if "continued_from" not in callbacks:
+        callbacks.register("continued_from", func=ContinuedFrom)
