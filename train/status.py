@@ -1,7 +1,7 @@
 """`python -m train.status [SWEEP_FOLDER] [--watch [SECONDS]]`: where every point of a training sweep stands,
 from anywhere (common/sweep/status.py): Slurm state, requeues, step, loss, tokens/s, MFU,
-ETA and log per point; (re)writes the sweep's summary.md and summary.csv. Without a folder: the newest sweep
-under the storage's output root: the local preset's (`$PRETRAIN_ROOT/outputs`, or `./runs/outputs`), or the one
+goodput (train/task/goodput.py), ETA and log per point; (re)writes the sweep's summary.md and summary.csv.
+Without a folder: the newest sweep under the storage's output root: the local preset's (`$PRETRAIN_ROOT/outputs`, or `./runs/outputs`), or the one
 the training command's storage overrides name (`python -m train.status storage=amlfs storage.root=/lustre/x`)."""
 import sys
 
