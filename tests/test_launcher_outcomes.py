@@ -2,6 +2,7 @@
 files and logs (written as submitit writes them) in a temporary folder. The real-Slurm tests
 (tests/test_slurm_sweeps.py, tests/test_sweep_summary.py) keep the end-to-end path; these cover every state and
 outcome, which a real cluster cannot be made to show on demand."""
+import contextlib
 import json
 import os
 import shutil
@@ -110,6 +111,47 @@ def test_a_local_job_has_ended_once_its_controller_has_also_seen_from_another_pr
     assert local_alive(seen) is False and ended(seen, "local") is True
     assert local_alive(job) is False and ended(job, "local") is True
     assert ended(StandInJob(tmp_path, "RUNNING", job_id=str(os.getpid())), "local") is True  # a pid not a controller
+
+
+@pytest.mark.e2e  # starts Python processes of its own
+def test_a_local_job_whose_controller_alone_was_killed_runs_while_its_task_does_also_seen_from_another_process(
+        tmp_path):
+    """submitit's controller SIGKILLed alone: its task, orphaned, runs on, and the job with it (the task holds the
+    job's running lock: outcomes.hold_while_running, as the launcher's job body does in every rank); once the task
+    has ended, so has the job. Seen as the status command sees it (a job known by its id alone) and by the process
+    that submitted it (its controller's handle)."""
+    import psutil
+    import submitit
+
+    from common.sweep.outcomes import hold_while_running, local_alive
+
+    ex = submitit.AutoExecutor(folder=tmp_path / "%j", cluster="local")
+    ex.update_parameters(timeout_min=2)
+    job = ex.submit(lambda: (hold_while_running(), time.sleep(60)))
+    seen = submitit.LocalJob(folder=tmp_path / "%j", job_id=job.job_id, tasks=(0,))
+    lock = tmp_path / job.job_id / f"{job.job_id}_running"
+    controller = psutil.Process(int(job.job_id))
+    try:
+        deadline = time.time() + 60
+        while not lock.exists():  # the task has begun its body
+            assert job.state == "RUNNING" and time.time() < deadline, job.stderr()
+            time.sleep(0.1)
+        [task] = controller.children()
+        controller.kill()
+        assert local_alive(seen) is True and ended(seen, "local") is False
+        assert local_alive(job) is True and ended(job, "local") is False
+        assert not controller.is_running() or controller.status() == psutil.STATUS_ZOMBIE
+        task.kill()
+        deadline = time.time() + 30
+        while local_alive(seen) is not False:  # its files closed as it exits, its lock with them
+            assert time.time() < deadline, "the job still runs 30 s after its task was killed"
+            time.sleep(0.1)
+    finally:
+        for process in (controller, task) if "task" in locals() else (controller,):
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+    assert local_alive(seen) is False and ended(seen, "local") is True
+    assert local_alive(job) is False and ended(job, "local") is True
 
 
 @pytest.mark.parametrize("state, shown", [

@@ -94,8 +94,10 @@ class SweepLaunch:
         as the task's error, and the process exits 1."""
         from common import host_requeue
         from common.compat import hydra_job_return_value
+        from common.sweep.outcomes import hold_while_running
 
         host_requeue.install()
+        hold_while_running()  # a local task says it runs, for when its controller is gone (outcomes.local_alive)
         ret = super().__call__(*args, **kwargs)
         if ret.status == JobStatus.FAILED and isinstance(hydra_job_return_value(ret), BaseException):
             raise hydra_job_return_value(ret)

@@ -5,6 +5,7 @@ Kept apart from the launcher so that it can be tested with stand-in jobs (tests/
 job here is anything with submitit's Job surface (`state`, `job_id`, `num_tasks`, `task(k).paths`).
 """
 import io
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -43,20 +44,46 @@ def local_alive(job) -> bool | None:
     return True if alive is False and _tasks_alive(job) else alive
 
 
+RUNNING_LOCK = "{job_id}_running"  # in the job's folder: locked by each of a local job's tasks while it runs
+_held = None  # this task's open lock file: the lock lasts as long as the process (and what it forks) holds it
+
+
+def hold_while_running() -> None:
+    """In a task of a local job (the job body, every rank): a shared lock on the job's RUNNING_LOCK for as long as
+    the task runs, which `_tasks_alive` asks for. The kernel lets it go when the task ends, however it ends (also
+    by SIGKILL); the processes the task forks (data loader workers) hold it with it. Nothing on Slurm, which knows
+    its own jobs."""
+    import fcntl
+    import os
+
+    global _held
+    if os.environ.get("SUBMITIT_EXECUTOR") != "local" or _held is not None:
+        return
+    from submitit import JobEnvironment
+
+    env = JobEnvironment()
+    held = open(env.paths.folder / RUNNING_LOCK.format(job_id=env.job_id), "a")
+    try:
+        fcntl.flock(held, fcntl.LOCK_SH)
+    except OSError as err:  # a file system without flock: the controller alone tells that the job runs
+        held.close()
+        logging.getLogger(__name__).debug("%s not locked (%s)", held.name, err)
+        return
+    _held = held
+
+
 def _tasks_alive(job) -> bool:
-    """A task of this local job runs: submitit gives each the controller's id (the job id) in SUBMITIT_LOCAL_JOB_ID,
-    and it runs the job's folder."""
-    want, folder = f"SUBMITIT_LOCAL_JOB_ID={job.job_id}".encode(), Path(job.paths.folder).resolve()
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            if want not in (proc / "environ").read_bytes().split(b"\0"):
-                continue
-            cmd = (proc / "cmdline").read_bytes().decode(errors="replace").rstrip("\0").split("\0")
-        except OSError:  # ended meanwhile, or another user's
-            continue
-        # `python -u -m submitit.core._submit FOLDER`, the executor's folder with `%j` unreplaced
-        if cmd and Path(cmd[-1].replace("%j", str(job.job_id))).resolve() == folder:
-            return True
+    """A task of this local job runs: one holds the job's RUNNING_LOCK (hold_while_running), which an exclusive
+    lock, asked for without waiting, is refused. (A task is seen once its job body has begun, its imports done.)"""
+    import fcntl
+
+    try:
+        with open(Path(job.paths.folder) / RUNNING_LOCK.format(job_id=job.job_id), "rb") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released as the file closes
+    except BlockingIOError:
+        return True
+    except OSError:  # no task got that far
+        return False
     return False
 
 
