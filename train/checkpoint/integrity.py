@@ -35,6 +35,31 @@ class RunStopped(UserError):
     """A run that cannot go on rightly: it stops, non-zero, naming what and where."""
 
 
+class Diverged(RunStopped):
+    """A run stopped because its numbers went bad (a non-finite loss, weights or evaluation, a divergence): the task
+    replaces its fix with the command that continues it from its last good checkpoint (train/task/continuation.py:
+    offered). bad_from: the first batch whose checkpoint holds bad weights (a divergence's rise, a final evaluation's
+    checkpoint), None where every checkpoint written is good; also: other fixes kept beside that command."""
+
+    def __init__(self, key: str = "", problem: str = "", fix: str = "", problems: list | None = None,
+                 bad_from: int | None = None, also: str = ""):
+        super().__init__(key, problem, fix, problems)
+        self.bad_from, self.also = bad_from, also
+
+
+# The fix of a stop where the command to run is not known (the task says it where it is)
+CONTINUE = ("continue it from its last good checkpoint as a new run under a lower optimizer.lr (or a longer "
+            "scheduler.t_warmup): continue_from=<this run>@ba<N> (docs/resume.md)")
+
+
+def _batch_in(step: str) -> int | None:
+    """The batch of a step's words (`step 4/4`, `batch 4`)."""
+    import re
+
+    found = re.search(r"(?:step|batch) (\d+)", step)
+    return int(found.group(1)) if found else None
+
+
 def manifest_path(ckpt) -> Path:
     ckpt = Path(ckpt)
     return ckpt.parent / f"{ckpt.name}{SUFFIX}"
@@ -140,10 +165,9 @@ def check_loss(loss, step: str) -> None:
     import math
 
     if loss is not None and not math.isfinite(loss):
-        raise RunStopped("loss/train/total", f"the training loss is {loss} at {step}: the run stopped there, before "
-                         "that step's checkpoint; its newest checkpoint is the last finite one",
-                         "lower optimizer.lr (or lengthen scheduler.t_warmup), check the data at that step, then run "
-                         "the same command again: it resumes from the newest checkpoint")
+        raise Diverged("loss/train/total", f"the training loss is {loss} at {step}: the run stopped there, before "
+                       "that step's checkpoint; its newest checkpoint is the last finite one",
+                       f"check the data at that step; {CONTINUE}", also="check the data at that step")
 
 
 def check_eval(values: dict, step: str, after_fit: bool) -> None:
@@ -159,12 +183,10 @@ def check_eval(values: dict, step: str, after_fit: bool) -> None:
     if bad:
         key, v = bad[0]
         if after_fit:
-            raise RunStopped(key, f"the final evaluation's cross-entropy is {v} at {step}: the model diverged; the "
-                             "run's final checkpoint holds these weights", "lower optimizer.lr (or lengthen "
-                             "scheduler.t_warmup) and train again under another run_name (or delete the checkpoints)")
-        raise RunStopped(key, f"the evaluation's cross-entropy is {v} at {step}: the model diverged; the run stopped "
-                         "there, before that step's checkpoint", "lower optimizer.lr (or lengthen "
-                         "scheduler.t_warmup), then run the same command again: it resumes from the newest checkpoint")
+            raise Diverged(key, f"the final evaluation's cross-entropy is {v} at {step}: the model diverged; the "
+                           "run's final checkpoint holds these weights", CONTINUE, bad_from=_batch_in(step))
+        raise Diverged(key, f"the evaluation's cross-entropy is {v} at {step}: the model diverged; the run stopped "
+                       "there, before that step's checkpoint", CONTINUE)
     bad = [(k, v) for k, v in values.items() if not math.isfinite(v)]
     if not bad:
         return
@@ -173,14 +195,10 @@ def check_eval(values: dict, step: str, after_fit: bool) -> None:
     why = f" (its cross-entropy is {ce:.6g}: exp() of it overflows)" if ce is not None and \
         key.endswith("Perplexity") else ""
     if after_fit:
-        raise RunStopped(key, f"the final evaluation's {key.rsplit('/', 1)[-1]} is {v} at {step}{why}: the model "
-                         "diverged; the run's final checkpoint holds these weights", "lower optimizer.lr (or "
-                         "lengthen scheduler.t_warmup) and train again under another run_name (or delete the "
-                         "checkpoints)")
-    raise RunStopped(key, f"the evaluation's {key.rsplit('/', 1)[-1]} is {v} at {step}{why}: the model diverged; "
-                     "the run stopped there, before that step's checkpoint", "lower optimizer.lr (or lengthen "
-                     "scheduler.t_warmup) as a new run (another name: it starts from step 0; or from a checkpoint's "
-                     "weights: load_path=<it> +load_weights_only=true)")
+        raise Diverged(key, f"the final evaluation's {key.rsplit('/', 1)[-1]} is {v} at {step}{why}: the model "
+                       "diverged; the run's final checkpoint holds these weights", CONTINUE, bad_from=_batch_in(step))
+    raise Diverged(key, f"the evaluation's {key.rsplit('/', 1)[-1]} is {v} at {step}{why}: the model diverged; "
+                   "the run stopped there, before that step's checkpoint", CONTINUE)
 
 
 def check_weights(state, step: str) -> None:
@@ -196,10 +214,8 @@ def check_weights(state, step: str) -> None:
     flag = state.device.tensor_to_device(torch.tensor([1 if bad else 0], dtype=torch.int32))
     dist.all_reduce(flag, reduce_operation="MAX")
     if int(flag.item()):
-        raise RunStopped("model", f"the weights are not finite at {step}, where a checkpoint was due: the run "
-                         "stopped without writing it; its newest checkpoint is the last finite one",
-                         "lower optimizer.lr (or lengthen scheduler.t_warmup), then run the same command again: it "
-                         "resumes from the newest checkpoint")
+        raise Diverged("model", f"the weights are not finite at {step}, where a checkpoint was due: the run "
+                       "stopped without writing it; its newest checkpoint is the last finite one", CONTINUE)
 
 
 def manifest_collectively(ckpt: Path | None, world: int, rank: int, timestamp: dict | None = None) -> None:

@@ -50,7 +50,7 @@ class TrainApp(SweepApp):
     log_tail = True  # a failed rank's last log lines beside its error: a training failure may need them
     # what a terminal shows (python -m train.status); the summary files hold every column
     shown = ("point", "overrides", "job_id", "state", "requeues", "step", "loss", "tokens_per_sec", "mfu", "goodput",
-             "eta", "last_progress", "preflight", "log", "error")
+             "eta", "last_progress", "continued_from", "preflight", "log", "error")
 
     def configs(self, launcher, job_overrides: list, first: int) -> list:
         """Every point given, composed as its job will compose it and resolved while its own Hydra context is
@@ -247,6 +247,8 @@ class TrainApp(SweepApp):
             "eta": "" if eta is None or not going else str(timedelta(seconds=int(eta))),
             "last_progress": "" if age is None or not going else f"{timedelta(seconds=int(age))} ago",
             "world_size": point["world_size"],
+            # where a run with continue_from= came from (train/task/continuation.py): RUN@ba<N>
+            "continued_from": metrics.get("continued_from") or progress.get("continued_from") or "",
             "checkpoint": point["checkpoint"],
             "metrics": "" if others else existing(report, "metrics.json"),
             "loss_curve": "" if others else existing(report, "loss_curve.png"),

@@ -119,7 +119,8 @@ def load_from(fcfg, path: str, lineage: dict, same_data: bool) -> None:
         if not isinstance(fcfg.get("callbacks"), DictConfig):
             fcfg.callbacks = {}
         fcfg.callbacks.continued_from = {"run": lineage["run"], "batch": lineage["batch"], "same_data": same_data,
-                                         "before": _before(lineage["checkpoint"])}
+                                         "before": _before(lineage["checkpoint"]),
+                                         "converted": path if Path(path).parent.name.endswith(CONVERTED) else None}
         if not isinstance(fcfg.get("variables"), DictConfig):
             fcfg.variables = {}
         fcfg.variables.continued_from = path  # what is logged is what happened
@@ -142,10 +143,12 @@ class ContinuedFrom(Callback):
     groups'), the learning rate of this command's schedule at the checkpoint's batch, and, with other data, the
     counts within the epoch started again where the new data starts."""
 
-    def __init__(self, run: str, batch: int, same_data: bool = True, before: dict | None = None):
+    def __init__(self, run: str, batch: int, same_data: bool = True, before: dict | None = None,
+                 converted: str | None = None):
         """before: where the batch that ended at the checkpoint began (its manifest's record), at which composer
-        read the schedule for the batch after it."""
+        read the schedule for the batch after it; converted: the conversion loaded, removed once the run ends."""
         self.run, self.batch, self.same_data, self.before = run, int(batch), bool(same_data), dict(before or {})
+        self.converted = converted
         self._groups = None
 
     def before_load(self, state: State, logger: Logger) -> None:
@@ -185,8 +188,86 @@ class ContinuedFrom(Callback):
                  "" if self.same_data else "; the data from its beginning")
 
 
+    def fit_end(self, state: State, logger: Logger) -> None:
+        from composer.utils import dist
+
+        if self.converted and dist.get_global_rank() == 0:  # the run's own checkpoints are what a start reads now
+            shutil.rmtree(Path(self.converted).parent, ignore_errors=True)
+
+
 def register() -> None:
     from llmfoundry.registry import callbacks
 
     if "continued_from" not in callbacks:
         callbacks.register("continued_from", func=ContinuedFrom)
+
+
+# The learning rate the command a stop offers continues under: half the one that went bad (the logbooks of long
+# runs lowered it, and restarted from an earlier checkpoint)
+LOWER = 0.5
+# Overrides the offered command leaves out: its own name and folder come from its settings, it starts from the
+# checkpoint it names, and its learning rate is the lowered one
+_DROPPED = ("run_name", "save_folder", "continue_from", "load_path", "load_weights_only", "load_strict_model_weights",
+            "load_ignore_keys", "variables.run_name", "optimizer.lr")
+
+
+def offered(err, cfg, fcfg):
+    """A stop whose numbers went bad (integrity.Diverged), its fix the exact command that continues the run from its
+    last good checkpoint under half the learning rate, as a new run (continue_from=): the command line this run was
+    started with (its sweep point's, under -m), the same way. Where it has no good checkpoint (none written before
+    the numbers went bad, and none of a run it continued), the command starts afresh under half the learning rate.
+    err itself where the command line cannot be told."""
+    import shlex
+
+    from omegaconf import OmegaConf
+
+    from train.checkpoint.integrity import Diverged
+
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hydra = HydraConfig.get()
+        overrides, multirun = list(hydra.overrides.task), hydra.mode == RunMode.MULTIRUN
+    except Exception:  # no Hydra context (not started by python -m train)
+        return err
+    lr = OmegaConf.select(fcfg, "optimizer.lr")
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool):
+        return err
+    good = last_good(cfg, fcfg, err.bad_from)
+    args = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in _DROPPED]
+    if good:
+        args.append(f"continue_from={good}")
+    args.append(f"optimizer.lr={float(f'{lr * LOWER:.4g}'):g}")
+    command = " ".join(["python -m train", *(["-m"] if multirun else []), *map(shlex.quote, args)])
+    where = (f"from its last good checkpoint ({good})" if good else
+             "afresh (no checkpoint was written before its numbers went bad)")
+    also = f"{err.also}; " if err.also else ""
+    fix = (f"{also}to continue it {where} under half the learning rate ({lr:g} -> {lr * LOWER:.4g}; or change the "
+           f"command: a longer scheduler.t_warmup, other data from there), as a new run of its own: {command}")
+    return Diverged(err.key, err.problem, fix, bad_from=err.bad_from, also=err.also)
+
+
+def last_good(cfg, fcfg, bad_from: int | None) -> str | None:
+    """`RUN@ba<N>` of the newest complete checkpoint of this run from before `bad_from` (any, where None), else of
+    the checkpoint a run with continue_from= started from; RUN as continue_from= takes it: the name where the folder
+    is under the storage's checkpoint root, else the folder's path."""
+    from omegaconf import OmegaConf
+
+    from train.checkpoint import resume
+
+    root = OmegaConf.select(cfg, "storage.checkpoint_root", default=None)
+
+    def named(folder: Path) -> str:
+        return folder.name if root and folder.parent.resolve() == Path(str(root)).resolve() else str(folder)
+
+    folder = fcfg.get("save_folder")
+    if folder and "://" not in str(folder):
+        for ckpt in reversed(resume.find(folder)):
+            if (bad_from is None or ckpt.batch < bad_from) and resume.problem(ckpt) is None:
+                return f"{named(Path(str(folder)))}@ba{ckpt.batch}"
+        lineage = (resume.run_record(folder) or {}).get("continued_from") or {}
+        if lineage.get("folder") and lineage.get("batch") is not None and \
+                (bad_from is None or lineage["batch"] < bad_from):
+            return f"{named(Path(lineage['folder']))}@ba{lineage['batch']}"
+    return None

@@ -126,12 +126,16 @@ class Divergence:
             many = len(since_checkpoints) > 1
             problem += (f"; the checkpoint{'s' * many} at batch{'es' * many} {', '.join(map(str, since_checkpoints))}, "
                         f"written since the loss rose, hold{'' if many else 's'} diverging weights")
-        before = f" from the last checkpoint before batch {start}" if since_checkpoints else ""
-        fix = ("lower optimizer.lr or lengthen scheduler.t_warmup, as a new run (another name: it starts from step 0; "
-               f"or{before} from a checkpoint's weights: load_path=<it> +load_weights_only=true); if the rise is "
-               f"expected (other data from here on), a larger +{KEY}.outlier_multiplier (now "
-               f"{self.outlier_multiplier:g}) or +{KEY}.patience (now {self.patience}), or +{KEY}.log_only=true")
+        before = f"before batch {start}" if since_checkpoints else ""
+        fix = (f"continue it from its last good checkpoint{' ' * bool(before)}{before} as a new run under a lower "
+               "optimizer.lr (or a longer scheduler.t_warmup): continue_from=<this run>@ba<N> (docs/resume.md); "
+               + self.expected())
         return "loss/train/total", problem, fix
+
+    def expected(self) -> str:
+        """The fix where the rise is no divergence."""
+        return (f"if the rise is expected (other data from here on), a larger +{KEY}.outlier_multiplier (now "
+                f"{self.outlier_multiplier:g}) or +{KEY}.patience (now {self.patience}), or +{KEY}.log_only=true")
 
     def warn_once(self, step: str, since_checkpoints=()) -> None:
         """log_only: one warning per streak, then training goes on."""

@@ -101,7 +101,12 @@ def run(cfg: DictConfig) -> dict:
                 tracking.after_the_trainer()
     except BaseException as err:  # torch's CheckpointException (a sharded write failed on a rank) is no Exception
         from common.files import is_disk_full
+        from train.checkpoint.integrity import Diverged
 
+        if isinstance(err, Diverged):  # its fix: the command that continues it from its last good checkpoint
+            from train.task.continuation import offered
+
+            raise offered(err, cfg, fcfg) from None
         if isinstance(err, (KeyboardInterrupt, SystemExit, UserError)):
             raise
         if is_disk_full(err) or _checkpoint_would_not_fit(fcfg):
