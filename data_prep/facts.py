@@ -54,16 +54,21 @@ def hub_cache() -> Path:
 
 
 def _cached_tokenizer_json(name: str) -> Path | None:
-    """tokenizer.json of a hub name in the local cache: the snapshot refs/main points at, else the newest."""
+    """tokenizer.json of a hub name in the local cache."""
+    return hub_file(name, "tokenizer.json")
+
+
+def hub_file(name: str, filename: str) -> Path | None:
+    """A file of a hub name's repository in the local cache: the snapshot refs/main points at, else the newest."""
     repo = hub_cache() / ("models--" + name.replace("/", "--"))
     snapshots = repo / "snapshots"
     try:
         main = (repo / "refs" / "main").read_text().strip()
-        if (snapshots / main / "tokenizer.json").is_file():
-            return snapshots / main / "tokenizer.json"
+        if (snapshots / main / filename).is_file():
+            return snapshots / main / filename
     except OSError:
         pass
-    found = [p for p in snapshots.glob("*/tokenizer.json") if p.is_file()]
+    found = [p for p in snapshots.glob(f"*/{filename}") if p.is_file()]
     return max(found, key=lambda p: (p.stat().st_mtime, str(p))) if found else None
 
 

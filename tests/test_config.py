@@ -49,7 +49,10 @@ def test_every_combination_passes_llm_foundry_validation(model):
         cfg = foundry_config(compose([f"model={model}", f"storage={storage}", f"checkpoint={checkpoint}"]))
         _, train_cfg = make_dataclass_and_log_config(cfg, TrainConfig, TRAIN_CONFIG_KEYS, transforms="all")
         validate_config(train_cfg)
-        assert train_cfg.model["n_layers"] > 0
+        if train_cfg.model["name"] == "mpt_causal_lm":
+            assert train_cfg.model["n_layers"] > 0
+        else:  # a Hugging Face architecture (conf/recipe/hf.yaml): its sizes in config_overrides
+            assert train_cfg.model["config_overrides"]["num_hidden_layers"] > 0
         if checkpoint == "none":
             assert train_cfg.save_folder is None and not train_cfg.autoresume
         else:

@@ -149,14 +149,15 @@ def test_a_data_preset_beneath_a_yaml_with_its_own_data_folder_is_warned(tmp_pat
     assert not [p for p in check(cfg, ctx) if p.key == "data"]
 
 
-def test_a_model_other_than_mpt_is_refused_by_its_name_once(tmp_path):
-    """An hf_causal_lm recipe got four errors about MPT keys it has no reason to set (`model.d_model: has no
-    value`, the MPT defaults of our presets leaking into it); now one, naming model.name and why."""
-    hf = "model: {name: hf_causal_lm, pretrained_model_name_or_path: gpt2, pretrained: false}"
+def test_a_model_other_than_mpt_and_hf_causal_lm_is_refused_by_its_name_once(tmp_path):
+    """An hf_t5 recipe got four errors about MPT keys it has no reason to set (`model.d_model: has no value`, the
+    MPT defaults of our presets leaking into it); now one, naming model.name and why. (hf_causal_lm trains:
+    tests/test_hf_models.py.)"""
+    hf = "model: {name: hf_t5, pretrained_model_name_or_path: t5-small, pretrained: false}"
     (tmp_path / "hf.yaml").write_text("\n".join(hf if line.startswith("model:") else line
                                                 for line in MINIMAL.splitlines()))
     cfg, ctx = _composed(f"yaml={tmp_path / 'hf.yaml'}")
-    assert [(p.key, p.problem.split(":")[0]) for p in errors(check(cfg, ctx))] == [("model.name", "'hf_causal_lm'")]
+    assert [(p.key, p.problem.split(":")[0]) for p in errors(check(cfg, ctx))] == [("model.name", "'hf_t5'")]
 
 
 def test_variables_change_everything_that_reads_them_as_in_llm_foundry():

@@ -140,10 +140,12 @@ def _score(model, batches, where: str) -> dict:
     samples = 0
     with torch.no_grad():
         for batch in batches:
-            # sequence_id as the trainer passes it: with attn_uses_sequence_id each document of a sample apart
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
-                           sequence_id=batch.get("sequence_id")).logits
-            # as llm-foundry's ComposerMPTCausalLM: token t predicts label t+1, the last position has no target
+            # sequence_id as the trainer passes it to an MPT: with attn_uses_sequence_id each document of a sample
+            # apart (composer hands a transformers architecture only the arguments its forward names)
+            extra = {"sequence_id": batch.get("sequence_id")} if model.config.model_type == "mpt" else {}
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), **extra).logits
+            # as llm-foundry's ComposerMPTCausalLM and ComposerHFCausalLM (shift_labels): token t predicts label
+            # t+1, the last position has no target
             targets = torch.roll(batch["labels"], shifts=-1, dims=1)
             targets[:, -1] = -100
             metric.update(logits.float(), targets)
@@ -256,7 +258,7 @@ def main(argv=None) -> int:
             _same_tokens(folder, args.data / (args.split or SPLIT), args.max_seq_len or _model_seq(folder))
             model, tokenizer = hf_model.load(folder)
             result = cross_entropy(model, tokenizer, args.data.resolve(), args.split or SPLIT,
-                                   args.max_seq_len or model.config.max_seq_len, args.batch_size or BATCH_SIZE,
+                                   args.max_seq_len or _model_seq(folder), args.batch_size or BATCH_SIZE,
                                    -1 if args.batches is None else args.batches, sequence_id)
             text = f"{_scored(result)}\nmodel {folder}"
     except UserError as err:
@@ -403,7 +405,10 @@ def _same_tokens(folder: Path, split: Path, seq: int) -> None:
 
 
 def _model_seq(folder: Path) -> int:
-    return int(json.loads((folder / "config.json").read_text()).get("max_seq_len", 2048))
+    """The model's sequence length (MPT's max_seq_len, a Hugging Face architecture's positions), else 2048."""
+    from train.hf_model import max_seq_len
+
+    return max_seq_len(json.loads((folder / "config.json").read_text())) or 2048
 
 
 def _uses_sequence_id(folder: Path) -> bool:

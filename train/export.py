@@ -5,8 +5,9 @@ CHECKPOINT is a sharded checkpoint folder (`ep{E}-ba{B}/`, from any number of ra
 (`ep{E}-ba{B}-rank0.pt`), a run's save folder (its newest complete checkpoint), or a run name (its save folder under
 `$PRETRAIN_ROOT/checkpoints`, or `./runs/checkpoints`). Runs on one machine, on CPU, without the cluster that
 trained it. The folder it writes is the one llm-foundry's `hf_checkpointer` callback writes (`export=hf`):
-safetensors weights, the tokenizer, and MPT's modelling code, so that
-`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` loads it offline. Prints the folder's path.
+safetensors weights, the tokenizer, and MPT's modelling code (an MPT), so that
+`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` loads it offline; a Hugging Face architecture
+(hf_causal_lm: Llama, GPT-2) is transformers' own and needs no code. Prints the folder's path.
 """
 import argparse
 import logging
@@ -185,26 +186,47 @@ def replaceable(out: Path) -> None:
 
 
 def export(ckpt, out: Path, precision: str = "float32") -> Path:
-    """Write the Hugging Face folder of `ckpt` to `out` (built under a hidden name, then renamed into place)."""
+    """Write the Hugging Face folder of `ckpt` to `out` (built under a hidden name, then renamed into place): an MPT
+    with its modelling code, or a transformers architecture (llm-foundry's hf_causal_lm) as transformers saves it."""
     from common.collector import imported_without_collections
 
     imported_without_collections("composer.models", "llmfoundry.models.mpt")
-    import torch
     from composer.models import HuggingFaceModel
+
+    weights, hf = read_model(ckpt)
+    config = dict(hf["model"]["config"]["content"])
+    config.pop("_attn_implementation_autoset", None)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".partial-{out.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    # composer's own reader of the tokenizer files it stored in the checkpoint
+    tokenizer = HuggingFaceModel.load_huggingface_tokenizer_from_saved_state(hf, tokenizer_save_dir=str(tmp / ".tok"))
+    shutil.rmtree(tmp / ".tok", ignore_errors=True)
+    if config.get("model_type") == "mpt":
+        _save_mpt(config, weights, precision, tmp)
+    else:
+        _save_transformers(config, weights, precision, tmp, tokenizer, ckpt)
+    if tokenizer is None:
+        log.warning("%s holds no tokenizer: the folder has the model only", ckpt.path)
+    else:
+        tokenizer.save_pretrained(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def _save_mpt(config: dict, weights: dict, precision: str, tmp: Path) -> None:
+    import torch
     from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
     from llmfoundry.utils.huggingface_hub_utils import edit_files_for_hf_compatibility
     from transformers import AutoConfig
 
-    weights, hf = read_model(ckpt)
-    config = dict(hf["model"]["config"]["content"])
-    if config.get("model_type") != "mpt":
-        raise UserError("checkpoint", f"{ckpt.path} holds a {config.get('model_type')!r} model; this export writes "
-                        "MPT models (what `python -m train` trains)", "export an MPT checkpoint")
     # A folder that loads anywhere: torch attention (flash needs a GPU and flash-attn; pass
     # attn_config={'attn_impl': 'flash'} to from_pretrained on a GPU), weights materialised on the CPU.
     config["attn_config"] = {**config.get("attn_config", {}), "attn_impl": "torch"}
     config["init_device"] = "cpu"
-    config.pop("_attn_implementation_autoset", None)
     dtype = getattr(torch, precision)
 
     # As llm-foundry's hf_checkpointer: register MPT with the auto classes so save_pretrained writes its code
@@ -216,23 +238,42 @@ def export(ckpt, out: Path, precision: str = "float32") -> Path:
         model = MPTForCausalLM(MPTConfig(**config))
     model.load_state_dict({k: v.to(dtype) for k, v in weights.items()}, assign=True)
     model.to(dtype)
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".partial-{out.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
-    # composer's own reader of the tokenizer files it stored in the checkpoint
-    tokenizer = HuggingFaceModel.load_huggingface_tokenizer_from_saved_state(hf, tokenizer_save_dir=str(tmp / ".tok"))
-    shutil.rmtree(tmp / ".tok", ignore_errors=True)
-    if tokenizer is None:
-        log.warning("%s holds no tokenizer: the folder has the model only", ckpt.path)
-    else:
-        tokenizer.save_pretrained(tmp)
     edit_files_for_hf_compatibility(str(tmp), ("llmfoundry",))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
+
+
+def _save_transformers(config: dict, weights: dict, precision: str, tmp: Path, tokenizer, ckpt) -> None:
+    """A transformers architecture (llm-foundry's hf_causal_lm) from the config composer stored with the weights:
+    transformers' own classes, so the folder loads without trust_remote_code. Its tokenizer's special tokens are
+    the generation's (the architecture's base config holds its own family's ids: LlamaConfig's end of text is
+    id 2, a byte or a word of another tokenizer, and generate would stop there)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    model_type = config.pop("model_type", None)
+    try:
+        hf_config = AutoConfig.for_model(model_type, **config)
+    except ValueError as err:
+        raise UserError("checkpoint", f"{ckpt.path} holds a {model_type!r} model, which this transformers does not "
+                        f"know ({err})", "export it where its transformers version is installed") from None
+    hf_config.use_cache = True  # training turns the cache off; generating wants it
+    if tokenizer is not None:
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            if getattr(tokenizer, key, None) is not None:
+                setattr(hf_config, key, getattr(tokenizer, key))
+    dtype = getattr(torch, precision)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager", torch_dtype=dtype)
+    _, unexpected = model.load_state_dict({k: v.to(dtype) for k, v in weights.items()}, assign=True, strict=False)
+    model.tie_weights()  # a tied output layer is the embedding's weight, loaded once
+    missing = [name for name, param in model.named_parameters() if param.is_meta]
+    if unexpected or missing:
+        raise UserError("checkpoint", f"{ckpt.path}: its weights are not those of the {model_type} its config "
+                        f"describes (missing {missing[:4]}, unexpected {sorted(unexpected)[:4]})",
+                        "export a checkpoint written by `python -m train`")
+    model.to(dtype)
+    model.generation_config = GenerationConfig.from_model_config(hf_config)
+    model.save_pretrained(tmp)
 
 
 def parser() -> argparse.ArgumentParser:

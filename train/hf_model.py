@@ -133,3 +133,20 @@ def load(folder: Path, dtype: str | None = None):
     model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, local_files_only=True, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     return model.eval(), tokenizer
+
+
+def max_seq_len(config: dict) -> int | None:
+    """The longest sequence an exported model takes (its config.json's values): MPT's max_seq_len; a Hugging Face
+    architecture's positions (max_position_embeddings; GPT-2's n_positions). None where the config says none."""
+    for key in ("max_seq_len", "max_position_embeddings", "n_positions"):
+        if isinstance(config.get(key), int):
+            return config[key]
+    return None
+
+
+def refuses_past(config: dict) -> int | None:
+    """The length past which the model fails, not degrades: MPT's max_seq_len (it refuses longer), GPT-2's n_positions
+    (a position past its learned embeddings is an IndexError). Rotary positions (Llama) go on: None."""
+    if config.get("model_type") == "gpt2":
+        return config.get("n_positions")
+    return config.get("max_seq_len") if isinstance(config.get("max_seq_len"), int) else None

@@ -34,20 +34,22 @@ def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, temperat
 
 def _past_max_seq_len(model, tokenizer, prompts: list[str], max_new_tokens: int) -> UserError | None:
     """A prompt and its continuation longer than the model's max_seq_len: MPT refuses the sequence part way through
-    generating (a ValueError, or a tensor size error with alibi), every prompt's output lost. Said before, with the
-    longest --max-new-tokens every prompt fits."""
-    limit = getattr(model.config, "max_seq_len", None)
+    generating (a ValueError, or a tensor size error with alibi), GPT-2 past its positions (an IndexError), every
+    prompt's output lost. Said before, with the longest --max-new-tokens every prompt fits."""
+    from train.hf_model import refuses_past
+
+    limit = refuses_past(model.config.to_dict())
     if not isinstance(limit, int):
         return None
     longest = max(len(tokenizer(p)["input_ids"]) for p in prompts)
     if longest + max_new_tokens <= limit:
         return None
     if longest >= limit:
-        return UserError("PROMPT", f"a prompt of {longest} tokens leaves no room in the model's max_seq_len={limit}",
+        return UserError("PROMPT", f"a prompt of {longest} tokens leaves no room in the model's {limit} positions",
                          "a shorter prompt")
     return UserError("--max-new-tokens", f"{max_new_tokens} new tokens after a prompt of {longest} tokens pass the "
-                     f"model's max_seq_len={limit} (MPT refuses longer sequences)",
-                     f"--max-new-tokens {limit - longest} or fewer")
+                     f"model's {limit} positions (its max_seq_len, or GPT-2's n_positions: it refuses longer "
+                     "sequences)", f"--max-new-tokens {limit - longest} or fewer")
 
 
 def parser() -> argparse.ArgumentParser:

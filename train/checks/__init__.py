@@ -13,11 +13,24 @@ about this node's files and the memory fit are warnings too (plans are made away
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from train.checks import checkpoints, continuation, fit, foundry_values, node, open_maps, preflight_rules, safety, tracking, values
+from train.checks import (
+    checkpoints,
+    continuation,
+    fit,
+    foundry_values,
+    hf_model,
+    node,
+    open_maps,
+    preflight_rules,
+    safety,
+    tracking,
+    values,
+)
 from train.checks.core import ERROR, WARNING, ConfigError, Context, Problem, resolved, value  # noqa: F401
 
 RULES = [*safety.RULES, *values.RULES, *foundry_values.RULES, *tracking.RULES, *preflight_rules.RULES, *node.RULES, *fit.RULES,
          *checkpoints.RULES, *continuation.RULES, *open_maps.RULES]
+RULES += hf_model.RULES  # llm-foundry's Hugging Face models (hf_causal_lm)
 # Warnings in a plan: what only this node can tell, the memory estimate, and mock data on a cluster (a plan is
 # asked "does it fit", often before the data exists; it says what a run would refuse).
 SOFT_IN_PLAN = {r for r in node.RULES + fit.RULES if r not in node.EVERYWHERE} | {values.mock_data_only_where_asked}

@@ -63,6 +63,14 @@ MPT_MODEL_KEYS = (
     "use_cache", "use_pad_tok_in_ffn", "use_train_metrics", "vocab_size",
 )
 MPT_MODEL_EXTRA = ("master_weights_dtype", "load_in_8bit")  # read by llm-foundry's train command itself
+# What a Hugging Face model (`model.name: hf_causal_lm`) takes from `model:`: ComposerHFCausalLM's arguments (but the
+# tokenizer, which llm-foundry passes itself); any other key is a TypeError as the model is built.
+HF_CAUSAL_LM_KEYS = (
+    "additional_eval_metrics", "additional_train_metrics", "allow_embedding_resizing", "attn_implementation",
+    "config_overrides", "init_device", "load_in_8bit", "peft_config", "pretrained", "pretrained_lora_id_or_path",
+    "pretrained_model_name_or_path", "should_save_peft_only", "trust_remote_code", "use_auth_token",
+    "use_flash_attention_2", "use_train_metrics",
+)
 HF_CONFIG_KEYS = (
     "_attn_implementation_autoset", "_name_or_path", "add_cross_attention", "architectures", "bad_words_ids",
     "begin_suppress_tokens", "bos_token_id", "chunk_size_feed_forward", "cross_attention_hidden_size",

@@ -434,14 +434,23 @@ def vocabulary(cfg, ctx):
     name = "mock" if value(cfg, "data.kind") == "mock" else str(value(cfg, "tokenizer.name"))
     size, source = (vocab.MOCK_IDS, "the mock byte tokenizer") if name == "mock" else vocab.tokenizer_ids(name)
     model_vocab = value(cfg, "model.vocab_size")
+    key = "model.vocab_size"
+    if value(cfg, "model.name") == "hf_causal_lm":  # its architecture's (config_overrides, or its base config's)
+        from train.config import hf_arch
+
+        try:
+            model_vocab = hf_arch.shape(hf_arch.attributes(value(cfg, "model")))["vocab_size"]
+        except hf_arch.ArchError:
+            return  # said by the architecture's own rule
+        key = "model.config_overrides.vocab_size"
     if model_vocab is None and value(cfg, "model.name") == "mpt_causal_lm":  # left out: MPTConfig's default
         from train.plan.estimate import MPT_VOCAB
 
         model_vocab = MPT_VOCAB
     if size is not None and isinstance(model_vocab, int) and size > model_vocab:
-        yield Problem("model.vocab_size", f"{model_vocab} is smaller than the tokenizer's {size} ids ({source}): "
+        yield Problem(key, f"{model_vocab} is smaller than the tokenizer's {size} ids ({source}): "
                       "token ids past it would index outside the embedding (an IndexError, a device-side assert on "
-                      "GPU)", f"model.vocab_size={vocab.padded(size)} (the tokenizer's size rounded up to a multiple "
+                      "GPU)", f"{key}={vocab.padded(size)} (the tokenizer's size rounded up to a multiple "
                       "of 64)")
 
 

@@ -182,11 +182,12 @@ def numbers(cfg, ctx):
     yield from _positive_int(cfg, "cluster.nodes", 1)
     yield from _positive_int(cfg, "cluster.tasks_per_node", 8)
     mpt = value(cfg, "model.name") == "mpt_causal_lm"
-    if not mpt and value(cfg, "model.name") in names.MODELS:  # a YAML's hf_causal_lm: four "no value" errors before
+    if not mpt and value(cfg, "model.name") in names.MODELS and value(cfg, "model.name") != "hf_causal_lm":
         yield Problem("model.name", f"{value(cfg, 'model.name')!r}: this tool plans, checks, resumes and exports "
-                      "llm-foundry's MPT (mpt_causal_lm) only: the memory and FLOP figures, the checkpoint shape "
-                      "checks and the Hugging Face export are MPT's", "model.name=mpt_causal_lm with MPT's keys "
-                      "(d_model, n_heads, n_layers), or train this model with llm-foundry's own scripts")
+                      "llm-foundry's MPT (mpt_causal_lm) and Hugging Face causal LMs (hf_causal_lm) only: the memory "
+                      "and FLOP figures, the checkpoint shape checks and the Hugging Face export are theirs",
+                      "model.name=mpt_causal_lm with MPT's keys (d_model, n_heads, n_layers), or hf_causal_lm (see "
+                      "docs/config.md), or train this model with llm-foundry's own scripts")
     for key in ("max_seq_len", "global_train_batch_size", "model.d_model", "model.n_heads", "model.n_layers",
                 "model.vocab_size", "device_eval_batch_size"):
         if key.startswith("model.") and not mpt:

@@ -21,6 +21,14 @@ def vocab_size(tokenizer_name) -> int:
     return size(tokenizer_name)
 
 
+def hf_config(model_type) -> str:
+    """The base folder of a Hugging Face architecture preset in this checkout (conf/model/_hf/<model_type>, its
+    config.json the model type alone): a compute node reads it without the hub, at the path its job runs from."""
+    from common.paths import CONF
+
+    return str(CONF / "model" / "_hf" / str(model_type))
+
+
 def register_resolvers() -> None:
     from common.help import register
 
@@ -28,7 +36,7 @@ def register_resolvers() -> None:
     from train.config.identity import run_id  # the run's name: what it trains (train/config/identity.py)
 
     for name, fn in {"run_id": run_id, "subdir": subdir, "abspath": os.path.abspath, "vocab_size": vocab_size,
-                     "given_or": given_or}.items():
+                     "given_or": given_or, "hf_config": hf_config}.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
 

@@ -44,7 +44,50 @@ MPT_VOCAB = 50368  # MPTConfig's vocab_size, where a model (a YAML's) leaves it 
 
 
 def vocab_size(model) -> int:
-    return _get(model, "vocab_size", MPT_VOCAB)
+    hf = hf_shape(model)
+    return hf["vocab_size"] if hf else _get(model, "vocab_size", MPT_VOCAB)
+
+
+def hf_shape(model) -> dict | None:
+    """The sizes of a Hugging Face architecture (llm-foundry's hf_causal_lm, or a built model's config of another
+    model_type than MPT's), from its config (train/config/hf_arch.py); None for an MPT."""
+    from train.config import hf_arch
+
+    if hf_arch.is_hf(model) or _get(model, "model_type") not in (None, "mpt"):
+        return hf_arch.model_shape(model)
+    return None
+
+
+def summary(model) -> dict:
+    """What the plan says of the model: its width, layers, heads, vocabulary and sequence length (MPT's
+    max_seq_len; a Hugging Face architecture's positions, with its model_type and key/value heads)."""
+    hf = hf_shape(model)
+    if hf:
+        from train.config import hf_arch
+
+        return {"model_type": hf_arch.attributes(model)["model_type"] if "model_type" not in model
+                else model["model_type"], "d_model": hf["d_model"], "n_heads": hf["n_heads"],
+                "kv_heads": hf["kv_heads"], "n_layers": hf["n_layers"], "max_seq_len": hf["positions"],
+                "vocab_size": hf["vocab_size"]}
+    return {**{k: model.get(k) for k in ("d_model", "n_heads", "n_layers", "max_seq_len")},
+            "vocab_size": vocab_size(model)}
+
+
+def width(model) -> int:
+    """The model's hidden size (MPT's d_model)."""
+    hf = hf_shape(model)
+    return hf["d_model"] if hf else model["d_model"]
+
+
+def layers(model) -> int:
+    hf = hf_shape(model)
+    return hf["n_layers"] if hf else model["n_layers"]
+
+
+def _attention_width(model) -> int:
+    """The width attention's scores are computed over: heads x head size (MPT: d_model)."""
+    hf = hf_shape(model)
+    return hf["n_heads"] * hf["head_dim"] if hf else model["d_model"]
 
 
 def _get(node, key, default=None):
@@ -76,7 +119,10 @@ def ffn_hidden(model) -> int:
 def block_params(model) -> int:
     """Parameters of one transformer block (an FSDP unit under llm-foundry's MPT wrapping): the fused Wqkv (keys and
     values for kv_heads heads), out_proj, the feed-forward's up and down projections (and gate_proj for mptglu),
-    two norms; biases unless no_bias."""
+    two norms; biases unless no_bias. A Hugging Face architecture's decoder layer, as its config builds it."""
+    hf = hf_shape(model)
+    if hf:
+        return hf["block_params"]
     d, hidden = model["d_model"], ffn_hidden(model)
     qkv = d + 2 * kv_heads(model) * (d // model["n_heads"])
     glu = _get(_get(model, "ffn_config", {}), "ffn_type", "mptmlp") == "mptglu"
@@ -92,6 +138,9 @@ def _norm_bias(model) -> bool:
 
 def embedding_params(model) -> int:
     """The token (and learned position) embeddings, and the output projection where tie_word_embeddings=false."""
+    hf = hf_shape(model)
+    if hf:
+        return hf["embedding_params"]
     d, attn = model["d_model"], _get(model, "attn_config", {})
     # MPTConfig turns learned position embeddings off where alibi or rope gives the positions
     learned = _get(model, "learned_pos_emb", True) and not (_get(attn, "alibi", False) or _get(attn, "rope", False))
@@ -101,7 +150,10 @@ def embedding_params(model) -> int:
 
 
 def param_count(model) -> int:
-    """Parameters of llm-foundry's MPT for this model config."""
+    """Parameters of llm-foundry's MPT (or a Hugging Face architecture's) for this model config."""
+    hf = hf_shape(model)
+    if hf:
+        return hf["n_layers"] * hf["block_params"] + hf["embedding_params"] + hf["final_params"]
     d = model["d_model"]
     bias = not _get(model, "no_bias", False) and _norm_bias(model)
     return model["n_layers"] * block_params(model) + embedding_params(model) + d * (1 + bias)  # + final norm
@@ -110,7 +162,12 @@ def param_count(model) -> int:
 def flops_per_token(model, seq: int | None = None) -> float:
     """Training FLOPs per token: 6N for the matmuls plus attention's QK^T and AV (forward 2*2*L*s*d, x3), s the
     length trained at (default: the model's max_seq_len)."""
-    return 6 * param_count(model) + 12 * model["n_layers"] * (seq or model["max_seq_len"]) * model["d_model"]
+    return 6 * param_count(model) + 12 * layers(model) * (seq or _max_seq_len(model)) * _attention_width(model)
+
+
+def _max_seq_len(model) -> int:
+    hf = hf_shape(model)
+    return hf["positions"] if hf else model["max_seq_len"]
 
 
 def shard_count(sharding_strategy: str | None, world_size: int, tasks_per_node: int) -> int:
@@ -127,13 +184,13 @@ def activation_bytes(model, microbatch: int, act_bytes: int, checkpointing: bool
     tensors, plus logits and the loss's fp32 copy."""
     if not microbatch:
         return 0
-    d, layers, seq = model["d_model"], model["n_layers"], seq or model["max_seq_len"]
+    d, n, seq = width(model), layers(model), seq or _max_seq_len(model)
     tokens = microbatch * seq
     if checkpointing:
         # every block's input, plus one block rebuilt in full during its backward
-        layer_part = tokens * d * act_bytes * (layers * ACT_ELEMENTS_CHECKPOINTED + ACT_ELEMENTS_PER_LAYER)
+        layer_part = tokens * d * act_bytes * (n * ACT_ELEMENTS_CHECKPOINTED + ACT_ELEMENTS_PER_LAYER)
     else:
-        layer_part = tokens * d * act_bytes * layers * ACT_ELEMENTS_PER_LAYER
+        layer_part = tokens * d * act_bytes * n * ACT_ELEMENTS_PER_LAYER
     logits = tokens * vocab_size(model) * (act_bytes + 4)
     return layer_part + logits
 

@@ -111,8 +111,7 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
 
     plan = {
         "run_name": value(cfg, "run_name"),
-        "model": {**{k: model.get(k) for k in ("d_model", "n_heads", "n_layers", "max_seq_len")},
-                  "vocab_size": estimate.vocab_size(model)},
+        "model": estimate.summary(model),
         "params": params,
         "flops_per_token": fpt,
         "flops_per_token_6n": 6 * params,

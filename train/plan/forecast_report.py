@@ -92,8 +92,13 @@ def render(p: dict) -> str:
             "command trains nothing, and `-m` submits nothing for it (to train it longer: "
             f"run_name={p['run_name']} and a larger max_duration)")
     m = p["model"]
-    add(f"model       {_big(p['params'])} parameters (d_model {m['d_model']}, {m['n_layers']} layers, "
-        f"{m['n_heads']} heads, vocab {m['vocab_size']}, seq {m['max_seq_len']})")
+    if m.get("model_type"):  # a Hugging Face architecture (hf_causal_lm)
+        add(f"model       {_big(p['params'])} parameters ({m['model_type']}: hidden {m['d_model']}, {m['n_layers']} "
+            f"layers, {m['n_heads']} heads ({m['kv_heads']} key/value), vocab {m['vocab_size']}, positions "
+            f"{m['max_seq_len']})")
+    else:
+        add(f"model       {_big(p['params'])} parameters (d_model {m['d_model']}, {m['n_layers']} layers, "
+            f"{m['n_heads']} heads, vocab {m['vocab_size']}, seq {m['max_seq_len']})")
     add(f"            {_flop(p['flops_per_token'])} per token = 6N {_flop(p['flops_per_token_6n'])} "
         f"+ attention {_flop(p['flops_per_token_attention'])}")
     gpu = f" on {p['gpu']}" if p["gpu"] else " (CPU)"

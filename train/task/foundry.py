@@ -10,5 +10,9 @@ def foundry_config(cfg: DictConfig) -> DictConfig:
     Resolving here, while Hydra's context is live, is what lets `${hydra:...}` and our resolvers appear in
     the config: llm-foundry resolves again and must find plain values.
     """
+    from train.config.hf_arch import foundry_model
+
     plain = OmegaConf.to_container(cfg, resolve=True)
+    if isinstance(plain.get("model"), dict):  # a Hugging Face model: our groups' MPT knobs in its own terms
+        plain["model"] = foundry_model(plain["model"])
     return OmegaConf.create({k: v for k, v in plain.items() if k not in PRODUCT_KEYS and k != "hydra"})
