@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from common.sweep.contract import Resources, SweepApp, params_resources
+from common.sweep.contract import JobSpec, SweepApp, params_spec
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +51,9 @@ class DataPrepApp(SweepApp):
                             "command without -m afterwards, which writes what is missing and merges)")
         return out
 
-    def resources(self, cfg: DictConfig, params) -> Resources:
+    def spec(self, cfg: DictConfig, params) -> JobSpec:
         """One task per part, with the resources given to the launcher (`hydra.launcher.cpus_per_task=64`)."""
-        return params_resources(params, name="data_prep")
+        return params_spec(params, name="data_prep")
 
     def record(self, point) -> dict:
         from data_prep.settings import settings_from

@@ -10,6 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from common.paths import CONF
 from train.checks import Context, check, errors
 from train.config.compose import compose
+from train.launch.spec import scheduler
 from train.plan.forecast import build_plan
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -35,7 +36,8 @@ def test_each_experiment_composes_passes_the_checks_and_plans(name):
     cfg = compose([f"experiment={name}"])
     choices = dict(HydraConfig.get().runtime.choices)
     assert choices["experiment"] == name
-    problems = check(cfg, Context(mode="plan", overrides=(f"experiment={name}",), choices=choices))
+    problems = check(cfg, Context(mode="plan", overrides=(f"experiment={name}",), choices=choices,
+                                  scheduler=scheduler(cfg)))
     assert not errors(problems), [str(p) for p in errors(problems)]
     assert cfg.run_name.startswith(prefix)
     assert cfg.cluster.nodes * cfg.cluster.tasks_per_node == gpus

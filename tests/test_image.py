@@ -137,7 +137,7 @@ def test_the_nccl_topology_file_is_mounted_at_its_own_path():
     odd = compose(["cluster=ndv5", "cluster.container.image=/data/images/pretrain.sqsh",
                    "cluster.env.NCCL_TOPO_FILE=$HOME/topo.xml"])
     assert not any("topo" in m for m in container_mounts(odd))
-    found = [p for p in check(odd, Context(mode="plan", choices={"cluster": "ndv5"}))
+    found = [p for p in check(odd, Context(mode="plan", choices={"cluster": "ndv5"}, scheduler="slurm"))
              if p.key == "cluster.env.NCCL_TOPO_FILE"]
     assert found and "is not mounted into the container" in found[0].problem
     assert not [m for m in container_mounts(compose(["cluster=p5", "cluster.container.image=/i.sqsh"]))
@@ -229,7 +229,7 @@ def _marker(tmp_path, **change) -> dict:
 
 def _problems(img, mode="plan", *extra):
     cfg = compose(["cluster=ndv5", f"cluster.container.image={img}", *extra])
-    return [p for p in check(cfg, Context(mode=mode, choices={"cluster": "ndv5"}))
+    return [p for p in check(cfg, Context(mode=mode, choices={"cluster": "ndv5"}, scheduler="slurm"))
             if p.key == "cluster.container.image"]
 
 

@@ -14,7 +14,7 @@ from train.config.compose import compose
 
 
 def problems(*overrides):
-    return check(compose(list(overrides)), Context(mode="plan", overrides=overrides, choices={"cluster": "ndv5"}))
+    return check(compose(list(overrides)), Context(mode="plan", overrides=overrides, choices={"cluster": "ndv5"}, scheduler="slurm"))
 
 
 def test_a_misspelt_sbatch_option_is_refused_with_the_right_one():

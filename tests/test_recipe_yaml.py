@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from train.checks import Context, check, errors
 from train.config.compose import command_line, compose
+from train.launch.spec import scheduler
 from train.plan.forecast import build_plan
 
 YAMLS = SHARED / "llm-foundry-yamls" / "pretrain"
@@ -27,7 +28,8 @@ def _shared():
 
 def _composed(*overrides):
     cfg = compose(list(overrides))
-    ctx = Context(mode="plan", overrides=tuple(overrides), choices=dict(HydraConfig.get().runtime.choices))
+    ctx = Context(mode="plan", overrides=tuple(overrides), choices=dict(HydraConfig.get().runtime.choices),
+                  scheduler=scheduler(cfg))
     return cfg, ctx
 
 

@@ -294,6 +294,7 @@ def test_the_docs_command_lines_and_llm_foundrys_published_yamls_hold_no_secret_
     from train.checks import Context
     from train.checks.safety import command_line_secrets, credentials, secrets_in_values, setup_exports
     from train.config.compose import compose
+    from train.launch.spec import scheduler
 
     for _, line, _ in LINES:
         assert command_line_secrets(shlex.split(line, comments=True)[3:]) == ([], []), line
@@ -304,7 +305,8 @@ def test_the_docs_command_lines_and_llm_foundrys_published_yamls_hold_no_secret_
         overrides = [f"yaml={path}", "cluster=ndv5", "storage=amlfs"]
         assert command_line_secrets(overrides) == ([], [])
         cfg = compose(overrides)
-        ctx = Context(mode="plan", overrides=tuple(overrides), choices=dict(HydraConfig.get().runtime.choices))
+        ctx = Context(mode="plan", overrides=tuple(overrides), choices=dict(HydraConfig.get().runtime.choices),
+                      scheduler=scheduler(cfg))
         refused = [str(p) for rule in (credentials, secrets_in_values, setup_exports) for p in rule(cfg, ctx)]
         assert refused == [], (path.name, refused)
 

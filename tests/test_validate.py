@@ -568,12 +568,12 @@ def test_a_run_that_does_not_resume_over_existing_checkpoints_with_save_overwrit
     slurm = ["cluster=slurm-local", *base]
 
     def level(overrides):  # as a point of `-m` sees it; `given`: what the command line said
-        ctx = Context(mode="sweep", overrides=tuple(overrides), choices={"model": "mpt-tiny", "cluster": "slurm-local"})
+        ctx = Context(mode="sweep", overrides=tuple(overrides), choices={"model": "mpt-tiny", "cluster": "slurm-local"}, scheduler="slurm")
         return [p.level for p in check(compose(slurm), ctx) if p.key == "autoresume"]
 
     assert level(slurm) == [WARNING]  # asked on the command line
     assert level(["cluster=slurm-local"]) == [ERROR]  # set elsewhere (a YAML, an experiment): refused
-    [p] = [p for p in check(compose(slurm), Context(mode="sweep", choices={"cluster": "slurm-local"}))
+    [p] = [p for p in check(compose(slurm), Context(mode="sweep", choices={"cluster": "slurm-local"}, scheduler="slurm"))
            if p.key == "autoresume"]
     assert "save_overwrite=true on the command line starts over them on purpose" in p.fix
 
@@ -727,7 +727,7 @@ def test_setup_lines_beside_a_container_image_are_warned_as_not_run():
     """With an image the job runs no setup lines (the image is the environment): they were dropped without a word."""
     def found(*overrides):
         return [(p.level, p.problem) for p in check(compose(list(overrides)), Context(
-            mode="sweep", overrides=overrides, choices={"cluster": "ndv5"})) if p.key == "cluster.setup"]
+            mode="sweep", overrides=overrides, choices={"cluster": "ndv5"}, scheduler="slurm")) if p.key == "cluster.setup"]
 
     image = ["cluster=ndv5", "data=mock", 'cluster.container.image="nvcr.io#nvidia/pytorch:24.05-py3"']
     assert found(*image, "cluster.setup=[module load nccl,'export FOO=1']") == [
@@ -755,7 +755,7 @@ def test_a_run_longer_than_its_allocations_is_warned_with_the_requeues_it_needs(
     def found(*overrides):
         cfg = compose(["model=mpt-30b", "cluster=ndv5", "data=mock", f"storage.root={tmp_path}", *overrides])
         return [(p.level, p.problem, p.fix) for p in check(cfg, Context(mode="plan", overrides=overrides, choices={
-            "cluster": "ndv5"})) if p.key == "cluster.max_num_timeout"]
+            "cluster": "ndv5"}, scheduler="slurm")) if p.key == "cluster.max_num_timeout"]
 
     [(level, problem, fix)] = found("cluster.nodes=2")
     assert level == WARNING and problem == (

@@ -278,6 +278,6 @@ def test_the_data_a_run_would_not_find_is_named_by_what_to_change(tmp_path, c4_m
                              f"variables.data_local={c4_mds}"]), Context())
         assert p.key == "tokenizer.name" and p.level == ERROR, p
     gpu = ["cluster=ndv5", "data=mock", "global_train_batch_size=64"]
-    [p] = [p for p in check(compose([*gpu, "model.init_device=cuda"]), Context(mode="sweep", choices={"cluster": "ndv5"}))
+    [p] = [p for p in check(compose([*gpu, "model.init_device=cuda"]), Context(mode="sweep", choices={"cluster": "ndv5"}, scheduler="slurm"))
            if p.key == "model.init_device"]
     assert "asserts one of cpu, meta, mixed" in p.problem and p.fix.startswith("model.init_device=meta"), p

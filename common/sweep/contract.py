@@ -36,6 +36,16 @@ class Resources:
     python: Optional[str] = None  # the job's interpreter; None: this one (a container: "python3")
 
 
+@dataclass(frozen=True)
+class JobSpec:
+    """How one point is scheduled, decided once when its config is made (an app's `spec`) and read by the launcher,
+    the status and the plan: its job's resources, whether a sweep of it waits for its job, and the resources of
+    the summary job that follows a sweep that does not (None where there is none: the points run here)."""
+    resources: Resources = Resources()
+    waits: bool = True
+    summary: Optional[Resources] = None
+
+
 def executor(res: Resources, folder: str):
     """The one mapping of Resources to submitit."""
     import submitit
@@ -97,9 +107,13 @@ class Point:
     num: int
     overrides: list
     cfg: Optional[DictConfig]
-    resources: Resources
+    spec: JobSpec
     job: Any = None
     finished: Optional[dict] = None  # the app's record of an earlier, finished run of this point: nothing to submit
+
+    @property
+    def resources(self) -> Resources:
+        return self.spec.resources
 
 
 class SweepApp:
@@ -129,14 +143,11 @@ class SweepApp:
 
         print(err, file=sys.stderr)
 
-    def resources(self, cfg, params) -> Resources:
-        return params_resources(params, name="sweep")
-
-    def waits(self, cfg, params) -> bool:
-        """A local sweep's tasks are this command's children: it always waits. On Slurm, as the app says; an
-        app without a status command to follow it by always waits."""
-        return (self.status_command is None or params.get("scheduler", "local") == "local"
-                or bool(params.get("wait")))
+    def spec(self, cfg, params) -> JobSpec:
+        """How the point is scheduled: resources from the launcher's own settings. A local sweep's tasks are this
+        command's children: it always waits; on Slurm, as `hydra.launcher.wait` says; an app without a status
+        command to follow it by always waits."""
+        return params_spec(params, name="sweep", waits=self.status_command is None)
 
     def finished(self, cfg) -> Optional[dict]:
         """An earlier run of this point that already reached its end: its record, and the launcher submits
@@ -146,12 +157,6 @@ class SweepApp:
     def objective(self, cfg, value):
         """What the sweeper gets as the point's result (Optuna minimises or maximises it)."""
         return value
-
-    def summary_resources(self, cfg, params) -> Resources:
-        res = self.resources(cfg, params)
-        return Resources(scheduler="slurm", name=f"{res.name}-summary", timeout_min=10,
-                         partition=params.get("summary_partition") or res.partition, account=res.account,
-                         qos=res.qos, setup=res.setup, srun_args=res.srun_args, python=res.python)
 
     def record(self, point: Point) -> dict:
         """What the status needs of a point besides its job."""
@@ -168,13 +173,14 @@ class SweepApp:
         return False
 
 
-def params_resources(params, name: str) -> Resources:
-    """Resources from the launcher's own settings (the generic app, data_prep)."""
+def params_spec(params, name: str, waits: bool = False) -> JobSpec:
+    """A point's spec from the launcher's own settings (the generic app, data_prep). waits: whatever
+    `hydra.launcher.wait` says."""
     from common import host_requeue
 
     folder = params["submitit_folder"]
     slurm = params.get("scheduler", "local") == "slurm"
-    return Resources(
+    res = Resources(
         scheduler=params.get("scheduler", "local"), name=name, tasks_per_node=1,
         cpus_per_task=params.get("cpus_per_task", 1), mem_gb=params.get("mem_gb"),
         timeout_min=params.get("timeout_min", 60), partition=params.get("partition"),
@@ -182,6 +188,10 @@ def params_resources(params, name: str) -> Resources:
         signal_delay_s=params.get("signal_delay_s", 120), array_parallelism=params.get("array_parallelism", 256),
         setup=tuple(params.get("setup") or ()), srun_args=("--kill-on-bad-exit=1",) if slurm else (),
         teardown=tuple(host_requeue.teardown_lines(folder)) if slurm else ())
+    summary = Resources(scheduler="slurm", name=f"{name}-summary", timeout_min=10,
+                        partition=params.get("summary_partition") or res.partition, account=res.account,
+                        qos=res.qos, setup=res.setup, srun_args=res.srun_args) if slurm else None
+    return JobSpec(resources=res, waits=waits or not slurm or bool(params.get("wait")), summary=summary)
 
 
 def load_app(path: Optional[str]) -> SweepApp:

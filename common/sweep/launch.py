@@ -143,12 +143,12 @@ class SweepLaunch:
         configs = self.prepare(job_overrides, nums[0] if nums else 0)
         points = []
         for num, (overrides, cfg) in zip(nums, configs):
-            p = Point(num, overrides, cfg, self.app.resources(cfg, self.params))
+            p = Point(num, overrides, cfg, self.app.spec(cfg, self.params))
             p.finished = self.app.finished(cfg)
             points.append(p)
         if not points:
             return []
-        waits = any(self.app.waits(p.cfg, self.params) for p in points)
+        waits = any(p.spec.waits for p in points)
         sweeper = self._sweeper()
         if not waits and self._results_read():
             from common.errors import UserError
@@ -182,7 +182,7 @@ class SweepLaunch:
         # Submit and return: a login node may end a long-lived process; the summary job writes the summary
         follow = f"{self.app.status_command} {sweep_dir} --watch"
         try:
-            ex = executor(self.app.summary_resources(running[0].cfg, self.params), folder)
+            ex = executor(running[0].spec.summary, folder)
             ex.update_parameters(slurm_dependency="afterany:" + ":".join(
                 dict.fromkeys(str(p.job.job_id).split("_")[0] for p in running)))  # an array's id covers its parts
             summary_job = ex.submit(status.summarise, str(sweep_dir)).job_id

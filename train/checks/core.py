@@ -26,11 +26,13 @@ class Context:
     cluster.nodes x cluster.tasks_per_node ranks) or "plan" (describes the job `-m` would submit; the rules about
     this node's files and memory become warnings, since a plan is often made away from the cluster).
     overrides: the command-line overrides (of this sweep point), to tell what the user asked for from defaults.
-    choices: the config groups picked (model, data, cluster, ...)."""
+    choices: the config groups picked (model, data, cluster, ...).
+    scheduler: where the config runs under `-m`, "local" or "slurm", as its run spec decides (train/launch/spec.py)."""
 
     mode: str = "run"
     overrides: tuple = ()
     choices: dict = field(default_factory=dict)
+    scheduler: str = "local"
 
     def world_size(self, cfg) -> int:
         if self.mode == "run":
@@ -53,8 +55,7 @@ class Context:
 
     @property
     def slurm(self) -> bool:
-        """Whether this config runs on Slurm (under `-m`): every cluster preset but `local`."""
-        return self.choices.get("cluster", "local") != "local"
+        return self.scheduler == "slurm"
 
     def group(self, name: str) -> str:
         return str(self.choices.get(name, "?"))

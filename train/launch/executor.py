@@ -81,11 +81,11 @@ def preflight_lines(cfg: DictConfig) -> list[str]:
     return facts_lines() if p.enabled and p.on_fail == "requeue" and not p.only else []
 
 
-def resources(cfg: DictConfig, folder: str) -> Resources:
-    """What a point's job needs, from its own cluster group. folder: submitit's (with %j), where the host-side
-    requeue looks for the task's request."""
+def resources(cfg: DictConfig, folder: str, scheduler: str) -> Resources:
+    """What a point's job needs, from its own cluster group (read through its run spec: train/launch/spec.py).
+    folder: submitit's (with %j), where the host-side requeue looks for the task's request."""
     c = cfg.cluster
-    if c.name == "local":
+    if scheduler == "local":
         return Resources(scheduler="local", name=cfg.run_name, tasks_per_node=c.tasks_per_node,
                          gpus_per_node=c.gpus_per_node, cpus_per_task=c.cpus_per_task, timeout_min=c.timeout_min)
     in_container = bool(c.container.image)
@@ -106,8 +106,10 @@ def resources(cfg: DictConfig, folder: str) -> Resources:
 def array_scripts(cfgs: list, folder: str) -> list:
     """What each of a sweep's Slurm points is submitted as, as the launcher submits them (contract.job_arrays):
     (its job's script, its index in that job, the indices of the job's points)."""
+    from train.launch import spec
+
     out: list = [None] * len(cfgs)
-    for job, idx in contract.job_arrays([resources(cfg, folder) for cfg in cfgs]):
+    for job, idx in contract.job_arrays([spec.of(cfg, folder).resources for cfg in cfgs]):
         python = "python3" if cfgs[idx[0]].cluster.container.image else shlex.quote(sys.executable)
         script = contract.sbatch_script(job, folder, python, count=len(idx))
         for k, i in enumerate(idx):
@@ -115,9 +117,13 @@ def array_scripts(cfgs: list, folder: str) -> list:
     return out
 
 
-def sbatch_script(cfg: DictConfig, folder: str = "<sweep dir>/.submitit/%j") -> str | None:
-    """The sbatch script a `-m` run of this config submits; None for a local run."""
-    if cfg.cluster.name == "local":
+def sbatch_script(cfg: DictConfig, folder: str = "<sweep dir>/.submitit/%j", run=None) -> str | None:
+    """The sbatch script a `-m` run of this config submits; None for a local run. run: the config's run spec
+    (train/launch/spec.py) where the caller has it."""
+    from train.launch import spec
+
+    run = run or spec.of(cfg, folder)
+    if not run.slurm:
         return None
     python = "python3" if cfg.cluster.container.image else shlex.quote(sys.executable)
-    return contract.sbatch_script(resources(cfg, folder), folder, python)
+    return contract.sbatch_script(run.resources, folder, python)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from common.sweep.contract import Point, Resources, SweepApp
+from common.sweep.contract import Point, SweepApp
 
 
 def eval_loss(final_eval: dict) -> float | str | None:
@@ -125,14 +125,12 @@ class TrainApp(SweepApp):
 
         report(err.problems)
 
-    def resources(self, cfg: DictConfig, params) -> Resources:
-        from train.launch.executor import resources
+    def spec(self, cfg: DictConfig, params):
+        """The point's run spec (train/launch/spec.py): its resources from its own cluster group, whether the
+        sweep waits (a local one always does; on Slurm, cluster.wait), the summary job's resources."""
+        from train.launch import spec
 
-        return resources(cfg, params["submitit_folder"])
-
-    def waits(self, cfg: DictConfig, params) -> bool:
-        """A local sweep's tasks are this command's children: it always waits. On Slurm, cluster.wait."""
-        return cfg.cluster.name == "local" or bool(cfg.cluster.wait)
+        return spec.of(cfg, params["submitit_folder"])
 
     def finished(self, cfg: DictConfig):
         """A finished run of this point (nothing is submitted for it): its numbers are reported, from its own
@@ -158,27 +156,16 @@ class TrainApp(SweepApp):
 
         return objective(cfg, value)
 
-    def summary_resources(self, cfg: DictConfig, params) -> Resources:
-        """One CPU for a few seconds, in the points' environment (setup lines or container), on
-        cluster.summary_partition (default: the points' partition)."""
-        from train.launch.executor import env_lines, srun_args
-
-        c = cfg.cluster
-        return Resources(scheduler="slurm", name=f"{cfg.run_name}-summary", timeout_min=10,
-                         partition=c.summary_partition or c.partition, account=c.account, qos=c.qos,
-                         setup=(*env_lines(cfg), *([] if c.container.image else c.setup)),
-                         srun_args=tuple(srun_args(cfg)), python="python3" if c.container.image else None)
-
     def record(self, point: Point) -> dict:
         """What the status needs of a point besides its job: its shape and folders."""
-        cfg = point.cfg
+        cfg, spec = point.cfg, point.spec
         c = cfg.cluster
-        report, world, done = OmegaConf.select(cfg, "callbacks.run_report.folder"), c.nodes * c.tasks_per_node, {}
+        report, world, done = spec.report_folder, c.nodes * c.tasks_per_node, {}
         if point.finished is not None:  # nothing submitted: the row shows what the finished run left, and its
             # numbers from finished.json where its report folder is gone; its world size, not this command's
             report, done = point.finished.get("report") or report, point.finished.get("value") or {}
             world = done.get("world_size") or world
-        return {"world_size": world, "checkpoint": cfg.save_folder, "run": cfg.run_name,
+        return {"world_size": world, "checkpoint": spec.save_folder, "run": spec.run_name,
                 # train/task/run_report.py writes progress.json, metrics.json and the loss curve there
                 "report": report, **({"finished": done} if done else {}),
                 # said once the point is submitted: where what the job is for will be

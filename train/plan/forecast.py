@@ -50,9 +50,12 @@ def _submitit_folder() -> str:
 
 def build_plan(cfg: DictConfig, problems=()) -> dict:
     """Every figure of the plan, as plain JSON-able values. problems: the checks' warnings, reported with it."""
+    from train.launch import spec
     from train.launch.executor import sbatch_script
     from train.launch.finished import read as read_finished
 
+    folder = _submitit_folder()
+    run = spec.of(cfg, folder)  # how and where it runs: the job's resources, whether `-m` waits
     model = OmegaConf.to_container(value(cfg, "model"), resolve=True)
     seq = estimate.trained_seq_len(cfg)  # what the train loader cuts samples to, so what a step holds
     params = estimate.param_count(model)
@@ -188,12 +191,11 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
         "train_days": train_s / 86400 if train_s else None,
         "checkpoint_overhead": (saves * write_s / train_s) if (saves and write_s and train_s) else None,
         "preflight": _preflight(cfg, nodes, tasks),
-        "sbatch_script": sbatch_script(cfg, _submitit_folder()),
+        "sbatch_script": sbatch_script(cfg, folder, run),
         "sbatch_array": None,  # a sweep's points with equal resources: one job array (forecast_report.print_plans)
         # what `-m` does after submitting (common/sweep/launch.py): return at once, or wait
-        "sweep_waits": bool(cfg.cluster.name == "local" or cfg.cluster.wait),
-        "summary_partition": None if cfg.cluster.name == "local" else (cfg.cluster.summary_partition
-                                                                       or cfg.cluster.partition),
+        "sweep_waits": run.waits,
+        "summary_partition": run.summary.partition if run.summary else None,
         # the run of this config finished earlier (its finished.json at this max_duration): the command would
         # train nothing, and `-m` would submit nothing for it (train/launch/finished.py)
         "finished": (read_finished(cfg) or {}).get("where"),

@@ -1,0 +1,53 @@
+"""A point's run spec: what every later step needs to know of how and where a composed, resolved config runs,
+decided here once and read by the checks, the plan, the launcher and the status, which derive none of it again.
+
+Light: no torch, no llm-foundry (the plan and the sweep launcher read it on the login node).
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from common.sweep.contract import JobSpec, Resources
+
+# Where a point's submitit files go when nothing is submitted (the plan's sbatch script names it so).
+PLAN_FOLDER = "<sweep dir>/.submitit/%j"
+
+
+def scheduler(cfg: DictConfig) -> str:
+    """"local" (this machine: a plain run trains in this process, `-m` starts processes here) or "slurm": every
+    cluster preset but `cluster=local` (its `cluster.name`)."""
+    return "local" if OmegaConf.select(cfg, "cluster.name", default=None) == "local" else "slurm"
+
+
+@dataclass(frozen=True)
+class RunSpec(JobSpec):
+    """One point: its run, how it is scheduled (the launcher's JobSpec: resources, whether `-m` waits, the summary
+    job's resources), and its folders."""
+    run_name: str = ""
+    scheduler: str = "local"
+    save_folder: Optional[str] = None  # the checkpoints (and identity.json, the manifests)
+    report_folder: Optional[str] = None  # progress.json, metrics.json, the loss curve (run_report's folder)
+
+    @property
+    def slurm(self) -> bool:
+        return self.scheduler == "slurm"
+
+
+def of(cfg: DictConfig, folder: str = PLAN_FOLDER) -> RunSpec:
+    """The spec of a resolved config. folder: submitit's (with %j), which the host-side requeue reads."""
+    from train.launch.executor import env_lines, resources, srun_args
+
+    kind, c = scheduler(cfg), cfg.cluster
+    summary = None
+    if kind == "slurm":  # one CPU for a few seconds, in the points' environment (setup lines or container)
+        summary = Resources(scheduler="slurm", name=f"{cfg.run_name}-summary", timeout_min=10,
+                            partition=c.summary_partition or c.partition, account=c.account, qos=c.qos,
+                            setup=(*env_lines(cfg), *([] if c.container.image else c.setup)),
+                            srun_args=tuple(srun_args(cfg)), python="python3" if c.container.image else None)
+    return RunSpec(
+        resources=resources(cfg, folder, kind),
+        # a local sweep's tasks are this command's children: it always waits; on Slurm, cluster.wait
+        waits=kind == "local" or bool(c.wait), summary=summary,
+        run_name=str(cfg.run_name), scheduler=kind, save_folder=OmegaConf.select(cfg, "save_folder", default=None),
+        report_folder=OmegaConf.select(cfg, "callbacks.run_report.folder", default=None))
