@@ -17,12 +17,14 @@ from omegaconf import DictConfig, OmegaConf
 
 def context(config: DictConfig, cfg: DictConfig, overrides, sweep: bool):
     from train.checks import Context
+    from train.launch.spec import scheduler
 
     plan = OmegaConf.select(cfg, "plan", default=None)
     mode = "plan" if plan not in (None, False) else "sweep" if sweep else "run"
     if OmegaConf.is_config(overrides):  # as typed: `key=${other}` is text here (resolved, it may name no key)
         overrides = OmegaConf.to_container(overrides, resolve=False)
-    return Context(mode=mode, overrides=tuple(overrides), choices=dict(config.hydra.runtime.choices))
+    return Context(mode=mode, overrides=tuple(overrides), choices=dict(config.hydra.runtime.choices),
+                   scheduler=scheduler(cfg))
 
 
 def _or_stop(method):
