@@ -35,16 +35,14 @@ class RunStopped(UserError):
     """A run that cannot go on rightly: it stops, non-zero, naming what and where."""
 
 
-class Diverged(RunStopped):
-    """A run stopped because its numbers went bad (a non-finite loss, weights or evaluation, a divergence): the task
+def diverged(key: str, problem: str, fix: str, bad_from: int | None = None, also: str = "") -> RunStopped:
+    """The stop of a run whose numbers went bad (a non-finite loss, weights or evaluation, a divergence): the task
     replaces its fix with the command that continues it from its last good checkpoint (train/task/continuation.py:
     offered). bad_from: the first batch whose checkpoint holds bad weights (a divergence's rise, a final evaluation's
     checkpoint), None where every checkpoint written is good; also: other fixes kept beside that command."""
-
-    def __init__(self, key: str = "", problem: str = "", fix: str = "", problems: list | None = None,
-                 bad_from: int | None = None, also: str = ""):
-        super().__init__(key, problem, fix, problems)
-        self.bad_from, self.also = bad_from, also
+    err = RunStopped(key, problem, fix)
+    err.went_bad, err.bad_from, err.also = True, bad_from, also
+    return err
 
 
 # The fix of a stop where the command to run is not known (the task says it where it is)
@@ -165,7 +163,7 @@ def check_loss(loss, step: str) -> None:
     import math
 
     if loss is not None and not math.isfinite(loss):
-        raise Diverged("loss/train/total", f"the training loss is {loss} at {step}: the run stopped there, before "
+        raise diverged("loss/train/total", f"the training loss is {loss} at {step}: the run stopped there, before "
                        "that step's checkpoint; its newest checkpoint is the last finite one",
                        f"check the data at that step; {CONTINUE}", also="check the data at that step")
 
@@ -183,9 +181,9 @@ def check_eval(values: dict, step: str, after_fit: bool) -> None:
     if bad:
         key, v = bad[0]
         if after_fit:
-            raise Diverged(key, f"the final evaluation's cross-entropy is {v} at {step}: the model diverged; the "
+            raise diverged(key, f"the final evaluation's cross-entropy is {v} at {step}: the model diverged; the "
                            "run's final checkpoint holds these weights", CONTINUE, bad_from=_batch_in(step))
-        raise Diverged(key, f"the evaluation's cross-entropy is {v} at {step}: the model diverged; the run stopped "
+        raise diverged(key, f"the evaluation's cross-entropy is {v} at {step}: the model diverged; the run stopped "
                        "there, before that step's checkpoint", CONTINUE)
     bad = [(k, v) for k, v in values.items() if not math.isfinite(v)]
     if not bad:
@@ -195,9 +193,9 @@ def check_eval(values: dict, step: str, after_fit: bool) -> None:
     why = f" (its cross-entropy is {ce:.6g}: exp() of it overflows)" if ce is not None and \
         key.endswith("Perplexity") else ""
     if after_fit:
-        raise Diverged(key, f"the final evaluation's {key.rsplit('/', 1)[-1]} is {v} at {step}{why}: the model "
+        raise diverged(key, f"the final evaluation's {key.rsplit('/', 1)[-1]} is {v} at {step}{why}: the model "
                        "diverged; the run's final checkpoint holds these weights", CONTINUE, bad_from=_batch_in(step))
-    raise Diverged(key, f"the evaluation's {key.rsplit('/', 1)[-1]} is {v} at {step}{why}: the model diverged; "
+    raise diverged(key, f"the evaluation's {key.rsplit('/', 1)[-1]} is {v} at {step}{why}: the model diverged; "
                    "the run stopped there, before that step's checkpoint", CONTINUE)
 
 
@@ -214,7 +212,7 @@ def check_weights(state, step: str) -> None:
     flag = state.device.tensor_to_device(torch.tensor([1 if bad else 0], dtype=torch.int32))
     dist.all_reduce(flag, reduce_operation="MAX")
     if int(flag.item()):
-        raise Diverged("model", f"the weights are not finite at {step}, where a checkpoint was due: the run "
+        raise diverged("model", f"the weights are not finite at {step}, where a checkpoint was due: the run "
                        "stopped without writing it; its newest checkpoint is the last finite one", CONTINUE)
 
 

@@ -212,7 +212,7 @@ _DROPPED = ("run_name", "save_folder", "continue_from", "load_path", "load_weigh
 
 
 def offered(err, cfg, fcfg):
-    """A stop whose numbers went bad (integrity.Diverged), its fix the exact command that continues the run from its
+    """A stop whose numbers went bad (integrity.diverged), its fix the exact command that continues the run from its
     last good checkpoint under half the learning rate, as a new run (continue_from=): the command line this run was
     started with (its sweep point's, under -m), the same way. Where it has no good checkpoint (none written before
     the numbers went bad, and none of a run it continued), the command starts afresh under half the learning rate.
@@ -221,7 +221,7 @@ def offered(err, cfg, fcfg):
 
     from omegaconf import OmegaConf
 
-    from train.checkpoint.integrity import Diverged
+    from train.checkpoint.integrity import diverged
 
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -245,7 +245,7 @@ def offered(err, cfg, fcfg):
     also = f"{err.also}; " if err.also else ""
     fix = (f"{also}to continue it {where} under half the learning rate ({lr:g} -> {lr * LOWER:.4g}; or change the "
            f"command: a longer scheduler.t_warmup, other data from there), as a new run of its own: {command}")
-    return Diverged(err.key, err.problem, fix, bad_from=err.bad_from, also=err.also)
+    return diverged(err.key, err.problem, fix, bad_from=err.bad_from, also=err.also)
 
 
 def last_good(cfg, fcfg, bad_from: int | None) -> str | None:

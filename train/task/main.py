@@ -101,9 +101,10 @@ def run(cfg: DictConfig) -> dict:
                 tracking.after_the_trainer()
     except BaseException as err:  # torch's CheckpointException (a sharded write failed on a rank) is no Exception
         from common.files import is_disk_full
-        from train.checkpoint.integrity import Diverged
+        from train.checkpoint.integrity import RunStopped
 
-        if isinstance(err, Diverged):  # its fix: the command that continues it from its last good checkpoint
+        if isinstance(err, RunStopped) and getattr(err, "went_bad", False):  # its fix: the command that continues it
+            # from its last good checkpoint
             from train.task.continuation import offered
 
             raise offered(err, cfg, fcfg) from None

@@ -201,7 +201,7 @@ class RunReport(Callback):
             if dist.get_global_rank() == 0:
                 self._divergence.warn_once(_step(state), rising)
             return
-        raise integrity.Diverged(*self._divergence.words(_step(state), rising), bad_from=self._divergence.since,
+        raise integrity.diverged(*self._divergence.words(_step(state), rising), bad_from=self._divergence.since,
                                  also=self._divergence.expected())
 
     def epoch_end(self, state: State, logger: Logger) -> None:
