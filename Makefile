@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml requirements.lock
 train: $(STAMP)
 	$(PY) -m train
 
-# Three workers (pytest-xdist) on two cores: the Slurm tests one after another on a worker of their own, whose
-# waits on the cluster the other two fill, and the rest on those two, one per core (tests/conftest.py).
+# Three workers (pytest-xdist) on two cores: the Slurm tests one after another on one worker (their xdist_group,
+# tests/conftest.py), whose waits on the cluster (a scheduler tick, a time limit) the other two fill; it goes on to
+# the other tests once they are done.
 WORKERS ?= 3
 XDIST = -n $(WORKERS) --dist loadgroup
 

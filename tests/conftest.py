@@ -6,7 +6,6 @@
 # spawns, and yields the path of slurm.conf. It never stops the cluster: `make test` does that.
 # ---------------------------------------------------------------------------------------------------
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -54,10 +53,9 @@ def pytest_collection_modifyitems(items):
         if "cli" in getattr(item, "fixturenames", ()):  # a test that runs a command is an e2e test
             item.add_marker(pytest.mark.e2e)
         if item.get_closest_marker("slurm"):
-            # `make test` runs three workers (pytest-xdist, --dist loadgroup): the Slurm tests one after another on
-            # one of them (pytest_xdist_make_scheduler, below), as they share the loopback cluster's two nodes (a
-            # test that sees its job pending or its array's tasks side by side would otherwise see another test's
-            # jobs), the rest on the other two.
+            # `make test` runs several workers (pytest-xdist, --dist loadgroup): the Slurm tests one after another
+            # on one of them, as they share the loopback cluster's two nodes (a test that sees its job pending or
+            # its array's tasks side by side would otherwise see another test's jobs)
             item.add_marker(pytest.mark.xdist_group("slurm"))
     # Longest first. The Slurm tests lead: one after another they are the suite's longest chain, often waiting on
     # the cluster (a time limit, the scheduler's tick), so the other workers' tests fill that wait instead of
@@ -66,37 +64,6 @@ def pytest_collection_modifyitems(items):
         marks = {m.name for m in item.iter_markers()}
         return next((i for i, m in enumerate(("slurm", "train", "e2e", "torch")) if m in marks), 4)
     items.sort(key=tier)
-
-
-def pytest_xdist_make_scheduler(config, log):
-    if config.getvalue("dist") == "loadgroup":
-        from xdist.scheduler import LoadGroupScheduling
-
-        class SlurmApart(LoadGroupScheduling):
-            """The Slurm tests on a worker of their own, from three workers on: they compute (their ranks) and wait
-            on the cluster (a scheduler tick, a time limit, ranks held still) by turns, and the other two workers'
-            tests fill their waits; once they are done the worker ends, and the others have both cores. (A worker
-            that went on to other tests after them ran three workers' tests on two cores: slower.) Should that
-            worker be lost, the others take what is left of them, as pytest-xdist's own scheduling would."""
-            apart = False  # the worker the Slurm group runs on: not chosen yet
-
-            def _assign_work_unit(self, node):
-                if self.apart is False:
-                    self.apart = self.nodes[0] if len(self.nodes) >= 3 and "slurm" in self.workqueue else None
-                if self.apart is not None and self.apart not in self.assigned_work:  # lost (remove_node)
-                    self.apart = None
-                if self.apart is None:
-                    return super()._assign_work_unit(node)
-                units = [scope for scope in self.workqueue if (scope == "slurm") == (node is self.apart)]
-                if units:
-                    self.workqueue.move_to_end(units[0], last=False)
-                    return super()._assign_work_unit(node)
-                # nothing for it: a worker keeps its last test until it is given another or told to stop
-                if self._pending_of(self.assigned_work[node]) <= 1:
-                    node.shutdown()
-
-        return SlurmApart(config, log)
-    return None
 
 
 @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")  # after xdist's own: what it made of ours
@@ -110,47 +77,6 @@ def _grouped_as_asked(config, items):
                           "use the pytest pinned in requirements.lock")
 
 
-class _RefuseTorch:
-    """On a worker that has not imported torch, a test not marked torch or train that imports it (or asks where it
-    is) is refused at that line, and fails even if a library swallowed the refusal: every such test fails, however
-    many and in whatever order they run (after torch is loaded by a marked test, only imports are not seen)."""
-    on, refused = False, None
-
-    def find_spec(self, name, path=None, target=None):
-        if self.on and name.partition(".")[0] == "torch":
-            self.refused = name
-            raise ImportError(f"import of {name} refused: this test imports torch into the test process")
-        return None
-
-
-_REFUSE_TORCH = _RefuseTorch()
-sys.meta_path.insert(0, _REFUSE_TORCH)
-
-
-class _RefusePython:
-    """In a test not marked e2e, train or slurm, starting a Python process (a command of ours, a script, a snippet
-    with `python -c`) is refused at that line, however it is started (helpers.run refuses its own), and fails the
-    test even if the refusal was swallowed: each one costs a fresh interpreter and its imports, which the fast tier
-    leaves out."""
-    refused = None
-    _init = subprocess.Popen.__init__
-
-    @classmethod
-    def popen_init(cls, popen, args, *rest, **kw):
-        import helpers
-
-        words = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
-        # the program started (a Python path as an argument, as platform's `file -b` takes one, starts none)
-        if not helpers.RUNS_COMMANDS and words and re.fullmatch(r"python[0-9.]*", os.path.basename(words[0])):
-            cls.refused = " ".join(words)[:200]
-            raise AssertionError(f"this test starts a Python process ({cls.refused}): mark it e2e (pyproject.toml "
-                                 "markers)")
-        cls._init(popen, args, *rest, **kw)
-
-
-subprocess.Popen.__init__ = lambda self, args, *rest, **kw: _RefusePython.popen_init(self, args, *rest, **kw)
-
-
 @pytest.hookimpl(tryfirst=True)  # before the test's fixtures: a session one made for it (helpers.made_once) counts
 def pytest_runtest_setup(item):
     import helpers
@@ -160,7 +86,9 @@ def pytest_runtest_setup(item):
 
 # The tiers keep their meaning (pyproject.toml markers): a test runs a command in a process of its own only when
 # marked e2e (or train, slurm), and imports torch into the test process only when marked torch (or train). The fast
-# tier is what is left, so a mark missed would silently slow it down; here it fails the test instead.
+# tier is what is left, so a mark missed would silently slow it down: helpers.run and helpers.start refuse such a
+# test's command, and a test that leaves torch imported where it was not fails (on a worker that has not imported
+# torch yet: once a marked test has, the mark is the declaration alone).
 @pytest.fixture(autouse=True)
 def _tier(request):
     import helpers
@@ -170,21 +98,16 @@ def _tier(request):
     # another worker would hold the two nodes while the Slurm tests' own jobs wait, pending, until they time out.
     # Without SLURM_CONF such a test fails at its sbatch, naming itself.
     cluster = None if "slurm" in marks else os.environ.pop("SLURM_CONF", None)
-    _REFUSE_TORCH.on = "torch" not in sys.modules and not marks & {"torch", "train"}
-    _REFUSE_TORCH.refused = _RefusePython.refused = None
+    without_torch = "torch" not in sys.modules and not marks & {"torch", "train"}
     yield
-    _REFUSE_TORCH.on = False
     helpers.RUNS_COMMANDS = True
     if cluster is not None:
         os.environ["SLURM_CONF"] = cluster
     if "slurm" in marks and os.environ.get("SLURM_CONF"):
         _cancel_what_is_left(request.node.nodeid)
-    if _REFUSE_TORCH.refused:
+    if without_torch and "torch" in sys.modules:
         pytest.fail("this test imported torch into the test process: mark it `torch` (pyproject.toml markers)",
                     pytrace=False)
-    if _RefusePython.refused:
-        pytest.fail(f"this test started a Python process ({_RefusePython.refused}): mark it e2e (pyproject.toml "
-                    "markers)", pytrace=False)
 
 
 def _cancel_what_is_left(test: str) -> None:

@@ -75,10 +75,8 @@ def train_command(ranks: int, fmt: str, *extra: str) -> list:
 def finished(ranks: int, fmt: str, tmp_path_factory) -> Path:
     """The root of the reference training run uninterrupted to its end, made once per session: what a resumed
     run must equal (the checkpoint format does not change training), and checkpoints to damage (copied first)."""
-    # fresh: what is compared with it may be forked from a prestarted interpreter (tests/prestarted.py), whose
-    # forks share one string hash seed; a reference from another seed keeps an order that hangs on it in view
     return made_once(tmp_path_factory, f"finished-{fmt}{ranks}",
-                     lambda root: run(*train_command(ranks, fmt), root=root, check=True, fresh=True))
+                     lambda root: run(*train_command(ranks, fmt), root=root, check=True))
 
 
 def need_shared():
@@ -96,32 +94,34 @@ def command_env(root=None, env=None) -> dict:
     return {**base, **(env or {})}
 
 
-def run(*args, root=None, check=None, env=None, cwd=ROOT, timeout=600, fresh=False,
+def run(*args, root=None, check=None, env=None, cwd=ROOT, timeout=600, input=None,
         **popen) -> subprocess.CompletedProcess:
     """`python ARGS...` as a user types it, in the checkout: run("-m", "train", "plan=true", root=tmp_path).
     check=None returns whatever happened, check=True asserts exit 0, an int asserts that exit status; a failed
-    check shows the command and the ends of its stdout and stderr. A command is forked from a prestarted
-    interpreter where that makes no difference (tests/prestarted.py); fresh=True starts a new one regardless."""
-    import prestarted
-
+    check shows the command and the ends of its stdout and stderr. The command runs in a process group of its own,
+    as an interactive shell runs each command: one that runs past `timeout` is killed with all it started."""
     _may_run()
     cmd = [str(PYTHON), *map(str, args)]
-    environment = command_env(root, env)
-    try:
-        if kind := prestarted.kind_for(cmd[1:], environment, popen, fresh):  # forked from one that has imported
-            proc = prestarted.run(kind, cmd[1:], cwd, environment, timeout)
-        else:
-            proc = subprocess.run(cmd, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout,
-                                  **popen)
-    except subprocess.TimeoutExpired as e:  # what it printed, and where a Slurm test's jobs stood
-        out, err = (x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr))
-        raise AssertionError(f"{' '.join(cmd[1:])}: still running after {timeout} s\n{out[-2000:]}\n{err[-2000:]}"
-                             f"{cluster_state()}") from None
+    options = {"text": True, **popen, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    if input is not None:
+        options["stdin"] = subprocess.PIPE
+    with start(*args, root=root, env=env, cwd=cwd, **options) as proc:
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:  # what it printed, and where a Slurm test's jobs stood
+            stop(proc)
+            out, err = proc.communicate()
+            raise AssertionError(f"{' '.join(cmd[1:])}: still running after {timeout} s\n{out[-2000:]}\n"
+                                 f"{err[-2000:]}{cluster_state()}") from None
+        except BaseException:  # an interrupted test: the command does not outlive it
+            stop(proc)
+            raise
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     want = 0 if check is True else check
     if want is not None and want is not False:
-        assert proc.returncode == want, (f"{' '.join(cmd[1:])}: exit {proc.returncode}, not {want}\n"
-                                         f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return proc
+        assert result.returncode == want, (f"{' '.join(cmd[1:])}: exit {result.returncode}, not {want}\n"
+                                           f"{out[-2000:]}\n{err[-4000:]}")
+    return result
 
 
 def cluster_state() -> str:
@@ -161,13 +161,20 @@ def wait_for_checkpoint(root: Path, batch: int, proc: subprocess.Popen) -> None:
 
 def start(*args, root=None, env=None, cwd=ROOT, **options) -> subprocess.Popen:
     """`python ARGS` as subprocess.Popen(options) starts it (PRETRAIN_ROOT=root), for a command a test kills or
-    reads while it runs: forked from a prestarted interpreter where that makes no difference (prestarted.popen: the
-    process started stands for the command, which dies with it). A test that stops a command (SIGSTOP would stop
-    the stand-in alone) starts it with subprocess.Popen."""
-    import prestarted
-
+    reads while it runs: in a process group of its own (unless start_new_session=True makes a session of its own),
+    as an interactive shell starts each command, so that `stop` and `kill_run` reach what it started (a local
+    job's controller and ranks, their data loader workers)."""
     _may_run()
-    return prestarted.popen(args, cwd, command_env(root, env), **options)
+    if not options.get("start_new_session"):
+        options.setdefault("process_group", 0)
+    return subprocess.Popen([str(PYTHON), *map(str, args)], cwd=cwd, env=command_env(root, env), **options)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group of a command `start` started: the command and every process it started that
+    is still in it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def kill_after_checkpoint(root: Path, args: list, batch: int, env: dict | None = None) -> None:
@@ -180,17 +187,23 @@ def kill_after_checkpoint(root: Path, args: list, batch: int, env: dict | None =
 
 
 def kill_run(proc: subprocess.Popen, root: Path) -> None:
-    """SIGKILL the process group of `proc` (started with start_new_session=True), then every process of the run
-    under `root`, and wait until they have ended and none holds its save folder."""
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    # ranks that submitit started in sessions of their own, and what a forked command started (a forked command
-    # and its ranks show their own environment: tests/prestarted.py)
-    kill_all_with(f"PRETRAIN_ROOT={root}")
-    # a rank already exiting when it was looked for (its controller gone) shows no environment yet may still hold
-    # its save folder's lock (a POSIX lock: train/checkpoint/resume.py claim): free once the rank has ended
+    """SIGKILL the command `proc` (started by `start`) and everything of it (its process group: a local job's
+    controller and ranks, their data loader workers), and wait until they have ended and none holds the run's save
+    folder."""
     import fcntl
 
+    import psutil
+
+    try:
+        command = psutil.Process(proc.pid)
+        family = [command, *command.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        family = []
+    stop(proc)
+    proc.wait()
+    wait_ended(family)
+    # a process the command started after its family was listed: killed with its group, and gone once it no
+    # longer holds the save folder's lock (a POSIX lock: train/checkpoint/resume.py claim)
     deadline = time.monotonic() + 60
     for lock in root.glob("checkpoints/*/.lock"):
         with open(lock, "r+") as f:
@@ -204,50 +217,27 @@ def kill_run(proc: subprocess.Popen, root: Path) -> None:
                     time.sleep(0.05)
 
 
-def kill_all_with(variable: str, within: float = 60) -> None:
-    """SIGKILL every process whose environment has `variable` and wait until each has ended (the environment a
-    process started with, /proc/PID/environ, which a command or rank forked from a prestarted interpreter shows as
-    its own: tests/prestarted.py).
-    kill() returns before the process is gone, and an exiting process stops showing its environment before it
-    closes its files: a rank still exiting holds its save folder's lock for a moment, and a command started at once
-    (a forked one starts within a second) is refused as a second run of that folder. So each one killed is waited
-    for until it has ended (`ended`: its files closed)."""
+def wait_ended(processes: list, within: float = 60) -> None:
+    """Until every one of these psutil processes has ended (`ended`): kill() returns before a process is gone, and
+    a rank still exiting holds its save folder's lock for a moment, so a command started at once would be refused
+    as a second run of that folder."""
     deadline = time.monotonic() + within
-    killed: set = set()
-    while pids := processes_with(variable):
-        assert time.monotonic() < deadline, f"processes {pids} still running {within} s after SIGKILL"
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
-    while exiting := [pid for pid in killed if not ended(pid)]:
+    while exiting := [p.pid for p in processes if not ended(p)]:
         assert time.monotonic() < deadline, f"processes {exiting} still exiting {within} s after SIGKILL"
         time.sleep(0.05)
 
 
-def ended(pid: int) -> bool:
-    """The process is gone, or a zombie all of whose threads have exited: its files are closed, its locks free. (A
-    zombie leader alone is not enough: the leader thread of a process with threads, as a rank has, shows Z while
-    the others are still exiting, holding the process's files.)"""
+def ended(process) -> bool:
+    """The psutil process is gone, or a zombie all of whose threads have exited: its files are closed, its locks
+    free. (A zombie leader alone is not enough: the leader thread of a process with threads, as a rank has, shows
+    Z while the others are still exiting, holding the process's files. An orphan's zombie may stay: not every
+    init reaps.)"""
+    import psutil
+
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state == "Z" and len(os.listdir(f"/proc/{pid}/task")) <= 1
-    except (OSError, IndexError):
+        return process.status() == psutil.STATUS_ZOMBIE and process.num_threads() <= 1
+    except psutil.NoSuchProcess:
         return True
-
-
-def processes_with(variable: str) -> list:
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if variable.encode() in environ.read_bytes().split(b"\0"):
-                found.append(int(environ.parent.name))
-        except OSError:
-            pass
-    return found
 
 
 SLURM_COMMANDS = {"scontrol", "sbatch", "srun", "squeue", "sacct", "scancel", "sinfo", "salloc", "sattach", "sstat",

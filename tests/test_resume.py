@@ -11,15 +11,13 @@ module for the whole matrix, so its shared reference runs are made once: hence i
 """
 import csv
 import json
-import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT, command_env, finished, kill_after_checkpoint, kill_all_with, processes_with, run
+from helpers import finished, kill_after_checkpoint, run, start, stop
 from helpers import train_command as command
 
 pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
@@ -374,30 +372,30 @@ def test_a_stopped_rank_ends_the_whole_job_within_the_timeout_and_the_error_name
     """SIGSTOP one rank of a 2-rank job: the other fails its next collective after dist_timeout, exits
     non-zero with its own error, the stopped rank is killed, and the sweep reports both ranks, in minutes rather
     than at the job's time limit (60 min here)."""
-    cmd = [str(PYTHON), "-m", "train", "-m", "cluster.tasks_per_node=2", "checkpoint=none", "max_duration=100000ba",
-           "progress_bar=false", "dist_timeout=15"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=command_env(tmp_path), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    import psutil
+
+    proc = start("-m", "train", "-m", "cluster.tasks_per_node=2", "checkpoint=none", "max_duration=100000ba",
+                 "progress_bar=false", "dist_timeout=15", root=tmp_path, text=True, stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE)
     try:
         deadline = time.time() + 300
         while not list(tmp_path.glob("outputs/sweeps/*/.submitit/*/*_0_log.err")) or "[progress] step" not in \
                 next(tmp_path.glob("outputs/sweeps/*/.submitit/*/*_0_log.err")).read_text():
             assert proc.poll() is None and time.time() < deadline, "the job never started training"
             time.sleep(0.2)
-        rank1s = [pid for pid in processes_with(f"PRETRAIN_ROOT={tmp_path}")
-                  if _has(pid, "SUBMITIT_LOCAL_GLOBALID=1") and _has(pid, "SUBMITIT_EXECUTOR=local")]
         # the rank itself (a child of submitit's local controller), not the workers it started
-        [rank1] = [pid for pid in rank1s if b"submitit.local._local" in Path(f"/proc/{_parent(pid)}/cmdline").read_bytes()]
-        os.kill(rank1, signal.SIGSTOP)
+        [controller] = [p for p in psutil.Process(proc.pid).children() if "submitit.local._local" in p.cmdline()]
+        [rank1] = [p for p in controller.children() if p.environ().get("SUBMITIT_LOCAL_GLOBALID") == "1"]
+        rank1.suspend()  # SIGSTOP
         stopped = time.time()
         out, err = proc.communicate(timeout=600)
         ended = time.time() - stopped
     finally:
-        kill_all_with(f"PRETRAIN_ROOT={tmp_path}")  # whatever is left if the test failed
+        stop(proc)  # whatever is left if the test failed
 
     assert proc.returncode == 1
     assert ended < 180, f"the job took {ended:.0f} s to end after a rank stopped"
-    assert not Path(f"/proc/{rank1}").exists() or "zombie" in Path(f"/proc/{rank1}/status").read_text()
+    assert not rank1.is_running() or rank1.status() == psutil.STATUS_ZOMBIE
     [row] = list(csv.DictReader(next(tmp_path.glob("outputs/sweeps/*/summary.csv")).open()))
     assert row["state"] == "FAILED"
     assert row["error"].startswith("rank 0: RuntimeError") and "Timed out" in row["error"]
@@ -405,17 +403,6 @@ def test_a_stopped_rank_ends_the_whole_job_within_the_timeout_and_the_error_name
     assert "rank 0: RuntimeError" in err and "rank 1:" in err
     logs = [p.read_text() for p in tmp_path.glob("outputs/sweeps/*/.submitit/*/*_log.*")]
     assert logs and not any("completed successfully" in text for text in logs)
-
-
-def _has(pid: int, variable: str) -> bool:
-    try:
-        return variable.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-
-
-def _parent(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 # ------------------------------------------------------------------ integrity: what was written is what loads

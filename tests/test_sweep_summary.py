@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT, command_env, held_still_and_warned, run, start
+from helpers import PYTHON, ROOT, command_env, held_still_and_warned, run, start, stop
 
 pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
 
@@ -117,7 +117,7 @@ def test_a_point_whose_controller_alone_was_killed_runs_on_and_status_says_so_un
             assert now.returncode == 0 and "| RUNNING |" in now.stdout, now.stdout + now.stderr
             proc.wait(timeout=300)
         finally:
-            proc.kill()
+            stop(proc)  # the command and its job, if the test failed
     assert json.loads(metrics.read_text())["batches"] == 80
     after = run("-m", "train.status", str(sweep_dir), root=tmp_path, timeout=120)
     assert after.returncode == 0 and "| COMPLETED |" in after.stdout, after.stdout + after.stderr
@@ -154,7 +154,7 @@ def test_status_beside_a_running_local_sweep_sees_it_running_and_a_killed_point_
             os.kill(task.pid, signal.SIGKILL)
             proc.wait(timeout=120)
         finally:
-            proc.kill()
+            stop(proc)  # the command and its job, if the test failed
     assert proc.returncode == 1, log.read_text()[-3000:]
     _, [row], [md] = _summaries(tmp_path)
     assert row["state"] == md["state"] == "FAILED", row
