@@ -27,7 +27,7 @@ def test_the_documented_presets_are_the_groups_hydra_offers():
     repo = ConfigRepository(create_config_search_path(str(CONF)))
     offered = {g: set(repo.get_group_options(g, ObjectType.CONFIG)) for g in ("model", "storage", "checkpoint")}
     assert {"mpt-125m", "mpt-350m", "mpt-760m", "mpt-1b", "mpt-3b", "mpt-7b", "mpt-13b", "mpt-30b", "mpt-70b",
-            "gpt175b", "gpt-375m", "gpt-857m", "mpt-tiny"} <= offered["model"]
+            "gpt175b", "gpt-375m", "gpt-857m", "mpt-tiny", "llama3-8b", "llama-tiny"} <= offered["model"]
     assert {"local", "amlfs", "blob", "fsx"} <= offered["storage"]
     assert {"sharded", "full", "none"} <= offered["checkpoint"]
 

@@ -212,8 +212,14 @@ def stored_model(path: Path) -> dict | None:
         content = state["integrations"]["huggingface"]["model"]["config"]["content"]
     except (KeyError, TypeError):
         return None
-    if not isinstance(content, dict) or content.get("model_type") != "mpt":
+    if not isinstance(content, dict):
         return None
+    if content.get("model_type") != "mpt":  # a Hugging Face architecture's (hf_causal_lm): its config's attributes,
+        from train.config import hf_arch  # compared with the run's config_overrides where both name one
+
+        if content.get("model_type") not in hf_arch.MIRRORS:
+            return None
+        return {"model.name": hf_arch.NAME, **{f"model.config_overrides.{k}": v for k, v in content.items()}}
     return {**model_keys(content), "model.name": "mpt_causal_lm"}
 
 

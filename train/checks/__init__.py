@@ -30,7 +30,9 @@ from train.checks.core import ERROR, WARNING, ConfigError, Context, Problem, res
 
 RULES = [*safety.RULES, *values.RULES, *foundry_values.RULES, *tracking.RULES, *preflight_rules.RULES, *node.RULES, *fit.RULES,
          *checkpoints.RULES, *continuation.RULES, *open_maps.RULES]
-RULES += hf_model.RULES  # llm-foundry's Hugging Face models (hf_causal_lm)
+# llm-foundry's Hugging Face models (hf_causal_lm) first: the rules after them count the figures of the
+# architecture these read
+RULES = [*hf_model.RULES, *RULES]
 # Warnings in a plan: what only this node can tell, the memory estimate, and mock data on a cluster (a plan is
 # asked "does it fit", often before the data exists; it says what a run would refuse).
 SOFT_IN_PLAN = {r for r in node.RULES + fit.RULES if r not in node.EVERYWHERE} | {values.mock_data_only_where_asked}

@@ -511,7 +511,9 @@ def other_shape(theirs: dict, ours: dict) -> str:
     defaults = MPT_SHAPE_DEFAULTS if mpt else {}
     theirs, ours = (_as_built(i, defaults) if mpt else i for i in (theirs, ours))
     changed = []
-    for k in SHAPE_KEYS:
+    from train.config.hf_arch import shape_keys  # a Hugging Face architecture's: its config_overrides that size it
+
+    for k in (*SHAPE_KEYS, *shape_keys(theirs, ours)):
         there, here = theirs.get(k, defaults.get(k, _UNSET)), ours.get(k, defaults.get(k, _UNSET))
         if there is not _UNSET and here is not _UNSET and there != here:
             changed.append(f"{k}={there!r} there, {here!r} here" + _WHY.get(k, ""))

@@ -137,8 +137,10 @@ MIRRORS = {
 }
 
 
-class ArchError(Exception):
-    """What keeps the architecture from being known here: (key, problem, fix), as a Problem says it."""
+class ArchError(ValueError):
+    """What keeps the architecture from being known here: (key, problem, fix), as a Problem says it. A ValueError:
+    a rule that counts the model's figures after the architecture's own rule said it is passed over
+    (train/checks/__init__.py)."""
 
     def __init__(self, key: str, problem: str, fix: str):
         super().__init__(f"{key}: {problem}")
@@ -369,3 +371,19 @@ def stale(attrs: dict) -> list:
                       f"model.config_overrides.num_key_value_heads={heads} (multihead attention), or a divisor of "
                       "it (grouped-query)"))
     return found
+
+
+# Attributes that size a Hugging Face architecture's weights (whatever their model_type: the names are the classes'
+# own), so a checkpoint of one value does not load into another.
+SHAPE_ATTRIBUTES = ("vocab_size", "hidden_size", "n_embd", "intermediate_size", "n_inner", "num_hidden_layers",
+                    "n_layer", "num_key_value_heads", "head_dim", "tie_word_embeddings", "attention_bias", "mlp_bias",
+                    "n_positions")
+
+
+def shape_keys(*identities) -> tuple:
+    """The identity keys (train/config/identity.py) that size the weights of runs of hf_causal_lm models, where all
+    the identities are of one: compared where both runs name them (a checkpoint continued under another width is
+    refused before the queue, not by torch's size mismatch after it)."""
+    if not all(i.get("model.name") == NAME for i in identities):
+        return ()
+    return ("model.vocab_size", *(f"model.config_overrides.{a}" for a in SHAPE_ATTRIBUTES))
