@@ -199,6 +199,16 @@ def check_eval(values: dict, step: str, after_fit: bool) -> None:
                    "the run stopped there, before that step's checkpoint", CONTINUE)
 
 
+def differs_on_any_rank(ckpt: Path, manifest: dict | None) -> list:
+    """How the checkpoint differs from its manifest (or, without one, from the CRCs torch wrote into it), every
+    rank checking its own share of the files (owner), every rank told every answer."""
+    from composer.utils import dist
+
+    rank, world = dist.get_global_rank(), dist.get_world_size()
+    mine = share_differs(ckpt, manifest, world, rank) if manifest is not None else content_differs(ckpt, world, rank)
+    return [w for w in dist.all_gather_object(mine) if w]
+
+
 def check_weights(state, step: str) -> None:
     """Every rank's shard of the weights finite, agreed by all ranks (one flag all-reduced), before a checkpoint."""
     import torch

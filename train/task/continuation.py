@@ -49,7 +49,6 @@ def choose(cfg, save_folder, reads_sharded: bool):
     from train.checkpoint import integrity, resume
     from train.checkpoint.integrity import RunStopped
     from train.config.continuation import KEY, parse, spelt
-    from train.task.main import _differs_on_any_rank
 
     text = str(cfg.get(KEY))
     asked = parse(text)
@@ -70,7 +69,7 @@ def choose(cfg, save_folder, reads_sharded: bool):
     for ckpt in box[0]:
         why = [resume.problem(ckpt) if dist.get_global_rank() == 0 else None]
         dist.broadcast_object_list(why)
-        whys = [why[0]] if why[0] else _differs_on_any_rank(ckpt.path, integrity.read_manifest(ckpt.path))
+        whys = [why[0]] if why[0] else integrity.differs_on_any_rank(ckpt.path, integrity.read_manifest(ckpt.path))
         if whys:
             skipped.append((ckpt.path, whys[0]))
             if dist.get_global_rank() == 0:

@@ -250,7 +250,7 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
         ckpt = box[0][1]
         # against its manifest; without one (a kill between its last file and its manifest, a copy without
         # them), by the CRCs torch wrote into it: never resumed from, and certified, on its structure alone
-        whys = _differs_on_any_rank(ckpt.path, box[0][2] if kind == "verify" else None)
+        whys = integrity.differs_on_any_rank(ckpt.path, box[0][2] if kind == "verify" else None)
         if whys:
             rejected.append((ckpt.path, whys[0]))
             if rank == 0:
@@ -371,7 +371,7 @@ def _verify_load_path(fcfg) -> None:
     box = [resume.problem(resume.Checkpoint(path, -1, -1, sharded=path.is_dir()))
            if dist.get_global_rank() == 0 else None]
     dist.broadcast_object_list(box)
-    whys = [box[0]] if box[0] else _differs_on_any_rank(path, integrity.read_manifest(path))
+    whys = [box[0]] if box[0] else integrity.differs_on_any_rank(path, integrity.read_manifest(path))
     if whys:
         why = whys[0] if str(path) in whys[0] else f"{path}: {whys[0]}"
         raise integrity.RunStopped("load_path", f"{why}; nothing was trained from it",
@@ -410,19 +410,6 @@ def _same_shape(fcfg, path: Path) -> None:
                         "checkpoint records): loading it would leave weights out, or fail", "the model settings of "
                         "the run that wrote it; or +load_strict_model_weights=false +load_weights_only=true to load "
                         "the weights that match (a grown model)")
-
-
-def _differs_on_any_rank(ckpt: Path, manifest: dict | None) -> list:
-    """How the checkpoint differs from its manifest (or, without one, from the CRCs torch wrote into it), every
-    rank checking its own share of the files (integrity.owner), every rank told every answer."""
-    from composer.utils import dist
-
-    from train.checkpoint import integrity
-
-    rank, world = dist.get_global_rank(), dist.get_world_size()
-    mine = (integrity.share_differs(ckpt, manifest, world, rank) if manifest is not None else
-            integrity.content_differs(ckpt, world, rank))
-    return [w for w in dist.all_gather_object(mine) if w]
 
 
 def _samples_scored(fcfg, world: int):
