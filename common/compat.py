@@ -179,10 +179,11 @@ def patch_hydra_compose_once_per_command(args: list):
 
 @written_against(HYDRA, "tests/test_validate.py::"
                  "test_the_storage_root_a_near_miss_under_a_group_and_a_yaml_folder_are_named_for_what_they_are")
-def patch_hydra_composition_errors_answered_first(answer) -> None:
+def patch_hydra_composition_errors_answered_first(answer):
     """Hydra's main composes inside hydra._internal.utils.run_and_report, which prints its own error for an
     override it cannot apply (its ConfigCompositionException) and exits 1. Here `answer(err)` sees each such
-    error first (it may exit); where it returns, Hydra reports the error as before."""
+    error first (it may exit); where it returns, Hydra reports the error as before. Returns the undo (a process
+    that runs many command lines answers each with its own)."""
     import hydra._internal.utils as hydra_utils
     from hydra.errors import ConfigCompositionException
 
@@ -199,6 +200,11 @@ def patch_hydra_composition_errors_answered_first(answer) -> None:
         return hydras(composed)
 
     hydra_utils.run_and_report = run_and_report
+
+    def undo():
+        hydra_utils.run_and_report = hydras
+
+    return undo
 
 
 @written_against(HYDRA, "tests/test_launcher_outcomes.py::test_each_failed_rank_shows_its_own_exception_and_log_tail")

@@ -1,14 +1,26 @@
-"""The fuzz table: bad command lines as a hurried user types them, each through the real command line, each with
-its expected outcome: refused (exit 2, `error: <key>:` and a fix) or warned (`warning: <key>:`, the look goes on).
-None may write anything: PRETRAIN_ROOT and the working directory are empty temporary folders and stay empty, and no
-secret of the table appears in what the command printed. The counts are printed at the end.
+"""The fuzz table: bad command lines as a hurried user types them, each with its expected outcome: refused (exit 2,
+`error: <key>:` and a fix) or warned (`warning: <key>:`, the look goes on). None may write anything:
+PRETRAIN_ROOT and the working directory are empty temporary folders and stay empty, and no secret of the table
+appears in what the command printed.
+
+One test item per input, named by its command line: each runs the command in this process, through the function
+`python -m train` runs (train.__main__.cli: the gate, Hydra's main, the checks, the plan), with the environment,
+working directory and Hydra state of a fresh command. A few inputs of every kind run again as real `python -m train`
+processes (e2e), which must say exactly what the same command said in-process.
 
 Warned inputs are legal, so they go through `plan=true` (a run would train): the plan prints the same warnings.
 """
-from concurrent.futures import ThreadPoolExecutor
+import contextlib
+import io
+import logging
+import os
+import re
+import subprocess
+import sys
+import traceback
 
 import pytest
-from helpers import TOKENIZER, run
+from helpers import ROOT, TOKENIZER, command_env, run
 
 SECRET = "s3cr3t-fuzz-4d9c2b"
 HF_TOKEN = "hf_" + "Q" * 34
@@ -329,48 +341,195 @@ CASES = [
 ]
 
 
-def _run(case, tmp_path, num):
-    overrides, outcome, key = case
-    work = tmp_path / f"{num:03d}"
-    root, cwd, scratch, empty = work / "root", work / "cwd", work / "scratch", work / "empty"
-    for folder in (root, cwd, scratch, empty):
-        folder.mkdir(parents=True)
-    args = [o.replace("{tmp}", str(scratch)).replace("{empty}", str(empty)) for o in overrides]
+def _id(overrides: list) -> str:
+    """A test id: the command line, short (the secrets by name, the tokenizer's path by its own)."""
+    text = " ".join(overrides).replace(SECRET, "SECRET").replace(HF_TOKEN, "HF_TOKEN").replace(str(TOKENIZER),
+                                                                                                  "TOKENIZER")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _ids(cases) -> list:
+    ids = []
+    for overrides, _, _ in cases:
+        name = _id(overrides)
+        ids.append(name if name not in ids else f"{name} #{sum(i.startswith(name) for i in ids) + 1}")
+    return ids
+
+
+def _folders(tmp_path) -> dict:
+    """root: PRETRAIN_ROOT; cwd: the working directory; scratch: {tmp}; empty: {empty}. All made empty."""
+    folders = {name: tmp_path / name for name in ("root", "cwd", "scratch", "empty")}
+    for folder in folders.values():
+        folder.mkdir()
+    return folders
+
+
+def _command(overrides: list, folders: dict) -> list:
+    return [o.replace("{tmp}", str(folders["scratch"])).replace("{empty}", str(folders["empty"])) for o in overrides]
+
+
+def _environment(folders: dict) -> dict:
     # as from a clean login shell (no WORLD_SIZE, SLURM_JOB_ID, tracking URI: helpers.command_env)
-    proc = run("-m", "train", *args, root=root, env={"HF_HUB_OFFLINE": "1"}, cwd=cwd, timeout=180)
+    return command_env(folders["root"], {"HF_HUB_OFFLINE": "1"})
+
+
+class _Console(io.TextIOBase):
+    """sys.stdout or sys.stderr of the commands this process runs: one object for all of them, as a process has one
+    stderr, writing into the running command's own text. A handler a library made in an earlier command (Optuna's
+    logger binds the stream it found) writes into this command's, as it would in a process of its own."""
+
+    encoding = "utf-8"
+
+    def __init__(self):
+        super().__init__()
+        self.into = None  # the running command's text (io.StringIO); None between commands: the test's own
+
+    def write(self, text: str) -> int:
+        return (self.into or (sys.__stdout__ if self is _OUT else sys.__stderr__)).write(text)
+
+    def writable(self) -> bool:
+        return True
+
+
+_OUT, _ERR = _Console(), _Console()
+
+
+def in_process(args: list, folders: dict, monkeypatch) -> subprocess.CompletedProcess:
+    """`python -m train ARGS` in this process (train.__main__.cli), with the environment, working directory and
+    argv a real command has, and what a fresh process starts from: no Hydra state (GlobalHydra, HydraConfig) and no
+    logging handler (Hydra configures its own as it composes). Exit status, stdout and stderr as a process's:
+    SystemExit's code; an exception that escapes is the traceback Python would print, exit 1."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from train.__main__ import cli
+
+    env = _environment(folders)
+    for name in [k for k in os.environ if k not in env]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(folders["cwd"])
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "train" / "__main__.py")])
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers, status = [], 0
+    root.setLevel(logging.WARNING)
+    _OUT.into, _ERR.into = io.StringIO(), io.StringIO()
+    GlobalHydra.instance().clear()
+    HydraConfig.instance().cfg = None
+    try:
+        with contextlib.redirect_stdout(_OUT), contextlib.redirect_stderr(_ERR):
+            try:
+                cli(list(args))
+            except SystemExit as exit_:
+                code = exit_.code
+                status = code if isinstance(code, int) else 0 if code is None else 1
+                if not isinstance(code, (int, type(None))):
+                    print(code, file=sys.stderr)  # as Python prints sys.exit("message")
+            except Exception:  # noqa: BLE001 -- what the interpreter would print, exit 1
+                traceback.print_exc()
+                status = 1
+        out, err = _OUT.into.getvalue(), _ERR.into.getvalue()
+    finally:
+        _OUT.into = _ERR.into = None
+        GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = None
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers = handlers
+        root.setLevel(level)
+    return subprocess.CompletedProcess(["-m", "train", *args], status, out, err)
+
+
+def in_a_process(args: list, folders: dict) -> subprocess.CompletedProcess:
+    """`python -m train ARGS`, a real process."""
+    return run("-m", "train", *args, root=folders["root"], env={"HF_HUB_OFFLINE": "1"}, cwd=folders["cwd"],
+               timeout=180)
+
+
+def wrong(case, proc, folders: dict) -> list:
+    """What is not as the table expects of this command: [] when refused (or warned) by its key with a fix, without a
+    traceback or a secret, and nothing was written."""
+    _, outcome, key = case
     lines = proc.stderr.splitlines()
     level = "error" if outcome == "refused" else "warning"
     named = [i for i, line in enumerate(lines) if line.startswith(f"{level}: ")
              and line[len(level) + 2:].split(": ")[0].split("] ")[-1] == key]
-    wrong = []
+    found = []
     if proc.returncode != (2 if outcome == "refused" else 0):
-        wrong.append(f"exit {proc.returncode}")
+        found.append(f"exit {proc.returncode}")
     if not named:
-        wrong.append(f"no `{level}: {key}:` line")
+        found.append(f"no `{level}: {key}:` line")
     elif not all(i + 1 < len(lines) and lines[i + 1].startswith("  fix: ") for i in named):
-        wrong.append("no fix line")
+        found.append("no fix line")
     if "Traceback" in proc.stderr:
-        wrong.append("a traceback")
+        found.append("a traceback")
     if SECRET in proc.stdout + proc.stderr or HF_TOKEN in proc.stdout + proc.stderr:
-        wrong.append("the secret was echoed")
-    written = [str(p.relative_to(work)) for f in (root, cwd, empty) for p in f.rglob("*")]
-    written += [str(p.relative_to(work)) for p in scratch.rglob("*")]
+        found.append("the secret was echoed")
+    work = folders["root"].parent
+    written = [str(p.relative_to(work)) for f in folders.values() for p in f.rglob("*")]
     if written:
-        wrong.append(f"wrote {written[:3]}")
-    return outcome, wrong, proc.stderr[-1500:]
+        found.append(f"wrote {written[:3]}")
+    return found
 
 
-@pytest.mark.e2e  # one whole command per input
-def test_every_bad_input_is_refused_or_warned_by_key_and_nothing_is_written(tmp_path):
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda n: _run(CASES[n], tmp_path, n), range(len(CASES))))
-    failed = [f"{CASES[n][0]}: {', '.join(wrong)}\n{stderr}" for n, (_, wrong, stderr) in enumerate(results) if wrong]
-    refused = sum(1 for outcome, _, _ in results if outcome == "refused")
-    print(f"\nfuzz table: {len(CASES)} bad inputs, {refused} refused, {len(CASES) - refused} warned, "
-          f"{len(CASES) - len(failed)} as expected, nothing written")
-    assert not failed, f"{len(failed)} of {len(CASES)}:\n" + "\n\n".join(failed[:10])
+def said(proc, found: list) -> str:
+    return (f"python {' '.join(proc.args)}: {', '.join(found)}\n--- stdout (end)\n{proc.stdout[-1000:]}"
+            f"\n--- stderr (end)\n{proc.stderr[-3000:]}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_a_bad_input_is_refused_or_warned_by_key_and_nothing_is_written(case, tmp_path, monkeypatch):
+    folders = _folders(tmp_path)
+    proc = in_process(_command(case[0], folders), folders, monkeypatch)
+    found = wrong(case, proc, folders)
+    assert not found, said(proc, found)
+
+
+# Inputs of every kind, as real processes: a value the checks refuse, a warning in a plan, Hydra's grammar and its
+# composition, its two commands at once, a preset that does not exist, a sweep's point and its settings (Optuna),
+# a credential, a Slurm preset outside an allocation (the environment), a folder on this node.
+IN_A_PROCESS = [
+    ["seed=abc"],
+    ["eval_interval=0", "plan=true"],
+    ["optimizer.betas=[0.9,0.95"],
+    ["model.d_modle=128"],
+    ["-m", "--cfg", "job"],
+    ["cluster=ndv6"],
+    ["-m", "seed=1,1"],
+    ["-m", "cluster.wait=false", "plan=true"],
+    ["-m", "hparams_search=mpt_tiny_lr", "objective=eval/TokenAccuracy"],
+    ["-m", "hparams_search=mpt_tiny_lr", "objective=eval_loss"],
+    [f"cluster.env.WANDB_API_KEY={SECRET}"],
+    ["cluster=slurm-local", "data=mock"],
+    ["storage.root=/dev/null"],
+    ["load_path={tmp}/no-such-checkpoint"],
+]
+TWINS = [case for case in CASES if case[0] in IN_A_PROCESS]
+
+
+@pytest.mark.e2e  # one process per input
+@pytest.mark.parametrize("case", TWINS, ids=_ids(TWINS))
+def test_a_real_process_says_what_the_command_said_in_process(case, tmp_path, monkeypatch):
+    folders = _folders(tmp_path)
+    args = _command(case[0], folders)
+    proc = in_a_process(args, folders)
+    found = wrong(case, proc, folders)
+    assert not found, said(proc, found)
+    same = in_process(args, folders, monkeypatch)
+    assert (same.returncode, _timeless(same.stdout), _timeless(same.stderr)) == \
+        (proc.returncode, _timeless(proc.stdout), _timeless(proc.stderr))
+
+
+def _timeless(text: str) -> str:
+    """The text without the times of day in it (Optuna's log lines)."""
+    return re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}", "<time>", text)
 
 
 def test_the_fuzz_table_has_at_least_120_distinct_inputs():
     assert len({tuple(c[0]) for c in CASES}) == len(CASES) >= 120
     assert {outcome for _, outcome, _ in CASES} == {"refused", "warned"}
+    assert len(TWINS) == len(IN_A_PROCESS)  # each one a row of the table
+    assert len(set(_ids(CASES))) == len(CASES)

@@ -471,12 +471,12 @@ def composition_problems(args: list, err) -> list:
     return []
 
 
-def before_hydra(args: list) -> None:
+def before_hydra(args: list):
     """The one wrapper over Hydra's own errors of a command line, said as key / problem / fix, exit 2, nothing
     written: what Hydra would refuse before composing (its grammar, a preset or key that does not exist, two of its
     commands), refused here before Hydra reads the command line; what it refuses as it composes (a misspelt key
     under a group, for which it advises `+`), answered when it refuses it. Anything else is left to Hydra and the
-    checks (validate)."""
+    checks (validate). Returns the undo of the answer's patch of Hydra."""
     from common.compat import patch_hydra_composition_errors_answered_first
     from train.checks import report
     from train.checks.safety import command_line_secrets, masked
@@ -494,4 +494,4 @@ def before_hydra(args: list) -> None:
                 print(problem, file=sys.stderr)
             sys.exit(2)
 
-    patch_hydra_composition_errors_answered_first(answer)
+    return patch_hydra_composition_errors_answered_first(answer)
