@@ -49,6 +49,10 @@ def test_a_run_killed_after_a_checkpoint_counts_the_batches_trained_again_as_los
     [save] = (tmp_path / "checkpoints").iterdir()
     assert (save / "ep0-ba20-rank0.pt").is_file() and not (save / "ep0-ba40-rank0.pt").exists(), "killed too late"
     assert killed["batch"] >= 25 and not killed["finished"]
+    # what the status showed of it while it ran: its goodput so far, from its progress.json
+    so_far = json.loads((newest_sweep(tmp_path) / "0" / "progress.json").read_text())
+    assert 0 < so_far["goodput"] < 1 and so_far["goodput_parts"]["starts"] == 1
+    assert so_far["goodput_parts"]["retrained_batches"] == 0
 
     began = time.time()
     again = run(*CMD, root=tmp_path, check=True)

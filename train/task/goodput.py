@@ -13,8 +13,9 @@ and every second of it belongs to one phase:
     checkpoint  writing a checkpoint: the weights' check, the saver's write and the manifest
     other       the rest: between batches (the other callbacks, loggers), the end of training
 
-The ledger is rewritten at every progress line, evaluation and checkpoint, at least every HEARTBEAT_S seconds,
-and when the process exits: a start killed without warning (SIGKILL, a node lost) is counted to its last record.
+The ledger is rewritten at every progress line, evaluation and checkpoint, after any batch that ends HEARTBEAT_S
+or more after its last record, and when the process exits: a start killed without warning (SIGKILL, a node
+lost) is counted to its last record.
 Each checkpoint also records the segment's phases up to its end (a *snapshot*), so that when a later start resumes
 from it (or a rollback goes back to it) what came after it in that segment is known to be thrown away.
 
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 
 FILE = "goodput.json"
 PHASES = ("startup", "train", "eval", "checkpoint", "other")
-# metrics.json's goodput_parts: seconds that sum to allocated_s (README of each in docs/resume.md)
+# metrics.json's goodput_parts: seconds that sum to allocated_s (each explained in docs/resume.md)
 PARTS = ("trained_s", "startup_s", "eval_s", "checkpoint_s", "other_s", "retrained_s", "lost_to_requeues_s",
          "lost_to_rollbacks_s")
 HEARTBEAT_S = 30.0
