@@ -305,18 +305,21 @@ def _metrics(root, run_name):
     return json.loads([p for p in found if json.loads(p.read_text()).get("run_name") == run_name][-1].read_text())
 
 
-def _train_resume_export(root, path, data, run_name, *launch):
-    """Train 2 batches, then the same run to 4 (it resumes from its checkpoint at batch 2), export its newest
-    checkpoint, sample from and evaluate the export: the run's metrics and the export's folder."""
+def _train_resume_export(root, path, data, run_name, *launch, then=()):
+    """Train 2 batches, then the same run to 4 (it resumes from its checkpoint at batch 2; `then`: what that command
+    adds), export its newest checkpoint, sample from and evaluate the export: the run's metrics and the export's
+    folder."""
     args = ("train", f"yaml={path}", f"variables.data_local={data}", *launch)
     run("-m", *args, "max_duration=2ba", root=root, check=True, env=OFFLINE)
-    second = run("-m", *args, "max_duration=4ba", root=root, check=True, env=OFFLINE)
+    second = run("-m", *args, "max_duration=4ba", *then, root=root, check=True, env=OFFLINE)
     metrics = _metrics(root, run_name)
     assert [b for b, _ in metrics["train_loss"]] == [1, 2, 3, 4]  # batches 1-2 came through the checkpoint
     logs = second.stderr + "".join(p.read_text() for p in (root / "outputs").rglob("*.err"))
     assert f"resuming from {root / 'checkpoints' / run_name / 'ep0-ba2'}" in logs
-    out = run("-m", "train.export", run_name, root=root, check=True, env=OFFLINE).stdout.strip().splitlines()[-1]
     folder = root / "outputs" / run_name / "huggingface" / "ba4"
+    if then:  # export=hf: llm-foundry's hf_checkpointer wrote it at the end, with the tokenizer's end of text
+        assert json.loads((folder / "config.json").read_text())["eos_token_id"] == 0  # gpt-neox-20b's
+    out = run("-m", "train.export", run_name, root=root, check=True, env=OFFLINE).stdout.strip().splitlines()[-1]
     assert out == str(folder) and (folder / "model.safetensors").is_file()
     assert "auto_map" not in json.loads((folder / "config.json").read_text())  # transformers' own class, no code
     sampled = run("-m", "train.sample", run_name, "The weather today is", "--max-new-tokens", "8",
@@ -364,7 +367,7 @@ def test_a_llama_style_yaml_plans_trains_resumes_and_exports(tmp_path, c4_mds):
                           root=tmp_path, check=True).stdout)
     assert plan["model"] == {"model_type": "llama", "d_model": 64, "n_heads": 4, "kv_heads": 2, "n_layers": 2,
                              "max_seq_len": 128, "vocab_size": 50304}
-    metrics, folder = _train_resume_export(tmp_path, path, c4_mds, "llama-style")
+    metrics, folder = _train_resume_export(tmp_path, path, c4_mds, "llama-style", then=("export=hf",))
     assert (tmp_path / "checkpoints" / "llama-style" / "ep0-ba4-rank0.pt").is_file()
     config = json.loads((folder / "config.json").read_text())
     assert (config["head_dim"], config["num_key_value_heads"], config["eos_token_id"]) == (16, 2, 0)  # gpt-neox's

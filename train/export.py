@@ -245,8 +245,8 @@ def _save_mpt(config: dict, weights: dict, precision: str, tmp: Path) -> None:
 def _save_transformers(config: dict, weights: dict, precision: str, tmp: Path, tokenizer, ckpt) -> None:
     """A transformers architecture (llm-foundry's hf_causal_lm) from the config composer stored with the weights:
     transformers' own classes, so the folder loads without trust_remote_code. Its tokenizer's special tokens are
-    the generation's (the architecture's base config holds its own family's ids: LlamaConfig's end of text is
-    id 2, a byte or a word of another tokenizer, and generate would stop there)."""
+    the generation's (a checkpoint's config may hold its base config's family's: LlamaConfig's end of text is id 2,
+    a byte or a word of another tokenizer, and generate would stop there)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
@@ -257,8 +257,8 @@ def _save_transformers(config: dict, weights: dict, precision: str, tmp: Path, t
         raise UserError("checkpoint", f"{ckpt.path} holds a {model_type!r} model, which this transformers does not "
                         f"know ({err})", "export it where its transformers version is installed") from None
     hf_config.use_cache = True  # training turns the cache off; generating wants it
-    if tokenizer is not None:
-        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+    if tokenizer is not None:  # (not the pad token: a pad id's embedding row is kept out of any later training)
+        for key in ("bos_token_id", "eos_token_id"):
             if getattr(tokenizer, key, None) is not None:
                 setattr(hf_config, key, getattr(tokenizer, key))
     dtype = getattr(torch, precision)
@@ -273,6 +273,9 @@ def _save_transformers(config: dict, weights: dict, precision: str, tmp: Path, t
                         "export a checkpoint written by `python -m train`")
     model.to(dtype)
     model.generation_config = GenerationConfig.from_model_config(hf_config)
+    if tokenizer is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
+            tokenizer.eos_token_id
     model.save_pretrained(tmp)
 
 

@@ -601,7 +601,9 @@ def _lm_eval_metrics(cfg) -> tuple | None:
     """The metrics a causal LM's evaluators report (None where this model's are not known here)."""
     from train.checks.foundry_names import LM_EVAL_METRICS
 
-    if value(cfg, "model.name") != "mpt_causal_lm" or value(cfg, "model.additional_train_metrics"):
+    name = value(cfg, "model.name")  # MPT evaluates its additional_train_metrics too, an hf_causal_lm its own list
+    if name not in ("mpt_causal_lm", "hf_causal_lm") or value(cfg, "model.additional_train_metrics" if
+                                                               name == "mpt_causal_lm" else "model.additional_eval_metrics"):
         return None
     return LM_EVAL_METRICS
 

@@ -63,14 +63,18 @@ def overrides(model) -> dict:
     return found
 
 
-def foundry_model(model: dict) -> dict:
+def foundry_model(model: dict, special: dict | None = None) -> dict:
     """The `model:` section llm-foundry is handed: for an hf_causal_lm, our groups' MPT knobs in its terms (the
     attention implementation, the vocabulary in config_overrides; MPT's loss setting dropped: transformers'
-    models compute their own loss). The checks refuse any other MPT key, and an attn_config beyond attn_impl."""
+    models compute their own loss). The checks refuse any other MPT key, and an attn_config beyond attn_impl.
+    `special`: the tokenizer's {bos_token_id, eos_token_id} (train/config/vocab.py special_ids), set where the
+    overrides do not: the base config's are its own family's (LlamaConfig's end of text is id 2, a byte or a word of
+    another tokenizer), which the model's exports carry and generation stops at. (Not the pad token: transformers'
+    embeddings keep a pad id's row out of training.)"""
     if not is_hf(model):
         return model
     out = {k: v for k, v in model.items() if k not in GROUP_KNOBS}
-    out["config_overrides"] = overrides(model)
+    out["config_overrides"] = {**(special or {}), **overrides(model)}
     impl = ATTENTION.get(_get(_get(model, "attn_config", {}), "attn_impl"))
     if impl and not out.get("use_flash_attention_2") and out.get("attn_implementation") is None:
         out["attn_implementation"] = impl

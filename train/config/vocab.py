@@ -61,3 +61,31 @@ def vocab_size(name) -> int:
         return KNOWN[name][1]
     ids, _ = tokenizer_ids(name)
     return padded(ids) if ids else DEFAULT_VOCAB
+
+
+def special_ids(name) -> dict:
+    """{bos_token_id, eos_token_id: id} of a tokenizer's beginning and end of text, read from its files here
+    (tokenizer_config.json, special_tokens_map.json, tokenizer.json of a folder or of the hub cache); {} for those
+    that cannot be read."""
+    path = tokenizer_file(str(name))
+    if path is None:
+        return {}
+    folder, found = path.parent, {}
+    for file in ("special_tokens_map.json", "tokenizer_config.json"):  # the latter wins, as transformers reads them
+        try:
+            found.update({k: v for k, v in json.loads((folder / file).read_text()).items()
+                          if k in ("bos_token", "eos_token")})
+        except (OSError, ValueError, AttributeError):
+            continue
+    try:
+        data = json.loads(path.read_text())
+        ids = {**(data["model"]["vocab"] if isinstance(data["model"]["vocab"], dict) else {}),
+               **{t["content"]: t["id"] for t in data.get("added_tokens") or []}}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    out = {}
+    for key, token in found.items():
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str) and token in ids:
+            out[f"{key}_id"] = ids[token]
+    return out

@@ -10,9 +10,10 @@ def foundry_config(cfg: DictConfig) -> DictConfig:
     Resolving here, while Hydra's context is live, is what lets `${hydra:...}` and our resolvers appear in
     the config: llm-foundry resolves again and must find plain values.
     """
-    from train.config.hf_arch import foundry_model
+    from train.config.hf_arch import foundry_model, is_hf
+    from train.config.vocab import special_ids
 
     plain = OmegaConf.to_container(cfg, resolve=True)
-    if isinstance(plain.get("model"), dict):  # a Hugging Face model: our groups' MPT knobs in its own terms
-        plain["model"] = foundry_model(plain["model"])
+    if is_hf(plain.get("model")):  # a Hugging Face model: our groups' MPT knobs in its own terms
+        plain["model"] = foundry_model(plain["model"], special_ids((plain.get("tokenizer") or {}).get("name") or ""))
     return OmegaConf.create({k: v for k, v in plain.items() if k not in PRODUCT_KEYS and k != "hydra"})
