@@ -1,6 +1,6 @@
 """Goodput's arithmetic (train/task/goodput.py): a run's starts, timed by a clock the test moves, summed into the
 share of the allocated time that trained and the parts that add up to it. The same ledger written by real runs
-(a kill after a checkpoint, then the same command) is checked in test_resume.py."""
+(a kill after a checkpoint, then the same command) is checked in test_goodput_run.py."""
 import json
 
 import pytest
