@@ -3,12 +3,13 @@
 line shown with an refusal after it (an `error:` line, or Hydra's own `full_key:` message) must fail, without a
 traceback, and print every line shown. Every docs/ page is linked from README.md, and every relative link of these
 pages points to a file that exists (and, with an anchor, to a heading of that page). So the docs cannot rot."""
+import json
 import re
 import shlex
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, run
+from helpers import ROOT, need_shared, run
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TEXTS = {page.relative_to(ROOT).as_posix(): page.read_text() for page in PAGES}
@@ -84,6 +85,69 @@ def test_every_readme_command_line_runs_as_a_look(tmp_path, page, line, error):
     else:
         assert proc.returncode == 0, f"{page}: {line}\n{proc.stderr[-3000:]}"
     assert list(root.iterdir()) == [], "a look wrote something"
+
+
+# docs/config.md's walkthrough, from raw files to a trained run: the first ```bash block under this heading
+WALKTHROUGH = "From raw files to a trained run, offline"
+
+
+def _walkthrough() -> list:
+    """The walkthrough's lines, as a shell reads them: continuations joined, blank lines and comments left out."""
+    text = TEXTS["docs/config.md"]
+    heading = re.search(rf"^#+ {re.escape(WALKTHROUGH)}$", text, flags=re.M)
+    assert heading, f"docs/config.md has no heading {WALKTHROUGH!r}"
+    after = text[heading.end():]
+    block = re.search(r"```bash\n(.*?)```", after, flags=re.S)
+    assert block and not re.search(r"^#+ ", _prose(after[:block.start()]), flags=re.M), \
+        f"no ```bash block under {WALKTHROUGH!r} before the next heading"
+    lines = [line.strip() for line in block.group(1).replace("\\\n", " ").splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+@pytest.mark.e2e
+@pytest.mark.train
+def test_the_offline_walkthrough_runs_as_printed(tmp_path):
+    """docs/config.md's walkthrough, every line for real and in order, in a fresh checkout root beside ../shared
+    (its lines name the data as ../shared/...), with an empty Hugging Face cache so that nothing can come from the
+    hub: data_prep makes runs/datasets/c4's train and val splits, which the other pages read, and llm-foundry's YAML
+    trains on them to its answer."""
+    need_shared()
+    work = tmp_path / "checkout"
+    work.mkdir()
+    (tmp_path / "shared").symlink_to(ROOT.parent / "shared")
+    env = {"HF_HOME": str(tmp_path / "hf-empty")}
+    done = []
+    for line in _walkthrough():
+        words = shlex.split(line)
+        if words[0] == "export":
+            env.update(word.split("=", 1) for word in words[1:])
+            continue
+        assert words[:2] == ["python", "-m"], f"{line!r}: the walkthrough holds a line this test does not run"
+        # PRETRAIN_ROOT is runs/ of the working folder: the storage root a user's shell, without it, gets
+        proc = run(*words[1:], root=work / "runs", env=env, cwd=work, timeout=900)
+        assert proc.returncode == 0, f"{line}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        done.append((words[2], proc))
+    assert env.get("HF_HUB_OFFLINE") == "1", "the walkthrough no longer switches the hub off"
+    assert [module for module, _ in done] == ["data_prep", "data_prep", "train"], done
+
+    from data_prep.facts import check_index, dataset_facts
+
+    data = work / "runs" / "datasets" / "c4"
+    assert sorted(p.name for p in data.iterdir() if p.is_dir()) == ["train", "val"]
+    for split in ("train", "val"):
+        assert check_index(data / split) == [], split
+        facts = dataset_facts(data / split)
+        assert facts["sample_tokens"] == 128 and facts["samples"] > 1000, (split, facts)
+    # the folder the walkthrough makes is the one data=c4 reads on the default storage
+    look = run("-m", "train", "data=c4", "--cfg", "job", root=work / "runs", env=env, cwd=work, check=True)
+    assert f"data_local: {data}\n" in look.stdout, look.stdout
+
+    trained = done[-1][1]
+    assert re.search(r"^final train loss \d", trained.stdout, flags=re.M), trained.stdout
+    [output] = (work / "runs" / "outputs").iterdir()
+    assert output.name.startswith("testing-")
+    metrics = json.loads((output / "metrics.json").read_text())
+    assert metrics["batches"] == 2 and metrics["final_eval"]["eval/LanguageCrossEntropy"] > 0, metrics
 
 
 def _prose(text: str) -> str:
