@@ -18,7 +18,8 @@ from helpers import PYTHON, ROOT
 from common import image
 from train.checks import Context, check, errors
 from train.config.compose import compose
-from train.launch.executor import container_mounts, sbatch_script, srun_args
+from train.launch.executor import container_mounts, srun_args
+from train.launch.spec import sbatch_script
 
 BUILD_LINE = "docker build -t pretrain:latest . && enroot import -o /data/images/pretrain.sqsh dockerd://pretrain:latest"
 

@@ -62,7 +62,7 @@ def test_an_option_sbatch_refuses_beside_the_scripts_own_is_refused_and_more_gpu
 def test_an_option_in_submitits_spelling_is_one_line_of_the_script():
     """submitit writes `_` as `-`: `wait_all_nodes` and `mail_type` are sbatch's options, and a user's
     `wait-all-nodes` replaces the default rather than standing beside it."""
-    from train.launch.executor import sbatch_script
+    from train.launch.spec import sbatch_script
 
     assert not [p for p in problems("cluster=ndv5", "cluster.sbatch_extra.mail_type=END") if "sbatch_extra" in p.key]
     script = sbatch_script(compose(["cluster=ndv5", "cluster.sbatch_extra.wait-all-nodes=0",

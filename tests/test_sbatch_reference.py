@@ -20,7 +20,7 @@ def script() -> str:
     sys.path.insert(0, str(HERE.parent))
     from common.paths import PROJECT
     from train.config.compose import compose
-    from train.launch.executor import sbatch_script
+    from train.launch.spec import sbatch_script
 
     return sbatch_script(compose(OVERRIDES), folder=FOLDER).replace(str(PROJECT), CHECKOUT)
 

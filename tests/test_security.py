@@ -38,7 +38,7 @@ def written(root: Path) -> str:
 ])
 def test_env_values_stay_data_in_the_submitted_script(tmp_path, override):
     from train.config.compose import compose
-    from train.launch.executor import sbatch_script
+    from train.launch.spec import sbatch_script
 
     pwned = tmp_path / "pwned"
     text = sbatch_script(compose(["cluster=ndv5", "global_train_batch_size=64", override.format(pwned=pwned)]))
@@ -58,7 +58,7 @@ def test_the_task_sets_each_env_value_as_the_job_script_exported_it(tmp_path, mo
     """The task sets cluster.env again in its own process (a local run has no script): an unset `$NAME` was kept
     as written (os.path.expandvars), over the "" the script's export gave it."""
     from train.config.compose import compose
-    from train.launch.executor import sbatch_script
+    from train.launch.spec import sbatch_script
     from train.task.main import _as_the_shell_expands
 
     values = {"A": "/tmp/c-$SLURM_JOB_ID", "B": "$UNSET_IN_THE_JOB-z", "C": "a$", "D": "p$$x", "E": "$1x"}

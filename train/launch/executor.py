@@ -4,14 +4,11 @@
 Resources come from each point's own `cluster` group, so `-m cluster.nodes=1,2` really asks for 1 and 2 nodes.
 """
 import re
-import shlex
-import sys
 
 from omegaconf import DictConfig
 
 from common import host_requeue, image
 from common.paths import PROJECT
-from common.sweep import contract
 from common.sweep.contract import Resources
 from train.launch.requeue import facts_lines
 
@@ -101,29 +98,3 @@ def resources(cfg: DictConfig, folder: str, scheduler: str) -> Resources:
         srun_args=tuple(srun_args(cfg)),
         # the requeue at a time limit or preemption runs here on the host: an image may have no Slurm client
         teardown=tuple(host_requeue.teardown_lines(folder)), python="python3" if in_container else None)
-
-
-def array_scripts(cfgs: list, folder: str) -> list:
-    """What each of a sweep's Slurm points is submitted as, as the launcher submits them (contract.job_arrays):
-    (its job's script, its index in that job, the indices of the job's points)."""
-    from train.launch import spec
-
-    out: list = [None] * len(cfgs)
-    for job, idx in contract.job_arrays([spec.of(cfg, folder).resources for cfg in cfgs]):
-        python = "python3" if cfgs[idx[0]].cluster.container.image else shlex.quote(sys.executable)
-        script = contract.sbatch_script(job, folder, python, count=len(idx))
-        for k, i in enumerate(idx):
-            out[i] = (script, k, idx)
-    return out
-
-
-def sbatch_script(cfg: DictConfig, folder: str = "<sweep dir>/.submitit/%j", run=None) -> str | None:
-    """The sbatch script a `-m` run of this config submits; None for a local run. run: the config's run spec
-    (train/launch/spec.py) where the caller has it."""
-    from train.launch import spec
-
-    run = run or spec.of(cfg, folder)
-    if not run.slurm:
-        return None
-    python = "python3" if cfg.cluster.container.image else shlex.quote(sys.executable)
-    return contract.sbatch_script(run.resources, folder, python)

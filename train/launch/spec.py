@@ -3,11 +3,14 @@ decided here once and read by the checks, the plan, the launcher and the status,
 
 Light: no torch, no llm-foundry (the plan and the sweep launcher read it on the login node).
 """
+import shlex
+import sys
 from dataclasses import dataclass
 from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from common.sweep import contract
 from common.sweep.contract import JobSpec, Resources
 
 # Where a point's submitit files go when nothing is submitted (the plan's sbatch script names it so).
@@ -51,3 +54,25 @@ def of(cfg: DictConfig, folder: str = PLAN_FOLDER) -> RunSpec:
         waits=kind == "local" or bool(c.wait), summary=summary,
         run_name=str(cfg.run_name), scheduler=kind, save_folder=OmegaConf.select(cfg, "save_folder", default=None),
         report_folder=OmegaConf.select(cfg, "callbacks.run_report.folder", default=None))
+
+
+def array_scripts(cfgs: list, folder: str) -> list:
+    """What each of a sweep's Slurm points is submitted as, as the launcher submits them (contract.job_arrays):
+    (its job's script, its index in that job, the indices of the job's points)."""
+    out: list = [None] * len(cfgs)
+    for job, idx in contract.job_arrays([of(cfg, folder).resources for cfg in cfgs]):
+        python = "python3" if cfgs[idx[0]].cluster.container.image else shlex.quote(sys.executable)
+        script = contract.sbatch_script(job, folder, python, count=len(idx))
+        for k, i in enumerate(idx):
+            out[i] = (script, k, idx)
+    return out
+
+
+def sbatch_script(cfg: DictConfig, folder: str = PLAN_FOLDER, run=None) -> str | None:
+    """The sbatch script a `-m` run of this config submits; None for a local run. run: the config's run spec
+    (train/launch/spec.py) where the caller has it."""
+    run = run or of(cfg, folder)
+    if not run.slurm:
+        return None
+    python = "python3" if cfg.cluster.container.image else shlex.quote(sys.executable)
+    return contract.sbatch_script(run.resources, folder, python)

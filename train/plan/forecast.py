@@ -51,7 +51,6 @@ def _submitit_folder() -> str:
 def build_plan(cfg: DictConfig, problems=()) -> dict:
     """Every figure of the plan, as plain JSON-able values. problems: the checks' warnings, reported with it."""
     from train.launch import spec
-    from train.launch.executor import sbatch_script
     from train.launch.finished import read as read_finished
 
     folder = _submitit_folder()
@@ -191,7 +190,7 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
         "train_days": train_s / 86400 if train_s else None,
         "checkpoint_overhead": (saves * write_s / train_s) if (saves and write_s and train_s) else None,
         "preflight": _preflight(cfg, nodes, tasks),
-        "sbatch_script": sbatch_script(cfg, folder, run),
+        "sbatch_script": spec.sbatch_script(cfg, folder, run),
         "sbatch_array": None,  # a sweep's points with equal resources: one job array (forecast_report.print_plans)
         # what `-m` does after submitting (common/sweep/launch.py): return at once, or wait
         "sweep_waits": run.waits,

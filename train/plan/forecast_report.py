@@ -254,7 +254,7 @@ def print_plans(cfgs: list, problems=(), batch_of: str | None = None) -> list:
     # is what they are submitted with, not each one's own
     submitted = [i for i, p in enumerate(plans) if p["sbatch_script"] and not p.get("finished")]
     if len(submitted) > 1:
-        from train.launch.executor import array_scripts
+        from train.launch.spec import array_scripts
         from train.plan.forecast import _submitit_folder
 
         for i, (script, k, idx) in zip(submitted, array_scripts([cfgs[i] for i in submitted], _submitit_folder())):
