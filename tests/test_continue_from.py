@@ -81,23 +81,27 @@ def test_continue_from_a_batch_goes_on_as_the_run_did_under_its_own_name(tmp_pat
     # the same command again: the run's own checkpoint, nothing to do
     again = cli("train", "checkpoint=sharded", *TRAIN_ARGS, f"continue_from={parent}@ba30", check=True)
     assert "nothing to do" in again.stderr
+    assert json.loads((child / "identity.json").read_text())["continued_from"] == record["continued_from"]  # kept
 
 
-def test_continue_from_under_another_learning_rate_keeps_the_optimizer_state_and_takes_the_new_rate(
+def test_continue_from_under_another_learning_rate_and_data_keeps_the_optimizer_state_and_takes_the_new_rate(
         tmp_path, tmp_path_factory, cli):
-    """The newest checkpoint (batch 40) continued for 2 batches at optimizer.lr=0.001 and max_duration=42ba: the
-    plan says what the schedule does; the run trains at this command's rate (composer's loaded param groups and
-    scheduler would have brought the old one back) with the run's Adam moments and step counts (at 42, not 2)."""
+    """The newest checkpoint (batch 40) continued for 2 batches at optimizer.lr=0.001 and max_duration=42ba, on
+    the data in another order: the plan says what the schedule and the data do; the run trains at this command's
+    rate (composer's loaded param groups and scheduler would have brought the old one back) with the run's Adam
+    moments and step counts (at 42, not 2), and reads the other data from its beginning (2 batches into it)."""
     import torch
 
     parent = _parent(tmp_path, tmp_path_factory)
     args = ("checkpoint=sharded", "max_duration=42ba", "save_interval=2ba", "eval_interval=2ba", "optimizer.lr=0.001",
-            f"continue_from={parent}")
+            "train_loader.dataset.shuffle_seed=99", f"continue_from={parent}")
     plan = cli("train", *args, "plan=true", check=True)
     [line] = [x for x in plan.stdout.splitlines() if x.startswith("continues")]
     assert f"from {parent} at batch 40 (its newest checkpoint now" in line
     assert "optimizer.lr 0.003 -> 0.001" in plan.stdout and "max_duration '40ba' -> '42ba'" in plan.stdout
     assert "read at batch 40: the learning rate goes on at " in plan.stdout
+    assert "data: other than the run continued read (train_loader.dataset.shuffle_seed): read from its beginning" \
+        in plan.stdout
     proc = cli("train", *args, check=True)
     assert f"continuing {parent} from batch 40" in proc.stderr
     child = _child(tmp_path, parent)
@@ -107,6 +111,8 @@ def test_continue_from_under_another_learning_rate_keeps_the_optimizer_state_and
     assert 0 < group["lr"] < 0.001
     steps = {float(s["step"]) for s in state["optimizers"]["DecoupledAdamW"]["state"].values()}
     assert steps == {42.0}  # the moments' step counts went on from the run's 40
+    gbs = 16  # the tiny preset's global batch
+    assert state["dataset_state"]["train"]["sample_in_epoch"] == 2 * gbs  # the other data from its beginning
     assert json.loads((child / "identity.json").read_text())["continued_from"]["batch"] == 40
     assert math.isfinite(_metrics(tmp_path, child.name)["final_train_loss"])
 
@@ -171,7 +177,7 @@ def test_a_sweep_of_learning_rates_continues_one_run_in_slurm_jobs(slurm, tmp_pa
     from helpers import run
 
     parent = _parent(tmp_path, tmp_path_factory)
-    proc = run("-m", "train", "-m", "cluster=slurm-local", "cluster.wait=true", "checkpoint=sharded", *TRAIN_ARGS,
+    proc = run("-m", "train", "-m", "cluster=slurm-local", "data=mock", "cluster.wait=true", "checkpoint=sharded", *TRAIN_ARGS,
                f"continue_from={parent}@ba30", "optimizer.lr=0.003,0.002", root=tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [sweep] = (tmp_path / "outputs" / "sweeps").iterdir()
