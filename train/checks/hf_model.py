@@ -5,7 +5,7 @@ builds it, without transformers (train/config/hf_arch.py)."""
 import importlib.util
 
 from train.checks import foundry_names as names
-from train.checks.core import ERROR, WARNING, Problem, close_match, value
+from train.checks.core import ERROR, WARNING, Problem, close_match, nearest, value
 from train.config import hf_arch
 
 # Our groups' MPT knobs that an hf model takes in its own terms (hf_arch.foundry_model): attn_config.attn_impl alone.
@@ -70,7 +70,8 @@ def architecture(cfg, ctx):
             yield Problem(key, problem, fix)
         shape = hf_arch.shape(attrs)
     except hf_arch.ArchError as err:
-        yield Problem(err.key, err.problem, err.fix)
+        meant = nearest(err.key.rsplit(".", 1)[-1], err.options) if err.options else None
+        yield Problem(err.key, err.problem, f"did you mean `{meant}`?" if meant else err.fix)
         return
     from train.plan.estimate import trained_seq_len
 

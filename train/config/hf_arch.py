@@ -146,9 +146,10 @@ class ArchError(ValueError):
     a rule that counts the model's figures after the architecture's own rule said it is passed over
     (train/checks/__init__.py)."""
 
-    def __init__(self, key: str, problem: str, fix: str):
+    def __init__(self, key: str, problem: str, fix: str, options=()):
         super().__init__(f"{key}: {problem}")
         self.key, self.problem, self.fix = key, problem, fix
+        self.options = tuple(options)  # the names a misspelt one may have meant (the checks suggest the nearest)
 
 
 KEY = "model.pretrained_model_name_or_path"
@@ -279,15 +280,12 @@ def _attributes(name: str, given: str, stamp) -> dict:
     amap = MIRRORS[model_type]["attribute_map"]
     for key, v in json.loads(given).items():
         if key not in known:
-            import difflib
-
-            meant = next(iter(difflib.get_close_matches(key, sorted(k for k in known if not k.startswith("_")), 1,
-                                                        0.6)), None)
             raise ArchError(f"model.config_overrides.{key}", f"is not an attribute of transformers' "
                             f"{MIRRORS[model_type]['class']} (model_type {model_type}, from {file}): llm-foundry "
                             f"refuses it as the model is built (\"config does not have attribute {key!r} to "
-                            "override\"), after the queue", f"did you mean `{meant}`?" if meant else
-                            f"remove it (the architecture's settings: {', '.join(sorted(MIRRORS[model_type]['defaults']))})")
+                            "override\"), after the queue", "remove it (the architecture's settings: "
+                            f"{', '.join(sorted(MIRRORS[model_type]['defaults']))})",
+                            options=sorted(k for k in known if not k.startswith("_")))
         current = attrs.get(amap.get(key, key))
         if isinstance(current, dict) and isinstance(v, dict):
             extra = sorted(set(v) - set(current))
