@@ -10,6 +10,7 @@ import train  # noqa: F401
 from train.checks import Context, check, errors
 from train.config.compose import compose
 from train.config.identity import identity, write_record
+from train.launch.spec import scheduler
 from train.plan.forecast import build_plan
 
 
@@ -20,8 +21,10 @@ def _root(tmp_path, monkeypatch):
 
 def found(overrides, mode="run"):
     choices = {o.split("=")[0]: o.split("=")[1] for o in overrides if o.split("=")[0] in ("model", "cluster")}
-    ctx = Context(mode=mode, overrides=tuple(overrides), choices={"model": "mpt-tiny", **choices})
-    return check(compose(overrides), ctx)
+    cfg = compose(overrides)
+    ctx = Context(mode=mode, overrides=tuple(overrides), choices={"model": "mpt-tiny", **choices},
+                  scheduler=scheduler(cfg))
+    return check(cfg, ctx)
 
 
 def keyed(problems, key):

@@ -18,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from train.checks import Context, check, errors
 from train.config import hf_arch
 from train.config.compose import compose
+from train.launch.spec import scheduler
 from train.plan.estimate import param_count
 from train.plan.forecast import build_plan
 
@@ -117,7 +118,8 @@ def yaml_file(folder, text, base) -> str:
 
 def composed(*overrides):
     cfg = compose(list(overrides))
-    return cfg, Context(mode="plan", overrides=tuple(overrides), choices=dict(HydraConfig.get().runtime.choices))
+    return cfg, Context(mode="plan", overrides=tuple(overrides), choices=dict(HydraConfig.get().runtime.choices),
+                        scheduler=scheduler(cfg))
 
 
 def problems(*overrides) -> list:
