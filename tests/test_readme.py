@@ -147,7 +147,11 @@ def test_the_offline_walkthrough_runs_as_printed(tmp_path, monkeypatch):
 
     trained = done[-1][1]
     assert re.search(r"^final train loss \d", trained.stdout, flags=re.M), trained.stdout
+    # one screen, though the YAML sets log_to_console: composer's config dump and metric tables go to the log file
+    shown = trained.stdout.splitlines() + trained.stderr.splitlines()
+    assert len(shown) <= 30 and not any(line.startswith(("Config:", "[batch=")) for line in shown), shown
     [output] = (work / "runs" / "outputs").iterdir()
+    assert "[batch=2/2]" in (output / "__main__.log").read_text()
     assert output.name.startswith("testing-")
     metrics = json.loads((output / "metrics.json").read_text())
     assert metrics["batches"] == 2 and metrics["final_eval"]["eval/LanguageCrossEntropy"] > 0, metrics

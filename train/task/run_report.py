@@ -123,6 +123,7 @@ class RunReport(Callback):
         from train.task import shm_registry
 
         shm_registry.release()  # llm-foundry has built every loader: streaming's registry is written
+        _console_tables_to_the_log(logger)
 
     def fit_start(self, state: State, logger: Logger) -> None:
         from composer.callbacks import CheckpointSaver
@@ -489,3 +490,30 @@ def register() -> None:
 
     if "run_report" not in callbacks:
         callbacks.register("run_report", func=RunReport)
+
+
+def _console_tables_to_the_log(logger: Logger) -> None:
+    """composer's console logger (`log_to_console: true`, which llm-foundry's YAMLs set) prints the whole config
+    and a table of every metric at each interval, which the progress lines already say: its lines go to the run's
+    log file through the logger `composer.console`, shown on the console as the libraries' messages are
+    (common/console.py: python_log_level=info, hydra.verbose=[composer]), unless the command line itself asked for
+    log_to_console."""
+    from composer.loggers import ConsoleLogger
+
+    from common.console import printed_to_the_log
+
+    if any(str(o).lstrip("+~").startswith("log_to_console=") for o in _command_line()):
+        return
+    for dest in logger.destinations:
+        if isinstance(dest, ConsoleLogger):
+            dest.stream = printed_to_the_log("composer.console")
+
+
+def _command_line() -> list:
+    """The run's command-line overrides (its sweep point's, in a job); [] outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:  # no Hydra context: a trainer built by a test or another program
+        return []
