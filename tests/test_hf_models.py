@@ -130,11 +130,20 @@ def problems(*overrides) -> list:
 # ---- checked and planned on the login node (no torch) -----------------------------------------------------------
 
 
+# meta-llama/Meta-Llama-3-8B's config.json: the values that make its architecture
+LLAMA3_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "intermediate_size": 14336, "vocab_size": 128256, "rope_theta": 500000.0, "max_position_embeddings": 8192,
+             "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+             "hidden_act": "silu", "rope_scaling": None, "head_dim": 128}
+
+
 def test_llama3_8b_preset_plans_llama_3_8bs_published_parameter_count():
     """Meta's Llama 3 8B: 8,030,261,248 parameters (4096 wide, 32 layers, 8 key/value heads, a 14336 SwiGLU, an
     untied 128256-token output layer); the plan counts them from the preset's config_overrides, offline."""
     cfg, ctx = composed("model=llama3-8b", "cluster=ndv5", "data=c4")
     assert not errors(check(cfg, ctx))
+    built = hf_arch.attributes(hf_arch.foundry_model(dict(cfg.model)))
+    assert {k: built[k] for k in LLAMA3_8B} == LLAMA3_8B
     plan = build_plan(cfg)
     assert plan["params"] == 8_030_261_248
     assert plan["model"] == {"model_type": "llama", "d_model": 4096, "n_heads": 32, "kv_heads": 8, "n_layers": 32,
