@@ -341,6 +341,26 @@ def patch_composer_skip_causal_lm_registry_scan() -> None:
     huggingface._is_registered_causal_lm = registered
 
 
+@written_against({**COMPOSER, "llm-foundry": ("0.22.0",)},
+                 "tests/test_spike.py::test_kill_loss_spike_is_llm_foundrys_callback_deciding_on_every_rank_alike")
+def patch_llmfoundry_kill_loss_spike(behaviour) -> type:
+    """llm-foundry's `kill_loss_spike` (llmfoundry.callbacks.KillLossSpike), registered again under its own name as
+    a subclass whose methods are `behaviour`'s (train/task/spike.py: SpikeRule): the same keys, decided on
+    composer's all-reduced loss on every rank alike. Its own __init__ (which enables it on rank 0 alone and keeps
+    its 100-batch minimum window) and batch_end (each rank's own unreduced `state.loss`, its own exceptions) are
+    replaced; the class stays llm-foundry's (isinstance, its name in composer's checkpoints). Returns the class."""
+    from llmfoundry.callbacks import KillLossSpike
+    from llmfoundry.registry import callbacks
+
+    registered = callbacks.get("kill_loss_spike")
+    if getattr(registered, "behaviour", None) is behaviour:
+        return registered
+    adapted = type("KillLossSpike", (behaviour, KillLossSpike), {"behaviour": behaviour,
+                                                                  "__module__": behaviour.__module__})
+    callbacks.register("kill_loss_spike", func=adapted)
+    return adapted
+
+
 # --------------------------------------------------------------------------------------------------- streaming
 
 

@@ -145,7 +145,7 @@ def test_each_guard_accepts_the_locked_versions_and_names_a_test_that_exists():
     for name, fn in compat.GUARDED.items():
         # named for the library it reaches into
         assert name.removeprefix("patch_").split("_")[0] in ("hydra", "omegaconf", "submitit", "composer",
-                                                               "streaming", "torch"), name
+                                                               "streaming", "torch", "llmfoundry"), name
         assert _pinned(fn.pinned_by), (name, fn.pinned_by)
         for package, versions in fn.versions.items():
             assert lock[norm(package)] in versions, (name, package)

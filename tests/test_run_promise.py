@@ -247,7 +247,7 @@ def test_a_finite_divergence_stops_the_run_before_its_checkpoint_naming_the_loss
     assert "11 batches in a row (since batch 4" in line, line
     assert "the run diverged; it stopped there, before that step's checkpoint" in line
     assert "the checkpoint at batch 10, written since the loss rose, holds diverging weights" in line
-    assert "divergence.outlier_multiplier" in fix
+    assert "callbacks.kill_loss_spike.outlier_multiplier" in fix and "spike.action=rollback" in fix
     # its checkpoint at 10 came after the rise: the command offered starts afresh, at half the learning rate
     assert fix.endswith("to continue it afresh (no checkpoint was written before its numbers went bad) under half "
                         "the learning rate (100 -> 50; or change the command: a longer scheduler.t_warmup, other data "
@@ -271,7 +271,7 @@ def test_an_evaluation_whose_perplexity_is_inf_stops_the_run_and_log_only_lets_t
     """lr=100 with the loss rule set to warn (log_only) from its 4th outlier: trained on, and the evaluation at
     batch 10 scored cross-entropy 3.2e6 (finite) and perplexity inf (exp overflows from 88.7): the run stops there,
     before that step's checkpoint."""
-    key = "+callbacks.run_report.divergence"
+    key = "callbacks.kill_loss_spike"
     proc = cli("train", "optimizer.lr=100", "max_duration=12ba", "eval_interval=10ba", "save_interval=10ba",
                f"{key}.log_only=true", f"{key}.patience=3")
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -285,9 +285,12 @@ def test_an_evaluation_whose_perplexity_is_inf_stops_the_run_and_log_only_lets_t
     [folder] = (tmp_path / "checkpoints").iterdir()
     assert not list(folder.glob("ep*"))
     # its settings are read before anything starts
-    bad = cli("train", f"{key}.patience=-1", f"{key}.outlier_multipler=5", check=2)
-    assert "error: callbacks.run_report.divergence.patience: must be a whole number" in bad.stderr
-    assert "error: callbacks.run_report.divergence.outlier_multipler: is not a setting" in bad.stderr
+    bad = cli("train", f"{key}.patience=-1", f"+{key}.outlier_multipler=5", "spike.action=undo",
+              "spike.lr_scale=2", check=2)
+    assert "error: callbacks.kill_loss_spike.patience: must be a whole number" in bad.stderr
+    assert "error: callbacks.kill_loss_spike.outlier_multipler: is not a setting" in bad.stderr
+    assert "error: spike.action: must be stop or rollback, got 'undo'" in bad.stderr
+    assert "error: spike.lr_scale: must be a number above 0 and at most 1" in bad.stderr
     assert "did you mean `outlier_multiplier`?" in bad.stderr
 
 

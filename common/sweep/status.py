@@ -200,7 +200,7 @@ def console(manifest: dict, table_rows: list) -> str:
     from common.sweep.outcomes import markdown
 
     app = app_of(manifest)
-    shown = [k for k in app.shown if k not in ("error", "preflight", "continued_from") or any(r.get(k) for r in table_rows)]
+    shown = [k for k in app.shown if k not in ("error", "preflight", "continued_from", "interventions") or any(r.get(k) for r in table_rows)]
     heading = app.heading(manifest)
     return (f"{heading}\n" if heading else "") + markdown([{k: r[k] for k in shown} for r in table_rows])
 

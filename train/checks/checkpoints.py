@@ -106,13 +106,34 @@ def writes_before_the_end(cfg, ctx):
 
 
 def stops_when_it_diverges(cfg, ctx):
-    """The divergence rule's settings (train/task/divergence.py), which keeps a diverged run's weights out of its
-    checkpoints: read here, before anything starts, rather than when the trainer builds the callback."""
+    """kill_loss_spike's settings (train/task/divergence.py), which keep a diverged run's weights out of its
+    checkpoints, and what a spike does (spike.*, train/task/spike.py): read here, before anything starts, rather than
+    when the trainer builds the callback."""
     from train.task.divergence import KEY, problems
 
-    node = value(cfg, KEY) if value(cfg, "callbacks.run_report") is not None else None
-    for key, problem, fix in problems(node):
+    for key, problem, fix in problems(value(cfg, KEY)):
         yield Problem(key, problem, fix)
+    spike = value(cfg, "spike") or {}
+    action = spike.get("action")
+    if action not in ("stop", "rollback"):
+        yield Problem("spike.action", f"must be stop or rollback, got {action!r}",
+                      "spike.action=stop (exit non-zero, printing the command that continues the run) or "
+                      "spike.action=rollback (back to the checkpoint before the spike, skip data, train on)")
+    for key, least in (("skip_batches", 0), ("max_rollbacks", 0)):
+        v = spike.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < least:
+            yield Problem(f"spike.{key}", f"must be a whole number, {least} or more, got {v!r}",
+                          f"spike.{key}={ {'skip_batches': 200, 'max_rollbacks': 3}[key]} (the default)")
+    scale = spike.get("lr_scale")
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not 0 < scale <= 1:
+        yield Problem("spike.lr_scale", f"must be a number above 0 and at most 1 (the learning rate after a rollback "
+                      f"is this times the one before), got {scale!r}", "spike.lr_scale=1.0 (the default) or e.g. 0.5")
+    if action == "rollback" and value(cfg, KEY) is None:
+        yield Problem("spike.action", "is rollback, but callbacks.kill_loss_spike (which finds a spike) is not in "
+                      "the run's callbacks", "keep callbacks.kill_loss_spike, or spike.action=stop")
+    elif action == "rollback" and not value(cfg, "save_folder"):
+        yield Problem("spike.action", "is rollback, but the run writes no checkpoints (checkpoint=none) to roll back "
+                      "to", "a checkpoint group (checkpoint=sharded), or spike.action=stop")
 
 
 # What a resume reads back from a checkpoint (composer's state dict paths): without one, the run goes on from it

@@ -1,4 +1,4 @@
-"""Typed schemas of our own config groups (cluster, storage, checkpoint, data, export), registered in Hydra's ConfigStore.
+"""Typed schemas of our own config groups (cluster, storage, checkpoint, data, export, spike), registered in Hydra's ConfigStore.
 
 conf/train.yaml puts each schema under its group's node before the group's YAML is merged on top, so a value of
 the wrong type (`cluster.nodes=two`) or a key the group does not have (`cluster.node=2`) is refused by
@@ -116,7 +116,16 @@ class Export:
     dtype_of: Dict[str, str] = field(default_factory=dict)  # the trainer's precision -> the export's
 
 
-SCHEMAS = {"cluster": Cluster, "storage": Storage, "checkpoint": Checkpoint, "data": Data, "export": Export}
+@dataclass
+class Spike:  # conf/train.yaml `spike`, train/task/spike.py; ranges checked in train/checks/spike.py
+    action: str = "stop"  # stop | rollback
+    skip_batches: int = 200
+    lr_scale: float = 1.0
+    max_rollbacks: int = 3
+
+
+SCHEMAS = {"cluster": Cluster, "storage": Storage, "checkpoint": Checkpoint, "data": Data, "export": Export,
+           "spike": Spike}
 
 
 def register() -> None:

@@ -43,6 +43,17 @@ def _eval_differences(cfg: DictConfig, report) -> list | None:
         return None
 
 
+def _interventions(found) -> dict:
+    """The columns of a run's interventions: their count ("" where the run recorded none yet) and each in words."""
+    if not found:
+        return {"interventions": "" if found is None else 0, "spikes": ""}
+    return {"interventions": len(found), "spikes": "; ".join(
+        f"{i.get('action')} at batch {i.get('batch')} (loss {i.get('loss', 0):.4g}, window mean "
+        f"{i.get('window_mean', 0):.4g})" + (f" to batch {i['resumed_from']}, {i.get('skip_batches')} batches "
+                                             f"skipped, lr {i['lr']:.3g}" if i.get("lr") is not None else "")
+        for i in found)}
+
+
 class TrainApp(SweepApp):
     status_command = "python -m train.status"
     wait_key = "cluster.wait"
@@ -50,7 +61,7 @@ class TrainApp(SweepApp):
     log_tail = True  # a failed rank's last log lines beside its error: a training failure may need them
     # what a terminal shows (python -m train.status); the summary files hold every column
     shown = ("point", "overrides", "job_id", "state", "requeues", "step", "loss", "tokens_per_sec", "mfu", "goodput",
-             "eta", "last_progress", "continued_from", "preflight", "log", "error")
+             "interventions", "eta", "last_progress", "continued_from", "preflight", "log", "error")
 
     def configs(self, launcher, job_overrides: list, first: int) -> list:
         """Every point given, composed as its job will compose it and resolved while its own Hydra context is
@@ -236,6 +247,8 @@ class TrainApp(SweepApp):
             "world_size": point["world_size"],
             # where a run with continue_from= came from (train/task/continuation.py): RUN@ba<N>
             "continued_from": metrics.get("continued_from") or progress.get("continued_from") or "",
+            # loss spikes and what was done about each (train/task/spike.py): how many, and each in words
+            **_interventions(metrics.get("interventions", progress.get("interventions"))),
             "checkpoint": point["checkpoint"],
             "metrics": "" if others else existing(report, "metrics.json"),
             "loss_curve": "" if others else existing(report, "loss_curve.png"),

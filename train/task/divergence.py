@@ -4,21 +4,24 @@ BATCH_END). An evaluation that is not finite stops it too (train/checkpoint/inte
 Measured: `optimizer.lr=100` on the tiny model rose from 6.8 to 47,413 at batch 4 and ~1.3e7 from batch 17 on,
 evaluated perplexity inf, and exited 0.
 
-The rule, in the words of llm-foundry's kill_loss_spike callback (`+callbacks.run_report.divergence.<key>=...`):
+The rule is llm-foundry's `kill_loss_spike` callback, configured by its own keys
+(`callbacks.kill_loss_spike.<key>=...`, on in every run: conf/train.yaml), decided as follows (common/compat.py:
+patch_llmfoundry_kill_loss_spike registers it under that name, adapted):
 
 - the reference is the lowest mean of `window_size` consecutive training losses seen so far (of fewer at the start,
   from the first batch on: a run that diverges in its first window still has where it was);
 - a batch is an outlier when its loss is at least `outlier_multiplier` times the reference, or above `loss_cap`
   (when set) once the first window is full (a fresh model's loss is about ln(vocabulary), 10.8 for 50k);
-- more than `patience` outliers in a row stop the run (`log_only: true` warns instead). One bad batch is a spike,
-  not a divergence: the next ordinary loss ends the streak.
+- more than `patience` outliers in a row are a spike that did not come down: the run stops, or rolls back
+  (`spike.action`, train/task/spike.py); `log_only: true` warns instead. One bad batch is no such spike: the next
+  ordinary loss ends the streak.
 
 The losses are composer's all-reduced `loss/train/total`, the same number on every rank, so every rank decides the
-same at the same batch. kill_loss_spike itself cannot serve: it reads each rank's own loss (`state.loss`, before
-the all-reduce), so ranks can disagree and one rank's raise leaves the others waiting in their next collective; it
-compares with the mean of its recent window, which follows a divergence up (a run at 1e7 for a window has a
-window mean of 1e7 and no outlier); it waits for a full window of at least 100 batches (a 40-batch run is never
-looked at); and it raises its own exception, a traceback rather than the error users read.
+same at the same batch. llm-foundry's own class cannot decide as it is: it reads each rank's own loss (`state.loss`,
+before the all-reduce), so ranks can disagree and one rank's raise leaves the others waiting in their next
+collective; it compares with the mean of its recent window, which follows a divergence up (a run at 1e7 for a
+window has a window mean of 1e7 and no outlier); it waits for a full window of at least 100 batches (a 40-batch run
+is never looked at); and it raises its own exception, a traceback rather than the error users read.
 
 Light: no torch (the checks read the settings before anything starts).
 """
@@ -31,37 +34,37 @@ from train.checks.core import nearest
 
 log = logging.getLogger(__name__)
 
-KEY = "callbacks.run_report.divergence"
-# the defaults: a window of 10 batches, 3 times its lowest mean, for more than 10 batches in a row. The default run's
+KEY = "callbacks.kill_loss_spike"
+# the defaults (conf/train.yaml sets them, over llm-foundry's, which are for its own rule): a window of 10 batches, 3 times its lowest mean, for more than 10 batches in a row. The default run's
 # losses never rise above their lowest window mean (6.8 -> 3.3); lr=100 is 7,000 times it from batch 4
 DEFAULTS = {"window_size": 10, "outlier_multiplier": 3.0, "patience": 10, "loss_cap": None, "log_only": False}
 
 
 def problems(settings) -> list:
-    """[(key, problem, fix)] of run_report's divergence settings (a mapping, or None for the defaults)."""
+    """[(key, problem, fix)] of kill_loss_spike's settings (a mapping, or None for the defaults)."""
     if settings is None:
         return []
     if not hasattr(settings, "keys"):
         return [(KEY, f"{settings!r} is not a mapping of {', '.join(DEFAULTS)}",
-                 f"e.g. +{KEY}.outlier_multiplier=5")]
+                 f"e.g. {KEY}.outlier_multiplier=5")]
     found = []
     for k in settings.keys():
         v = settings[k]
         least = 1 if k == "window_size" else 0  # patience 0: the first outlier stops the run
         if k not in DEFAULTS:
             near = nearest(k, DEFAULTS)
-            found.append((f"{KEY}.{k}", f"is not a setting of the divergence rule (it takes {', '.join(DEFAULTS)})",
+            found.append((f"{KEY}.{k}", f"is not a setting of kill_loss_spike (it takes {', '.join(DEFAULTS)})",
                           f"did you mean `{near}`?" if near else f"remove it (~{KEY}.{k})"))
         elif k in ("window_size", "patience") and not (isinstance(v, int) and not isinstance(v, bool) and v >= least):
             found.append((f"{KEY}.{k}", f"must be a whole number of batches, {least} or more, got {v!r}",
-                          f"+{KEY}.{k}={DEFAULTS[k]} (the default)"))
+                          f"{KEY}.{k}={DEFAULTS[k]} (the default)"))
         elif k == "outlier_multiplier" and not (_number(v) and v > 1):
             found.append((f"{KEY}.{k}", f"must be a number above 1 (times where the loss was), got {v!r}",
-                          f"+{KEY}.{k}={DEFAULTS[k]:g} (the default)"))
+                          f"{KEY}.{k}={DEFAULTS[k]:g} (the default)"))
         elif k == "loss_cap" and v is not None and not (_number(v) and v > 0):
-            found.append((f"{KEY}.{k}", f"must be a positive loss or null, got {v!r}", f"+{KEY}.{k}=null (none)"))
+            found.append((f"{KEY}.{k}", f"must be a positive loss or null, got {v!r}", f"{KEY}.{k}=null (none)"))
         elif k == "log_only" and not isinstance(v, bool):
-            found.append((f"{KEY}.{k}", f"must be true or false, got {v!r}", f"+{KEY}.{k}=true"))
+            found.append((f"{KEY}.{k}", f"must be true or false, got {v!r}", f"{KEY}.{k}=true"))
     return found
 
 
@@ -108,6 +111,19 @@ class Divergence:
             self.reference, self.reference_batch = mean, batch
         return self.outliers > self.patience
 
+    def state(self) -> dict:
+        """What the rule has seen, as plain values (kept in checkpoints: a resume goes on judging where it was)."""
+        return {"window": list(self._window), "seen": self._seen, "reference": self.reference,
+                "reference_batch": self.reference_batch, "outliers": self.outliers, "since": self.since,
+                "last": list(self.last) if self.last else None}
+
+    def restore(self, saved: dict) -> None:
+        self._window = deque(float(x) for x in saved["window"])
+        self._sum, self._seen = sum(self._window), int(saved["seen"])
+        self.reference, self.reference_batch = saved["reference"], saved["reference_batch"]
+        self.outliers, self.since = int(saved["outliers"]), saved["since"]
+        self.last, self._warned = tuple(saved["last"]) if saved["last"] else None, False
+
     def words(self, step: str, since_checkpoints=(), stops: bool = True) -> tuple[str, str, str]:
         """(key, problem, fix) of a divergence just found at `step`. since_checkpoints: the batches of checkpoints
         written during the streak (they hold weights already diverging). stops: False for log_only's warning."""
@@ -134,8 +150,9 @@ class Divergence:
 
     def expected(self) -> str:
         """The fix where the rise is no divergence."""
-        return (f"if the rise is expected (other data from here on), a larger +{KEY}.outlier_multiplier (now "
-                f"{self.outlier_multiplier:g}) or +{KEY}.patience (now {self.patience}), or +{KEY}.log_only=true")
+        return (f"if the rise is expected (other data from here on), a larger {KEY}.outlier_multiplier (now "
+                f"{self.outlier_multiplier:g}) or {KEY}.patience (now {self.patience}), or {KEY}.log_only=true; "
+                "spike.action=rollback goes back and skips the data by itself (docs/resume.md)")
 
     def warn_once(self, step: str, since_checkpoints=()) -> None:
         """log_only: one warning per streak, then training goes on."""

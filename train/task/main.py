@@ -70,12 +70,16 @@ def run(cfg: DictConfig) -> dict:
         _verify_load_path(fcfg)
     from llmfoundry.command_utils import train
 
-    from train.task import shm_registry, tracking
+    from train.checkpoint.integrity import RunStopped
+    from train.task import shm_registry, spike, tracking
     from train.task.continuation import register as continuation_register
     from train.task.run_report import register
 
     register()
     continuation_register()
+    spike.register()
+    compat.patch_llmfoundry_kill_loss_spike(spike.SpikeRule)  # llm-foundry's kill_loss_spike, decided on every rank
+    spike.follows(fcfg)
     tracking.register()  # conf/logger/: one tracking run per training run
     tracking.for_this_training(fcfg, resumed, cfg)
     # what building composer's Trainer does for nothing this run uses
@@ -93,7 +97,17 @@ def run(cfg: DictConfig) -> dict:
         with contextlib.redirect_stdout(printed_to_the_log("llmfoundry.config")):
             shm_registry.hold()  # released at INIT (train/task/run_report.py), once the loaders are built
             try:
-                trainer = train(fcfg)
+                while True:  # again from an earlier checkpoint after each rollback over a loss spike
+                    try:
+                        trainer = train(fcfg)
+                        break
+                    except RunStopped as err:
+                        if not spike.roll_back(err, cfg, fcfg):
+                            raise
+                    with open_dict(fcfg):  # the run's own checkpoint rolled back to (the newest left), whole
+                        fcfg.autoresume = True
+                        fcfg.callbacks.pop("continued_from", None)
+                    _choose_resume_point(cfg, fcfg)
                 ended = int(trainer.state.timestamp.batch.value)
                 trainer.close()
             finally:
@@ -239,6 +253,9 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
     while ours:
         box = [None]
         if rank == 0:
+            from train.task.spike import finish_pending
+
+            finish_pending(folder)  # a rollback recorded before a kill: its later checkpoints set aside first
             ckpt = resume.newest_complete(folder, reads_sharded, tidy=True, job=only_job)
             manifest = integrity.read_manifest(ckpt.path) if ckpt else None
             box = [("none",) if ckpt is None else ("unhashed", ckpt) if manifest is None else

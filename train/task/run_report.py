@@ -33,7 +33,6 @@ from composer.utils import dist
 from common import files
 from train.checkpoint import integrity
 from train.task import goodput
-from train.task.divergence import Divergence
 
 log = logging.getLogger(__name__)
 
@@ -86,17 +85,14 @@ class Manifests(Callback):
 
 class RunReport(Callback):
     def __init__(self, folder: str, interval="10ba", peak_flops: float | None = None, save_interval=None,
-                 divergence=None, continued_from: str | None = None):
+                 continued_from: str | None = None):
         """interval: console_log_interval (batches or epochs, as composer's console logger takes it);
         peak_flops: the device's dense FLOP/s (cluster.peak_flops), None where unknown (no MFU then);
-        save_interval: the checkpoint interval, to redraw the loss curve as each checkpoint is written;
-        divergence: the divergence rule's settings (train/task/divergence.py), None for its defaults."""
+        save_interval: the checkpoint interval, to redraw the loss curve as each checkpoint is written. A loss that
+        spikes and stays up is kill_loss_spike's (train/task/spike.py)."""
         self.folder = Path(folder)
         self.continued_from = continued_from  # `RUN@ba<N>` of a run with continue_from=, else None
-        # the training loss's rule, fed every loss in order (a resumed run's history first: _fed of self.train so
-        # far); the batches of this start's checkpoints, to name those written while the loss was rising
-        self._divergence_settings, self._divergence, self._fed = divergence, Divergence(divergence), 0
-        self._saved = []
+        self._saved = []  # the batches of this start's checkpoints (kill_loss_spike names those of a rise)
         self.train = []  # [batch, loss] (loss averaged over ranks)
         self.evals = []  # [batch, {metric: value}]
         self._t0 = self._tok0 = self._done0 = self._s0 = None
@@ -118,6 +114,7 @@ class RunReport(Callback):
         self._status = {}  # progress.json's content (rank 0)
         self._fit_ended = False
         self._clock = None  # rank 0: where this start's time goes, and the run's ledger (train/task/goodput.py)
+        self._ledger = None  # rank 0: the run's local save folder, where its interventions are recorded
 
     def init(self, state: State, logger: Logger) -> None:
         from train.task import shm_registry
@@ -152,6 +149,7 @@ class RunReport(Callback):
                             "requeues": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
                             "max_duration": _duration(state.max_duration),
                             **({"continued_from": self.continued_from} if self.continued_from else {})}
+            self._ledger = _ledger_folder(savers, state, self.folder) if savers else None  # the run's save folder
             self._clock = goodput.Clock(_ledger_folder(savers, state, self.folder) / goodput.FILE,
                                         int(state.timestamp.batch), _job_id())
             self._write_status(step=int(state.timestamp.batch), state="training")
@@ -168,7 +166,6 @@ class RunReport(Callback):
         if loss is not None:
             self.train.append([int(state.timestamp.batch), float(loss)])
             integrity.check_loss(float(loss), _step(state))  # the same all-reduced loss on every rank: all stop
-            self._judge(state)
         now, tokens = time.perf_counter(), int(state.timestamp.token)
         if self._batch_t is not None:
             self._train_s += now - self._batch_t
@@ -187,23 +184,6 @@ class RunReport(Callback):
             self._progress(state, now, tokens)
         if self._clock:
             self._clock.write()  # at most every goodput.HEARTBEAT_S between progress lines
-
-    def _judge(self, state: State) -> None:
-        """The divergence rule over the losses not yet fed (after a resume, the checkpoint's history first): every
-        rank feeds the same all-reduced losses, so all stop at the same batch, before its checkpoint."""
-        diverged = False
-        for batch, loss in self.train[self._fed:]:
-            diverged = self._divergence.feed(batch, loss)
-        self._fed = len(self.train)
-        if not diverged:
-            return
-        rising = [b for b in self._saved if b >= self._divergence.since]
-        if self._divergence.log_only:
-            if dist.get_global_rank() == 0:
-                self._divergence.warn_once(_step(state), rising)
-            return
-        raise integrity.diverged(*self._divergence.words(_step(state), rising), bad_from=self._divergence.since,
-                                 also=self._divergence.expected())
 
     def epoch_end(self, state: State, logger: Logger) -> None:
         if self._clock:
@@ -251,6 +231,8 @@ class RunReport(Callback):
         if self._clock:  # the run's goodput so far (its ledger written with it)
             self._clock.write(force=True)
             self._status.update(self._clock.account())
+        if self._ledger:
+            self._status["interventions"] = self._interventions()
         files.cosmetic_write(self.folder / "progress.json", json.dumps(self._status).encode())
 
     def batch_checkpoint(self, state: State, logger: Logger) -> None:
@@ -338,8 +320,15 @@ class RunReport(Callback):
             "evaluators_since": getattr(self, "_started_at", 0),
             # the share of the run's allocated time that trained, and where the rest went (train/task/goodput.py)
             **(self._clock.account() if self._clock else {}),
+            # each loss spike and what was done about it (train/task/spike.py), across the run's starts
+            "interventions": self._interventions(),
         }
         files.atomic_write(self.folder / "metrics.json", json.dumps(summary, indent=1).encode())  # read by summaries
+
+    def _interventions(self) -> list:
+        from train.task import spike
+
+        return [{k: v for k, v in i.items() if k not in ("pending", "time")} for i in spike.read(self._ledger)]
 
     def _final_eval(self, state: State) -> dict:
         """Each of this run's evaluators' last numbers (one evaluator: its last evaluation). An evaluator of an
@@ -384,7 +373,6 @@ class RunReport(Callback):
         history = state["history"]
         history = json.loads(history.decode() if isinstance(history, bytes) else history)
         self.train, self.evals = history["train"], history["evals"]
-        self._divergence, self._fed = Divergence(self._divergence_settings), 0  # fed the history at the next batch
 
 
 

@@ -1,0 +1,153 @@
+"""A loss spike (kill_loss_spike, train/task/divergence.py's rule) and spike.action (train/task/spike.py): a JSON lines
+dataset with a window of garbage documents, through `python -m data_prep` as a user makes it, read in order
+(train_loader.dataset.shuffle=false), makes a real spike; rollback goes back to the checkpoint before it, skips the
+batches of data that followed that checkpoint, trains on and records one intervention; past spike.max_rollbacks the
+run stops non-zero with the command that continues it."""
+import csv
+import json
+import random
+import string
+from pathlib import Path
+
+import pytest
+from helpers import made_once, prep
+
+pytestmark = pytest.mark.train
+
+BATCH = 16  # mpt-tiny's global_train_batch_size; one document is one sample (127 characters and the end of text)
+GARBAGE = range(21, 27)  # the batches (1-based) whose samples are garbage: 6 batches, samples 320 to 415
+WINDOW = ("callbacks.kill_loss_spike.window_size=5", "callbacks.kill_loss_spike.patience=2")
+
+
+def _poisoned(folder: Path) -> None:
+    """train: 1,200 documents of one repeated sentence, those of GARBAGE's batches random printable characters; val:
+    the sentence. Byte-level mock tokenizer (train/task/mock_data.py), one document per 128-token sample."""
+    from train.task.mock_data import write_tokenizer
+
+    write_tokenizer(folder / "tokenizer")
+    rng = random.Random(0)
+    sentence = "the cat sat on the mat and the dog lay by the door "
+    garbage = range((GARBAGE[0] - 1) * BATCH, GARBAGE[-1] * BATCH)
+
+    def doc(i: int) -> str:
+        if i in garbage:
+            return "".join(rng.choice(string.ascii_letters + string.digits + string.punctuation) for _ in range(127))
+        return (sentence * 4)[i % len(sentence):][:127]
+
+    for split, docs in (("train", [doc(i) for i in range(1200)]), ("val", [doc(0) for _ in range(64)])):
+        (folder / "raw" / split).mkdir(parents=True)
+        (folder / "raw" / split / "part.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+        prep("dataset=jsonl", f"input={folder / 'raw' / split}", f"out_root={folder / 'mds'}", f"split={split}",
+             "concat_tokens=128", "num_parts=1", tokenizer=folder / "tokenizer")
+    summary = json.loads((folder / "mds" / "train" / "data_prep_summary.json").read_text())
+    assert summary["samples"] == 1200, summary  # each document one sample: the garbage is where GARBAGE says
+
+
+@pytest.fixture
+def data(tmp_path_factory) -> Path:
+    return made_once(tmp_path_factory, "spike-data", _poisoned)
+
+
+def _args(data: Path, *extra: str) -> list:
+    return ["data=mds", f"variables.data_local={data / 'mds'}", f"tokenizer.name={data / 'tokenizer'}",
+            "train_loader.dataset.shuffle=false", "save_interval=5ba", "eval_interval=40ba", *WINDOW, *extra]
+
+
+def _metrics(root: Path) -> dict:
+    [found] = list((root / "outputs").rglob("metrics.json"))
+    return json.loads(found.read_text())
+
+
+def _sample_in_epoch(ckpt: Path) -> int:
+    import torch
+
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state"]
+    return int(state["dataset_state"]["train"]["sample_in_epoch"])
+
+
+def test_a_spike_rolls_back_skips_the_garbage_and_trains_on_to_where_the_loss_was(tmp_path, cli, data):
+    """The garbage begins at batch 21; three outliers in a row (patience 2) find it at batch 23, before that
+    batch's checkpoint. The newest checkpoint from before it is batch 20's: the run goes back to it, skips the next 6
+    batches of data (samples 320-415: the garbage, exactly) and trains on to batch 40 without another spike."""
+    proc = cli("train", *_args(data, "max_duration=40ba", "spike.action=rollback", "spike.skip_batches=6",
+                                 "spike.lr_scale=0.5"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [warned] = [x for x in proc.stderr.splitlines() if x.startswith("WARNING: loss spike at batch")]
+    assert "at batch 23 (" in warned and "since batch 21" in warned and "(batch 20)" in warned, warned
+    m = _metrics(tmp_path)
+    [i] = m["interventions"]
+    assert (i["action"], i["batch"], i["since"], i["resumed_from"], i["skip_batches"]) == ("rollback", 23, 21, 20, 6)
+    assert i["checkpoint"].endswith("ep0-ba20-rank0.pt") and i["skipped_samples"] == [320, 416], i
+    assert i["loss"] > 3 * i["window_mean"]
+    # the learning rate halved there: composer's schedule at batch 20 (its warmup is long over), times lr_scale
+    assert i["lr_scale"] == 0.5 and 0 < i["lr"] < 0.006 * 0.5, i
+    losses = dict(m["train_loss"])
+    assert sorted(losses) == list(range(1, 41))  # the batches of the first try after 20 are the history no more
+    before = min(losses[b] for b in range(16, 21))
+    assert max(losses[b] for b in range(21, 41)) < 3 * before, losses  # no garbage read after the rollback
+    assert m["final_train_loss"] <= before, (m["final_train_loss"], before)  # back where it was, and lower
+    folder = next((tmp_path / "checkpoints").iterdir())
+    # the data position moved with the skip: composer writes it from the timestamp's count in the epoch
+    assert _sample_in_epoch(folder / "ep0-ba25-rank0.pt") == (25 + 6) * BATCH
+    assert _sample_in_epoch(folder / "ep0-ba20-rank0.pt") == 20 * BATCH
+    parts = m["goodput_parts"]
+    assert parts["rollbacks"] == 1 and parts["retrained_batches"] == 3, parts  # batches 21-23 trained twice
+
+
+def test_past_spike_max_rollbacks_the_run_stops_printing_the_continue_from_command(tmp_path, cli, data):
+    """A skip too short (1 batch) meets the garbage again after the first rollback: the second spike, past
+    spike.max_rollbacks=1, stops the run non-zero, naming the limit and the command that continues it from batch 20."""
+    proc = cli("train", *_args(data, "max_duration=30ba", "spike.action=rollback", "spike.skip_batches=1",
+                                 "spike.max_rollbacks=1"))
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    said = proc.stderr.splitlines()
+    [at] = [n for n, line in enumerate(said) if line.startswith("error: ")]
+    assert said[at].startswith("error: loss/train/total: the training loss is "), said[at]
+    assert "it did not roll back: it rolled back 1 time already (spike.max_rollbacks=1)" in said[at], said[at]
+    folder = next((tmp_path / "checkpoints").iterdir())
+    assert said[at + 1].endswith(f"continue_from={folder.name}@ba20 optimizer.lr=0.0015"), said[at + 1]
+    assert "Traceback" not in proc.stderr and "final train loss" not in proc.stdout
+    record = json.loads((folder / "spike.json").read_text())["interventions"]
+    assert [(i["action"], i["batch"]) for i in record] == [("rollback", 23), ("stop", 23)], record
+    assert record[0]["skipped_samples"] == [320, 336]
+
+
+def test_two_ranks_sharded_roll_back_together(tmp_path, cli, data):
+    """Two ranks, sharded checkpoints: both judge the same all-reduced loss, roll back to batch 20's folder together
+    and skip the same samples; the sweep's summary shows the intervention."""
+    proc = cli("train", "-m", "cluster.tasks_per_node=2", "checkpoint=sharded",
+               *_args(data, "max_duration=30ba", "spike.action=rollback", "spike.skip_batches=6"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    m = _metrics(tmp_path)
+    [i] = m["interventions"]
+    assert (i["batch"], i["resumed_from"], i["skipped_samples"]) == (23, 20, [320, 416]), i
+    assert Path(i["checkpoint"]).name == "ep0-ba20" and m["world_size"] == 2
+    [row] = csv.DictReader(next(tmp_path.glob("outputs/sweeps/*/summary.csv")).open())
+    assert row["state"] == "COMPLETED" and row["interventions"] == "1", row
+    assert row["spikes"].startswith("rollback at batch 23 (loss "), row
+    assert "to batch 20, 6 batches skipped" in row["spikes"], row
+    status = cli("train.status", check=True)  # the newest sweep's table
+    [head] = [line for line in status.stdout.splitlines() if "interventions" in line]
+    [point] = [line for line in status.stdout.splitlines() if "COMPLETED" in line]
+    assert point.split("|")[head.split("|").index(" interventions ")].strip() == "1", status.stdout
+
+
+def test_kill_loss_spike_is_llm_foundrys_callback_deciding_on_every_rank_alike():
+    """The callback llm-foundry builds for `kill_loss_spike` is its own class, adapted (common/compat.py): the
+    project's keys and defaults, the rule of train/task/divergence.py, its state through checkpoints."""
+    from llmfoundry.callbacks import KillLossSpike
+    from llmfoundry.registry import callbacks
+
+    from common import compat
+    from train.task.spike import SpikeRule
+
+    adapted = compat.patch_llmfoundry_kill_loss_spike(SpikeRule)
+    assert callbacks.get("kill_loss_spike") is adapted and issubclass(adapted, KillLossSpike)
+    assert compat.patch_llmfoundry_kill_loss_spike(SpikeRule) is adapted  # once
+    cb = adapted(window_size=2, patience=0, outlier_multiplier=3.0, loss_cap=None, log_only=False)
+    for batch, loss in enumerate([6.0, 5.0, 4.0], 1):
+        assert not cb.rule.feed(batch, loss)
+    saved = cb.state_dict()
+    again = adapted(window_size=2, patience=0)
+    again.load_state_dict(saved)
+    assert again.rule.reference == pytest.approx(4.5) and again.rule.feed(4, 14.0)
