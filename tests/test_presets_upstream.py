@@ -14,6 +14,7 @@ import yaml
 from helpers import ROOT, SHARED
 from omegaconf import OmegaConf
 
+from train.checks.values import PRODUCT_KEYS
 from train.config.compose import compose
 
 UPSTREAM = SHARED / "llm-foundry-yamls" / "pretrain"
@@ -21,9 +22,9 @@ TABLE = ROOT / "conf" / "model" / "_upstream" / "differences.yaml"
 # A GPU run as the presets are meant for: the cluster preset decides precision, init device, attention and loss
 # implementation, workers and logging; data=c4 is the tokenizer and vocabulary the upstream YAMLs name.
 GPU_RUN = ("cluster=ndv5", "data=c4")
-# Our own groups and llm-foundry's `variables` (whose values are ours to pick: data paths), and the run's name.
-NOT_COMPARED = {"cluster", "storage", "checkpoint", "data", "export", "plan", "objective", "hydra", "variables",
-                "run_name"}
+# Our own keys (groups and settings llm-foundry never sees: train/checks/values.py), llm-foundry's `variables`
+# (whose values are ours to pick: data paths), and the run's name.
+NOT_COMPARED = {*PRODUCT_KEYS, "hydra", "variables", "run_name"}
 NOT_SET = "(not set)"
 OUR_MPT = sorted(p.stem for p in (ROOT / "conf" / "model").glob("mpt-*.yaml") if p.stem != "mpt-tiny")
 PRESETS = sorted(p.stem for p in UPSTREAM.glob("mpt-*.yaml")) if UPSTREAM.is_dir() else OUR_MPT
