@@ -76,7 +76,16 @@ def finished(ranks: int, fmt: str, tmp_path_factory) -> Path:
     """The root of the reference training run uninterrupted to its end, made once per session: what a resumed
     run must equal (the checkpoint format does not change training), and checkpoints to damage (copied first)."""
     return made_once(tmp_path_factory, f"finished-{fmt}{ranks}",
-                     lambda root: run(*train_command(ranks, fmt), root=root, check=True))
+                     lambda root: training(*train_command(ranks, fmt), root=root, check=True))
+
+
+def training(*args, root=None, check=None, env=None) -> subprocess.CompletedProcess:
+    """`python -m train ARGS` (a train_command): in this process where it runs one rank (train_here), as a real
+    process where it starts ranks (`-m`: our launcher's, a process each)."""
+    assert list(args[:2]) == ["-m", "train"], args
+    if "-m" in args[2:]:
+        return run(*args, root=root, check=check, env=env)
+    return train_here(*args[2:], root=root, check=check, env=env)
 
 
 def need_shared():
@@ -317,3 +326,94 @@ def streaming_dataset(local, **kwargs):
 
     with shm_registry.registering():
         return StreamingDataset(local=str(local), **kwargs)
+
+
+def train_here(*overrides: str, root=None, check=None, env=None, cwd=ROOT) -> subprocess.CompletedProcess:
+    """`python -m train OVERRIDES` run in this test process (PRETRAIN_ROOT=root), through the function the command
+    runs (train.__main__.cli: the gate, Hydra's main with the run's output folder, job name and log file, then
+    train.task.main.run), so that torch and llm-foundry are imported once per worker instead of once per command.
+    -> a CompletedProcess as `run` gives: the exit status the command would have (0, 1, 2 from its SystemExit),
+    what it printed on stdout and stderr. check as `run`'s. For one rank and a run that ends by itself: a test
+    that kills a run, starts ranks (`-m`), or is about the command's own process (its exit at a signal, its
+    goodput's start, which counts from the process's) runs a real one (`run`, `start`).
+
+    What a command changes in its process and leaves behind as it exits is undone here: the environment (the
+    command's own: command_env, then cluster.env and the distributed variables the task exports), the working
+    directory, the umask, sys.argv, signal handlers, warning filters, the logging handlers and levels Hydra and
+    the task set (the run's log file closed), torch's process group, the goodput ledger's exit write (made as at
+    exit), and what the trainer left for the garbage collector (streaming's shared memory, released by its
+    datasets' finalizers)."""
+    import gc
+    import io
+    import logging
+    import warnings
+
+    _may_run()
+    cmd = [str(PYTHON), "-m", "train", *map(str, overrides)]
+    environ, argv, here = dict(os.environ), list(sys.argv), os.getcwd()
+    handlers = {signum: signal.getsignal(signum) for signum in signal.valid_signals()
+                if signum not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(signum) is not None}
+    loggers = {name: (lg.level, lg.propagate, list(lg.handlers), lg.disabled)
+               for name, lg in [("", logging.getLogger()), *logging.Logger.manager.loggerDict.items()]
+               if isinstance(lg, logging.Logger)}
+    raise_exceptions = logging.raiseExceptions
+    out, err = io.StringIO(), io.StringIO()
+    mask = os.umask(0o027)
+    os.umask(mask | 0o027)  # as train/__main__.py sets it
+    os.environ.clear()
+    os.environ.update(command_env(root, env))
+    status = 0
+    gc.freeze()  # the worker's own objects, as the command's imports are (common/collector.py): not its garbage
+    try:
+        os.chdir(cwd)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            from train.__main__ import cli
+
+            try:
+                cli(list(map(str, overrides)))
+            except SystemExit as exit_:
+                status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+                if not isinstance(exit_.code, (int, type(None))):
+                    print(exit_.code, file=sys.stderr)
+            finally:
+                _as_the_process_exits()
+    finally:
+        os.chdir(here)
+        os.umask(mask)
+        sys.argv[:] = argv
+        os.environ.clear()
+        os.environ.update(environ)
+        for signum, handler in handlers.items():
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(signum, handler)
+        for name, lg in [("", logging.getLogger()), *logging.Logger.manager.loggerDict.items()]:
+            if isinstance(lg, logging.Logger):  # a logger first made by the command: as a new process has it
+                level, propagate, kept, disabled = loggers.get(name, (logging.NOTSET, True, [], False))
+                for handler in lg.handlers:
+                    if handler not in kept:
+                        handler.close()
+                lg.setLevel(level)
+                lg.propagate, lg.handlers[:], lg.disabled = propagate, kept, disabled
+        logging.raiseExceptions = raise_exceptions
+        gc.collect()
+    result = subprocess.CompletedProcess(cmd, status, out.getvalue(), err.getvalue())
+    want = 0 if check is True else check
+    if want is not None and want is not False:
+        assert result.returncode == want, (f"{' '.join(cmd[1:])} (in-process): exit {result.returncode}, not {want}"
+                                           f"\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
+    return result
+
+
+def _as_the_process_exits() -> None:
+    """What the end of a training command's process does that another command in this one must not inherit: its
+    goodput ledger's last write (an exit handler), torch's process group."""
+    if "train.task.goodput" in sys.modules:
+        from train.task import goodput
+
+        goodput._at_exit()
+        goodput._CURRENT.clear()
+    if "torch" in sys.modules:
+        import torch.distributed as torch_dist
+
+        if torch_dist.is_available() and torch_dist.is_initialized():
+            torch_dist.destroy_process_group()

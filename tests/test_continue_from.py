@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import TRAIN_ARGS, finished, tree
+from helpers import TRAIN_ARGS, finished, train_here, tree
 
 from train.config.continuation import parse, spelt
 from train.config.identity import identity
@@ -60,13 +60,13 @@ def test_the_forms_and_their_spelling_in_a_runs_identity():
     assert identity(cfg) == named and named["continue_from"] == "run-a"
 
 
-def test_continue_from_a_batch_goes_on_as_the_run_did_under_its_own_name(tmp_path, tmp_path_factory, cli):
+def test_continue_from_a_batch_goes_on_as_the_run_did_under_its_own_name(tmp_path, tmp_path_factory):
     """@ba30 of the 40-batch reference under the same settings: the last 10 batches trained again give the
     reference's own final loss exactly (weights, Adam's moments, the schedule's point, the data position); a run of
     its own (its name, folder, identity.json and metrics.json say where it came from), the run continued untouched."""
     parent = _parent(tmp_path, tmp_path_factory)
     before = tree(tmp_path / "checkpoints" / parent)
-    proc = cli("train", "checkpoint=sharded", *TRAIN_ARGS, f"continue_from={parent}@ba30", check=True)
+    proc = train_here("checkpoint=sharded", *TRAIN_ARGS, f"continue_from={parent}@ba30", root=tmp_path, check=True)
     child = _child(tmp_path, parent)
     assert child.name != parent and child.name in proc.stdout
     got, want = _metrics(tmp_path, child.name), _reference(tmp_path_factory)
@@ -79,7 +79,7 @@ def test_continue_from_a_batch_goes_on_as_the_run_did_under_its_own_name(tmp_pat
     assert record["identity"]["continue_from"] == f"{parent}@ba30"
     assert tree(tmp_path / "checkpoints" / parent) == before  # only read
     # the same command again: the run's own checkpoint, nothing to do
-    again = cli("train", "checkpoint=sharded", *TRAIN_ARGS, f"continue_from={parent}@ba30", check=True)
+    again = train_here("checkpoint=sharded", *TRAIN_ARGS, f"continue_from={parent}@ba30", root=tmp_path, check=True)
     assert "nothing to do" in again.stderr
     assert json.loads((child / "identity.json").read_text())["continued_from"] == record["continued_from"]  # kept
 
@@ -102,7 +102,7 @@ def test_continue_from_under_another_learning_rate_and_data_keeps_the_optimizer_
     assert "read at batch 40: the learning rate goes on at " in plan.stdout
     assert "data: other than the run continued read (train_loader.dataset.shuffle_seed): read from its beginning" \
         in plan.stdout
-    proc = cli("train", *args, check=True)
+    proc = train_here(*args, root=tmp_path, check=True)
     assert f"continuing {parent} from batch 40" in proc.stderr
     child = _child(tmp_path, parent)
     state = torch.load(child / "ep0-ba42-rank0.pt", map_location="cpu", weights_only=False)["state"]
