@@ -5,47 +5,44 @@ batches of data that followed that checkpoint, trains on and records one interve
 run stops non-zero with the command that continues it."""
 import csv
 import json
-import random
-import string
+import re
+import shlex
 from pathlib import Path
 
 import pytest
-from helpers import made_once, prep
+from helpers import ROOT, made_once, run
 
 pytestmark = pytest.mark.train
 
 BATCH = 16  # mpt-tiny's global_train_batch_size; one document is one sample (127 characters and the end of text)
 GARBAGE = range(21, 27)  # the batches (1-based) whose samples are garbage: 6 batches, samples 320 to 415
+DRILL = "runs/spike-drill"  # where the drill writes, relative to where it runs
 WINDOW = ("callbacks.kill_loss_spike.window_size=5", "callbacks.kill_loss_spike.patience=2")
 
 
 def _poisoned(folder: Path) -> None:
-    """train: 1,200 documents of one repeated sentence, those of GARBAGE's batches random printable characters; val:
-    the sentence. Byte-level mock tokenizer (train/task/mock_data.py), one document per 128-token sample."""
-    from train.task.mock_data import write_tokenizer
-
-    write_tokenizer(folder / "tokenizer")
-    rng = random.Random(0)
-    sentence = "the cat sat on the mat and the dog lay by the door "
-    garbage = range((GARBAGE[0] - 1) * BATCH, GARBAGE[-1] * BATCH)
-
-    def doc(i: int) -> str:
-        if i in garbage:
-            return "".join(rng.choice(string.ascii_letters + string.digits + string.punctuation) for _ in range(127))
-        return (sentence * 4)[i % len(sentence):][:127]
-
-    for split, docs in (("train", [doc(i) for i in range(1200)]), ("val", [doc(0) for _ in range(64)])):
-        (folder / "raw" / split).mkdir(parents=True)
-        (folder / "raw" / split / "part.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
-        prep("dataset=jsonl", f"input={folder / 'raw' / split}", f"out_root={folder / 'mds'}", f"split={split}",
-             "concat_tokens=128", "num_parts=1", tokenizer=folder / "tokenizer")
-    summary = json.loads((folder / "mds" / "train" / "data_prep_summary.json").read_text())
+    """The drill of docs/resume.md ("Loss spikes"), as printed there, run in `folder`: train, 1,200 documents of one
+    repeated sentence, those of GARBAGE's batches random printable characters; val, the sentence. The default run's
+    byte-level tokenizer (train/task/mock_data.py), one document per 128-token sample."""
+    text = (ROOT / "docs" / "resume.md").read_text()
+    block = re.search(r"## Loss spikes.*?```bash\n(.*?)```", text, re.S).group(1)
+    code = re.search(r"python - <<'EOF'\n(.*?)\nEOF\n", block, re.S).group(1)
+    env = {"PYTHONPATH": str(ROOT)}
+    run("-c", code, cwd=folder, env=env, check=True)
+    lines = [line for line in block.splitlines() if line.startswith("python -m data_prep ")]
+    assert len(lines) == 2, block
+    for line in lines:
+        run(*shlex.split(line)[1:], cwd=folder, env=env, check=True, timeout=300)
+    summary = json.loads((folder / DRILL / "mds" / "train" / "data_prep_summary.json").read_text())
     assert summary["samples"] == 1200, summary  # each document one sample: the garbage is where GARBAGE says
+    garbage = [json.loads(x)["text"] for x in (folder / DRILL / "raw" / "train" / "part.jsonl").open()][
+        (GARBAGE[0] - 1) * BATCH:GARBAGE[-1] * BATCH]
+    assert all(" " not in g for g in garbage) and len(set(garbage)) == len(garbage)  # no sentence among them
 
 
 @pytest.fixture
 def data(tmp_path_factory) -> Path:
-    return made_once(tmp_path_factory, "spike-data", _poisoned)
+    return made_once(tmp_path_factory, "spike-data", _poisoned) / DRILL
 
 
 def _args(data: Path, *extra: str) -> list:

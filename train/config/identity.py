@@ -33,6 +33,9 @@ HOW_TOP = {
     # ours: where and how it runs (cluster: nodes, tasks, env, container, time limit, partition, preflight, wait,
     # setup lines; storage: roots and mounts; checkpoint: format and folder), what is exported, the plan
     "cluster", "storage", "checkpoint", "export", "plan", "hydra", "objective",
+    # what a loss spike does (train/task/spike.py): a recovery policy; the same command with another spike.action
+    # resumes the same run (its rollbacks are recorded in its folder)
+    "spike",
     # the run's own name and folders, and its checkpoint policy (what is kept, not what is trained)
     "run_name", "save_folder", "save_interval", "save_num_checkpoints_to_keep", "save_overwrite", "save_filename",
     "save_latest_filename", "save_weights_only", "save_ignore_keys", "autoresume",
@@ -72,7 +75,9 @@ HOW_SUB = (
         # they report, score or time the run (async_eval launches other runs on its checkpoints; run_timeout ends
         # a start, which resumes): composer's load_checkpoint is not here, it loads weights
         "eval_output_logging", "loss_perp_v_len", "env_logging", "fdiff_metrics", "mbmoe_tok_per_expert",
-        "async_eval", "run_timeout")),
+        "async_eval", "run_timeout",
+        # it watches the loss; what a spike does is spike.* (above)
+        "kill_loss_spike")),
 )
 
 
