@@ -34,7 +34,7 @@ test: $(STAMP)
 # The fast tier for your own loop (under a minute): config, checks, plan, README lines and data_prep units; no
 # training, no Slurm, no data_prep end-to-end runs (markers in pyproject.toml).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slurm and not train and not e2e and not torch" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slurm and not train and not e2e and not torch and not table" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -481,6 +481,7 @@ def said(args: list, proc, found: list) -> str:
             f"\n--- stderr (end)\n{proc.stderr[-3000:]}")
 
 
+@pytest.mark.table  # in-process, ~0.25 s of CPU each: make test runs them, make test-fast leaves them out
 @pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
 def test_a_bad_input_is_refused_or_warned_by_key_and_nothing_is_written(case, tmp_path, monkeypatch):
     folders = _folders(tmp_path)
