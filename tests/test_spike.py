@@ -148,3 +148,46 @@ def test_kill_loss_spike_is_llm_foundrys_callback_deciding_on_every_rank_alike()
     again = adapted(window_size=2, patience=0)
     again.load_state_dict(saved)
     assert again.rule.reference == pytest.approx(4.5) and again.rule.feed(4, 14.0)
+
+
+def test_a_slurm_job_requeued_in_the_middle_of_a_rollback_finishes_it_once(slurm, tmp_path, data):
+    """A Slurm job requeued (`scontrol requeue`, as a preemption) as soon as its rollback is recorded, before the
+    trainer rolled back to batch 20 wrote a checkpoint: the next allocation resumes from batch 20, skips the same
+    samples again, trains on to the end, and the run records one intervention, not two, and no second spike."""
+    import subprocess
+    import time
+
+    from helpers import start
+
+    out = (tmp_path / "sweep.log").open("w")
+    proc = start("-m", "train", "-m", "cluster=slurm-local", "cluster.tasks_per_node=1", "cluster.wait=true",
+                 *_args(data, "max_duration=30ba", "spike.action=rollback", "spike.skip_batches=6"),
+                 root=tmp_path, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 600
+        while not list(tmp_path.glob("checkpoints/*/spike.json")):
+            assert proc.poll() is None and time.time() < deadline, (tmp_path / "sweep.log").read_text()[-3000:]
+            time.sleep(0.05)
+        [job] = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.split()
+        subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+        proc.wait(timeout=900)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, (tmp_path / "sweep.log").read_text()[-3000:]
+    [row] = csv.DictReader(next(tmp_path.glob("outputs/sweeps/*/summary.csv")).open())
+    assert row["state"] == "COMPLETED" and row["interventions"] == "1" and int(row["requeues"]) >= 1, row
+    log = Path(row["log"]).read_text() + Path(row["log"].replace("_log.err", "_log.out")).read_text()
+    assert log.count("Starting with JobEnvironment") == 2, log[-3000:]
+    assert log.count("WARNING: loss spike at batch 23") == 1, log[-3000:]
+    # the allocation after the requeue loaded batch 20 and skipped the garbage again (its first start may have
+    # been requeued before or after it did)
+    assert 1 <= log.count("rolled back to batch 20 (") <= 2, log[-3000:]
+    assert [Path(p).name for p in re.findall(r"resuming from (/\S+)", log)][-1] == "ep0-ba20-rank0.pt", log[-3000:]
+    m = _metrics(tmp_path)
+    [i] = m["interventions"]
+    assert (i["batch"], i["resumed_from"], i["skipped_samples"]) == (23, 20, [320, 416]), i
+    losses = dict(m["train_loss"])
+    assert sorted(losses) == list(range(1, 31))
+    assert max(losses[b] for b in range(21, 31)) < 3 * min(losses[b] for b in range(16, 21)), losses
+    folder = next((tmp_path / "checkpoints").iterdir())
+    assert _sample_in_epoch(folder / "ep0-ba25-rank0.pt") == (25 + 6) * BATCH

@@ -326,9 +326,9 @@ class RunReport(Callback):
         files.atomic_write(self.folder / "metrics.json", json.dumps(summary, indent=1).encode())  # read by summaries
 
     def _interventions(self) -> list:
-        from train.task import spike
+        from train.task.interventions import shown
 
-        return [{k: v for k, v in i.items() if k not in ("pending", "time")} for i in spike.read(self._ledger)]
+        return shown(self._ledger)
 
     def _final_eval(self, state: State) -> dict:
         """Each of this run's evaluators' last numbers (one evaluator: its last evaluation). An evaluator of an

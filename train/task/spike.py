@@ -8,7 +8,7 @@ callback) and what the run does about it: `spike.action` (conf/train.yaml).
   `spike.lr_scale` and trains on, in the same process with a fresh trainer (train/task/main.py), at most
   `spike.max_rollbacks` times; past that it stops as `stop` does.
 
-Each intervention is recorded in the save folder (`spike.json`, written by rank 0 before anything moves), so a start
+Each intervention is recorded in the save folder (`spike.json`: train/task/interventions.py, written by rank 0 before anything moves), so a start
 after a kill or a Slurm requeue in the middle of a rollback finishes it and does not redo or forget it: the
 checkpoints written after the rollback point are set aside (never trained on again), and the skip and the learning
 rate's scale are applied where the checkpoint of the rollback point is loaded (AFTER_LOAD: `RolledBack`), every
@@ -21,30 +21,15 @@ import json
 import logging
 import math
 import time
-from pathlib import Path
 
 from composer.core import Callback, State
 from composer.loggers import Logger
 
-from common import files
 from train.task.divergence import Divergence
+from train.task.interventions import read
+from train.task.interventions import write as _write
 
 log = logging.getLogger(__name__)
-
-FILE = "spike.json"  # in the save folder: every intervention of the run, across its starts
-
-
-def read(folder) -> list:
-    """The run's interventions, oldest first ([] where none)."""
-    if not folder or "://" in str(folder):
-        return []
-    record = files.read_json(Path(str(folder)) / FILE) or {}
-    return list(record.get("interventions") or [])
-
-
-def _write(folder, interventions: list) -> None:
-    files.atomic_write(Path(str(folder)) / FILE, json.dumps({"interventions": interventions}, indent=1).encode())
-
 
 def rollbacks(folder) -> int:
     return sum(1 for i in read(folder) if i.get("action") == "rollback")

@@ -1,0 +1,27 @@
+"""A run's record of its loss spikes and what was done about each (train/task/spike.py), kept in its save folder
+(`spike.json`) across its starts, and read by its reports (train/task/run_report.py: metrics.json, progress.json).
+
+Light: no torch."""
+import json
+from pathlib import Path
+
+from common import files
+
+FILE = "spike.json"
+
+
+def read(folder) -> list:
+    """The run's interventions, oldest first ([] where none, or the folder is not local)."""
+    if not folder or "://" in str(folder):
+        return []
+    record = files.read_json(Path(str(folder)) / FILE) or {}
+    return list(record.get("interventions") or [])
+
+
+def write(folder, interventions: list) -> None:
+    files.atomic_write(Path(str(folder)) / FILE, json.dumps({"interventions": interventions}, indent=1).encode())
+
+
+def shown(folder) -> list:
+    """As the reports show them: without the record's bookkeeping."""
+    return [{k: v for k, v in i.items() if k not in ("pending", "time")} for i in read(folder)]
