@@ -67,7 +67,7 @@ def test_a_spike_rolls_back_skips_the_garbage_and_trains_on_to_where_the_loss_wa
     batch's checkpoint. The newest checkpoint from before it is batch 20's: the run goes back to it, skips the next 6
     batches of data (samples 320-415: the garbage, exactly) and trains on to batch 40 without another spike."""
     proc = cli("train", *_args(data, "max_duration=40ba", "spike.action=rollback", "spike.skip_batches=6",
-                                 "spike.lr_scale=0.5"))
+                                 "spike.lr_scale=0.5", "logger=mlflow"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     [warned] = [x for x in proc.stderr.splitlines() if x.startswith("WARNING: loss spike at batch")]
     assert "at batch 23 (" in warned and "since batch 21" in warned and "(batch 20)" in warned, warned
@@ -87,6 +87,10 @@ def test_a_spike_rolls_back_skips_the_garbage_and_trains_on_to_where_the_loss_wa
     # the data position moved with the skip: composer writes it from the timestamp's count in the epoch
     assert _sample_in_epoch(folder / "ep0-ba25-rank0.pt") == (25 + 6) * BATCH
     assert _sample_in_epoch(folder / "ep0-ba20-rank0.pt") == 20 * BATCH
+    # composer's loggers have it (MLflow's file store here: one file per metric)
+    [runs] = {p.parent.parent.parent for p in (tmp_path / "outputs" / "mlruns").rglob("metrics/spike/resumed_from")}
+    assert (runs / "metrics" / "spike" / "resumed_from").read_text().split()[1] == "20.0"
+    assert (runs / "metrics" / "spike" / "skip_batches").read_text().split()[1] == "6.0"
     parts = m["goodput_parts"]
     assert parts["rollbacks"] == 1 and parts["retrained_batches"] == 3, parts  # batches 21-23 trained twice
 

@@ -119,15 +119,15 @@ def roll_back(err, cfg, fcfg) -> bool:
         entry.update(checkpoint=str(point.path), resumed_from=point.batch,
                      skip_batches=int(cfg.spike.skip_batches), lr_scale=float(cfg.spike.lr_scale), pending=True)
     if dist.get_global_rank() == 0:
-        if local:
-            _write(folder, read(folder) + [entry])
-            if point:
-                finish_pending(folder)
         log.warning("loss spike at batch %d (loss %.6g, %.3g times the window mean %.4g, since batch %d): %s",
                     spike["batch"], spike["loss"], spike["loss"] / spike["window_mean"], spike["window_mean"],
                     spike["since"], f"rolling back to {point.path} (batch {point.batch}), skipping the next "
                     f"{cfg.spike.skip_batches} batches of data, learning rate x{cfg.spike.lr_scale:g} (rollback "
                     f"{done + 1} of at most {most})" if point else f"stopping ({why or 'spike.action=stop'})")
+        if local:  # recorded before anything moves: a start after a kill here finishes it (finish_pending)
+            _write(folder, read(folder) + [entry])
+            if point:
+                finish_pending(folder)
     dist.barrier()
     if why:
         err.problem += f"; it did not roll back: {why}"
