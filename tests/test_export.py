@@ -16,7 +16,7 @@ import shutil
 import subprocess
 
 import pytest
-from helpers import C4, PYTHON, ROOT, TOKENIZER, finished, made_once, run
+from helpers import C4, PYTHON, ROOT, TOKENIZER, finished, made_once, run, train_here
 
 BATCH = 4  # samples a batch on each rank, training and evaluating (device_eval_batch_size follows the microbatch)
 ARGS = ("data=mds", "max_duration=10ba", "eval_interval=10ba", "save_interval=10ba", "progress_bar=false",
@@ -50,9 +50,10 @@ def one_rank_args(data) -> tuple:
 
 @pytest.fixture(scope="session")
 def one_rank(tmp_path_factory, c4_mds):
-    """A 1-rank run with checkpoint=full and export=hf: its root and metrics."""
+    """A 1-rank run with checkpoint=full and export=hf (trained in the first asking worker's process): its root and
+    metrics."""
     root = made_once(tmp_path_factory, "export-one-rank",
-                     lambda root: run("-m", "train", *one_rank_args(c4_mds), root=root, check=True, env=OFFLINE))
+                     lambda root: train_here(*one_rank_args(c4_mds), root=root, check=True, env=OFFLINE))
     return root, json.loads((root / "outputs" / "one" / "metrics.json").read_text())
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import finished, kill_after_checkpoint, run, start, stop
+from helpers import finished, kill_after_checkpoint, run, start, stop, training
 from helpers import train_command as command
 
 pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
@@ -67,7 +67,7 @@ def test_killed_after_a_checkpoint_then_finished_the_same_command_resumes_then_d
     else:  # one file: gathered by rank 0 (full), or no FSDP in one process whatever the format
         assert (folder / "ep0-ba20-rank0.pt").is_file()
 
-    resumed = run(*cmd, root=tmp_path, check=True)  # (a) the same command after SIGKILL
+    resumed = training(*cmd, root=tmp_path, check=True)  # (a) the same command after SIGKILL
     assert "resuming from" in resumed.stderr + task_log(tmp_path)
     got = newest_metrics(tmp_path)
     assert got["world_size"] == ranks
@@ -78,7 +78,7 @@ def test_killed_after_a_checkpoint_then_finished_the_same_command_resumes_then_d
         stale = max((tmp_path / "outputs").rglob("metrics.json"), key=lambda p: p.stat().st_mtime)
         stale.write_text(json.dumps({**got, "batches": 20, "final_train_loss": 99.0}))
     before = {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file() and p.name != ".lock"}
-    again = run(*cmd, root=tmp_path, check=True)  # (b) the same command after the run finished
+    again = training(*cmd, root=tmp_path, check=True)  # (b) the same command after the run finished
     if ranks == 1:  # a plain run: it starts, finds the run at max_duration, says so and writes nothing
         said = again.stderr + task_log(tmp_path)
         assert "already trained to max_duration=40ba (checkpoint " in said and "nothing to do" in said
@@ -101,7 +101,7 @@ def test_killed_after_a_checkpoint_with_no_evaluation_since_the_last_resumes_to_
     cmd = command(2, "sharded", "eval_interval=20ba")
     kill_after_checkpoint(tmp_path, cmd, batch=30)
     assert not (save_folder(tmp_path) / "ep0-ba40").exists(), "killed too late"
-    resumed = run(*cmd, root=tmp_path, check=True)
+    resumed = training(*cmd, root=tmp_path, check=True)
     said = resumed.stderr + task_log(tmp_path)
     assert "resuming from" in said and "ep0-ba30" in said
     got = newest_metrics(tmp_path)
@@ -116,7 +116,7 @@ def test_the_same_training_under_another_spelling_and_environment_resumes_the_sa
     learning rate (3e-3 as 0.0030), adds an environment variable and another progress interval: the same run,
     resumed from its checkpoint, ending at the uninterrupted loss."""
     _stopped_copy(2, 20, tmp_path, tmp_path_factory)
-    proc = run(*command(2, "sharded", "optimizer.lr=0.0030", "cluster.env.NCCL_DEBUG=INFO",
+    proc = training(*command(2, "sharded", "optimizer.lr=0.0030", "cluster.env.NCCL_DEBUG=INFO",
                                  "console_log_interval=5ba"), root=tmp_path, check=True)
     assert "resuming from" in proc.stderr + task_log(tmp_path)
     assert len(list((tmp_path / "checkpoints").iterdir())) == 1  # no second run beside it
@@ -150,7 +150,7 @@ def test_world_size_changes_two_to_four_to_two_and_two_to_one_continue_the_loss(
 
     one = tmp_path / "one"  # 2 -> 1: the same checkpoint folder continued by a plain one-process run
     shutil.copytree(two / "checkpoints", one / "checkpoints", symlinks=True)
-    proc = run(*command(1, "sharded"), root=one, check=True)
+    proc = training(*command(1, "sharded"), root=one, check=True)
     assert "consolidating its shards" in proc.stderr
     # mpt-tiny evaluates 4 batches of 8 on each rank: 64 samples at two ranks, 32 at one, said (at four ranks
     # below, 4 batches of 4 are 64 again: nothing said)
@@ -165,7 +165,7 @@ def test_world_size_changes_two_to_four_to_two_and_two_to_one_continue_the_loss(
     kill_after_checkpoint(two, command(4, "sharded", "device_train_microbatch_size=4"), batch=30)
     assert sorted(p.name for p in (save_folder(two) / "ep0-ba30").iterdir()) == \
         [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
-    assert "not comparable" not in run(*command(2, "sharded"), root=two, check=True).stderr  # 4 -> 2
+    assert "not comparable" not in training(*command(2, "sharded"), root=two, check=True).stderr  # 4 -> 2
     got = newest_metrics(two)
     assert got["world_size"] == 2 and got["batches"] == 40
     assert_same_losses(got, straight(2, tmp_path_factory))  # 21-30 at 4 ranks, 31-40 back at 2
@@ -183,7 +183,7 @@ def test_a_full_checkpoint_continues_from_two_ranks_at_four_then_at_one_with_the
     assert (folder / "ep0-ba20-rank0.pt").is_file() and not list(folder.glob("ep0-ba30*"))
     kill_after_checkpoint(tmp_path, command(4, "full", "device_train_microbatch_size=4"), batch=30)
     assert (folder / "ep0-ba30-rank0.pt").is_file()  # rank 0's one file, whatever the world size
-    proc = run(*command(1, "full"), root=tmp_path, check=True)
+    proc = training(*command(1, "full"), root=tmp_path, check=True)
     assert "resuming from" in proc.stderr and "ep0-ba30-rank0.pt" in proc.stderr
     got = newest_metrics(tmp_path)
     assert got["world_size"] == 1 and got["batches"] == 40
@@ -242,7 +242,7 @@ def test_no_link_and_a_truncated_newest_shard_resume_from_the_previous_checkpoin
     older = _files(folder, "ep0-ba40")
     root = folder.parents[1]
 
-    run(*cmd, root=root, check=True)
+    training(*cmd, root=root, check=True)
     log = task_log(root)
     assert "ep0-ba40 cannot be resumed from: shard __1_0.distcp is truncated" in log
     assert "resuming from " + str(folder / "ep0-ba30") in log
@@ -264,7 +264,7 @@ def test_an_empty_newest_file_beside_a_link_to_the_previous_resumes_from_the_pre
     (folder / "ep0-ba40-rank0.pt").write_bytes(b"")
     root = folder.parents[1]
 
-    proc = run(*cmd, root=root, check=True)
+    proc = training(*cmd, root=root, check=True)
     assert "ep0-ba40-rank0.pt cannot be resumed from: empty file" in proc.stderr
     assert_same_run(newest_metrics(root), straight(1, tmp_path_factory))
 
@@ -282,7 +282,7 @@ def test_a_complete_checkpoint_newer_than_the_link_is_used(tmp_path, tmp_path_fa
     older = _files(folder, "ep0-ba40")
     root = folder.parents[1]
 
-    run(*cmd, root=root, check=True)
+    training(*cmd, root=root, check=True)
     log = task_log(root)
     assert "ep0-ba40 cannot be resumed from: it is the final one (batch 40)" in log
     assert "resuming from " + str(folder / "ep0-ba30") in log
@@ -439,7 +439,7 @@ def test_a_flipped_block_in_the_newest_checkpoint_is_set_aside_and_the_run_resum
     _flip_middle(damaged)
     root = folder.parents[1]
 
-    proc = run(*cmd, root=root, check=True)
+    proc = training(*cmd, root=root, check=True)
     said = proc.stderr + task_log(root)
     assert f"{damaged} does not match its manifest" in said
     assert f"resuming from {_checkpoint(folder, 30)}" in said
@@ -469,7 +469,7 @@ def test_when_no_checkpoint_verifies_the_run_stops_naming_them_and_trains_nothin
         _flip_middle(_checkpoint(folder, batch))
     root = folder.parents[1]
 
-    proc = run(*cmd, root=root)
+    proc = training(*cmd, root=root)
     assert proc.returncode == 1, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()
     assert any(line.startswith("error: save_folder: no checkpoint in") for line in last)
@@ -504,7 +504,7 @@ def test_resuming_on_training_data_made_again_in_its_folder_is_refused_naming_it
     if record == "lost":  # copied to new storage without it: the checkpoint's manifest carries the record
         (folder / "identity.json").unlink()
     before = _files(folder)
-    proc = run(*command(2, "sharded"), root=tmp_path)
+    proc = training(*command(2, "sharded"), root=tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     said = proc.stderr + task_log(tmp_path)
     assert (f"train_loader.dataset: {data / 'train' / 'index.json'} is not the data this run trained on (1024 "
@@ -528,7 +528,7 @@ def test_a_checkpoint_without_its_manifest_resumes_on_its_content_and_gets_one(f
     assert written["run"] == json.loads((folder / "identity.json").read_text())  # the record travels with it
     manifest.unlink()
     (folder / "identity.json").unlink()
-    proc = run(*command(ranks, fmt), root=tmp_path, check=True)
+    proc = training(*command(ranks, fmt), root=tmp_path, check=True)
     said = proc.stderr + task_log(tmp_path)
     assert f"{ckpt} has no manifest: its content matches the CRCs torch wrote into it" in said, said[-3000:]
     assert f"resuming from {ckpt}" in said and not (folder / "set-aside").exists()
@@ -541,7 +541,7 @@ def test_a_checkpoint_without_its_manifest_resumes_on_its_content_and_gets_one(f
     for made in [*older.glob("*.manifest.json"), older / "identity.json"]:
         made.unlink()
     before = _files(older)
-    stopped = run(*command(ranks, fmt), root=tmp_path / "older")
+    stopped = training(*command(ranks, fmt), root=tmp_path / "older")
     assert stopped.returncode == 1, stopped.stderr[-3000:]
     said = stopped.stderr + task_log(tmp_path / "older")
     assert (f"save_folder: what run {_checkpoint(older, 30)} belongs to cannot be established: "
@@ -563,7 +563,7 @@ def test_a_damaged_checkpoint_without_its_manifest_is_set_aside_by_its_crcs_and_
     _flip_middle(damaged)
     root = folder.parents[1]
 
-    proc = run(*cmd, root=root, check=True)
+    proc = training(*cmd, root=root, check=True)
     said = proc.stderr + task_log(root)
     assert f"cannot be resumed from: {damaged}: " in said and "(damaged since torch wrote it)" in said, said[-3000:]
     assert f"resuming from {_checkpoint(folder, 30)}" in said
@@ -756,13 +756,13 @@ def test_every_kept_checkpoint_has_its_manifest_and_a_shorter_max_duration_rolls
     max_duration than it trained to: nothing to do, nothing set aside (not its final checkpoint, which a run
     stopped before its end would have trained again)."""
     cmd = ["-m", "train", "max_duration=24ba", "save_interval=2ba", "eval_interval=12ba", "progress_bar=false"]
-    run(*cmd, root=tmp_path, check=True)
+    training(*cmd, root=tmp_path, check=True)
     folder = save_folder(tmp_path)
     kept = sorted(p.name for p in folder.glob("ep0-ba*") if not p.name.endswith(".json"))
     assert len(kept) == 10 and "ep0-ba24-rank0.pt" in kept
     assert sorted(p.name for p in folder.glob("*.manifest.json")) == sorted(f"{k}.manifest.json" for k in kept)
     before = _files(folder, "f")  # the checkpoints and their manifests (each start records identity.json)
-    again = run(*cmd, "max_duration=20ba", f"run_name={folder.name}", root=tmp_path, check=True)
+    again = training(*cmd, "max_duration=20ba", f"run_name={folder.name}", root=tmp_path, check=True)
     assert "nothing to do" in again.stderr and "cannot be resumed from" not in again.stderr
     assert not (folder / "set-aside").exists() and _files(folder, "f") == before
     assert json.loads((folder / "finished.json").read_text())["max_duration"] == "24ba"

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import C4, PYTHON, ROOT, TOKENIZER, finished, kill_run, need_shared, start
+from helpers import C4, PYTHON, ROOT, TOKENIZER, finished, kill_run, need_shared, start, train_here
 
 pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
 
@@ -112,11 +112,11 @@ def _c4_mds(folder: Path) -> Path:
     return folder
 
 
-def test_trains_on_real_c4_with_the_real_tokenizer(tmp_path, cli):
+def test_trains_on_real_c4_with_the_real_tokenizer(tmp_path):
     need_shared()
     data = _c4_mds(tmp_path / "c4")
-    cli("train", "data=c4", f"variables.data_local={data}", f"tokenizer.name={TOKENIZER}",
-          "max_duration=8ba", "eval_interval=8ba", "checkpoint=none", check=True)
+    train_here("data=c4", f"variables.data_local={data}", f"tokenizer.name={TOKENIZER}",
+               "max_duration=8ba", "eval_interval=8ba", "checkpoint=none", root=tmp_path, check=True)
     m = metrics(tmp_path)
     assert m["batches"] == 8
     assert m["train_loss"][-1][1] < m["train_loss"][0][1]
