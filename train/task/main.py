@@ -104,10 +104,11 @@ def run(cfg: DictConfig) -> dict:
                     except RunStopped as err:
                         if not spike.roll_back(err, cfg, fcfg):
                             raise
+                    spike.before_the_next_start(fcfg, cfg)
                     with open_dict(fcfg):  # the run's own checkpoint rolled back to (the newest left), whole
                         fcfg.autoresume = True
                         fcfg.callbacks.pop("continued_from", None)
-                    _choose_resume_point(cfg, fcfg)
+                    tracking.for_this_training(fcfg, _choose_resume_point(cfg, fcfg), cfg)
                 ended = int(trainer.state.timestamp.batch.value)
                 trainer.close()
             finally:

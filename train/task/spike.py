@@ -207,6 +207,27 @@ class RolledBack(Callback):
                             "spike/skip_batches": skip, **({"spike/lr": lrs[0]} if lrs else {})})
 
 
+def before_the_next_start(fcfg, cfg) -> None:
+    """After a rollback, before the fresh trainer: the trackers' runs of the trainer that stopped are ended here (its
+    loggers were not closed: it raised), and the choice of tracking run is made again as a start that resumes this
+    run's own checkpoint makes it (train/task/tracking.py: the same MLflow run, the same W&B run)."""
+    import sys
+
+    from omegaconf import OmegaConf, open_dict
+
+    from train.task import tracking
+
+    if "mlflow" in sys.modules and sys.modules["mlflow"].active_run() is not None:
+        sys.modules["mlflow"].end_run()
+    if "wandb" in sys.modules and getattr(sys.modules["wandb"], "run", None) is not None:
+        sys.modules["wandb"].finish()
+    tracking.after_the_trainer()
+    configured = OmegaConf.select(cfg, "loggers.mlflow.resume", default=None)
+    if OmegaConf.select(fcfg, "loggers.mlflow") is not None and configured is not None:
+        with open_dict(fcfg):
+            fcfg.loggers.mlflow.resume = configured
+
+
 def follows(fcfg) -> None:
     """RolledBack on every start of a run with a local save folder (a requeue in the middle of a rollback finds it
     in the record)."""
