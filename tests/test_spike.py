@@ -204,3 +204,36 @@ def test_a_slurm_job_requeued_in_the_middle_of_a_rollback_finishes_it_once(slurm
     assert max(losses[b] for b in range(21, 31)) < 3 * min(losses[b] for b in range(16, 21)), losses
     folder = next((tmp_path / "checkpoints").iterdir())
     assert _sample_in_epoch(folder / "ep0-ba25-rank0.pt") == (25 + 6) * BATCH
+
+
+def test_a_start_after_a_kill_between_the_record_and_the_moves_finishes_the_rollback(tmp_path):
+    """spike.json is written before anything moves: a start that finds a rollback recorded and not carried out sets
+    aside the checkpoints after its point (kept, not deleted) before it chooses one, once."""
+    from train.checkpoint import resume
+    from train.task import interventions, spike
+
+    for batch in (10, 15, 20):
+        (tmp_path / f"ep0-ba{batch}-rank0.pt").write_bytes(b"x")
+    interventions.write(tmp_path, [{"action": "rollback", "batch": 17, "resumed_from": 10, "skip_batches": 6,
+                                    "lr_scale": 1.0, "pending": True}])
+    spike.finish_pending(tmp_path)
+    assert [c.batch for c in resume.find(tmp_path)] == [10]
+    assert sorted(p.name.split(".pt")[0] for p in (tmp_path / resume.SET_ASIDE).iterdir()) == ["ep0-ba15-rank0",
+                                                                                             "ep0-ba20-rank0"]
+    [entry] = interventions.read(tmp_path)
+    assert entry["pending"] is False and spike.rollbacks(tmp_path) == 1
+    (tmp_path / "ep0-ba25-rank0.pt").write_bytes(b"x")  # trained after the rollback: the run's own, kept
+    spike.finish_pending(tmp_path)
+    assert [c.batch for c in resume.find(tmp_path)] == [10, 25]
+
+
+def test_spike_settings_are_checked_before_anything_starts_all_at_once(tmp_path, cli):
+    typed = cli("train", "spike.max_rollbacks=1.5", "plan=json", check=2)  # the schema's, at composition
+    assert typed.stderr.startswith("error: spike.max_rollbacks: 1.5 is not a whole number"), typed.stderr[-2000:]
+    ok = cli("train", "spike.action=rollback", "checkpoint=none", "plan=json", check=2)
+    assert "error: spike.action: is rollback, but the run writes no checkpoints (checkpoint=none) to roll back to" \
+        in ok.stderr, ok.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []  # a refused look writes nothing
+    neg = cli("train", "spike.skip_batches=-1", "spike.lr_scale=0", "plan=json", check=2)
+    assert "error: spike.skip_batches: must be a whole number, 0 or more, got -1" in neg.stderr
+    assert "error: spike.lr_scale: must be a number above 0 and at most 1" in neg.stderr
