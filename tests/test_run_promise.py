@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import finished, kill_run, run, start, train_command
+from helpers import finished, kill_run, run, start, train_command, train_here, training
 
 pytestmark = pytest.mark.train
 
@@ -36,9 +36,9 @@ def metrics(root: Path) -> dict:
     return json.loads(max((root / "outputs").rglob("metrics.json"), key=lambda p: p.stat().st_mtime).read_text())
 
 
-def test_the_reported_evaluation_is_the_last_one(tmp_path, cli):
+def test_the_reported_evaluation_is_the_last_one(tmp_path):
     """max_duration=5ba, eval_interval=3ba: evaluations at 3 and at the end (5); the result is the one at 5."""
-    proc = cli("train", "max_duration=5ba", "eval_interval=3ba", "save_interval=5ba", check=True)
+    proc = train_here("max_duration=5ba", "eval_interval=3ba", "save_interval=5ba", root=tmp_path, check=True)
     got = metrics(tmp_path)
     assert [b for b, _ in got["eval"]] == [3, 5]
     assert got["final_eval"] == got["eval"][-1][1] != got["eval"][0][1]
@@ -68,7 +68,7 @@ def test_a_kill_during_the_final_evaluation_is_followed_by_a_rerun_that_reports_
     assert (folder / "ep0-ba20-rank0.pt").is_file() and not (folder / "finished.json").exists()
     assert [b for b, _ in metrics(tmp_path)["eval"]] == [15]  # killed in the evaluation at 20
 
-    again = run(*args, root=tmp_path, check=True)
+    again = training(*args, root=tmp_path, check=True)
     assert "nothing to do" not in again.stderr
     assert "ep0-ba20-rank0.pt cannot be resumed from: it is the final one (batch 20) of a run that stopped " \
         "before its end" in again.stderr
@@ -81,8 +81,8 @@ def test_a_kill_during_the_final_evaluation_is_followed_by_a_rerun_that_reports_
                                                      if not p.name.endswith(".json")] == ["ep0-ba20-rank0"]
     # and once finished, the same command has nothing to do, nor the same length in batches (it set the final
     # checkpoint aside and trained its last batches again: finished.json's 40960tok was not read as 20 batches)
-    assert "nothing to do" in run(*args, root=tmp_path, check=True).stderr
-    same = run("-m", "train", f"run_name={folder.name}", "max_duration=20ba", "scheduler.t_warmup=4ba",
+    assert "nothing to do" in training(*args, root=tmp_path, check=True).stderr
+    same = training("-m", "train", f"run_name={folder.name}", "max_duration=20ba", "scheduler.t_warmup=4ba",
                "eval_interval=15ba", "save_interval=10ba", "progress_bar=false", root=tmp_path, check=True)
     assert "nothing to do" in same.stderr and "cannot be resumed from" not in same.stderr
     if duration.endswith("tok"):
@@ -90,7 +90,7 @@ def test_a_kill_during_the_final_evaluation_is_followed_by_a_rerun_that_reports_
         # the final checkpoint, and finished.json's 40960tok read at this batch size 10: that finished checkpoint
         # was set aside as the end of a run stopped before it, and batches 11-20 trained again, exit 0. Its
         # manifest says where it stands in tokens, finished.json the batch the run ended at.
-        longer = run("-m", "train", f"run_name={folder.name}", "max_duration=81920tok", "scheduler.t_warmup=8192tok",
+        longer = training("-m", "train", f"run_name={folder.name}", "max_duration=81920tok", "scheduler.t_warmup=8192tok",
                      "global_train_batch_size=32", "eval_interval=15ba", "save_interval=10ba", "progress_bar=false",
                      root=tmp_path, check=True)
         assert "cannot be resumed from" not in longer.stderr, longer.stderr[-3000:]
@@ -98,15 +98,15 @@ def test_a_kill_during_the_final_evaluation_is_followed_by_a_rerun_that_reports_
         assert metrics(tmp_path)["batches"] == 30  # 20 x 16 x 128 + 10 x 32 x 128 = 81920 tokens
 
 
-def test_with_several_evaluators_each_ones_last_evaluation_is_reported(tmp_path, cli):
+def test_with_several_evaluators_each_ones_last_evaluation_is_reported(tmp_path):
     """llm-foundry's eval_loaders (two labelled evaluators; b shuffles, so their numbers differ): composer ends an
     evaluation once per evaluator. The history holds each evaluator once per evaluation, never the other's
     not-yet-computed (NaN) or previous numbers, and the result holds both evaluators' last (it held b's alone)."""
     loader = ("{{label:{},name:text,dataset:{{local:${{variables.data_local}},split:val,shuffle:{},shuffle_seed:3,"
               "max_seq_len:${{max_seq_len}}}},drop_last:false,num_workers:1}}")
     evaluators = f"+eval_loaders=[{loader.format('a', 'false')},{loader.format('b', 'true')}]"
-    cli("train", "max_duration=4ba", "eval_interval=2ba", "save_interval=4ba", "eval_subset_num_batches=1",
-        "eval_loader=null", evaluators, check=True)
+    train_here("max_duration=4ba", "eval_interval=2ba", "save_interval=4ba", "eval_subset_num_batches=1",
+               "eval_loader=null", evaluators, root=tmp_path, check=True)
     got = metrics(tmp_path)
     assert [(b, sorted({k.rsplit("/", 1)[0] for k in v})) for b, v in got["eval"]] == \
         [(2, ["eval/a"]), (2, ["eval/b"]), (4, ["eval/a"]), (4, ["eval/b"])], got["eval"]
@@ -354,7 +354,7 @@ def test_a_full_checkpoint_file_system_is_one_clear_error_and_resuming_after_mak
     assert "bytes free" in line and "needs " in line
 
     filler.unlink()  # room made: the same command resumes from the newest complete checkpoint
-    run(*cmd, root=root, check=True)
+    training(*cmd, root=root, check=True)
     got = metrics(root)
     assert got["batches"] == 40 and [b for b, _ in got["eval"]] == [10, 20, 30, 40]
     assert got["final_train_loss"] == pytest.approx(want["final_train_loss"], rel=1e-6)
