@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import run, streaming_dataset
+from helpers import run, streaming_dataset, train_here
 
 from data_prep.mds import HASHES, ShardWriter
 from train.task import mock_data
@@ -110,7 +110,7 @@ def test_a_run_stops_before_training_naming_the_damaged_val_shard_and_leaves_not
     [victim] = (mock / "val").glob("shard.*.mds")
     _flip(victim)
     before = _everything(root)
-    proc = run("-m", "train", "max_duration=4ba", root=root, timeout=300)
+    proc = train_here("max_duration=4ba", root=root)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"error: eval_loader.dataset: shard {victim} is damaged: its xxh3_64 is" in proc.stderr
     assert "Traceback" not in proc.stderr and "[progress]" not in proc.stderr
@@ -122,7 +122,7 @@ def test_a_run_stops_before_training_naming_the_damaged_val_shard_and_leaves_not
     (earlier / ".hydra" / "overrides.yaml").write_text("- max_duration=4ba\n- seed=3\n")
     (earlier / "__main__.log").write_text("[the earlier start's log]\n")
     before = _everything(root)
-    proc = run("-m", "train", "max_duration=4ba", root=root, timeout=300)
+    proc = train_here("max_duration=4ba", root=root)
     assert proc.returncode == 2 and "is damaged" in proc.stderr, proc.stderr[-3000:]
     assert _everything(root) == before
 
