@@ -364,6 +364,23 @@ def patch_llmfoundry_kill_loss_spike(behaviour) -> type:
 # --------------------------------------------------------------------------------------------------- streaming
 
 
+@written_against(STREAMING, "tests/test_train_runs.py::test_a_training_in_the_test_process_leaves_the_process_as_it_was")
+def streaming_threads_ended() -> None:
+    """Every StreamingDataset alive in this process told to stop its two prefetching threads (its `_event`, which
+    streaming itself sets when its iteration fails), and its thread pool shut down, waiting for them. A training
+    that stops before its epoch's end leaves them polling until the process exits: a process that trains again
+    (the tests' in-process trainings) would keep every earlier training's."""
+    import gc
+
+    from streaming import StreamingDataset
+
+    for dataset in [o for o in gc.get_objects() if isinstance(o, StreamingDataset)]:
+        if hasattr(dataset, "_event"):
+            dataset._event.set()
+        if hasattr(dataset, "_executor"):
+            dataset._executor.shutdown(wait=True)
+
+
 @written_against(STREAMING, "tests/test_shm.py::test_a_rank_that_attaches_before_the_block_is_sized_waits_for_it")
 def patch_streaming_shared_memory_attach_waits() -> None:
     """streaming's SharedMemory (create=None, as every rank of a dataset's load_state_dict asks for its `_resume`

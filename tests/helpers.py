@@ -406,7 +406,12 @@ def train_here(*overrides: str, root=None, check=None, env=None, cwd=ROOT) -> su
 
 def _as_the_process_exits() -> None:
     """What the end of a training command's process does that another command in this one must not inherit: its
-    goodput ledger's last write (an exit handler), torch's process group."""
+    datasets' prefetching threads ended (they would hold the datasets and their shared memory), its goodput
+    ledger's last write (an exit handler), torch's process group."""
+    if "streaming" in sys.modules:
+        from common.compat import streaming_threads_ended
+
+        streaming_threads_ended()
     if "train.task.goodput" in sys.modules:
         from train.task import goodput
 

@@ -244,3 +244,31 @@ def test_mpt_is_known_to_be_no_registered_causal_lm_without_importing_them_all(m
     monkeypatch.setattr(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING.__class__, "values",
                         lambda self: pytest.fail("scanned every registered causal LM"))
     assert huggingface._is_registered_causal_lm(mpt) is False
+
+
+def test_a_training_in_the_test_process_leaves_the_process_as_it_was(tmp_path):
+    """helpers.train_here, which the one-rank training tests use: the run trains as the command does (its files,
+    its answer on stdout, its messages on stderr and in its log file), and afterwards the test process is as it
+    was: no thread of the run alive (streaming's prefetching threads outlived a training stopped mid-epoch,
+    polling until the process exited), no process group, the environment, working directory, umask and root
+    logger's handlers as before."""
+    import logging
+    import threading
+
+    env, cwd, handlers = dict(os.environ), os.getcwd(), list(logging.getLogger().handlers)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    threads = set(threading.enumerate())
+    proc = train_here("max_duration=2ba", "eval_interval=2ba", "save_interval=2ba", "progress_bar=false",
+                      root=tmp_path, check=True)
+    assert proc.stdout.strip().startswith("final train loss ") and "[progress] step 2/2" in proc.stderr
+    [job_log] = (tmp_path / "outputs").rglob("__main__.log")
+    assert "[llmfoundry.command_utils.train][INFO] - Starting training..." in job_log.read_text()
+    assert (tmp_path / "outputs").stat().st_mode & 0o007 == 0  # the command's umask
+
+    import torch.distributed as torch_dist
+
+    assert not [t for t in threading.enumerate() if t not in threads and t.is_alive()]
+    assert not torch_dist.is_initialized()
+    assert dict(os.environ) == env and os.getcwd() == cwd and logging.getLogger().handlers == handlers
+    assert os.umask(umask) == umask
