@@ -257,7 +257,10 @@ def test_a_rank_that_attaches_before_the_block_is_sized_waits_for_it(monkeypatch
 
     from common.compat import patch_streaming_shared_memory_attach_waits
 
-    monkeypatch.setattr(memory, "BuiltinSharedMemory", memory.BuiltinSharedMemory)  # restored after the test
+    # unpatched to begin with (a training in this worker may have patched it), and restored after the test
+    builtin = memory.BuiltinSharedMemory
+    monkeypatch.setattr(memory, "BuiltinSharedMemory",
+                        builtin.__mro__[1] if getattr(builtin, "waits_to_be_sized", False) else builtin)
     if patched:
         patch_streaming_shared_memory_attach_waits()
     name = f"{random.randrange(990000, 999999):06d}_resume"
