@@ -34,10 +34,12 @@ ATTENTION = {"flash": "flash_attention_2", "torch": None}
 
 
 def is_hf(model) -> bool:
-    return _get(model, "name") == NAME
+    return value_of(model, "name") == NAME
 
 
-def _get(node, key, default=None):
+def value_of(node, key, default=None):
+    """node[key], or default where the node has none, holds null, or is not a mapping (a model config read as
+    given: plain dicts and OmegaConf nodes alike)."""
     try:
         v = node.get(key, default)
     except AttributeError:
@@ -56,8 +58,8 @@ def _plain(node):
 def overrides(model) -> dict:
     """config_overrides as llm-foundry gets them: the architecture's own, with model.vocab_size (the vocabulary our
     data groups size for their tokenizer, or a preset's) where they do not set vocab_size."""
-    found = dict(_plain(_get(model, "config_overrides", {})) or {})
-    vocab = _get(model, "vocab_size")
+    found = dict(_plain(value_of(model, "config_overrides", {})) or {})
+    vocab = value_of(model, "vocab_size")
     if vocab is not None and "vocab_size" not in found:
         found["vocab_size"] = vocab
     return found
@@ -75,7 +77,7 @@ def foundry_model(model: dict, special: dict | None = None) -> dict:
         return model
     out = {k: v for k, v in model.items() if k not in GROUP_KNOBS}
     out["config_overrides"] = {**(special or {}), **overrides(model)}
-    impl = ATTENTION.get(_get(_get(model, "attn_config", {}), "attn_impl"))
+    impl = ATTENTION.get(value_of(value_of(model, "attn_config", {}), "attn_impl"))
     if impl and not out.get("use_flash_attention_2") and out.get("attn_implementation") is None:
         out["attn_implementation"] = impl
     return out
@@ -250,7 +252,7 @@ def construct(model_type: str, base: dict) -> dict:
 def attributes(model) -> dict:
     """The architecture's config as llm-foundry builds it for this `model:` section (its base config.json, then
     config_overrides set one by one); ArchError where it cannot be known here or llm-foundry would refuse it."""
-    name = _get(model, "pretrained_model_name_or_path")
+    name = value_of(model, "pretrained_model_name_or_path")
     return _attributes(str(name) if name else "", json.dumps(overrides(model), sort_keys=True, default=str),
                        _stamp(name))
 

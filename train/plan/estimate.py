@@ -5,6 +5,8 @@ in the units of the vendor tables they come from: the AMLFS table (2.3 TiB writt
 works out only with 2**30 bytes per "GB", so that is what a "GB/s" is here.
 """
 
+from train.config.hf_arch import value_of
+
 GiB = 2**30
 TiB = 2**40
 
@@ -45,7 +47,7 @@ MPT_VOCAB = 50368  # MPTConfig's vocab_size, where a model (a YAML's) leaves it 
 
 def vocab_size(model) -> int:
     hf = hf_shape(model)
-    return hf["vocab_size"] if hf else _get(model, "vocab_size", MPT_VOCAB)
+    return hf["vocab_size"] if hf else value_of(model, "vocab_size", MPT_VOCAB)
 
 
 def hf_shape(model) -> dict | None:
@@ -53,7 +55,7 @@ def hf_shape(model) -> dict | None:
     model_type than MPT's), from its config (train/config/hf_arch.py); None for an MPT."""
     from train.config import hf_arch
 
-    if hf_arch.is_hf(model) or _get(model, "model_type") not in (None, "mpt"):
+    if hf_arch.is_hf(model) or value_of(model, "model_type") not in (None, "mpt"):
         return hf_arch.model_shape(model)
     return None
 
@@ -90,30 +92,22 @@ def _attention_width(model) -> int:
     return hf["n_heads"] * hf["head_dim"] if hf else model["d_model"]
 
 
-def _get(node, key, default=None):
-    try:
-        v = node.get(key, default)
-    except AttributeError:
-        return default
-    return default if v is None else v
-
-
 def kv_heads(model) -> int:
     """Key/value heads of MPT's attention: every head's (multihead_attention, the default), one
     (multiquery_attention), or attn_config.kv_n_heads (grouped_query_attention)."""
-    attn = _get(model, "attn_config", {})
-    kind = _get(attn, "attn_type", "multihead_attention")
+    attn = value_of(model, "attn_config", {})
+    kind = value_of(attn, "attn_type", "multihead_attention")
     if kind == "multiquery_attention":
         return 1
     if kind == "grouped_query_attention":
-        return _get(attn, "kv_n_heads", 1)
+        return value_of(attn, "kv_n_heads", 1)
     return model["n_heads"]
 
 
 def ffn_hidden(model) -> int:
     """The feed-forward width: ffn_config.ffn_hidden_size where set, else expansion_ratio x d_model (as llm-foundry's
     resolve_ffn_hidden_size)."""
-    return int(_get(_get(model, "ffn_config", {}), "ffn_hidden_size") or _get(model, "expansion_ratio", 4) * model["d_model"])
+    return int(value_of(value_of(model, "ffn_config", {}), "ffn_hidden_size") or value_of(model, "expansion_ratio", 4) * model["d_model"])
 
 
 def block_params(model) -> int:
@@ -125,15 +119,15 @@ def block_params(model) -> int:
         return hf["block_params"]
     d, hidden = model["d_model"], ffn_hidden(model)
     qkv = d + 2 * kv_heads(model) * (d // model["n_heads"])
-    glu = _get(_get(model, "ffn_config", {}), "ffn_type", "mptmlp") == "mptglu"
+    glu = value_of(value_of(model, "ffn_config", {}), "ffn_type", "mptmlp") == "mptglu"
     weights = d * qkv + d * d + (2 + glu) * d * hidden + 2 * d
     biases = qkv + d + (1 + glu) * hidden + d + 2 * d * _norm_bias(model)
-    return weights + (not _get(model, "no_bias", False)) * biases
+    return weights + (not value_of(model, "no_bias", False)) * biases
 
 
 def _norm_bias(model) -> bool:
     """Whether MPT's norms have a bias (where no_bias allows): the layer norms do, the RMS norms never."""
-    return "rmsnorm" not in str(_get(model, "norm_type", "low_precision_layernorm"))
+    return "rmsnorm" not in str(value_of(model, "norm_type", "low_precision_layernorm"))
 
 
 def embedding_params(model) -> int:
@@ -141,11 +135,11 @@ def embedding_params(model) -> int:
     hf = hf_shape(model)
     if hf:
         return hf["embedding_params"]
-    d, attn = model["d_model"], _get(model, "attn_config", {})
+    d, attn = model["d_model"], value_of(model, "attn_config", {})
     # MPTConfig turns learned position embeddings off where alibi or rope gives the positions
-    learned = _get(model, "learned_pos_emb", True) and not (_get(attn, "alibi", False) or _get(attn, "rope", False))
+    learned = value_of(model, "learned_pos_emb", True) and not (value_of(attn, "alibi", False) or value_of(attn, "rope", False))
     pos = model["max_seq_len"] * d if learned else 0
-    head = 0 if _get(model, "tie_word_embeddings", True) else d * vocab_size(model)
+    head = 0 if value_of(model, "tie_word_embeddings", True) else d * vocab_size(model)
     return vocab_size(model) * d + pos + head
 
 
@@ -155,7 +149,7 @@ def param_count(model) -> int:
     if hf:
         return hf["n_layers"] * hf["block_params"] + hf["embedding_params"] + hf["final_params"]
     d = model["d_model"]
-    bias = not _get(model, "no_bias", False) and _norm_bias(model)
+    bias = not value_of(model, "no_bias", False) and _norm_bias(model)
     return model["n_layers"] * block_params(model) + embedding_params(model) + d * (1 + bias)  # + final norm
 
 
@@ -211,14 +205,14 @@ def memory_per_gpu(model, *, world_size: int, tasks_per_node: int, microbatch, p
     flight with limit_all_gathers) and its gradients reduced from a bf16 buffer.
     """
     n = param_count(model)
-    strategy = _get(fsdp, "sharding_strategy", "FULL_SHARD") if fsdp is not None else None
+    strategy = value_of(fsdp, "sharding_strategy", "FULL_SHARD") if fsdp is not None else None
     shards = shard_count(strategy, world_size, tasks_per_node)
     low = precision in ("amp_bf16", "amp_fp16", "amp_fp8", "bf16", "fp16")
     act_bytes = 2 if low else 4
-    pure = fsdp is not None and _get(fsdp, "mixed_precision", "DEFAULT") == "PURE" and low
+    pure = fsdp is not None and value_of(fsdp, "mixed_precision", "DEFAULT") == "PURE" and low
     unit_bytes = 2 if pure else 4
     if checkpointing is None:
-        checkpointing = bool(_get(fsdp, "activation_checkpointing", False)) if fsdp is not None else False
+        checkpointing = bool(value_of(fsdp, "activation_checkpointing", False)) if fsdp is not None else False
     mb = counted_microbatch(microbatch)
     parts = {
         "params": WEIGHT_BYTES * n // shards,
