@@ -125,11 +125,15 @@ def run(*args, root=None, check=None, env=None, cwd=ROOT, timeout=600, input=Non
         except BaseException:  # an interrupted test: the command does not outlive it
             stop(proc)
             raise
-    result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return _checked(subprocess.CompletedProcess(cmd, proc.returncode, out, err), check)
+
+
+def _checked(result: subprocess.CompletedProcess, check, where: str = "") -> subprocess.CompletedProcess:
+    """check: True (exit 0), an exit status, or None/False (any): asserted with the ends of the output."""
     want = 0 if check is True else check
     if want is not None and want is not False:
-        assert result.returncode == want, (f"{' '.join(cmd[1:])}: exit {result.returncode}, not {want}\n"
-                                           f"{out[-2000:]}\n{err[-4000:]}")
+        assert result.returncode == want, (f"{' '.join(result.args[1:])}{where}: exit {result.returncode}, not "
+                                           f"{want}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     return result
 
 
@@ -396,12 +400,7 @@ def train_here(*overrides: str, root=None, check=None, env=None, cwd=ROOT) -> su
                 lg.propagate, lg.handlers[:], lg.disabled = propagate, kept, disabled
         logging.raiseExceptions = raise_exceptions
         gc.collect()
-    result = subprocess.CompletedProcess(cmd, status, out.getvalue(), err.getvalue())
-    want = 0 if check is True else check
-    if want is not None and want is not False:
-        assert result.returncode == want, (f"{' '.join(cmd[1:])} (in-process): exit {result.returncode}, not {want}"
-                                           f"\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
-    return result
+    return _checked(subprocess.CompletedProcess(cmd, status, out.getvalue(), err.getvalue()), check, " (in-process)")
 
 
 def _as_the_process_exits() -> None:
