@@ -219,7 +219,9 @@ def test_the_ranks_of_a_job_take_their_leaders_prefix(tmp_path, fix):
     runs on one machine). Patched (common/compat.py), every rank takes its local leader's number."""
     import socket
 
-    base = random.randrange(900000, 990000, 10)
+    # not the module's generator: a training in this worker seeds it (composer's seed_all), and another worker
+    # seeded alike would draw the same base and remove this test's files
+    base = random.SystemRandom().randrange(900000, 990000, 10)
     other = SHM / f"{base:06}_epoch_data"  # another job's, at the first prefix free of `locals`
     other.write_bytes(b"\0" * 64)
     # held open, as its job would: a task starting beside this test removes streaming's memory no process holds
@@ -263,7 +265,7 @@ def test_a_rank_that_attaches_before_the_block_is_sized_waits_for_it(monkeypatch
                         builtin.__mro__[1] if getattr(builtin, "waits_to_be_sized", False) else builtin)
     if patched:
         patch_streaming_shared_memory_attach_waits()
-    name = f"{random.randrange(990000, 999999):06d}_resume"
+    name = f"{random.SystemRandom().randrange(990000, 999999):06d}_resume"
     fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)  # made, not sized yet
     sized = threading.Timer(0.3, os.ftruncate, (fd, mmap.PAGESIZE))
     sized.start()
