@@ -22,6 +22,8 @@ from helpers import (
 )
 from submitit.core.utils import pickle_load
 
+from train.task import goodput
+
 TINY = ("cluster=slurm-local", "data=mock", "progress_bar=false")
 WAIT = "cluster.wait=true"  # the command waits for its jobs, as it did before submit-and-return
 
@@ -267,6 +269,19 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     got = json.loads(got.read_text())
     assert [b for b, _ in got["eval"]] == [10, 20, 30, 40]  # every evaluation, across the requeue
     assert got["final_eval"] == pytest.approx(want["final_eval"], rel=1e-6)
+    # goodput across the requeue: one segment per allocation, each from Slurm's start of the job; the first's
+    # time after its checkpoint at 20 (held still until the warning) was lost to the requeue
+    [record] = root.glob(f"checkpoints/*/{goodput.FILE}")
+    first, second = json.loads(record.read_text())["segments"]
+    assert (first["from_batch"], second["from_batch"], second["finished"]) == (0, 20, True)
+    assert first["ended"] <= second["began"] + 1  # Slurm's start time is in whole seconds
+    parts = got["goodput_parts"]
+    assert (parts["starts"], parts["rollbacks"]) == (2, 0)
+    assert parts["lost_to_requeues_s"] > 0 and parts["lost_to_rollbacks_s"] == 0
+    assert sum(parts[p] for p in goodput.PARTS) == pytest.approx(parts["allocated_s"], rel=1e-9)
+    assert parts["allocated_s"] == pytest.approx(sum(s["ended"] - s["began"] for s in (first, second)), abs=5)
+    assert got["goodput"] == pytest.approx(parts["trained_s"] / parts["allocated_s"]) and 0 < got["goodput"] < 1
+    assert float(row["goodput"]) == pytest.approx(got["goodput"])
 
 
 def test_a_requeued_job_that_does_not_resume_continues_its_own_checkpoints_to_the_uninterrupted_loss(
