@@ -234,6 +234,10 @@ def test_spike_settings_are_checked_before_anything_starts_all_at_once(tmp_path,
     assert "error: spike.action: is rollback, but the run writes no checkpoints (checkpoint=none) to roll back to" \
         in ok.stderr, ok.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []  # a refused look writes nothing
+    remote = cli("train", "spike.action=rollback", "save_folder=s3://bucket/ckpt", "plan=json", check=2)
+    assert "error: spike.action: is rollback, but save_folder s3://bucket/ckpt is in an object store" \
+        in remote.stderr, remote.stderr[-2000:]
+    assert cli("train", "save_folder=s3://bucket/ckpt", "plan=json", check=True).returncode == 0  # stop: no folder read
     neg = cli("train", "spike.skip_batches=-1", "spike.lr_scale=0", "plan=json", check=2)
     assert "error: spike.skip_batches: must be a whole number, 0 or more, got -1" in neg.stderr
     assert "error: spike.lr_scale: must be a number above 0 and at most 1" in neg.stderr

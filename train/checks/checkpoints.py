@@ -134,6 +134,12 @@ def stops_when_it_diverges(cfg, ctx):
     elif action == "rollback" and not value(cfg, "save_folder"):
         yield Problem("spike.action", "is rollback, but the run writes no checkpoints (checkpoint=none) to roll back "
                       "to", "a checkpoint group (checkpoint=sharded), or spike.action=stop")
+    elif action == "rollback" and "://" in str(value(cfg, "save_folder")):
+        # a rollback sets aside the checkpoints after its point and records itself beside them (train/task/spike.py):
+        # in a folder of this file system; at a spike the run would stop instead
+        yield Problem("spike.action", f"is rollback, but save_folder {value(cfg, 'save_folder')} is in an object "
+                      "store: a rollback goes back to a checkpoint in a local (shared) folder",
+                      "a save_folder on a file system the nodes share, or spike.action=stop")
 
 
 # What a resume reads back from a checkpoint (composer's state dict paths): without one, the run goes on from it
