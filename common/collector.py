@@ -1,12 +1,12 @@
 """Where a process of ours keeps Python's cyclic GC from walking objects that live as long as the process.
 
-A process that imports composer and llm-foundry (a training task, export, sample, evaluate) creates ~680,000
-objects on the way, nearly all of them module state kept to the end. The GC walks them again and again:
-- while they are imported (each collection of the oldest generation walks all made so far): measured, the import
-  with the GC paused and the result frozen took 5.9 s of CPU against 7.5 s, and each later full collection walks
-  what the run itself made, not the libraries (`imported_without_collections`);
-- while Python tears its modules down at exit: 1.5-2 s of CPU per process, measured from a run's answer printed to
-  its process gone 2.5-3.1 s, 1.1 s without it (`without_teardown_collections`).
+A process that imports composer and llm-foundry (a training task, export, sample, evaluate) creates hundreds of
+thousands of objects on the way, nearly all of them module state kept to the end. The GC would walk them again and
+again, for nothing it could free:
+- while they are imported (each collection of the oldest generation walks all made so far): with the GC paused
+  and the result frozen, each later full collection walks what the run itself made, not the libraries
+  (`imported_without_collections`);
+- while Python tears its modules down at exit, after the run's answer is printed (`without_teardown_collections`).
 Freezing keeps objects out of collections; it never frees or keeps anything else: a frozen object still goes
 when its last reference does."""
 import atexit

@@ -94,7 +94,7 @@ _PICKLED: dict = {}  # id(base): (base, its pickle), the base kept so that its i
 
 def _copied(base):
     """A copy of a composed config, as deepcopy makes it, from its pickle (made once per base): OmegaConf's deepcopy
-    walks every node in Python, five times slower, and a sweep copies one base per point."""
+    walks every node in Python, and a sweep copies one base per point."""
     import copy
     import pickle
 
@@ -111,8 +111,8 @@ def _copied(base):
 def patch_hydra_compose_once_per_command(args: list):
     """Make a command's Hydra compose its config once, not twice (`args`: the command line Hydra reads, -m and all).
     Hydra's main composes the whole config to read `hydra.mode` (Hydra.get_mode: in MULTIRUN mode, the overrides
-    unchecked), then composes it again to run or sweep: a third of a refused, planned or submitted command's time
-    (~0.25 s of ~0.8 s). Here get_mode composes in the mode the command runs in (RUN without -m), and that
+    unchecked), then composes it again to run or sweep: the first composition is work a refused, planned or
+    submitted command does twice. Here get_mode composes in the mode the command runs in (RUN without -m), and that
     composition is the next one asked for with the same config name, overrides and mode (and the `hydra.mode=<mode>`
     Hydra adds to them when the config sets none), after Hydra's own check of the overrides for that mode. The
     config is the one Hydra would compose: RUN and MULTIRUN differ only where a group choice is `???` (MULTIRUN
@@ -157,8 +157,8 @@ def patch_hydra_compose_once_per_command(args: list):
             cfg.hydra.overrides.hydra.append(added[0])
         return cfg
 
-    # `--help` lists each config group's options: Hydra makes a copy of the whole config repository for each of
-    # the ~130 questions it asks (ConfigLoaderImpl.get_group_options), 3 of the command's 4 s. One copy answers all.
+    # `--help` lists each config group's options: Hydra makes a copy of the whole config repository for each
+    # question it asks (ConfigLoaderImpl.get_group_options), most of the command's time. One copy answers all.
     hydras_options, repos = ConfigLoaderImpl.get_group_options, {}
 
     def get_group_options(self, group_name, results_filter=ObjectType.CONFIG, config_name=None, overrides=None):
@@ -240,8 +240,8 @@ def hydra_basic_sweeper_params(sweeper) -> list:
 @written_against(OMEGACONF, "tests/test_compose.py::test_an_interpolation_parsed_once_reads_the_same_after_others")
 def patch_omegaconf_parse_each_interpolation_once() -> None:
     """OmegaConf parses a value's `${...}` with its ANTLR grammar (pure Python) each time the value is read, and
-    a composed config is read whole many times (checks, the run's name, the plan): half the time of composing
-    and resolving one (15 configs composed and resolved: 2.7-2.8 s, 1.4-1.6 s parsed once). A parse tree depends
+    a composed config is read whole many times (checks, the run's name, the plan), so parsing the same texts
+    again would be a large share of composing and resolving one. A parse tree depends
     on the text alone and nothing changes it once made (its tokens keep their own input), so each text is parsed
     once per process. OmegaConf 2.3 reads `parse` by name in base.py and _utils.py."""
     import omegaconf._utils
@@ -296,8 +296,8 @@ def submitit_local_controller(job):
                  "test_composers_record_names_the_cpu_as_py_cpuinfo_does_without_its_process")
 def patch_composer_cpu_model_from_proc() -> None:
     """composer's environment record (get_composer_env_dict: the trainer reads its version from it when built)
-    names the CPU through py-cpuinfo, which starts a Python process to probe it: 1.1 s of CPU per rank, every
-    run, for a name the trainer does not log. The same name from /proc/cpuinfo ("model name", what cpuinfo reports
+    names the CPU through py-cpuinfo, which starts a Python process to probe it on every rank of every run, for a
+    name the trainer does not log. The same name from /proc/cpuinfo ("model name", what cpuinfo reports
     as brand_raw on Linux), else the platform's; composer's record keeps its other fields."""
     from pathlib import Path
 
@@ -321,8 +321,8 @@ def patch_composer_cpu_model_from_proc() -> None:
                  "test_mpt_is_known_to_be_no_registered_causal_lm_without_importing_them_all")
 def patch_composer_skip_causal_lm_registry_scan() -> None:
     """composer's HuggingFaceModel asks whether the model is one of transformers' registered causal LMs
-    (huggingface._is_registered_causal_lm) by importing every class of MODEL_FOR_CAUSAL_LM_MAPPING (109 model
-    modules: 0.9 s per rank, every run). llm-foundry's MPTForCausalLM is in no such mapping and subclasses none of
+    (huggingface._is_registered_causal_lm) by importing every class of MODEL_FOR_CAUSAL_LM_MAPPING (every model
+    module, on every rank of every run). llm-foundry's MPTForCausalLM is in no such mapping and subclasses none of
     them (PreTrainedModel directly): for it the answer is False without the imports (llm-foundry sets
     shift_labels itself); any other model is asked as composer asks."""
     from composer.models import huggingface
@@ -385,8 +385,9 @@ def streaming_threads_ended() -> None:
 def patch_streaming_shared_memory_attach_waits() -> None:
     """streaming's SharedMemory (create=None, as every rank of a dataset's load_state_dict asks for its `_resume`
     block) creates the block or, where another rank just did, attaches after one 7 ms tick: a rank that attaches
-    before the creator has sized the block fails (ValueError: cannot mmap an empty file; seen at a 4-rank resume on
-    a loaded machine: the job failed). An attach to a block not sized yet is tried again, for up to 30 s."""
+    before the creator has sized the block fails (ValueError: cannot mmap an empty file), and the job with it: a
+    resume of several ranks on a loaded machine can hit that window. An attach to a block not sized yet is tried
+    again, for up to 30 s."""
     import time
 
     from streaming.base.shared import memory
@@ -474,10 +475,10 @@ def torch_dcp_read_keys(keys: set, checkpoint_id: str) -> dict:
 def patch_torch_gloo_reduce_scatter_average() -> None:
     """Make a reduce-scatter asked to average over gloo average (torch.distributed.reduce_scatter_tensor, which
     FSDP2 looks up in its module). torch 2.7's gloo sums instead, without a word (pytorch/pytorch#162338), and FSDP2
-    asks for the average of fp32 gradients: every CPU run of more than one rank trained on gradients world_size
-    times too large. AdamW hides most of it; gradient clipping (the default norm 1.0) does not: 2 ranks and 1 rank
-    parted at the first step whose gradient norm fell under the threshold. Checked by one reduce-scatter at the
-    start (every rank, all alike), so a torch that averages is left alone; where gloo sums, that process's
+    asks for the average of fp32 gradients: without this, a CPU run of more than one rank trains on gradients
+    world_size times too large. AdamW hides most of it; gradient clipping (the default norm 1.0) does not, so the
+    same run on 2 ranks and on 1 part at the first step whose gradient norm falls under the threshold. Checked by
+    one reduce-scatter at the start (every rank, all alike), so a torch that averages is left alone; where gloo sums, that process's
     reduce-scatters with AVG on a gloo group become SUM and a division by the group's size (the average asked
     for, as NCCL computes it). Other backends and ops are untouched."""
     import torch

@@ -32,8 +32,9 @@ class Console(logging.Filter):
 
 
 def library_levels(level) -> None:
-    """What llm-foundry does with python_log_level, without its `logging.basicConfig(force=True)`, which replaced
-    the run's handlers (its log file stopped, the console filter went): the levels of its loggers and streaming's."""
+    """What llm-foundry does with python_log_level, without its `logging.basicConfig(force=True)`, which replaces
+    the run's handlers (its log file would stop, the console filter would go): the levels of its loggers and
+    streaming's."""
     if level:
         for name in ("llmfoundry", "llmfoundry.command_utils.train", "streaming"):
             logging.getLogger(name).setLevel(str(level).upper())
@@ -65,7 +66,7 @@ def printed_to_the_log(name: str) -> _Lines:
 
 def libraries_to_the_log() -> None:
     """Python's warnings and transformers' messages through logging (so the console filter decides): warnings
-    were printed to stderr, and transformers writes through a handler of its own."""
+    would go to stderr, and transformers writes through a handler of its own."""
     logging.captureWarnings(True)
     try:
         from transformers.utils import logging as hf_logging

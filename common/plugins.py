@@ -1,7 +1,7 @@
 """Hydra imports every installed Hydra plugin (each module under the `hydra_plugins` namespace) before it reads a
 command line. One that fails with an ImportError is a warning of Hydra's; one that fails with anything else
-(hydra-nevergrad-sweeper 1.2.0 on Python 3.11) ended every command of this tool in Hydra's scan traceback, naming
-neither the plugin's package nor what to do. Scanned first here (the scan Hydra would make, once per process), it
+(hydra-nevergrad-sweeper 1.2.0 on Python 3.11 does) ends every command of this tool in Hydra's scan traceback,
+naming neither the plugin's package nor what to do. Scanned first here (the scan Hydra would make, once per process), it
 is named, with the fix. Light: no torch."""
 import sys
 from pathlib import Path

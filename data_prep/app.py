@@ -98,8 +98,8 @@ def redo_damaged(split_dir: Path, blocks: list[Block]) -> None:
 
 def strict_over_blocks_made_before(split_dir: Path, blocks: list[Block]) -> None:
     """strict=true stops at the first line it cannot read; blocks finished by an earlier run with strict=false may
-    have skipped some, and a rerun with strict=true merged them, exit 0 (measured: "skipped lines 5" printed). The
-    first such line is named before the merge instead."""
+    have skipped some, which a rerun with strict=true would merge without a word, exit 0. The first such line is
+    named before the merge instead."""
     from data_prep.part import BLOCK_FILE
 
     skipped, first = 0, None

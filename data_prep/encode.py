@@ -73,7 +73,7 @@ def _check_line(line: bytes) -> tuple[str | None, str]:
     if not isinstance(text, str):
         return None, f"{_TEXT_KEY!r} is not a string"
     # an empty or blank document is encoded as llm-foundry's converter encodes it (its bos/eos alone, or the
-    # spaces' ids): dropping it shifted every later sample (SlimPajama's sample holds one "\n" document)
+    # spaces' ids): dropping it would shift every later sample (SlimPajama's sample holds one "\n" document)
     if b"\\ud" in line or b"\\uD" in line:
         # JSON may escape half a surrogate pair, which is not text and which the tokenizer cannot take.
         try:
@@ -133,7 +133,7 @@ class EncoderPool:
 
     def __exit__(self, exc_type, *_) -> None:
         if self.pool is not None:
-            # On an error the chunks not started are dropped; the few running finish in well under a second.
+            # On an error the chunks not started are dropped; the few running finish quickly.
             self.pool.shutdown(wait=True, cancel_futures=exc_type is not None)
 
     def map(self, items: Iterable[tuple[Any, bytes | None]]) -> Iterator[tuple[Any, ChunkResult | None]]:

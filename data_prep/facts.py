@@ -1,7 +1,7 @@
 """What a training run can check about a dataset folder before it starts, cheaply and without the ML stack.
 
 Light on purpose: only the standard library, so a launcher can call it before importing torch, transformers,
-tokenizers or streaming (seconds each). It reads what data_prep recorded beside the shards; for an MDS folder
+tokenizers or streaming (each slow to import). It reads what data_prep recorded beside the shards; for an MDS folder
 written by something else (llm-foundry's converter, streaming's MDSWriter) it reads the first sample instead.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """An exact, faster encoder for byte-level BPE tokenizers (gpt-neox-20b, GPT-2 and others built the same way).
 
-Tokenizing with HF `tokenizers` is ~95 % of a data_prep run. tiktoken runs byte-level BPE several times faster,
-but it is not the same algorithm in three places; each is handled here so that the ids are HF's, always:
+Tokenizing with HF `tokenizers` is most of a data_prep run. tiktoken runs byte-level BPE faster, but it is not
+the same algorithm in three places; each is handled here so that the ids are HF's, always:
 
 1. Added tokens (`<|endoftext|>`; gpt-neox's runs of 2-24 spaces, ids 50254-50276) are cut out of the text as
    HF does: leftmost-longest, the non-normalized ones in the raw text, the others after normalisation.
@@ -47,7 +47,8 @@ TABLES_VERSION = 2
 
 # (tokenizers, tiktoken) versions whose pre-tokenizer regexes were compared on every code point (probes "a"+c,
 # "1"+c, "!"+c: letter, number, other or space), with the code points on which they differ. Other versions are
-# checked at first use (about a minute) and cached. tests/test_data_prep_fast_encoder.py repeats the check.
+# checked at first use (a pass over every code point) and cached. tests/test_data_prep_fast_encoder.py repeats the
+# check.
 VERIFIED_REGEX = {("0.21.4", "0.14.0"): ()}
 
 
@@ -318,7 +319,7 @@ def _nfc_unsafe() -> list[tuple[int, int]]:
 
 class _Characters:
     """Does a text hold one of these code points? A table over all code points, indexed with the text as UTF-32:
-    about twice as fast as Python's regex with a class of these ranges."""
+    faster than Python's regex with a class of these ranges."""
 
     def __init__(self, ranges):
         self.table = np.zeros(0x110000, bool)

@@ -85,8 +85,9 @@ def _expand(item: str, settings: Settings) -> list[str]:
 
 
 def _not_output(files: list[str], settings: Settings) -> list[str]:
-    """The files of a folder or pattern, less those under out_root: an out_root inside the input folder held this
-    tool's own files on the next run (its plan, block records), read as documents or refused as another dataset."""
+    """The files of a folder or pattern, less those under out_root: an out_root inside the input folder holds this
+    tool's own files on the next run (its plan, block records), to be read as documents or refused as another
+    dataset."""
     out = os.path.realpath(settings.out_root)
     kept = [f for f in files if os.path.commonpath([os.path.realpath(f), out]) != out]
     if len(kept) < len(files):
@@ -124,7 +125,7 @@ def resolve_sources(settings: Settings) -> list[Source]:
     if not settings.inputs:
         return _hub_sources(settings)
     # by the file itself (its device and inode): a link to a file already given, symbolic or hard, is that file,
-    # read once (a hard link, which realpath does not see, was read twice: every document doubled)
+    # read once (a hard link, which realpath does not see, would be read twice: every document doubled)
     seen: dict[tuple, Source] = {}
     problems = []
     for item in settings.inputs:
@@ -150,7 +151,8 @@ def resolve_sources(settings: Settings) -> list[Source]:
 
 def _warn_compressed_copies(sources: list[Source]) -> None:
     """A file beside its compressed copy (a.jsonl and a.jsonl.gz, as `gzip -k` leaves them) is most likely the
-    same documents twice: both are read, as given, and said (measured: every document doubled, exit 0)."""
+    same documents twice: both are read, as given, and said (every document doubled, which nothing else would
+    notice)."""
     by_stem: dict[str, list[str]] = {}
     for src in sources:
         stem = src.path[: -len(os.path.splitext(src.path)[1])] if src.codec != "plain" else src.path

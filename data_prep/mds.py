@@ -1,6 +1,6 @@
 """MDS writing for one column `tokens: ndarray:int32` of fixed length, byte-identical to streaming's MDSWriter.
 
-streaming's own writer imports torch (seconds) and encodes sample by sample in Python; every sample here has
+streaming's own writer imports torch (slow) and encodes sample by sample in Python; every sample here has
 the same length, so a whole shard is laid out with numpy at once. tests/test_data_prep_mds.py checks the
 bytes against MDSWriter and the reading against StreamingDataset.
 

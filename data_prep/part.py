@@ -46,7 +46,7 @@ def damage(split_dir: Path, block: Block) -> list[str]:
     return _unreadable_record(folder) + shard_problems(folder, shards)
 
 
-# What the merge reads of each block's record (merge.py): a record without them stopped every later run
+# What the merge reads of each block's record (merge.py): a record without them would stop every later run
 _RECORD_KEYS = ("docs", "tokens", "skipped_lines", "skipped_by_reason", "skipped_examples", "tail")
 
 

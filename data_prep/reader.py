@@ -30,8 +30,8 @@ def _open_stream(path: str, codec: str, raw: BinaryIO) -> BinaryIO:
 
 class _ZstdFrames:
     """The frames of a .zst file (SlimPajama's may hold several) as one stream, like zstandard's stream_reader
-    with read_across_frames, which ends quietly where a frame is cut short: a partly downloaded file lost its
-    tail's documents without a word. A frame unfinished at the end of the file is an EOFError here, as gzip's."""
+    with read_across_frames, which ends quietly where a frame is cut short: a partly downloaded file would lose
+    its tail's documents without a word. A frame unfinished at the end of the file is an EOFError here, as gzip's."""
 
     def __init__(self, raw: BinaryIO):
         import zstandard

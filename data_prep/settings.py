@@ -15,7 +15,7 @@ from data_prep.errors import DataPrepError, gather
 # MDS stores sample byte offsets as uint32, so a shard can never reach 4 GiB (streaming enforces the same).
 MAX_SHARD_BYTES = 2**32 - 1
 # A sample is one record of a shard, 4 bytes a token: it fits one shard with the shard's header (a few hundred
-# bytes). A longer one overflowed numpy's uint32 as the first shard was written, a traceback.
+# bytes). A longer one would overflow numpy's uint32 as the first shard is written, a traceback.
 MAX_CONCAT_TOKENS = (MAX_SHARD_BYTES - 4096) // 4
 
 
@@ -140,7 +140,7 @@ _DATASET_KEYS = ("name", "file_globs", "text_key", "hub")
 
 def _unknown_keys(cfg: DictConfig) -> list:
     """A key data_prep does not read would be ignored: Hydra's own advice for an unknown key (`+max_seq_len=4096`)
-    made shards of concat_tokens' default length, exit 0."""
+    would make shards of concat_tokens' default length, exit 0."""
     import difflib
 
     from common.paths import CONF

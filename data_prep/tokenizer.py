@@ -67,7 +67,7 @@ def _from_file(path: str) -> tuple[Tokenizer, bytes]:
 
 
 def _from_hub(name: str) -> tuple[Tokenizer, bytes]:
-    # transformers costs seconds to import and needs the network, so only hub names pay for it.
+    # transformers is slow to import and needs the network, so only hub names pay for it.
     try:
         from transformers import AutoTokenizer
 

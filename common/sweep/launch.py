@@ -297,7 +297,7 @@ class SweepLaunch:
 class _PickledOnce:
     """An object as a job's pickle carries it, pickled here once however many jobs carry it: it unpickles to the
     object itself (the job never sees this wrapper). Pickling the launcher and Hydra's state again for each point
-    was most of what a submit grew by with its points."""
+    would make a submit's time grow with its points."""
 
     def __init__(self, obj) -> None:
         import cloudpickle  # submitit's pickler

@@ -35,11 +35,11 @@ LOCAL_CONTROLLER = "submitit.local._local"  # the module submitit's local contro
 
 def local_alive(job) -> bool | None:
     """Whether a local job still runs: its controller process (submitit's, which waits for the job's tasks), or,
-    where the controller was killed alone, a task it started (they train on, orphaned: the point was FAILED while
-    its step still rose, then COMPLETED). The launcher that started the controller holds its process handle; any
-    other process (the status command) has only its pid, which counts only if it is still submitit's controller of
-    this job's folder, not a process that took the pid since. None: cannot be told here (the process is not ours
-    to inspect)."""
+    where the controller was killed alone, a task it started (they train on, orphaned: without them the point
+    would read FAILED while its step still rises). The launcher that started the controller holds its process
+    handle; any other process (the status command) has only its pid, which counts only if it is still submitit's
+    controller of this job's folder, not a process that took the pid since. None: cannot be told here (the process
+    is not ours to inspect)."""
     alive = _controller_alive(job)
     return True if alive is False and _tasks_alive(job) else alive
 

@@ -81,8 +81,8 @@ def _not_a_manifest(manifest) -> str | None:
     return None
 
 
-# sweep.json files written earlier name training's app where it lived then: its module (before apps were classes)
-# or its class before train/ was grouped by stage
+# the app names an older sweep.json may hold (a module, or a class at an earlier path): the class that answers for
+# each, so that the status of a sweep submitted by an earlier checkout still reads
 _APPS = {"train.sweep_app": "train.launch.sweep_app.TrainApp", "train.sweep_app.TrainApp": "train.launch.sweep_app.TrainApp",
          "data_prep.sweep_app": "data_prep.sweep_app.DataPrepApp"}
 
