@@ -158,8 +158,8 @@ _LEAVES = {"state/model": ("state/model/model.transformer.wte.weight",),
 
 def _ignored_on_save(cfg):
     """save_ignore_keys (composer's glob patterns of state dict paths left out of every checkpoint) that leave out
-    what a resume reads: measured, state/optimizers left out, the run resumed from its checkpoint with Adam's moments
-    at zero and ended at another loss, exit 0."""
+    what a resume reads: with state/optimizers left out, a run resumes from its checkpoint with Adam's moments at
+    zero and ends at another loss, exit 0."""
     import fnmatch
 
     patterns = value(cfg, "save_ignore_keys")
@@ -236,8 +236,8 @@ def lands_before_the_time_limit(cfg, ctx):
 
 def ends_within_its_requeues(cfg, ctx):
     """A job runs cluster.max_num_timeout + 1 allocations of cluster.timeout_min at most (each time limit requeues
-    it until then): a run longer than that at the plan's speed stops at its last time limit, its point TIMEOUT
-    (measured: mpt-30b on 2 nodes plans 197 days; 21 allocations of 48 h are 42), with no word before."""
+    it until then): a run longer than that at the plan's speed stops at its last time limit, its point TIMEOUT,
+    with no word before."""
     if not (ctx.slurm and _saves_checkpoints(cfg)):
         return
     limit, requeues = value(cfg, "cluster.timeout_min"), value(cfg, "cluster.max_num_timeout")
@@ -494,7 +494,7 @@ NEW_RUN = "is a new run"  # earlier_runs' words: said once per command (train.ch
 
 def said_once(problems: list) -> list:
     """earlier_runs' warnings of a command's points as one: the first point's, naming the others (a 2-point sweep
-    beside two earlier runs said four), and none where the command is refused (an error is what to read then)."""
+    beside two earlier runs would say four), and none where the command is refused (an error is what to read then)."""
     near = [p for p in problems if p.level == WARNING and p.key.endswith("run_name") and f" {NEW_RUN} (" in p.problem]
     if not near or (len(near) == 1 and not any(p.level == ERROR for p in problems)):
         return problems
@@ -508,7 +508,7 @@ def said_once(problems: list) -> list:
 
 # Settings that change the shapes or names of a model's weights: a checkpoint of one does not load into the other
 # (torch refuses missing or differently sized weights, and leaves out without a word those the model lacks:
-# `+model.no_bias=true` on a run with biases resumed and trained on, exit 0). Checked against llm-foundry's MPT in
+# `+model.no_bias=true` on a run with biases resumes and trains on, exit 0). Checked against llm-foundry's MPT in
 # tests/test_foundry_names.py.
 SHAPE_KEYS = ("model.name", "model.d_model", "model.n_layers", "model.vocab_size", "model.expansion_ratio",
               "model.no_bias", "model.learned_pos_emb", "model.tie_word_embeddings", "model.ffn_config.ffn_type",
@@ -518,7 +518,7 @@ SHAPE_KEYS = ("model.name", "model.d_model", "model.n_layers", "model.vocab_size
 
 
 # What an MPT takes for a shape key its config leaves out (llm-foundry's MPTConfig and its attn_config and
-# ffn_config defaults; tests/test_foundry_names.py compares them): a run that never named no_bias trained biases.
+# ffn_config defaults; tests/test_foundry_names.py compares them): a run that never named no_bias trains biases.
 # ffn_hidden_size has none (expansion_ratio x d_model): a record that lacks it is compared by those two.
 MPT_SHAPE_DEFAULTS = {"model.d_model": 2048, "model.n_layers": 24, "model.vocab_size": MPT_VOCAB,
                       "model.expansion_ratio": 4, "model.no_bias": False, "model.learned_pos_emb": True,
@@ -552,8 +552,8 @@ _WHY = {"model.learned_pos_emb": " (MPT drops its position embeddings where attn
                                         "multihead_attention, 1 with multiquery)"}
 
 # Settings that keep every weight's size but change what the weights compute: a checkpoint loads into a model of
-# other values without a word and trains on from another function (measured: model.n_heads=8 on a run trained with
-# 4 heads of multihead attention, the same weights split into twice the heads).
+# other values without a word and trains on from another function (model.n_heads=8 on a run trained with 4 heads
+# of multihead attention splits the same weights into twice the heads).
 FUNCTION_KEYS = ("model.n_heads", "model.ffn_config.ffn_act_fn.name", "model.attn_config.softmax_scale",
                  "model.attn_config.rope_theta", "model.attn_config.alibi_bias_max", "model.logit_scale")
 # what MPT takes for those it leaves out (its FFN's activation when ffn_act_fn is not given: llm-foundry's ffn.py)
@@ -579,8 +579,8 @@ def other_function(theirs: dict, ours: dict) -> str:
 
 
 def _as_built(ident: dict, defaults: dict) -> dict:
-    """An MPT identity's shape keys as MPTConfig builds them, where it derives one from others: measured, alibi=true
-    on a run with learned position embeddings resumed without them (16,384 weights dropped, exit 0), and
+    """An MPT identity's shape keys as MPTConfig builds them, where it derives one from others: alibi=true
+    on a run with learned position embeddings would resume without them (those weights dropped, exit 0), and
     norm_type=rmsnorm without the norms' biases. A norm is compared by its weights: the layer norms have a bias
     (unless no_bias), the RMS norms none."""
     get = lambda k: ident.get(k, defaults.get(k))  # noqa: E731
@@ -621,7 +621,7 @@ def continued_run(cfg, ctx):
     newest checkpoint under this command's settings, as asked (earlier_runs suggests it) and as composer's
     autoresume does: but a model of another shape cannot load it (a KeyError traceback after the queue, having
     rewritten the run's record). A save_folder fixed in a YAML (not asked for on the command line) is shared by
-    every variant of it: one continued another's run without a word; other settings are said there, key by key."""
+    every variant of it: one would continue another's run without a word; other settings are said there, key by key."""
     folder = value(cfg, "save_folder")
     fixed = folder != value(cfg, "checkpoint.folder")  # not the checkpoint group's folder of this run's name
     if not folder or not (named(cfg, ctx) or fixed) or "://" in str(folder):
@@ -655,8 +655,8 @@ def continued_run(cfg, ctx):
     restored = [f"{k}={theirs[k]!r} there, {ours[k]!r} here" for k in both if k.startswith("optimizer.")]
     if restored:
         # composer loads the optimizer's state with its param groups, whose lr, betas, eps and weight decay replace
-        # the new ones, and the scheduler's base_lrs (measured: optimizer.lr=1e-12 went on at 0.003, recorded as
-        # 1e-12). The schedule's shape (t_warmup, alpha_f) is rebuilt from this command.
+        # the new ones, and the scheduler's base_lrs (optimizer.lr=1e-12 goes on at the checkpoint's rate while the
+        # run records 1e-12). The schedule's shape (t_warmup, alpha_f) is rebuilt from this command.
         yield Problem(restored[0].split("=")[0], f"the checkpoints this command continues ({given}=), in {folder} "
                       f"(up to batch {found[-1].batch}), hold the optimizer's own settings, which a resume restores "
                       f"over this command's: {'; '.join(restored)}; it would go on under the first and record the "

@@ -133,7 +133,7 @@ def value(cfg, key: str, default=None):
 
 def resolved(cfg):
     """The config with every interpolation resolved once, flags kept. The rules and the plan read hundreds of
-    values, and OmegaConf parses an interpolation again at every read: that was half of a plan's time. A config
+    values, and OmegaConf would parse an interpolation again at every read. A config
     that does not resolve as a whole is returned as it is, so each rule still names the key it cannot read."""
     try:
         # The run's name once: every folder of the run interpolates it, and each read would compute its identity

@@ -1,6 +1,6 @@
 """What the pinned llm-foundry (0.22.0) resolves by name, and the types of its TrainConfig keys, kept here so that
-the login node checks them without importing llm-foundry (8 s). tests/test_foundry_names.py (marked `train`: it
-imports llm-foundry) checks every entry against the library's own registries and dataclass.
+the login node checks them without importing llm-foundry (slow, and torch with it). tests/test_foundry_names.py
+(marked `train`: it imports llm-foundry) checks every entry against the library's own registries and dataclass.
 
 OPTIMIZERS / SCHEDULERS: name -> (keyword arguments the class takes, the required ones), or None where it takes
 any (**kwargs). llm-foundry itself also reads `disable_grad` and `param_groups` from an optimizer's config.

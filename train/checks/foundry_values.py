@@ -279,8 +279,8 @@ _TOKENIZER_FLAGS = ("add_bos_token", "add_eos_token", "add_prefix_space", "clean
 
 def tokenizer_kwargs(cfg, ctx):
     """tokenizer.kwargs, passed as they are to AutoTokenizer.from_pretrained (a name in llm-foundry's own tokenizer
-    registry, tiktoken, takes its own): a padding side it refuses stopped the run with a traceback after its
-    folder was made; a length of letters, or a word for a flag, trained; a misspelt key is kept and read by
+    registry, tiktoken, takes its own): a padding side it refuses stops the run with a traceback after its
+    folder is made; a length of letters, or a word for a flag, trains; a misspelt key is kept and read by
     nothing."""
     kwargs = value(cfg, "tokenizer.kwargs")
     if kwargs is None or value(cfg, "tokenizer.name") == "tiktoken":

@@ -298,7 +298,8 @@ def _recipe_problems(override) -> list:
         elif "defaults" in loaded:
             found.append(Problem("yaml", f"{path} has a `defaults:` key (Hydra's; llm-foundry's YAMLs have none)",
                                  "remove it and name the presets on the command line (cluster=ndv5 storage=amlfs)"))
-        else:  # keys of this tool's command, not llm-foundry's (which refuses them): `plan: json` made every run a plan
+        else:  # keys of this tool's command, not llm-foundry's (which refuses them): `plan: json` would make every
+            # run a plan
             for key in (k for k in ("plan", "hydra") if k in loaded):
                 found.append(Problem("yaml", f"{path} has a `{key}:` key, which is not llm-foundry's (it refuses "
                                      "unknown keys) but this command's", "remove it (on the command line: " +
@@ -306,7 +307,8 @@ def _recipe_problems(override) -> list:
     return found
 
 
-# Trainer settings that were ours under `cluster.` and are llm-foundry's keys, set by the cluster presets.
+# Keys under `cluster.` a command line may still give for trainer settings that are llm-foundry's own keys (set by
+# the cluster presets): refused, naming the key to set.
 MOVED = {"cluster.precision": "precision", "cluster.init_device": "model.init_device",
          "cluster.attn_impl": "model.attn_config.attn_impl", "cluster.loss_fn": "model.loss_fn",
          "cluster.dataloader_workers": "train_loader.num_workers and eval_loader.num_workers",

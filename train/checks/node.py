@@ -269,8 +269,8 @@ def icl_fields(task: dict) -> tuple[tuple, str | None]:
 
 def icl_task_lines(path: Path, task: dict, key: str):
     """Each record of a local ICL task file has the fields its task reads: llm-foundry finds a bad one only as the
-    trainer is built, on every rank (measured: a DatasetGenerationError, a ValueError, an IndexError of a gold past
-    its choices, none naming the line). The file as llm-foundry reads it (Hugging Face's JSON reader): JSON lines,
+    trainer is built, on every rank (a DatasetGenerationError, a ValueError, an IndexError of a gold past its
+    choices, none naming the line). The file as llm-foundry reads it (Hugging Face's JSON reader): JSON lines,
     or one JSON list of records; a byte-order mark allowed. Read once per file and fields, however many points."""
     fields, gold_of = icl_fields(task)
     try:
@@ -471,8 +471,7 @@ def _mds_fix(key: str, local: Path, split: str, tokenizer: str) -> str:
 
 def _mock_counts(cfg):
     """The mock set already in its folder is the one a run reads (train/task/mock_data.py keeps it): asked for
-    other counts, the run would train on the folder's and report the asked ones (measured: train_samples=4096 read
-    1024 samples, exit 0)."""
+    other counts, the run would train on the folder's and report the asked ones, exit 0."""
     from train.task.mock_data import other_counts
 
     folder = value(cfg, "variables.data_local")

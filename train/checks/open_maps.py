@@ -25,9 +25,10 @@ SBATCH_OPTIONS = SBATCH_HELP | SBATCH_MANUAL
 
 
 # Options the job's own script sets from other keys (train/launch/executor.py through submitit). submitit writes
-# `cluster.sbatch_extra` after them, so such a key replaced them with no word (`nodes=4` ran 32 ranks of a run
-# planned and checked at 8; `signal=B:USR2@60` signalled the batch shell alone, so no task stopped cleanly or
-# requeued; `time=30` beside the plan's 48 h), or, spelt with dashes, stood beside them as a second line.
+# `cluster.sbatch_extra` after them, so such a key would replace them with no word (`nodes=4` runs 4 nodes' ranks
+# of a run planned and checked at another count; `signal=B:USR2@60` signals the batch shell alone, so no task stops
+# cleanly or requeues; `time=30` beside the plan's time limit), or, spelt with dashes, stand beside them as a second
+# line.
 # (`requeue`/`no-requeue`: the job is requeued from its own script, up to cluster.max_num_timeout times.)
 ALWAYS = {"nodes": "cluster.nodes", "ntasks-per-node": "cluster.tasks_per_node",
           "ntasks": "cluster.nodes and cluster.tasks_per_node", "cpus-per-task": "cluster.cpus_per_task",

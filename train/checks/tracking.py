@@ -4,7 +4,7 @@ no tracking server is contacted."""
 from train.checks.core import Problem, value
 
 # MLflow's database stores (SqlAlchemyStore): MLflow 2.22 imports `FallbackAsyncAdaptedQueuePool`, which the
-# SQLAlchemy 2.1 in requirements.lock no longer has, so `sqlite:`/`postgresql:`/... URIs fail at the first call.
+# SQLAlchemy 2.1 in requirements.lock lacks, so `sqlite:`/`postgresql:`/... URIs fail at the first call.
 DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 # W&B run ids may not hold these (the id is the run_name and a start time, conf/logger/wandb.yaml); `/` and `\` are
 # refused for every run_name (train/checks/safety.py).

@@ -91,8 +91,8 @@ def resolves(cfg, ctx):
 
 def keeps_the_run_report(cfg, ctx):
     """`callbacks=null` (or `~callbacks`) drops this tool's callbacks with llm-foundry's: the run report (progress, loss curve,
-    metrics.json, which status, resume and export read) and tracking; the run stopped at its start (measured: an
-    AttributeError after the imports), though its plan passed."""
+    metrics.json, which status, resume and export read) and tracking; the run would stop at its start (an
+    AttributeError after the imports), though its plan passes."""
     if value(cfg, "callbacks.run_report") is None:  # `callbacks=null`, `~callbacks`, `~callbacks.run_report`
         key = "callbacks" if value(cfg, "callbacks") is None else "callbacks.run_report"
         what = "is gone, and with it this tool's run report" if key == "callbacks" else "is gone: this tool's run report"
@@ -113,8 +113,8 @@ def mock_data_only_where_asked(cfg, ctx):
                           f"(any MDS folder), e.g. data=mds {key}={ctx.given(key)}")
     theirs = _recipe_value(ctx, "variables.data_local")
     if theirs is not None and not ctx.given("variables.data_local"):
-        # measured: the synthetic shards landed in the YAML's folder, and the same command without data=mock then
-        # trained on them (the same loss), with no word
+        # the synthetic shards would land in the YAML's folder, and the same command without data=mock would then
+        # train on them, with no word
         yield Problem("data", f"data=mock with your YAML would write synthetic tokens into its variables.data_local "
                       f"({theirs}) and train on them; a later run of the YAML would train on them too",
                       "leave data=mock out (the YAML's data trains), or add variables.data_local=<a folder of its own> "
@@ -161,10 +161,10 @@ def _never(v) -> bool:
 
 
 def eval_interval(cfg, ctx):
-    """eval_interval=0 is composer's "never evaluate" (the scripts this replaces run `max_duration=3ba
-    eval_interval=0` as their smoke test): legal, but it trained without one evaluation, without a word, while the
-    run built its evaluators and checked their data, and its summary and an Optuna objective then read no eval
-    loss. Said; what says "no evaluation" plainly is no evaluator."""
+    """eval_interval=0 is composer's "never evaluate" (a common smoke test: `max_duration=3ba eval_interval=0`):
+    legal, but it trains without one evaluation, without a word, while the run builds its evaluators and checks
+    their data, and its summary and an Optuna objective then read no eval loss. Said; what says "no evaluation"
+    plainly is no evaluator."""
     v = value(cfg, "eval_interval")
     if v is None:
         return  # absent (a YAML's choice): llm-foundry's default, every epoch
@@ -232,8 +232,8 @@ def _tenth(duration) -> str:
 
 def _warmup_units(cfg, given, duration, warmup):
     """composer reads a `dur` as max_duration's unit and an epoch as batches, then refuses a warmup in another unit
-    than the schedule's t_max ("t_warmup and t_max must use the same units") when training starts: measured,
-    max_duration=40960tok with the presets' t_warmup=4ba failed after the queue."""
+    than the schedule's t_max ("t_warmup and t_max must use the same units") when training starts, after the queue
+    (max_duration=40960tok with the presets' t_warmup=4ba)."""
     if value(cfg, "scheduler.name") not in _WARMUP_CHECKED:
         return
     t_max = value(cfg, "scheduler.t_max") or "1dur"
@@ -473,8 +473,8 @@ def batch(cfg, ctx):
 
 def storage_root(cfg, ctx):
     """The storage's root (PRETRAIN_ROOT for the local preset) must be a folder this user can make and write:
-    a file there, or /proc, failed after the checks (a traceback making the outputs folder), or was refused as a
-    disk without room. A mounted storage that is not on this node is the mounts rule's to name."""
+    a file there, or /proc, would fail after the checks (a traceback making the outputs folder), or be refused as
+    a disk without room. A mounted storage that is not on this node is the mounts rule's to name."""
     from common.paths import unwritable
 
     root = value(cfg, "storage.root")
@@ -623,8 +623,8 @@ def sweeper_storage(sweeper):
 def foreign_launcher(config):
     """`-m` with a launcher other than this project's (`hydra/launcher=basic`, `submitit_local`, ...) runs each
     point as it is handed, with none of what ours does first: the checks of every point, a run name each for points
-    that train alike, a plan. `plan=true` then trained the points (measured: `-m plan=true
-    hydra/launcher=submitit_local` wrote a finished run's checkpoints): refused; any other use is warned."""
+    that train alike, a plan. `plan=true` would then train the points (`-m plan=true
+    hydra/launcher=submitit_local` writes a finished run's checkpoints): refused; any other use is warned."""
     target = str(OmegaConf.select(config, "hydra.launcher._target_") or "")
     if not target or names_this_launcher(target):
         return
@@ -639,8 +639,8 @@ def foreign_launcher(config):
 
 
 # The launcher's resource settings, which data_prep's parts and other apps take; a training point's come from its
-# cluster group (train/launch/executor.py), so these were taken and not used (measured: hydra.launcher.partition=
-# other submitted to the preset's partition).
+# cluster group (train/launch/executor.py), so these are taken and not used (hydra.launcher.partition=other
+# submits to the preset's partition).
 _LAUNCHER_RESOURCES = {"scheduler": "cluster=local or a Slurm preset", "partition": "cluster.partition",
                        "account": "cluster.account", "qos": "cluster.qos", "cpus_per_task": "cluster.cpus_per_task",
                        "mem_gb": "cluster.mem_gb", "timeout_min": "cluster.timeout_min",
@@ -728,7 +728,7 @@ _UNSET = object()
 def variables_the_yaml_leaves_to_ours(cfg, ctx):
     """A `${variables.<name>}` the YAML reads and its `variables:` does not set: llm-foundry refuses such a YAML
     (an InterpolationKeyError). Here conf/train.yaml's variables lie beneath it: a misspelt `global_sed: 42`
-    trained with our seed 17, and a YAML without `variables.max_seq_len` at our 2048, exit 0. Refused where only
+    would train with our seed 17, and a YAML without `variables.max_seq_len` at our 2048, exit 0. Refused where only
     that default fills it; a preset chosen for it (data=c4's data_local, a model's max_seq_len) or the command line
     gives it as asked."""
     recipe = _recipe(str(ctx.choices["yaml"])) if ctx.choices.get("yaml") else None
@@ -753,7 +753,8 @@ def variables_the_yaml_leaves_to_ours(cfg, ctx):
 
 def data_beneath_the_yaml(cfg, ctx):
     """`data=c4` with a YAML that names its own data folder: the group goes beneath the YAML (docs/config.md), so
-    the YAML's variables.data_local trains, and the preset chosen on the command line did nothing, without a word."""
+    the YAML's variables.data_local trains, and the preset chosen on the command line does nothing, without a
+    word."""
     chosen = ctx.given("data") or (ctx.choices.get("data") if ctx.choices.get("experiment") else None)
     if not chosen or chosen in ("_recipe", "mock") or ctx.given("variables.data_local"):
         return  # (data=mock: refused above, as it would write into the YAML's folder)
@@ -768,9 +769,9 @@ def data_beneath_the_yaml(cfg, ctx):
 
 
 # What each group sets that a YAML may set itself: the YAML goes over the groups (docs/config.md), so a group chosen
-# on the command line changes nothing the YAML sets. Measured: `model=mpt-350m` on mpt-125m.yaml trained the 125M
-# model under the same run name; `checkpoint=sharded` (or `none`) on a YAML with state_dict_type full and a
-# save_folder saved full checkpoints (or kept saving), exit 0, no word.
+# on the command line changes nothing the YAML sets: `model=mpt-350m` on mpt-125m.yaml trains the 125M model under
+# the same run name; `checkpoint=sharded` (or `none`) on a YAML with state_dict_type full and a save_folder saves
+# full checkpoints (or keeps saving), exit 0, no word.
 _GROUP_KEYS = {"checkpoint": ("save_folder", "fsdp_config.state_dict_type", "autoresume")}
 
 
@@ -801,9 +802,8 @@ def _is(cfg, key, written) -> bool:
 
 def model_beneath_the_yaml(cfg, ctx):
     """A model preset beneath a YAML (model= on the command line, or an experiment's): the YAML goes over it, and
-    what it leaves out is the preset's. Measured: gpt-375m (by experiment=gpt-375m-ndv5-check) under mpt-125m.yaml
-    trained the YAML's shape with the preset's dropout, GELU, init and optimizer param groups and a schedule to
-    430000ba over 4800, no word; model= was warned as "not used"."""
+    what it leaves out is the preset's: gpt-375m (by experiment=gpt-375m-ndv5-check) under mpt-125m.yaml trains
+    the YAML's shape with the preset's dropout, GELU, init, optimizer param groups and schedule length, no word."""
     chosen = ctx.choices.get("model") if ctx.choices.get("yaml") else None
     if not chosen:
         return
@@ -826,8 +826,8 @@ def model_beneath_the_yaml(cfg, ctx):
 
 def experiment_over_the_yaml(cfg, ctx):
     """An experiment goes over everything beneath the command line, a YAML too (conf/train.yaml): its values
-    replaced the YAML's without a word (measured: experiment=gpt-375m-ndv5-check's slimpajama folder over the
-    YAML's variables.data_local)."""
+    replace the YAML's without a word (experiment=gpt-375m-ndv5-check's slimpajama folder over the YAML's
+    variables.data_local)."""
     name = ctx.choices.get("experiment") if ctx.choices.get("yaml") else None
     if not name:
         return
