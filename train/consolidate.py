@@ -35,7 +35,7 @@ def main(argv=None) -> int:
         print(f"error: {ckpt.path}: {why}", file=sys.stderr)
         return 2
     if not ckpt.sharded:
-        if args.out and args.out.resolve() != ckpt.path:  # it printed this path, exit 0, and wrote nothing there
+        if args.out and args.out.resolve() != ckpt.path:  # else: this path printed, exit 0, nothing written there
             print(f"error: --out: {ckpt.path} is already one full checkpoint file: nothing is converted, and "
                   f"{args.out} would not be written (load_path= takes the file as it is)", file=sys.stderr)
             return 2
@@ -55,8 +55,8 @@ def main(argv=None) -> int:
 
 def _out_problem(out: Path, default: Path) -> str | None:
     """Why the conversion must not be written to `out`, which it replaces whole: only this checkpoint's own file
-    beside it (an earlier conversion) is replaced (any zip was: another run's ep0-ba40-rank0.pt could be replaced by
-    a batch-20 state whose manifest then verifies); a name composer gives a checkpoint would be resumed from by
+    beside it (an earlier conversion) is replaced (not any zip: another run's ep0-ba40-rank0.pt could be replaced
+    by a batch-20 state whose manifest then verifies); a name composer gives a checkpoint would be resumed from by
     whatever run's save folder holds it; a file inside a checkpoint folder fails its manifest."""
     from train.checkpoint.resume import batch_of, holding_checkpoint
 

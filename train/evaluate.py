@@ -184,7 +184,7 @@ def icl(folder: Path, task_file: Path, task_type: str, max_seq_len: int, batch_s
         "loggers": {}, "log_config": False, "python_log_level": None,
     })
     # llm-foundry links each task's file into the working directory as <label>-<shots>.jsonl, removing a file of
-    # that name first (measured: links left in the directory the command ran in): a directory of its own instead
+    # that name first, and leaves the links in the directory the command ran in: a directory of its own instead
     here = os.getcwd()
     with tempfile.TemporaryDirectory(prefix="icl-") as scratch:
         os.chdir(scratch)
@@ -299,8 +299,8 @@ def _run_metrics(folder: Path) -> tuple[Path, dict]:
 def _trainers(metrics: dict, label: str, batch: int | None = None) -> dict | None:
     """The run's reported cross-entropy of that evaluator at `batch` (the export's) where the run evaluated there on
     the samples scored here (by its last start: `evaluators_since`), else its last, with the batch it was evaluated
-    at: an export of an earlier batch beside the run's final number read as the same weights scoring apart
-    (measured: ba20's 5.5642 shown beside the 5.2517 of batch 40)."""
+    at: an export of an earlier batch beside the run's final number would read as the same weights scoring
+    apart."""
     key = f"{label}/LanguageCrossEntropy"
     history = [(b, values[key]) for b, values in metrics.get("eval", []) if key in values]
     since = metrics.get("evaluators_since")
@@ -355,7 +355,7 @@ def _problems(args) -> list:
             found += icl_task_lines(args.icl_tasks, {"icl_task_type": args.icl_type or ICL_TYPES[0]}, "--icl-tasks")
         for key, v in (("--data", args.data), ("--split", args.split), ("--batches", args.batches),
                        ("--eos-token-id", args.eos_token_id), ("--bos-token-id", args.bos_token_id)):
-            if v is not None:  # measured: taken and ignored, exit 0
+            if v is not None:  # the ICL evaluation would take it and ignore it, exit 0
                 found.append(Problem(key, "applies to scoring --data; --icl-tasks scores the task file", "run the "
                                      f"two apart, or leave {key} out"))
         if args.fewshot is not None and args.fewshot < 0:
@@ -387,8 +387,8 @@ def _positive(args) -> list:
 
 
 def _same_tokens(folder: Path, split: Path, seq: int) -> None:
-    """--data tokenized with another vocabulary than the model's is refused, as a training on it is (measured: a
-    cross-entropy of another tokenizer's ids printed, exit 0); samples longer than the model's sequence warned:
+    """--data tokenized with another vocabulary than the model's is refused, as a training on it is (it would print
+    a cross-entropy of another tokenizer's ids, exit 0); samples longer than the model's sequence warned:
     each is scored on its first `seq` tokens. What data_prep recorded beside the split says (data_prep/facts.py)."""
     from data_prep.facts import dataset_facts, tokenizer_fingerprint
 

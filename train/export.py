@@ -156,7 +156,7 @@ def replaceable(out: Path) -> None:
     """Refuse an --out that holds anything but an earlier export: it is replaced whole, and a folder of the
     user's (their models, a run's checkpoints, the working directory) must not go with it. Nor may it land inside a
     checkpoint: a file added there fails that checkpoint's manifest, and every later resume and export sets it aside
-    (measured: the next export by run name took the checkpoint before, exit 0). Beside the checkpoints is fine."""
+    (the next export by run name would take the checkpoint before, exit 0). Beside the checkpoints is fine."""
     from common.paths import unwritable
     from train.checkpoint.resume import holding_checkpoint
 

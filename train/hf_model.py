@@ -87,8 +87,8 @@ def _safetensors_whole(path: Path) -> bool:
 
 def _of_the_runs_end(newest: Path, found: list, save_folder: Path) -> Path:
     """The export of the batch the run now ends at, where an export past it is left from a training since gone
-    back (its later checkpoints deleted by hand and the run trained again to an earlier end: measured, the older
-    training's export scored as the run's, exit 0). An export past the run's end without one at it: refused, named."""
+    back (its later checkpoints deleted by hand and the run trained again to an earlier end: the older training's
+    export would be scored as the run's, exit 0). An export past the run's end without one at it: refused, named."""
     from train.checkpoint.resume import find
     from train.launch import finished
 

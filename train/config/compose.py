@@ -107,8 +107,9 @@ def _composed(config_name: str, overrides: list) -> DictConfig:
     """Hydra's composition of `overrides`, in Hydra's two steps (the defaults tree from the group choices, then the
     value overrides), the first made once per set of group choices in this process, as a sweep's points are
     (common/compose.py; tests/test_compose.py checks the two against each other). A process that composes many
-    configs (the tests, a benchmark) spends a fifth of the time. Composed from scratch where the first step may
-    read more than conf/: the user's YAML (`yaml=`) and Hydra's own settings (`hydra.searchpath`)."""
+    configs (the tests, a benchmark) reads and merges conf/ once per set of group choices, not per config. Composed
+    from scratch where the first step may read more than conf/: the user's YAML (`yaml=`) and Hydra's own settings
+    (`hydra.searchpath`)."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode

@@ -355,7 +355,7 @@ def model_shape(model) -> dict:
 def stale(attrs: dict) -> list:
     """(key, problem, fix) for each value the base config's class derived from sizes config_overrides change, which
     set_config_overrides does not derive again: the model is built at the old value without a word (LlamaConfig's
-    head_dim: hidden_size 128 and 4 heads on the base's 4096 / 32 built heads 128 wide, four times the width)."""
+    head_dim: hidden_size 128 and 4 heads on the base's 4096 / 32 build heads 128 wide, four times the width)."""
     if attrs.get("model_type") != "llama":
         return []
     given, found = set(attrs["_given"]), []

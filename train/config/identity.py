@@ -97,7 +97,7 @@ def _plain(value):
 
 
 # A composer time written with a number in another spelling: 2e1ba, 20.0ba and 20ba are 20 batches, one run
-# (measured: three run names, the later ones new runs from batch 0 with a warning).
+# (spelt apart, they would be three run names, the later ones new runs from batch 0 with a warning).
 _TIME_SPELLING = re.compile(r"\s*\+?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*(ba|ep|tok|sp|dur|iter)\s*", re.IGNORECASE)
 
 
@@ -188,7 +188,7 @@ def identity(cfg) -> dict:
 
 def spelt_once(flat: dict) -> dict:
     """One spelling of each value, also of a record written under an earlier rule (renormalised): local paths,
-    composer's times, mixed precision's case; keys the rule no longer counts left out."""
+    composer's times, mixed precision's case; keys the rule does not count left out."""
     out = {}
     for k, v in flat.items():
         if not _counts(k):
@@ -212,8 +212,9 @@ def _is_path_key(key: str) -> bool:
 
 
 def _path(value):
-    """One spelling of a local path: /data/c4/, /data//c4 and /data/./c4 are one folder (measured: each another
-    run from batch 0, unwarned, since the data differed by its text). A URL (s3://...) and a hub name are kept."""
+    """One spelling of a local path: /data/c4/, /data//c4 and /data/./c4 are one folder (each would otherwise be
+    another run from batch 0, unwarned, since the data differs by its text). A URL (s3://...) and a hub name are
+    kept."""
     import posixpath
 
     if not isinstance(value, str) or not value or "://" in value:
@@ -295,8 +296,8 @@ def same_model_and_data(root, run_name: str, model: str, ident: dict) -> list:
             continue
         if any(other.get(k) != ident.get(k) for k in DATA_KEYS):
             continue
-        # by their JSON, as the name hashes them (shuffle=1 and true: two names, but 1 == True in Python, so the
-        # warning named no difference)
+        # by their JSON, as the name hashes them (shuffle=1 and true: two names, but 1 == True in Python, so a
+        # comparison in Python would name no difference)
         differs = {k: (other.get(k), ident.get(k)) for k in sorted(set(other) | set(ident))
                    if json.dumps(other.get(k), sort_keys=True) != json.dumps(ident.get(k), sort_keys=True)}
         found.append((rec.stat().st_mtime, theirs["run_name"], differs))
@@ -326,8 +327,8 @@ def distinct_names(points: list, cfgs: list) -> list | None:
         if num in shared:
             base = str(cfgs[num].run_name)
             # A point's mark: its own overrides but those that never make another run (an env var, the plan, the
-            # time limit: each point's name hashed every override, so adding cluster.env.NCCL_DEBUG=INFO started
-            # every point again from step 0), whatever the other points are
+            # time limit: hashed, adding cluster.env.NCCL_DEBUG=INFO would start every point again from step 0),
+            # whatever the other points are
             name = f"{base}-{_mark(sorted(o for o in map(str, overrides) if not _neutral(o)))}"
             overrides.append(f"run_name={name}")
         out.append(overrides)

@@ -9,9 +9,9 @@ interpolations) and placed at the top of the config, after our groups and before
 What is added keeps the YAML the whole recipe: a key it leaves out is llm-foundry's default, as if
 llm-foundry read the file, not a value of ours.
 - `override /recipe: null`: the MPT recipe our presets share (conf/recipe/mpt.yaml: scheduler, optimizer,
-  clipping, loaders, evaluation, FSDP) does not apply. Measured before: a YAML without `alpha_f`, `weight_decay`,
-  `algorithms`, `shuffle_seed` or `eval_loader` trained with ours (alpha_f 0.1 against composer's 0.0, clipping
-  it never asked for, another data order, an evaluation of the whole val split), exit 0.
+  clipping, loaders, evaluation, FSDP) does not apply: otherwise a YAML without `alpha_f`, `weight_decay`,
+  `algorithms`, `shuffle_seed` or `eval_loader` would train with ours (alpha_f 0.1 against composer's 0.0,
+  clipping it never asked for, another data order, an evaluation of the whole val split), exit 0.
 - `override /model: null`: our model presets do not apply (a preset key the YAML leaves out, such as mpt-tiny's
   save_interval, would otherwise leak in); `model=<preset>` on the command line still picks one beneath it.
 - `override /data: _recipe`: the YAML's `variables.data_local` is an MDS folder (llm-foundry's text loader), not
@@ -142,7 +142,7 @@ def load_config(source, config_path: str) -> ConfigResult:
         # a cluster's eval_loader knobs are a mapping a list cannot be merged onto
         cfg.eval_loaders, cfg.eval_loader = cfg.eval_loader, None
     if "callbacks" in cfg and cfg.callbacks is None:  # `callbacks:` left empty: none of its own, as absent; a
-        del cfg["callbacks"]  # null would also drop the run's report callback (the run crashed at its start)
+        del cfg["callbacks"]  # null would also drop the run's report callback (the run would crash at its start)
     if "device_train_microbatch_size" not in cfg:  # llm-foundry's TrainConfig default (ours is `???`: refused)
         cfg.device_train_microbatch_size = "auto"
     for section in ("eval_loader", "fsdp_config"):  # absent: llm-foundry's None, not our groups' keys in it

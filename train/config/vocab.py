@@ -36,7 +36,7 @@ def tokenizer_ids(name: str) -> tuple[int | None, str]:
 @functools.lru_cache(maxsize=16)
 def _ids_in(path: str, mtime_ns: int, size: int) -> int | None:
     """The ids of one tokenizer.json as it is on disk (its time and size in the key: a file written again is read
-    again). Parsing gpt-neox-20b's 2 MB takes ~35 ms, and a check, its vocabulary resolver and a sweep's points ask
+    again). A tokenizer.json is megabytes of JSON, and a check, its vocabulary resolver and a sweep's points ask
     for the same file many times."""
     try:
         data = json.loads(Path(path).read_text())

@@ -53,8 +53,8 @@ def read(cfg: DictConfig, verify: bool = False) -> dict | None:
 
 def _kept(folder: Path, body: dict, cfg: DictConfig, verify: bool = False) -> bool:
     """Whether the checkpoint the run finished at is still there: with it deleted by hand, the plain command
-    trains the batches since the one before, so a sweep must submit the point too (measured: it said "finished
-    earlier" and the run's newest export became the checkpoint before's). verify: and still what was written (its
+    trains the batches since the one before, so a sweep must submit the point too (else it would say "finished
+    earlier" while the run's newest export is the checkpoint before's). verify: and still what was written (its
     manifest, else its CRCs): a damaged one is submitted, and the task sets it aside and trains its last batches
     again. Checkpoints named otherwise than composer's default (save_filename, save_latest_filename) or not
     resumed from (autoresume=false) are not this tool's to list, as the task does not choose among them
@@ -92,8 +92,8 @@ def reached(save_folder) -> str | None:
 
 
 def ended_at(save_folder) -> int | None:
-    """The batch the run of this save folder last finished at, where its finished.json says (written since
-    it does), else None."""
+    """The batch the run of this save folder last finished at, where its finished.json says (one written
+    without it says nothing), else None."""
     body = _body(_folder(save_folder))
     batch = body.get("batch") if body else None
     return batch if isinstance(batch, int) and not isinstance(batch, bool) else None

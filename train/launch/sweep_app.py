@@ -217,8 +217,8 @@ class TrainApp(SweepApp):
             age = None
         going = state.split(" ")[0] in GOING  # "PENDING (Resources)"; an ended point has no ETA
         # Requeues of the point's job: Slurm's count (its accounting: status.rows) where it could be asked,
-        # else what rank 0 recorded of SLURM_RESTART_COUNT as its latest start began training (a file written
-        # before that was recorded: its starts after the first). A record of another job (an earlier sweep's, in
+        # else what rank 0 recorded of SLURM_RESTART_COUNT as its latest start began training (a file
+        # without that record: its starts after the first). A record of another job (an earlier sweep's, in
         # this report folder) says nothing of this one's.
         own = progress.get("job") in (None, str(point.get("job_id"))) or point.get("job_id") is None
         recorded = int(progress.get("requeues", max(0, int(progress.get("starts", 1)) - 1))) if own else 0
@@ -274,6 +274,6 @@ class TrainApp(SweepApp):
 
 def _of_run(report: dict, run: str | None) -> dict:
     """A report file (progress.json, metrics.json) of the point's run, or {}: a point folder of a sweep run again
-    into the same sweep folder holds the files of whatever run had that number before (measured: a failed point
-    shown with another run's metrics and loss curve). Files and points from before they recorded the run: kept."""
+    into the same sweep folder holds the files of whatever run had that number before (a failed point would show
+    another run's metrics and loss curve). Files and points that do not record their run: kept."""
     return {} if run and report.get("run_name") not in (None, run) else report

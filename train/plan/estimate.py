@@ -191,8 +191,8 @@ def activation_bytes(model, microbatch: int, act_bytes: int, checkpointing: bool
 
 def counted_microbatch(microbatch) -> int:
     """The microbatch whose activations a plan counts. 'auto': composer halves the rank's share on each
-    out-of-memory until one fits, down to 1, so the run needs 1 to fit (counted as 0 before, which called any
-    model's activations free)."""
+    out-of-memory until one fits, down to 1, so the run needs 1 to fit (counting none would call any model's
+    activations free)."""
     return microbatch if isinstance(microbatch, int) and not isinstance(microbatch, bool) and microbatch > 0 else 1
 
 
@@ -237,7 +237,8 @@ def min_nodes(model, *, tasks_per_node: int, gpu_memory_bytes: int, microbatch, 
     """The smallest node count at which the estimate fits, or None if none does (the part that does not shrink
     with more ranks, activations mostly, is too large already). microbatch: a number, or the microbatch a rank
     trains with at a world size (llm-foundry cuts it to the rank's share of the global batch, larger on fewer
-    nodes: measured, 16 nodes' share of 1 said 1 node fits where 1 node trains 16 and does not)."""
+    nodes: the microbatch of many nodes' share would call one node fitting where it trains a larger one and does
+    not)."""
     if not gpu_memory_bytes or not tasks_per_node:
         return None
     usable = usable_bytes(gpu_memory_bytes)

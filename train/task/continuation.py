@@ -5,8 +5,8 @@ continued is never written), with `load_ignore_keys`:
 
 - `state/schedulers`: composer's schedulers are functions of the batch count and max_duration; left out, the
   scheduler is this command's (its base learning rate, its warmup, its max_duration) read at the checkpoint's batch;
-  loaded, its base learning rates would be the other run's (measured on a resume: optimizer.lr=1e-12 went on at
-  0.003);
+  loaded, its base learning rates would be the other run's (optimizer.lr=1e-12 would go on at the other run's
+  rate);
 - `state/dataset_state`, where the training data differs: the other run's position in its data means nothing in
   this data, which is read from its beginning (composer would otherwise read through as many batches of it as the
   other run had trained in its epoch, to get there).
@@ -201,8 +201,8 @@ def register() -> None:
         callbacks.register("continued_from", func=ContinuedFrom)
 
 
-# The learning rate the command a stop offers continues under: half the one that went bad (the logbooks of long
-# runs lowered it, and restarted from an earlier checkpoint)
+# The learning rate the command a stop offers continues under: half the one that went bad (as the logbooks of long
+# runs do: lower it, and restart from an earlier checkpoint)
 LOWER = 0.5
 # Overrides the offered command leaves out: its own name and folder come from its settings, it starts from the
 # checkpoint it names, and its learning rate is the lowered one

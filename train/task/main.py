@@ -49,7 +49,7 @@ def run(cfg: DictConfig) -> dict:
         int(OmegaConf.select(fcfg, f"{loader}.num_workers", default=0) or 0) for loader in loader_keys(fcfg)))
     if dist_env:
         _node_local_cwd(fcfg, dist_env)
-    # the libraries this task runs, imported while the GC is paused (common/collector.py: 1.6 s of CPU per rank)
+    # the libraries this task runs, imported while the GC is paused (common/collector.py says why)
     imported_without_collections("composer", *(() if only else ("llmfoundry.command_utils",)))
     _start_dist(fcfg)
     if not only:
@@ -166,8 +166,8 @@ def run(cfg: DictConfig) -> dict:
         else:
             # Already trained: the numbers of the start that finished at the checkpoint it stands at, as its
             # finished.json keeps them (whatever max_duration that start had: one continued past this command's).
-            # This command's outputs folder may hold an earlier stretch's (measured: a run continued under -m,
-            # whose outputs go to the sweep's folder, then run plainly: batch 40's numbers printed for a run at 80).
+            # This command's outputs folder may hold an earlier stretch's (a run continued under -m, whose outputs
+            # go to the sweep's folder, then run plainly: its report folder holds an earlier batch's numbers).
             last = finished.last(fcfg.save_folder)  # `at`: the batch of the checkpoint it stands at, found above
             if last and last.get("batch") == at and last.get("metrics") and metrics.get("batches") != at:
                 metrics = last["metrics"]
@@ -233,7 +233,7 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
     rank, world = dist.get_global_rank(), dist.get_world_size()
     named = not fcfg.get("save_filename") and not fcfg.get("save_latest_filename")
     # A requeued job (its time limit, a preemption, a node lost) always continues: with autoresume=false (as
-    # llm-foundry's examples set it) each allocation trained the same first batches again, exit 0. It continues
+    # llm-foundry's examples set it) each allocation would train the same first batches again, exit 0. It continues
     # the checkpoints its own job trained alone: those an earlier run left in the folder are not its own.
     job = os.environ.get("SLURM_JOB_ID") if int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0 else None
     ours = named and (fcfg.get("autoresume") or job is not None)
@@ -400,8 +400,8 @@ def _verify_load_path(fcfg) -> None:
 def _same_shape(fcfg, path: Path) -> None:
     """The model load_path holds against this run's, from the config composer stores in the checkpoint itself: the
     checks compare them where the checkpoint's folder records its run (identity.json), and a file copied elsewhere
-    (`train.consolidate --out FILE`) has none. composer loads what matches and leaves the rest: measured, an untied
-    model's checkpoint loaded into a tied run dropped its output layer and trained on (loss 5.53 -> 6.82), exit 0.
+    (`train.consolidate --out FILE`) has none. composer loads what matches and leaves the rest: an untied
+    model's checkpoint loaded into a tied run drops its output layer and trains on at a higher loss, exit 0.
     Skipped where the command asks for a partial load (load_strict_model_weights=false, load_ignore_keys)."""
     if fcfg.get("load_strict_model_weights") is False or fcfg.get("load_ignore_keys"):
         return
@@ -462,9 +462,9 @@ def _end_not_reached(ckpt, fcfg) -> str | None:
     from train.checks.core import batches_in, time_of
     from train.launch import finished
 
-    # in the duration's own unit, from where the checkpoint stands as its manifest records it (measured: a tok run
-    # killed after its final checkpoint then reported the evaluation before as its final one, exit 0, on every
-    # rerun); a manifest without it (hashed on a later start, or written before it was recorded) in batches at this
+    # in the duration's own unit, from where the checkpoint stands as its manifest records it (a tok run killed
+    # after its final checkpoint would otherwise report the evaluation before as its final one, exit 0, on every
+    # rerun); a manifest without it (hashed on a later start, or written without that record) in batches at this
     # command's batch size, as then no batch size changed since
     duration = str(fcfg.get("max_duration")).strip()
     time = time_of(duration)
@@ -475,7 +475,7 @@ def _end_not_reached(ckpt, fcfg) -> str | None:
     elif batches_in(fcfg, duration) != ckpt.batch:
         return None  # not this command's final one (past it: the run was trained longer; nothing to do), or in
         # epochs or wall-clock time, not compared
-    # the batch the run ended at, as its finished.json records it (written since it does), else its max_duration
+    # the batch the run ended at, where its finished.json records it, else its max_duration
     # in batches at this command's batch size; None: no finished.json (or epochs)
     ended = finished.ended_at(ckpt.path.parent)
     if ended is None:
@@ -483,8 +483,8 @@ def _end_not_reached(ckpt, fcfg) -> str | None:
     if ended is not None and ended == ckpt.batch:
         return None  # the run reached its end at this batch
     # A finished.json past its final checkpoint is of a training whose later checkpoints are gone (deleted by
-    # hand to go back, then this shorter one stopped after its final checkpoint): not this one's end (measured: its
-    # numbers printed as this run's, exit 0). Past a later checkpoint, this is no final one (returned above).
+    # hand to go back, then this shorter one stopped after its final checkpoint): not this one's end (its numbers
+    # would be printed as this run's, exit 0). Past a later checkpoint, this is no final one (returned above).
     if not any(c.batch < ckpt.batch and resume.problem(c) is None for c in resume.find(ckpt.path.parent)):
         log.warning("the run stopped after its final checkpoint %s and before its end (no %s): its final "
                     "evaluation, export and report may be missing, and no earlier checkpoint is left to train its "

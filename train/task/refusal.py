@@ -6,8 +6,8 @@ spread over its ranks: train/task/shards.py), a mount missing on the node, a res
 has written the run folder's `.hydra/` and opened the run's log, and the run holds its save folder. So the gate,
 once every check passed, calls `hold`: it notes what of these exists, then claims the save folder
 (train/checkpoint/resume.py), so that a second run of the same name is refused at its own gate, before its Hydra
-writes into this run's folder (it wrote into the first run's `.hydra/` and log, then was refused when its task
-claimed the folder). A task that refuses calls `take_back` first: what this process made is removed, the run
+writes into this run's folder (it would write into the first run's `.hydra/` and log, and be refused only when
+its task claims the folder). A task that refuses calls `take_back` first: what this process made is removed, the run
 folder's earlier files are as they were (its `.hydra/` files' bytes, its log's length). Light: no torch."""
 import logging
 import os

@@ -10,12 +10,13 @@ Progress: one line per `console_log_interval` on global rank 0, through `logging
 step/max, the mean loss since the previous line, tokens/s over that stretch's batches (data loading and compute;
 evaluations and checkpoints left out), MFU where the device's peak FLOP/s is known, and the ETA from the rate measured since this process's first batch (evaluations and checkpoints
 included, since they recur). conf/train.yaml turns composer's own console logger off, so this is the one line
-per interval (composer's prints about 16 lines per interval, and its progress bar a line per redraw in a log).
+per interval (composer's prints a table per interval, and its progress bar a line per redraw in a log).
 
 The history travels inside checkpoints (state_dict), so a resumed run still reports its whole curve. It is
 kept there as one JSON string: torch's distributed checkpoint flattens nested lists and dicts into one key per
 leaf, and a fresh callback offering the nested shape would miss those keys at load (the state after an
-evaluation could not be resumed from a sharded checkpoint). One string is one key in every format and world size.
+evaluation could not be resumed from a sharded checkpoint otherwise). One string is one key in every format and
+world size.
 Registered with llm-foundry's callback registry as `run_report`, so it is configured like any other callback.
 """
 import io
@@ -49,7 +50,8 @@ class Manifests(Callback):
     @staticmethod
     def _newest(saver):
         # by the newest path, not the count: composer trims saved_checkpoints to save_num_checkpoints_to_keep, so
-        # from the 11th checkpoint on (the default keeps 10) the count stopped growing and none got its manifest
+        # once it has kept that many (the default keeps 10) the count stops growing and no later one would get its
+        # manifest
         return saver.saved_checkpoints[-1] if saver.saved_checkpoints else None
 
     @staticmethod

@@ -105,7 +105,7 @@ def train_data(fcfg) -> dict | None:
         samples = sum(int(s.get("samples") or 0) for raw in raws for s in json.loads(raw).get("shards") or [])
     except (ValueError, AttributeError, TypeError):
         samples = None
-    # one split: its index's hash (as recorded before mixtures were read); a mixture: every stream's, in order
+    # one split: its index's own hash (the form a record of one split keeps); a mixture: every stream's, in order
     digest = hashlib.sha256(raws[0]).hexdigest() if len(raws) == 1 else \
         hashlib.sha256(b"".join(hashlib.sha256(raw).digest() for raw in raws)).hexdigest()
     return {"sha256": digest, "samples": samples}

@@ -19,9 +19,9 @@ prefix is removed only when no process maps or holds open any of its files.
 The lock keeps two jobs from registering together, not the registry still: another job's shared memory comes and
 goes as it iterates and ends. streaming 0.12 has every rank of a job walk the registry on its own and its
 followers open the prefix they found (get_shm_prefix); where a name went away between the leader's walk and a
-follower's they part, and the follower fails ("shared memory prefix=378 was not registered by local leader"; two
-2-rank runs on one machine; mosaicml/streaming#901 is open). So the followers take their local leader's number
-(common/compat.py: patch_streaming_shm_prefix_from_local_leader).
+follower's they part, and the follower fails ("shared memory prefix=378 was not registered by local leader", with
+runs of several ranks beside each other on one machine; mosaicml/streaming#901). So the followers take their local
+leader's number (common/compat.py: patch_streaming_shm_prefix_from_local_leader).
 """
 import contextlib
 import fcntl

@@ -13,7 +13,7 @@ which follows it).
 A start may also differ in how it runs: a resume at another world size (composer's and llm-foundry's rank counts,
 gradient accumulation, FSDP settings), another microbatch, a continuation's overrides. A resumed W&B run loads
 its config from the server and refuses a changed value (composer updates it without allow_val_change), failing
-every start; MLflow refuses it with an error (measured). So the values each key was first logged with in this
+every start; MLflow refuses it with an error. So the values each key was first logged with in this
 tracking run are recorded in the save folder (`tracked-parameters.json`, with the tracking run they belong to); a
 later start logs those where its own differ (the tracker keeps the first), and says which.
 
@@ -117,8 +117,8 @@ FLUSH_WAIT_S = 30  # what a checkpoint waits for MLflow's queue at the most; the
 
 def flush_queued(step: str = "") -> None:
     """MLflow logs asynchronously (composer's default) and sends its queue every 10 s: a job killed after a
-    checkpoint lost what was queued, batches that its resume, starting at the checkpoint, never trains again, so
-    no start logged them (measured: steps 360-399 of a run killed after its batch-400 checkpoint). Called on rank 0
+    checkpoint would lose what was queued, batches that its resume, starting at the checkpoint, never trains again,
+    so no start would log them (the last steps before the checkpoint missing from the tracker). Called on rank 0
     just before each checkpoint is written (train/task/run_report.py): once a checkpoint exists, its batches are in
     the tracking store. An unreachable server (MLflow retries each request for minutes) costs the checkpoint
     FLUSH_WAIT_S, said, and training goes on: a tracker never stops a training."""
