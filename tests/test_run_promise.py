@@ -250,8 +250,9 @@ def test_a_finite_divergence_stops_the_run_before_its_checkpoint_naming_the_loss
     assert "callbacks.kill_loss_spike.outlier_multiplier" in fix and "spike.action=rollback" in fix
     # its checkpoint at 10 came after the rise: the command offered starts afresh, at half the learning rate
     assert fix.endswith("to continue it afresh (no checkpoint was written before its numbers went bad) under half "
-                        "the learning rate (100 -> 50; or change the command: a longer scheduler.t_warmup, other data "
-                        "from there), as a new run of its own: python -m train save_interval=10ba optimizer.lr=50"), fix
+                        "the learning rate it trained at (100 -> 50; or change the command: a longer "
+                        "scheduler.t_warmup, other data from there), as a new run of its own: python -m train "
+                        "save_interval=10ba optimizer.lr=50"), fix
     assert "Traceback" not in proc.stderr and "final train loss" not in proc.stdout
     [folder] = (tmp_path / "checkpoints").iterdir()
     assert sorted(p.name for p in folder.glob("*.pt")) == ["ep0-ba10-rank0.pt"]  # none at 14 or after

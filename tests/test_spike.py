@@ -105,33 +105,42 @@ def test_a_spike_rolls_back_skips_the_garbage_and_trains_on_to_where_the_loss_wa
 
 
 def test_past_spike_max_rollbacks_the_run_stops_printing_the_continue_from_command(tmp_path, cli, data):
-    """A skip too short (1 batch) meets the garbage again after the first rollback: the second spike, past
-    spike.max_rollbacks=1, stops the run non-zero, naming the limit and the command that continues it from batch 20."""
+    """A skip too short (1 batch) meets the garbage again after each rollback to batch 20: the second rollback to it
+    skips the sum of the skips and scales the learning rate by the product of the scales; the third spike, past
+    spike.max_rollbacks=2, stops the run non-zero, naming the limit and the command that continues it from batch 20
+    under half the rate it last trained at (0.003 x 0.5 x 0.5, halved)."""
     proc = cli("train", *_args(data, "max_duration=30ba", "spike.action=rollback", "spike.skip_batches=1",
-                                 "spike.max_rollbacks=1"))
+                                 "spike.max_rollbacks=2", "spike.lr_scale=0.5"))
     assert proc.returncode == 1, proc.stderr[-4000:]
     said = proc.stderr.splitlines()
     [at] = [n for n, line in enumerate(said) if line.startswith("error: ")]
     assert said[at].startswith("error: loss/train/total: the training loss is "), said[at]
-    assert "it did not roll back: it rolled back 1 time already (spike.max_rollbacks=1)" in said[at], said[at]
+    assert "it did not roll back: it rolled back 2 times already (spike.max_rollbacks=2)" in said[at], said[at]
     folder = next((tmp_path / "checkpoints").iterdir())
-    assert said[at + 1].endswith(f"continue_from={folder.name}@ba20 optimizer.lr=0.0015"), said[at + 1]
     assert "Traceback" not in proc.stderr and "final train loss" not in proc.stdout
     record = json.loads((folder / "spike.json").read_text())["interventions"]
-    assert [(i["action"], i["batch"]) for i in record] == [("rollback", 23), ("stop", 23)], record
-    assert record[0]["skipped_samples"] == [320, 336]
+    assert [(i["action"], i["batch"], i.get("resumed_from")) for i in record] == \
+        [("rollback", 23, 20), ("rollback", 23, 20), ("stop", 23, None)], record
+    assert [i["skipped_samples"] for i in record[:2]] == [[320, 336], [320, 352]]
+    assert [i["base_lr"] for i in record[:2]] == [pytest.approx(0.003 * 0.5), pytest.approx(0.003 * 0.25)]
+    assert record[1]["lr"] == pytest.approx(record[0]["lr"] / 2)  # the same batch of the schedule, scaled again
+    assert said[at + 1].endswith(f"continue_from={folder.name}@ba20 optimizer.lr=0.000375"), said[at + 1]
+    assert "(0.00075 -> 0.000375;" in said[at + 1]
 
 
-def test_two_ranks_sharded_roll_back_together(tmp_path, cli, data):
-    """Two ranks, sharded checkpoints: both judge the same all-reduced loss, roll back to batch 20's folder together
-    and skip the same samples; the sweep's summary shows the intervention."""
-    proc = cli("train", "-m", "cluster.tasks_per_node=2", "checkpoint=sharded",
+@pytest.mark.parametrize("fmt,written", [("sharded", "ep0-ba20"), ("full", "ep0-ba20-rank0.pt")])
+def test_two_ranks_roll_back_together(tmp_path, cli, data, fmt, written):
+    """Two ranks, either checkpoint format (a folder of shards; rank 0's one file, which each rank loads): both judge
+    the same all-reduced loss, roll back to batch 20's checkpoint together and skip the same samples; the sweep's
+    summary shows the intervention."""
+    proc = cli("train", "-m", "cluster.tasks_per_node=2", f"checkpoint={fmt}",
                *_args(data, "max_duration=30ba", "spike.action=rollback", "spike.skip_batches=6"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     m = _metrics(tmp_path)
     [i] = m["interventions"]
     assert (i["batch"], i["resumed_from"], i["skipped_samples"]) == (23, 20, [320, 416]), i
-    assert Path(i["checkpoint"]).name == "ep0-ba20" and m["world_size"] == 2
+    assert Path(i["checkpoint"]).name == written and m["world_size"] == 2
+    assert max(loss for b, loss in m["train_loss"] if b > 20) < 3 * min(loss for b, loss in m["train_loss"] if b <= 20)
     [row] = csv.DictReader(next(tmp_path.glob("outputs/sweeps/*/summary.csv")).open())
     assert row["state"] == "COMPLETED" and row["interventions"] == "1", row
     assert row["spikes"].startswith("rollback at batch 23 (loss "), row

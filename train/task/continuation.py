@@ -230,7 +230,7 @@ def offered(err, cfg, fcfg):
         overrides, multirun = list(hydra.overrides.task), hydra.mode == RunMode.MULTIRUN
     except Exception:  # no Hydra context (not started by python -m train)
         return err
-    lr = OmegaConf.select(fcfg, "optimizer.lr")
+    lr = _trained_at(fcfg, OmegaConf.select(fcfg, "optimizer.lr"))
     if not isinstance(lr, (int, float)) or isinstance(lr, bool):
         return err
     good = last_good(cfg, fcfg, err.bad_from)
@@ -242,9 +242,23 @@ def offered(err, cfg, fcfg):
     where = (f"from its last good checkpoint ({good})" if good else
              "afresh (no checkpoint was written before its numbers went bad)")
     also = f"{err.also}; " if err.also else ""
-    fix = (f"{also}to continue it {where} under half the learning rate ({lr:g} -> {lr * LOWER:.4g}; or change the "
-           f"command: a longer scheduler.t_warmup, other data from there), as a new run of its own: {command}")
+    fix = (f"{also}to continue it {where} under half the learning rate it trained at ({lr:.4g} -> {lr * LOWER:.4g}; "
+           f"or change the command: a longer scheduler.t_warmup, other data from there), as a new run of its own: "
+           f"{command}")
     return diverged(err.key, err.problem, fix, bad_from=err.bad_from, also=err.also)
+
+
+def _trained_at(fcfg, lr):
+    """The learning rate the run last trained at: optimizer.lr, scaled by its rollbacks' spike.lr_scale where it
+    rolled back (the newest rollback's rate, train/task/spike.py), so that the offered rate is below what failed."""
+    from train.task import interventions
+
+    folder = fcfg.get("save_folder")
+    if not folder or "://" in str(folder):
+        return lr
+    rates = [i["base_lr"] for i in interventions.read(folder)
+             if i.get("action") == "rollback" and isinstance(i.get("base_lr"), (int, float))]
+    return rates[-1] if rates else lr
 
 
 def last_good(cfg, fcfg, bad_from: int | None) -> str | None:

@@ -185,9 +185,10 @@ class RolledBack(Callback):
         # else composer spins the loader through batch_in_epoch batches itself
         state.timestamp = t.copy(batch_in_epoch=int(t.batch_in_epoch) + skip, sample_in_epoch=start + samples,
                                  token_in_epoch=int(t.token_in_epoch) + round(samples * per_sample))
-        lrs = []
+        lrs, peaks = [], []
         for sched in state.schedulers:
             sched.base_lrs = [b * scale for b in sched.base_lrs]
+            peaks += sched.base_lrs
         for opt in state.optimizers:
             for group in opt.param_groups:
                 group["lr"] *= scale
@@ -195,7 +196,10 @@ class RolledBack(Callback):
                     group["initial_lr"] *= scale
                 lrs.append(group["lr"])
         last = here[-1]
-        last.update(skipped_samples=[start, start + samples], lr=lrs[0] if lrs else None)
+        # base_lr: the rate the schedule now scales (optimizer.lr times the scales): a stop's offered command
+        # lowers the rate the run last trained at, not the configured one (train/task/continuation.py)
+        last.update(skipped_samples=[start, start + samples], lr=lrs[0] if lrs else None,
+                    base_lr=peaks[0] if peaks else None)
         if dist.get_global_rank() == 0:
             _write(self.folder, found)
             log.warning("rolled back to batch %d (%s): skipped %d batches of data (samples %d to %d of the epoch), "
