@@ -94,7 +94,8 @@ _PICKLED: dict = {}  # id(base): (base, its pickle), the base kept so that its i
 
 def _copied(base):
     """A copy of a composed config, as deepcopy makes it, from its pickle (made once per base): OmegaConf's deepcopy
-    walks every node in Python, and a sweep copies one base per point."""
+    walks every node in Python, far slower than loading a pickle made once, and a sweep copies one base per
+    point."""
     import copy
     import pickle
 
@@ -111,11 +112,10 @@ def _copied(base):
 def patch_hydra_compose_once_per_command(args: list):
     """Make a command's Hydra compose its config once, not twice (`args`: the command line Hydra reads, -m and all).
     Hydra's main composes the whole config to read `hydra.mode` (Hydra.get_mode: in MULTIRUN mode, the overrides
-    unchecked), then composes it again to run or sweep: the first composition is work a refused, planned or
-    submitted command does twice. Here get_mode composes in the mode the command runs in (RUN without -m), and that
-    composition is the next one asked for with the same config name, overrides and mode (and the `hydra.mode=<mode>`
-    Hydra adds to them when the config sets none), after Hydra's own check of the overrides for that mode. The
-    config is the one Hydra would compose: RUN and MULTIRUN differ only where a group choice is `???` (MULTIRUN
+    unchecked), then composes it again to run or sweep. Here get_mode composes in the mode the command runs in (RUN
+    without -m) and keeps that composition for the next one asked for with the same config name, overrides and mode
+    (and the `hydra.mode=<mode>` Hydra adds when the config sets none), after Hydra's own check of the overrides.
+    The config is the one Hydra would compose: RUN and MULTIRUN differ only where a group choice is `???` (MULTIRUN
     leaves it out, RUN refuses it); where RUN refuses, Hydra's own get_mode answers and nothing is kept. A kept
     composition is handed out once: a process that composes many configs keeps nothing between its own calls.
     `--help` lists its groups from one copy of the config repository
@@ -475,12 +475,11 @@ def torch_dcp_read_keys(keys: set, checkpoint_id: str) -> dict:
 def patch_torch_gloo_reduce_scatter_average() -> None:
     """Make a reduce-scatter asked to average over gloo average (torch.distributed.reduce_scatter_tensor, which
     FSDP2 looks up in its module). torch 2.7's gloo sums instead, without a word (pytorch/pytorch#162338), and FSDP2
-    asks for the average of fp32 gradients: without this, a CPU run of more than one rank trains on gradients
-    world_size times too large. AdamW hides most of it; gradient clipping (the default norm 1.0) does not, so the
-    same run on 2 ranks and on 1 part at the first step whose gradient norm falls under the threshold. Checked by
-    one reduce-scatter at the start (every rank, all alike), so a torch that averages is left alone; where gloo sums, that process's
-    reduce-scatters with AVG on a gloo group become SUM and a division by the group's size (the average asked
-    for, as NCCL computes it). Other backends and ops are untouched."""
+    asks for the average of fp32 gradients: a CPU run of more than one rank would train on gradients world_size
+    times too large, which AdamW mostly hides and gradient clipping (the default norm 1.0) does not. One
+    reduce-scatter at the start (every rank alike) tells whether this torch sums; where it does, that process's
+    reduce-scatters with AVG on a gloo group become SUM and a division by the group's size (the average, as NCCL
+    computes it). Other backends and ops are untouched."""
     import torch
     import torch.distributed as dist
 

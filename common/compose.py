@@ -29,9 +29,8 @@ def sweep_points(loader, config: DictConfig, sweep_dir, points: list, first: int
     Hydra composes a config in two steps (ConfigLoaderImpl._load_configuration_impl in the pinned Hydra): the
     defaults tree from the config group choices (most of the cost: every YAML file read and merged), then the
     value overrides applied on top. A sweep's points mostly share their group choices, so the first step runs
-    once per distinct set of them and the second, Hydra's own function, runs on a copy for each point: a sweep's
-    cost grows with its distinct group choices, not with its points. tests/test_compose.py checks the result
-    against Hydra composing each point from scratch."""
+    once per distinct set of them and the second, Hydra's own function, runs on a copy for each point.
+    tests/test_compose.py checks the result against Hydra composing each point from scratch."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from common.compat import hydra_caching_repo, hydra_with_value_overrides
