@@ -385,9 +385,8 @@ def streaming_threads_ended() -> None:
 def patch_streaming_shared_memory_attach_waits() -> None:
     """streaming's SharedMemory (create=None, as every rank of a dataset's load_state_dict asks for its `_resume`
     block) creates the block or, where another rank just did, attaches after one 7 ms tick: a rank that attaches
-    before the creator has sized the block fails (ValueError: cannot mmap an empty file), and the job with it: a
-    resume of several ranks on a loaded machine can hit that window. An attach to a block not sized yet is tried
-    again, for up to 30 s."""
+    before the creator has sized the block (a resume of several ranks on a loaded machine) fails the job (ValueError:
+    cannot mmap an empty file). An attach to a block not sized yet is tried again, for up to 30 s."""
     import time
 
     from streaming.base.shared import memory

@@ -159,8 +159,7 @@ def check_out_root(settings: Settings, plan: dict) -> None:
                                     + "; ".join(diffs),
                                     "choose a new out_root (or split), or delete that folder to start over")
         # a run that locked, not yet planned; or another part of this run writing the plan this instant (its
-        # temporary file, common.files.temp_name), which a Slurm array's other part must not take for "files
-        # data_prep did not write"
+        # temporary file, common.files.temp_name): not "files data_prep did not write"
         elif any(p.name != LOCK_FOLDER and not p.name.startswith(f".{PLAN_FILE}.tmp-") for p in split_dir.iterdir()):
             what = "an MDS dataset" if (split_dir / "index.json").exists() else "files"
             # this tool's blocks without their plan (deleted since): not another tool's files, but made with

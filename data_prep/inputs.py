@@ -86,8 +86,7 @@ def _expand(item: str, settings: Settings) -> list[str]:
 
 def _not_output(files: list[str], settings: Settings) -> list[str]:
     """The files of a folder or pattern, less those under out_root: an out_root inside the input folder holds this
-    tool's own files on the next run (its plan, block records), to be read as documents or refused as another
-    dataset."""
+    tool's own files on the next run (its plan, block records), not documents nor another dataset."""
     out = os.path.realpath(settings.out_root)
     kept = [f for f in files if os.path.commonpath([os.path.realpath(f), out]) != out]
     if len(kept) < len(files):
@@ -151,8 +150,7 @@ def resolve_sources(settings: Settings) -> list[Source]:
 
 def _warn_compressed_copies(sources: list[Source]) -> None:
     """A file beside its compressed copy (a.jsonl and a.jsonl.gz, as `gzip -k` leaves them) is most likely the
-    same documents twice: both are read, as given, and said (every document doubled, which nothing else would
-    notice)."""
+    same documents twice: both are read, as given, and said (nothing else shows every document doubled)."""
     by_stem: dict[str, list[str]] = {}
     for src in sources:
         stem = src.path[: -len(os.path.splitext(src.path)[1])] if src.codec != "plain" else src.path

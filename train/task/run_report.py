@@ -14,9 +14,8 @@ per interval (composer's prints a table per interval, and its progress bar a lin
 
 The history travels inside checkpoints (state_dict), so a resumed run still reports its whole curve. It is
 kept there as one JSON string: torch's distributed checkpoint flattens nested lists and dicts into one key per
-leaf, and a fresh callback offering the nested shape would miss those keys at load (the state after an
-evaluation could not be resumed from a sharded checkpoint otherwise). One string is one key in every format and
-world size.
+leaf, and a fresh callback offering the nested shape would miss those keys at load (a sharded checkpoint
+written after an evaluation would not resume). One string is one key in every format and world size.
 Registered with llm-foundry's callback registry as `run_report`, so it is configured like any other callback.
 """
 import io
