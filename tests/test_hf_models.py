@@ -1,8 +1,9 @@
 """llm-foundry's Hugging Face models (`model.name: hf_causal_lm`) pretrained from a configuration: a GPT-2-style and
 a Llama-style YAML of the user's own (`yaml=PATH`) and the presets (model=llama3-8b, llama-tiny) are checked and
 planned from the architecture's config without torch, train a few batches on CPU (the GPT-2 one at two ranks, FSDP2
-over gloo, its embedding tied to its output layer), resume, export a Hugging Face folder that transformers loads
-offline, sample and evaluate.
+over gloo, its embedding tied to its output layer, on C4 text in a byte-level tokenizer's samples; the Llama one at
+one rank on C4 in gpt-neox-20b's), resume, export a Hugging Face folder that transformers loads offline, sample and
+evaluate.
 
 The architecture is read here as llm-foundry builds it, from mirrors of transformers' config classes
 (train/config/hf_arch.py): the tests that import transformers compare the mirrors with the classes, and the plan's
@@ -10,9 +11,11 @@ parameter counts with the models transformers builds.
 """
 import json
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
-from helpers import ROOT, TOKENIZER, need_shared, run
+from helpers import ROOT, TOKENIZER, run, training
 from hydra.core.hydra_config import HydraConfig
 
 from train.checks import Context, check, errors
@@ -110,9 +113,9 @@ LLAMA_YAML = GPT2_YAML.replace("run_name: gpt2-style", "run_name: llama-style").
     "fsdp_config: {sharding_strategy: FULL_SHARD, mixed_precision: PURE, state_dict_type: sharded}\n", "")
 
 
-def yaml_file(folder, text, base) -> str:
+def yaml_file(folder, text, base, tokenizer=TOKENIZER) -> str:
     path = folder / "recipe.yaml"
-    path.write_text(text.replace("BASE", str(base)).replace("TOKENIZER", str(TOKENIZER)))
+    path.write_text(text.replace("BASE", str(base)).replace("TOKENIZER", str(tokenizer)))
     return str(path)
 
 
@@ -309,6 +312,12 @@ def test_llm_foundrys_wrapping_makes_each_decoder_layer_an_fsdp2_unit_and_keeps_
 
 
 # ---- trained, resumed, exported, sampled, evaluated -------------------------------------------------------------
+# One run of each YAML, made once for its tests by the module's fixtures, one step each (so that each test's setup
+# holds one command): trained 2 batches, then the same run to 4 (it resumes from its checkpoint at batch 2), then
+# its newest checkpoint exported by `python -m train.export`. A run's tests share one pytest-xdist group, so that
+# they run on one worker, which makes the run once.
+
+GPT2_RANKS = ("-m", "cluster.tasks_per_node=2")  # two ranks: a process each (our launcher's)
 
 
 def _metrics(root, run_name):
@@ -316,22 +325,46 @@ def _metrics(root, run_name):
     return json.loads([p for p in found if json.loads(p.read_text()).get("run_name") == run_name][-1].read_text())
 
 
-def _train_resume_export(root, path, data, run_name, *launch, then=()):
-    """Train 2 batches, then the same run to 4 (it resumes from its checkpoint at batch 2; `then`: what that command
-    adds), export its newest checkpoint, sample from and evaluate the export: the run's metrics and the export's
-    folder."""
-    args = ("train", f"yaml={path}", f"variables.data_local={data}", *launch)
-    run("-m", *args, "max_duration=2ba", root=root, check=True, env=OFFLINE)
-    second = run("-m", *args, "max_duration=4ba", *then, root=root, check=True, env=OFFLINE)
-    metrics = _metrics(root, run_name)
-    assert [b for b, _ in metrics["train_loss"]] == [1, 2, 3, 4]  # batches 1-2 came through the checkpoint
+def _train(root, path, data, *args) -> subprocess.CompletedProcess:
+    """`python -m train yaml=PATH ...` (helpers.training: in this process at one rank, a process per rank with
+    `-m`)."""
+    return training("-m", "train", f"yaml={path}", f"variables.data_local={data}", *args, root=root, check=True,
+                    env=OFFLINE)
+
+
+def _planned_and_trained(root, text, base, data, *launch, tokenizer=TOKENIZER) -> dict:
+    """The YAML written, planned (`plan=json`, as many ranks as the training), and trained 2 batches."""
+    path = yaml_file(root, text, base, tokenizer)
+    ranks = [a for a in launch if a.startswith("cluster.tasks_per_node=")]
+    plan = json.loads(run("-m", "train", f"yaml={path}", f"variables.data_local={data}", "plan=json", *ranks,
+                          root=root, check=True).stdout)
+    _train(root, path, data, *launch, "max_duration=2ba")
+    return {"root": root, "path": path, "plan": plan}
+
+
+def _resumed(first: dict, data, run_name, *launch, then=()) -> dict:
+    """The same run to 4 batches (`then`: what that command adds): its metrics and what it logged."""
+    root = first["root"]
+    second = _train(root, first["path"], data, *launch, "max_duration=4ba", *then)
     logs = second.stderr + "".join(p.read_text() for p in (root / "outputs").rglob("*.err"))
-    assert f"resuming from {root / 'checkpoints' / run_name / 'ep0-ba2'}" in logs
+    return {**first, "metrics": _metrics(root, run_name), "logs": logs}
+
+
+def _assert_resumed(made: dict, run_name) -> None:
+    assert [b for b, _ in made["metrics"]["train_loss"]] == [1, 2, 3, 4]  # batches 1-2 came through the checkpoint
+    assert f"resuming from {made['root'] / 'checkpoints' / run_name / 'ep0-ba2'}" in made["logs"]
+
+
+def _exported(made: dict, run_name) -> Path:
+    """`python -m train.export RUN`: its newest checkpoint as a Hugging Face folder, where export=hf writes one."""
+    root = made["root"]
     folder = root / "outputs" / run_name / "huggingface" / "ba4"
-    if then:  # export=hf: llm-foundry's hf_checkpointer wrote it at the end, with the tokenizer's end of text
-        assert json.loads((folder / "config.json").read_text())["eos_token_id"] == 0  # gpt-neox-20b's
-    out = run("-m", "train.export", run_name, root=root, check=True, env=OFFLINE).stdout.strip().splitlines()[-1]
-    assert out == str(folder) and (folder / "model.safetensors").is_file()
+    out = run("-m", "train.export", run_name, root=root, check=True, env=OFFLINE)
+    assert out.stdout.strip().splitlines()[-1] == str(folder) and (folder / "model.safetensors").is_file()
+    return folder
+
+
+def _sampled_and_scored(root, run_name, folder) -> None:
     assert "auto_map" not in json.loads((folder / "config.json").read_text())  # transformers' own class, no code
     sampled = run("-m", "train.sample", run_name, "The weather today is", "--max-new-tokens", "8",
                   "--temperature", "0", root=root, check=True, env=OFFLINE)
@@ -341,52 +374,141 @@ def _train_resume_export(root, path, data, run_name, *launch, then=()):
     [(_, got)] = scored["evaluators"].items()
     assert got["trainer"]["batch"] == 4
     assert got["cross_entropy"] == pytest.approx(got["trainer"]["cross_entropy"], rel=1e-4)
-    return metrics, folder
+
+
+@pytest.fixture(scope="session")
+def c4_bytes(tmp_path_factory):
+    """The real C4 excerpts of `c4_mds` in 128-token samples of a byte-level tokenizer (data=mock's: 256 bytes and
+    an end of text), written by data_prep's command, made once: its folder, the tokenizer in `tokenizer`. composer
+    keeps the tokenizer's files in every checkpoint, and a sharded one stores each entry of a vocabulary as an item
+    of its own, saved and loaded one by one: gpt-neox-20b's 50,000 would make them the most of a two-rank run here."""
+    from helpers import C4_FIRST, C4_SECOND, made_once, need_shared
+
+    from train.task.mock_data import write_tokenizer
+
+    need_shared()
+
+    def make(out):
+        write_tokenizer(out / "tokenizer")
+        for split, source in (("train", C4_FIRST), ("val", C4_SECOND)):
+            run("-m", "data_prep", "dataset=c4", f"input={source}", f"out_root={out}", f"split={split}",
+                f"tokenizer={out / 'tokenizer'}", "concat_tokens=128", "num_parts=1", "progress=false", check=True,
+                timeout=300)
+    return made_once(tmp_path_factory, "c4-bytes", make)
+
+
+@pytest.fixture(scope="module")
+def gpt2_style(tmp_path_factory, c4_bytes):
+    """The GPT-2-style YAML on a base config folder written by transformers (the documented offline step), planned
+    and trained 2 batches at two ranks (FSDP2 over gloo, sharded checkpoints)."""
+    from transformers import GPT2Config
+
+    root = tmp_path_factory.mktemp("gpt2-style")
+    GPT2Config().save_pretrained(root / "gpt2-config")
+    return _planned_and_trained(root, GPT2_YAML, root / "gpt2-config", c4_bytes, *GPT2_RANKS,
+                                tokenizer=c4_bytes / "tokenizer")
+
+
+@pytest.fixture(scope="module")
+def gpt2_resumed(gpt2_style, c4_bytes):
+    return _resumed(gpt2_style, c4_bytes, "gpt2-style", *GPT2_RANKS)
+
+
+@pytest.fixture(scope="module")
+def gpt2_exported(gpt2_resumed):
+    return _exported(gpt2_resumed, "gpt2-style")
 
 
 @pytest.mark.train
-def test_a_gpt2_style_yaml_plans_trains_at_two_ranks_resumes_and_exports(tmp_path, c4_mds):
-    """FSDP2 over gloo at two ranks with sharded checkpoints, GPT-2's embedding tied to its output layer; the base
-    config written by transformers into a folder of the user's (the documented offline step)."""
-    need_shared()
-    base = tmp_path / "gpt2-config"
-    run("-c", f"from transformers import GPT2Config; GPT2Config().save_pretrained('{base}')", check=True)
-    path = yaml_file(tmp_path, GPT2_YAML, base)
-    plan = json.loads(run("-m", "train", f"yaml={path}", f"variables.data_local={c4_mds}", "plan=json",
-                          "cluster.tasks_per_node=2", root=tmp_path, check=True).stdout)
+@pytest.mark.xdist_group("gpt2-style")
+def test_a_gpt2_style_yaml_plans_and_trains_at_two_ranks_with_a_shard_each(gpt2_style):
+    plan = gpt2_style["plan"]
     # 50304 x 64 tied + 128 x 64 positions + 2 layers of 12 x 64^2 + 13 x 64 + the final norm
     assert plan["params"] == 50304 * 64 + 128 * 64 + 2 * (12 * 64 * 64 + 13 * 64) + 2 * 64
     assert plan["model"]["model_type"] == "gpt2" and plan["checkpoint_files"] == 2
-    metrics, folder = _train_resume_export(tmp_path, path, c4_mds, "gpt2-style", "-m", "cluster.tasks_per_node=2")
-    ckpt = tmp_path / "checkpoints" / "gpt2-style"
-    assert (ckpt / "ep0-ba4").is_dir() and len(list((ckpt / "ep0-ba4").glob("*.distcp"))) == 2
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
-    assert model.lm_head.weight is model.transformer.wte.weight
-    assert sum(p.numel() for p in model.parameters()) == plan["params"]
-    assert torch.isfinite(model.transformer.wte.weight).all()
+    assert len(list((gpt2_style["root"] / "checkpoints" / "gpt2-style" / "ep0-ba2").glob("*.distcp"))) == 2
 
 
 @pytest.mark.train
-def test_a_llama_style_yaml_plans_trains_resumes_and_exports(tmp_path, c4_mds):
-    """On this checkout's base folder (its model type alone), one rank, one checkpoint file each."""
-    need_shared()
-    path = yaml_file(tmp_path, LLAMA_YAML, LLAMA_BASE)
-    plan = json.loads(run("-m", "train", f"yaml={path}", f"variables.data_local={c4_mds}", "plan=json",
-                          root=tmp_path, check=True).stdout)
-    assert plan["model"] == {"model_type": "llama", "d_model": 64, "n_heads": 4, "kv_heads": 2, "n_layers": 2,
-                             "max_seq_len": 128, "vocab_size": 50304}
-    metrics, folder = _train_resume_export(tmp_path, path, c4_mds, "llama-style", then=("export=hf",))
-    assert (tmp_path / "checkpoints" / "llama-style" / "ep0-ba4-rank0.pt").is_file()
-    config = json.loads((folder / "config.json").read_text())
+@pytest.mark.xdist_group("gpt2-style")
+def test_a_gpt2_style_run_resumes_at_two_ranks_from_its_sharded_checkpoint(gpt2_resumed):
+    _assert_resumed(gpt2_resumed, "gpt2-style")
+    ckpt = gpt2_resumed["root"] / "checkpoints" / "gpt2-style"
+    assert (ckpt / "ep0-ba4").is_dir() and len(list((ckpt / "ep0-ba4").glob("*.distcp"))) == 2
+
+
+@pytest.mark.train
+@pytest.mark.xdist_group("gpt2-style")
+def test_a_gpt2_style_runs_export_samples_and_scores_the_trainers_eval(gpt2_resumed, gpt2_exported):
+    _sampled_and_scored(gpt2_resumed["root"], "gpt2-style", gpt2_exported)
+
+
+@pytest.mark.train
+@pytest.mark.xdist_group("gpt2-style")
+def test_a_gpt2_style_export_loads_in_transformers_with_its_embedding_tied(gpt2_style, gpt2_exported):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(gpt2_exported, local_files_only=True)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert sum(p.numel() for p in model.parameters()) == gpt2_style["plan"]["params"]
+    assert torch.isfinite(model.transformer.wte.weight).all()
+
+
+@pytest.fixture(scope="module")
+def llama_style(tmp_path_factory, c4_mds):
+    """The Llama-style YAML on this checkout's base folder (its model type alone), planned and trained 2 batches at
+    one rank (in this process), one checkpoint file each."""
+    return _planned_and_trained(tmp_path_factory.mktemp("llama-style"), LLAMA_YAML, LLAMA_BASE, c4_mds)
+
+
+@pytest.fixture(scope="module")
+def llama_resumed(llama_style, c4_mds):
+    """Resumed to 4 batches with export=hf: llm-foundry's hf_checkpointer writes the Hugging Face folder at the end
+    (its config as written, before the export command writes the folder again)."""
+    resumed = _resumed(llama_style, c4_mds, "llama-style", "export=hf")
+    written = llama_style["root"] / "outputs" / "llama-style" / "huggingface" / "ba4" / "config.json"
+    return {**resumed, "written": json.loads(written.read_text())}
+
+
+@pytest.fixture(scope="module")
+def llama_exported(llama_resumed):
+    return _exported(llama_resumed, "llama-style")
+
+
+@pytest.mark.train
+@pytest.mark.xdist_group("llama-style")
+def test_a_llama_style_yaml_plans_and_trains_at_one_rank_with_one_checkpoint_file(llama_style):
+    assert llama_style["plan"]["model"] == {"model_type": "llama", "d_model": 64, "n_heads": 4, "kv_heads": 2,
+                                            "n_layers": 2, "max_seq_len": 128, "vocab_size": 50304}
+    assert (llama_style["root"] / "checkpoints" / "llama-style" / "ep0-ba2-rank0.pt").is_file()
+
+
+@pytest.mark.train
+@pytest.mark.xdist_group("llama-style")
+def test_a_llama_style_run_resumes_and_its_export_hf_writes_the_tokenizers_end_of_text(llama_resumed):
+    _assert_resumed(llama_resumed, "llama-style")
+    assert (llama_resumed["root"] / "checkpoints" / "llama-style" / "ep0-ba4-rank0.pt").is_file()
+    assert llama_resumed["written"]["eos_token_id"] == 0  # gpt-neox-20b's
+
+
+@pytest.mark.train
+@pytest.mark.xdist_group("llama-style")
+def test_a_llama_style_runs_export_samples_and_scores_the_trainers_eval(llama_resumed, llama_exported):
+    config = json.loads((llama_exported / "config.json").read_text())
     assert (config["head_dim"], config["num_key_value_heads"], config["eos_token_id"]) == (16, 2, 0)  # gpt-neox's
-    shutil.rmtree(tmp_path / "checkpoints")  # the export alone loads
-    proc = run("-c", "import sys; from transformers import AutoModelForCausalLM as M; "
-               f"m = M.from_pretrained('{folder}', local_files_only=True); print(m.num_parameters())",
-               check=True, env=OFFLINE)
-    assert int(proc.stdout.split()[-1]) == plan["params"]
+    _sampled_and_scored(llama_resumed["root"], "llama-style", llama_exported)
+
+
+@pytest.mark.train
+@pytest.mark.xdist_group("llama-style")
+def test_a_llama_style_export_alone_loads_in_transformers_with_the_plans_parameter_count(llama_style, llama_exported,
+                                                                                       tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    alone = shutil.copytree(llama_exported, tmp_path / "model")  # no checkpoints, no run beside it
+    model = AutoModelForCausalLM.from_pretrained(alone, local_files_only=True)
+    assert model.num_parameters() == llama_style["plan"]["params"]
 
 
 def test_a_run_continued_with_another_width_is_told_by_its_config_overrides():
