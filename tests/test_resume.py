@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import finished, kill_after_checkpoint, run, start, stop, training
+from helpers import finished, kill_after_checkpoint, made_once, run, start, stop, training
 from helpers import train_command as command
 
 pytestmark = pytest.mark.train  # the tier (pyproject.toml markers)
@@ -43,6 +43,25 @@ def straight(ranks: int, tmp_path_factory) -> dict:
     return newest_metrics(finished(ranks, "sharded", tmp_path_factory))
 
 
+@pytest.fixture
+def want(ranks, tmp_path_factory) -> dict:
+    """straight(ranks) as a fixture: the reference run, where this test is the first to need it, is made in the
+    test's setup, apart from what the test itself runs."""
+    return straight(ranks, tmp_path_factory)
+
+
+@pytest.fixture
+def sharded2(tmp_path_factory) -> Path:
+    """The uninterrupted 2-rank sharded run's root (finished), made in the setup of the first test that needs it."""
+    return finished(2, "sharded", tmp_path_factory)
+
+
+@pytest.fixture
+def full2(tmp_path_factory) -> Path:
+    """The uninterrupted 2-rank full-format run's root (finished), made in the setup of the first test that needs it."""
+    return finished(2, "full", tmp_path_factory)
+
+
 def assert_same_run(got: dict, want: dict) -> None:
     assert got["batches"] == 40 and [b for b, _ in got["train_loss"]] == list(range(1, 41))
     assert got["final_train_loss"] == pytest.approx(want["final_train_loss"], rel=1e-6)
@@ -54,12 +73,17 @@ def assert_same_run(got: dict, want: dict) -> None:
 CELLS = [("sharded", 1), ("sharded", 2), ("full", 2)]
 
 
+@pytest.fixture
+def killed_at_20(fmt, ranks, tmp_path) -> None:
+    """The matrix's run killed right after its checkpoint at batch 20, in the test's folder (in the test's setup:
+    the kill, the resume and the rerun after are each a whole run of the reference)."""
+    kill_after_checkpoint(tmp_path, command(ranks, fmt), batch=20)
+
+
 @pytest.mark.parametrize("fmt, ranks", CELLS)
 def test_killed_after_a_checkpoint_then_finished_the_same_command_resumes_then_does_nothing(
-        fmt, ranks, tmp_path, tmp_path_factory):
-    want = straight(ranks, tmp_path_factory)
+        fmt, ranks, want, killed_at_20, tmp_path):
     cmd = command(ranks, fmt)
-    kill_after_checkpoint(tmp_path, cmd, batch=20)
     folder = save_folder(tmp_path)
     assert not any(c.name.startswith("ep0-ba40") for c in folder.iterdir()), "killed too late"
     if fmt == "sharded" and ranks > 1:  # a folder of shards
@@ -91,15 +115,23 @@ def test_killed_after_a_checkpoint_then_finished_the_same_command_resumes_then_d
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file() and p.name != ".lock"} == before
 
 
-def test_killed_after_a_checkpoint_with_no_evaluation_since_the_last_resumes_to_the_same_run(tmp_path,
-                                                                                             tmp_path_factory):
+EVERY_20 = command(2, "sharded", "eval_interval=20ba")  # evaluations every 20 batches, checkpoints every 10
+
+
+@pytest.fixture
+def killed_at_30_evaluated_at_20(tmp_path) -> None:
+    """EVERY_20's run killed right after its checkpoint at batch 30, in the test's folder (in the test's setup)."""
+    kill_after_checkpoint(tmp_path, EVERY_20, batch=30)
+
+
+def test_killed_after_a_checkpoint_with_no_evaluation_since_the_last_resumes_to_the_same_run(
+        sharded2, killed_at_30_evaluated_at_20, tmp_path):
     """The matrix's other side of "after an evaluation": evaluations every 20 batches, checkpoints every 10, the
     2-rank sharded run killed right after its checkpoint at batch 30 (the last evaluation at 20). The same command
     resumes it: the training equals the uninterrupted run's (evaluating does not change it), and the evaluation
     history is the one this command asked for, its last one the uninterrupted run's at batch 40."""
-    want = straight(2, tmp_path_factory)
-    cmd = command(2, "sharded", "eval_interval=20ba")
-    kill_after_checkpoint(tmp_path, cmd, batch=30)
+    want = newest_metrics(sharded2)
+    cmd = EVERY_20
     assert not (save_folder(tmp_path) / "ep0-ba40").exists(), "killed too late"
     resumed = training(*cmd, root=tmp_path, check=True)
     said = resumed.stderr + task_log(tmp_path)
@@ -139,57 +171,94 @@ def test_one_rank_and_two_ranks_train_alike_batch_by_batch(tmp_path_factory):
     assert_same_losses(straight(2, tmp_path_factory), straight(1, tmp_path_factory))
 
 
-def test_world_size_changes_two_to_four_to_two_and_two_to_one_continue_the_loss(tmp_path, tmp_path_factory):
-    """The same run continued at another rank count from its sharded checkpoint. Compared: the loss of every batch
-    with the uninterrupted 2-rank run's (the global batch holds the same samples at every world size: streaming's
-    order depends on its canonical nodes, not on the ranks), within 1e-5 (measured: equal to 1e-7; the ranks'
-    reductions add in another order)."""
-    want = {b: loss for b, loss in straight(2, tmp_path_factory)["train_loss"]}
-    two = tmp_path / "two"
-    _stopped_copy(2, 20, two, tmp_path_factory)
-
-    one = tmp_path / "one"  # 2 -> 1: the same checkpoint folder continued by a plain one-process run
-    shutil.copytree(two / "checkpoints", one / "checkpoints", symlinks=True)
-    proc = training(*command(1, "sharded"), root=one, check=True)
+def test_world_size_changes_two_to_one_continue_the_loss(sharded2, tmp_path, tmp_path_factory):
+    """The same run continued at another rank count from its sharded checkpoint: here 2 -> 1, the 2-rank run
+    stopped after batch 20 continued by a plain one-process run (the shards consolidated). Compared: the loss of
+    every batch with the uninterrupted 2-rank run's (the global batch holds the same samples at every world size:
+    streaming's order depends on its canonical nodes, not on the ranks), within 1e-5 (measured: equal to 1e-7; the
+    ranks' reductions add in another order)."""
+    want = newest_metrics(sharded2)
+    _stopped_copy(2, 20, tmp_path, tmp_path_factory)
+    proc = training(*command(1, "sharded"), root=tmp_path, check=True)
     assert "consolidating its shards" in proc.stderr
-    # mpt-tiny evaluates 4 batches of 8 on each rank: 64 samples at two ranks, 32 at one, said (at four ranks
-    # below, 4 batches of 4 are 64 again: nothing said)
+    # mpt-tiny evaluates 4 batches of 8 on each rank: 64 samples at two ranks, 32 at one, said (at four ranks,
+    # 4 batches of 4 are 64 again: nothing said, test_world_size_changes_two_to_four_to_two_continue_the_loss)
     assert "the evaluations from batch 20 on score 32 samples of the validation data, the run's earlier ones 64 " \
         "samples" in proc.stderr, proc.stderr[-3000:]
-    got = newest_metrics(one)
+    got = newest_metrics(tmp_path)
     assert got["world_size"] == 1 and got["batches"] == 40
-    assert_same_losses(got, straight(2, tmp_path_factory))  # 1-20 through the checkpoint, 21-40 at one rank
-    assert got["final_train_loss"] == pytest.approx(want[40], rel=1e-5)
+    assert_same_losses(got, want)  # 1-20 through the checkpoint, 21-40 at one rank
+    assert got["final_train_loss"] == pytest.approx(want["train_loss"][-1][1], rel=1e-5)
 
-    # 2 -> 4, killed after batch 30 (16 samples a batch: 4 per rank at 4 ranks, 8 at 2; no accumulation either way)
-    kill_after_checkpoint(two, command(4, "sharded", "device_train_microbatch_size=4"), batch=30)
-    assert sorted(p.name for p in (save_folder(two) / "ep0-ba30").iterdir()) == \
+
+def _at_four(fmt: str, tmp_path_factory) -> Path:
+    """The 2-rank reference run of this format stopped after batch 20 (_stopped_copy), continued at 4 ranks and
+    killed right after its checkpoint at batch 30 (16 samples a batch: 4 per rank at 4 ranks, 8 at 2; no
+    accumulation either way): made once, the root whose checkpoints the tests that go on from 4 ranks copy (the
+    4-rank stretch is the longest of the world-size changes: one test makes it and checks what it wrote, the
+    next goes on from it, on one worker: their xdist_group)."""
+    def make(root: Path) -> None:
+        folder = _stopped_copy(2, 20, root, tmp_path_factory, fmt)
+        assert not list(folder.glob("ep0-ba30*"))
+        kill_after_checkpoint(root, command(4, fmt, "device_train_microbatch_size=4"), batch=30)
+    return made_once(tmp_path_factory, f"at-four-{fmt}", make)
+
+
+def _copy_of(root: Path, into: Path) -> Path:
+    """The run's checkpoints under `root` copied into a fresh root `into`: its save folder there."""
+    shutil.copytree(root / "checkpoints", into / "checkpoints", symlinks=True)
+    return save_folder(into)
+
+
+@pytest.mark.xdist_group("at-four-sharded")
+def test_a_sharded_checkpoint_of_two_ranks_continued_at_four_writes_four_shards(sharded2, tmp_path_factory):
+    """2 -> 4 (sharded): the 2-rank run stopped after batch 20, continued at 4 ranks, killed after batch 30:
+    batch 30's checkpoint is a shard of each of the four ranks."""
+    four = _at_four("sharded", tmp_path_factory)
+    assert sorted(p.name for p in (save_folder(four) / "ep0-ba30").iterdir()) == \
         [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
-    assert "not comparable" not in training(*command(2, "sharded"), root=two, check=True).stderr  # 4 -> 2
-    got = newest_metrics(two)
+
+
+@pytest.mark.xdist_group("at-four-sharded")
+def test_world_size_changes_two_to_four_to_two_continue_the_loss(sharded2, tmp_path, tmp_path_factory):
+    """2 -> 4 -> 2 (sharded): the 4-rank stretch's checkpoint at batch 30 (_at_four) continued at 2 ranks. Compared
+    as 2 -> 1 is: every batch with the uninterrupted 2-rank run's, 21-30 the 4-rank stretch's."""
+    want = newest_metrics(sharded2)
+    folder = _copy_of(_at_four("sharded", tmp_path_factory), tmp_path)
+    assert (folder / "ep0-ba30" / "__3_0.distcp").is_file() and not (folder / "ep0-ba40").exists()
+    assert "not comparable" not in training(*command(2, "sharded"), root=tmp_path, check=True).stderr  # 4 -> 2
+    got = newest_metrics(tmp_path)
     assert got["world_size"] == 2 and got["batches"] == 40
-    assert_same_losses(got, straight(2, tmp_path_factory))  # 21-30 at 4 ranks, 31-40 back at 2
-    assert got["final_train_loss"] == pytest.approx(want[40], rel=1e-5)
+    assert_same_losses(got, want)  # 21-30 at 4 ranks, 31-40 back at 2
+    assert got["final_train_loss"] == pytest.approx(want["train_loss"][-1][1], rel=1e-5)
 
 
+@pytest.mark.xdist_group("at-four-full")
+def test_a_full_checkpoint_of_two_ranks_continued_at_four_is_still_rank_0s_one_file(full2, tmp_path_factory):
+    """2 -> 4 (full): the 2-rank run's full checkpoint (one file, gathered by rank 0), stopped after batch 20,
+    continued at 4 ranks (each loads rank 0's file and takes its shards) and killed after batch 30: batch 30's
+    checkpoint is again rank 0's one file, whatever the world size."""
+    folder = save_folder(_at_four("full", tmp_path_factory))
+    assert (folder / "ep0-ba20-rank0.pt").is_file() and (folder / "ep0-ba30-rank0.pt").is_file()
+    assert not (folder / "ep0-ba30").exists() and not list(folder.glob("ep0-ba40*"))
+
+
+@pytest.mark.xdist_group("at-four-full")
 def test_a_full_checkpoint_continues_from_two_ranks_at_four_then_at_one_with_the_uninterrupted_loss(
-        tmp_path, tmp_path_factory):
-    """The world-size changes of the other format: a 2-rank run's full checkpoint (one file, gathered by rank 0),
-    stopped after batch 20, continued at 4 ranks (each loads rank 0's file and takes its shards) and killed after
-    batch 30, then finished by a plain one-process run (no FSDP). Compared as the sharded changes are: every
-    batch, with the uninterrupted 2-rank run's."""
-    want = {b: loss for b, loss in straight(2, tmp_path_factory)["train_loss"]}
-    folder = _stopped_copy(2, 20, tmp_path, tmp_path_factory, fmt="full")
-    assert (folder / "ep0-ba20-rank0.pt").is_file() and not list(folder.glob("ep0-ba30*"))
-    kill_after_checkpoint(tmp_path, command(4, "full", "device_train_microbatch_size=4"), batch=30)
-    assert (folder / "ep0-ba30-rank0.pt").is_file()  # rank 0's one file, whatever the world size
+        sharded2, full2, tmp_path, tmp_path_factory):
+    """The world-size changes of the other format: the 4-rank stretch's full checkpoint at batch 30 (_at_four)
+    finished by a plain one-process run (no FSDP). Compared as the sharded changes are: every batch, with the
+    uninterrupted 2-rank run's."""
+    want = newest_metrics(sharded2)
+    folder = _copy_of(_at_four("full", tmp_path_factory), tmp_path)
     proc = training(*command(1, "full"), root=tmp_path, check=True)
     assert "resuming from" in proc.stderr and "ep0-ba30-rank0.pt" in proc.stderr
+    assert (folder / "ep0-ba40-rank0.pt").is_file()
     got = newest_metrics(tmp_path)
     assert got["world_size"] == 1 and got["batches"] == 40
     # the history came through the checkpoints: 21-30 are the 4-rank attempt's, 31-40 the one rank's
-    assert_same_losses(got, straight(2, tmp_path_factory))
-    assert got["final_train_loss"] == pytest.approx(want[40], rel=1e-5)
+    assert_same_losses(got, want)
+    assert got["final_train_loss"] == pytest.approx(want["train_loss"][-1][1], rel=1e-5)
 
 
 def _finished_copy(ranks: int, fmt: str, tmp_path: Path, tmp_path_factory) -> tuple[Path, list]:
@@ -290,26 +359,62 @@ def test_a_complete_checkpoint_newer_than_the_link_is_used(tmp_path, tmp_path_fa
     assert_same_run(newest_metrics(root), straight(2, tmp_path_factory))
 
 
-def test_consolidate_a_sharded_checkpoint_into_one_file_that_load_path_continues_and_checks(tmp_path,
+# a run of its own from a consolidated file: ten batches past the reference's end
+CONTINUED = ("-m", "train", "checkpoint=full", "max_duration=50ba", "save_interval=10ba", "eval_interval=10ba",
+             "progress_bar=false")
+
+
+def _consolidated(tmp_path_factory) -> Path:
+    """`python -m train.consolidate FOLDER --out consolidated.pt` (a name of the user's) of the 2-rank sharded
+    reference's save folder (its final checkpoint), made once: the folder holding the file, its manifest and what
+    the command printed (`printed`). The consolidate tests share it, on one worker (their xdist_group); each copies
+    the file before it changes anything (_consolidated_copy)."""
+    def make(made: Path) -> None:
+        folder, _ = _finished_copy(2, "sharded", made, tmp_path_factory)
+        proc = run("-m", "train.consolidate", folder, "--out", made / "consolidated.pt", check=True)
+        (made / "printed").write_text(proc.stdout)
+    return made_once(tmp_path_factory, "consolidated", make)
+
+
+def _consolidated_copy(tmp_path: Path, tmp_path_factory) -> Path:
+    """_consolidated's file and its manifest copied into the test's folder: the copy's path."""
+    made = _consolidated(tmp_path_factory)
+    for name in ("consolidated.pt", "consolidated.pt.manifest.json"):
+        shutil.copy(made / name, tmp_path / name)
+    return tmp_path / "consolidated.pt"
+
+
+@pytest.mark.xdist_group("consolidated")
+def test_consolidate_a_sharded_checkpoint_into_one_file_that_load_path_continues_and_checks(sharded2, tmp_path,
                                                                                          tmp_path_factory):
     """`train.consolidate --out FILE` (a name of the user's) then `load_path=FILE`: the new run continues the
-    state. The file has a manifest; damaged later, a run that loads it stops naming it and trains nothing (torch
-    loads flipped weights without a word: the run trained on from them, exit 0); without its manifest, its zip
-    records' CRC-32 name it (export, before the model loads); intact but at max_duration, the run is refused (it
-    printed "already trained", of no run of its own, exit 0); exported under its own name, with --out."""
-    folder, _ = _finished_copy(2, "sharded", tmp_path, tmp_path_factory)
-    out = tmp_path / "consolidated.pt"
-    proc = run("-m", "train.consolidate", folder, "--out", out, check=True)
-    assert proc.stdout.strip() == str(out) and out.stat().st_size > 0
-    assert (tmp_path / "consolidated.pt.manifest.json").is_file()
-    args = ("checkpoint=full", "max_duration=50ba", "save_interval=10ba", "eval_interval=10ba", "progress_bar=false")
+    state. The file has a manifest; intact but at max_duration, the run is refused (it printed "already trained",
+    of no run of its own, exit 0). The file's other checks: the tests below."""
+    made = _consolidated(tmp_path_factory)
+    assert (made / "printed").read_text().strip() == str(made / "consolidated.pt")
+    assert (made / "consolidated.pt").stat().st_size > 0 and (made / "consolidated.pt.manifest.json").is_file()
+    out = _consolidated_copy(tmp_path, tmp_path_factory)
 
     # a new run (its own name and folder) that starts from the consolidated state and trains 10 more batches
     root = tmp_path / "from-file"
-    run("-m", "train", *args, f"load_path={out}", root=root, check=True)
+    training(*CONTINUED, f"load_path={out}", root=root, check=True)
     got = newest_metrics(root)
     assert got["batches"] == 50 and [b for b, _ in got["train_loss"]] == list(range(1, 51))
 
+    proc = training(*CONTINUED, "max_duration=40ba", f"load_path={out}", root=tmp_path / "b", check=1)
+    assert f"error: max_duration: the checkpoint load_path={out} is already at max_duration=40ba" in proc.stderr
+    assert not list((tmp_path / "b").glob("checkpoints/*/ep*"))
+
+
+@pytest.mark.xdist_group("consolidated")
+def test_consolidate_refuses_what_it_must_not_read_or_write_and_converts_beside_the_shards_by_default(
+        sharded2, tmp_path, tmp_path_factory):
+    """No checkpoint there, a folder of the user's as --out, a file that exists, a file inside the checkpoint, a
+    name composer gives a checkpoint: refused (exit 2), nothing written. Without --out, the file is written beside
+    the shards; that file given with an --out: nothing to convert, refused (it printed the file's path, exit 0, and
+    --out was never written)."""
+    folder, _ = _finished_copy(2, "sharded", tmp_path, tmp_path_factory)
+    out = _consolidated_copy(tmp_path, tmp_path_factory)
     bad = run("-m", "train.consolidate", tmp_path / "nowhere")
     assert bad.returncode == 2 and "no complete checkpoint" in bad.stderr
     mine = tmp_path / "mine"
@@ -327,40 +432,50 @@ def test_consolidate_a_sharded_checkpoint_into_one_file_that_load_path_continues
                          (tmp_path / "B" / "ep0-ba40-rank0.pt", "is named as composer names a checkpoint (batch 40)")):
         proc = run("-m", "train.consolidate", folder, "--out", target, check=2)
         assert f"error: --out: {target} {says}" in proc.stderr, proc.stderr
+        assert not target.exists() or target == other
     assert other.read_bytes() == out.read_bytes() and not (folder / "ep0-ba40" / "full.pt").exists()
-    # the default, beside the shards; then that file given with an --out: nothing to convert, refused (it printed
-    # the file's path, exit 0, and --out was never written)
+    # the default, beside the shards; then that file given with an --out
     beside = Path(run("-m", "train.consolidate", folder, check=True).stdout.strip())
     assert beside == folder / "ep0-ba40-rank0.pt"
     proc = run("-m", "train.consolidate", beside, "--out", tmp_path / "copy.pt", check=2)
     assert "is already one full checkpoint file" in proc.stderr and not (tmp_path / "copy.pt").exists()
 
-    proc = run("-m", "train", *args, "max_duration=40ba", f"load_path={out}", root=tmp_path / "b", check=1)
-    assert f"error: max_duration: the checkpoint load_path={out} is already at max_duration=40ba" in proc.stderr
-    # into a model of another shape: composer dropped what did not match (alibi: MPT builds no position
-    # embeddings, and the run trained on without them, exit 0); the run record the file's manifest carries names
-    # it on the login node, before anything is written (and, without it, the checkpoint's own stored model config
-    # in the task, before anything is trained)
-    proc = run("-m", "train", *args, f"load_path={out}", "+load_weights_only=true", "+model.attn_config.alibi=true",
-               root=tmp_path / "c", check=2)
+
+@pytest.mark.xdist_group("consolidated")
+def test_a_consolidated_file_into_a_model_of_another_shape_is_refused_by_its_record_or_its_own_config(
+        sharded2, tmp_path, tmp_path_factory):
+    """load_path=FILE into a model of another shape: composer dropped what did not match (alibi: MPT builds no
+    position embeddings, and the run trained on without them, exit 0); the run record the file's manifest carries
+    names it on the login node, before anything is written (and, without it, the checkpoint's own stored model
+    config in the task, before anything is trained)."""
+    out = _consolidated_copy(tmp_path, tmp_path_factory)
+    other = (*CONTINUED, f"load_path={out}", "+load_weights_only=true", "+model.attn_config.alibi=true")
+    proc = training(*other, root=tmp_path / "c", check=2)
     assert "error: load_path: " in proc.stderr and "model.learned_pos_emb=True there, False here" in proc.stderr, \
         proc.stderr[-2000:]
     assert "as the run that wrote it records" in proc.stderr
     manifest = tmp_path / "consolidated.pt.manifest.json"
-    record = manifest.read_text()
-    manifest.write_text(json.dumps({k: v for k, v in json.loads(record).items() if k != "run"}))
-    proc = run("-m", "train", *args, f"load_path={out}", "+load_weights_only=true", "+model.attn_config.alibi=true",
-               root=tmp_path / "c", check=1)
+    manifest.write_text(json.dumps({k: v for k, v in json.loads(manifest.read_text()).items() if k != "run"}))
+    proc = training(*other, root=tmp_path / "c", check=1)
     assert "error: load_path: " in proc.stderr and "model.learned_pos_emb=True there, False here" in proc.stderr, \
         proc.stderr[-2000:]
-    manifest.write_text(record)
     assert not list((tmp_path / "c").glob("checkpoints/*/ep*"))
+
+
+@pytest.mark.xdist_group("consolidated")
+def test_a_consolidated_file_exports_under_its_own_name_and_damaged_is_refused_by_manifest_or_crc(
+        sharded2, tmp_path, tmp_path_factory):
+    """A consolidated file is exported with --out (its name holds no batch: without --out, refused). Damaged later,
+    a run that loads it stops naming it and trains nothing (torch loads flipped weights without a word: the run
+    trained on from them, exit 0); without its manifest, its zip records' CRC-32 name it (export, before the model
+    loads)."""
+    out = _consolidated_copy(tmp_path, tmp_path_factory)
     assert "--out" in run("-m", "train.export", out, root=tmp_path, check=2).stderr  # no batch in its name
     run("-m", "train.export", out, f"--out={tmp_path / 'hf'}", root=tmp_path, check=True)
     assert (tmp_path / "hf" / "model.safetensors").is_file()
 
     _flip_middle(out)
-    proc = run("-m", "train", *args, f"load_path={out}", root=tmp_path / "a", check=1)
+    proc = training(*CONTINUED, f"load_path={out}", root=tmp_path / "a", check=1)
     assert f"error: load_path: {out} does not match its manifest" in proc.stderr, proc.stderr[-2000:]
     assert not list((tmp_path / "a").glob("checkpoints/*/ep*"))  # nothing trained
     (tmp_path / "consolidated.pt.manifest.json").unlink()
