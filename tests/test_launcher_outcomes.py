@@ -339,7 +339,7 @@ def test_a_single_point_shows_all_its_overrides_and_shares_none():
 
 def manifest(tmp_path, report=None):
     report = report or tmp_path / "0"
-    return {"app": "train.sweep_app", "shared": ["data=mock"], "summary_job": "4243", "points": [
+    return {"app": "train.launch.sweep_app.TrainApp", "shared": ["data=mock"], "summary_job": "4243", "points": [
         {"num": 0, "overrides": ["optimizer.lr=0.001"], "job_id": "4242", "scheduler": "slurm", "tasks": 2,
          "folder": str(tmp_path / "%j"), "world_size": 2, "checkpoint": str(tmp_path / "ckpt"),
          "report": str(report)}]}

@@ -81,16 +81,10 @@ def _not_a_manifest(manifest) -> str | None:
     return None
 
 
-# the app names an older sweep.json may hold (a module, or a class at an earlier path): the class that answers for
-# each, so that the status of a sweep submitted by an earlier checkout still reads
-_APPS = {"train.sweep_app": "train.launch.sweep_app.TrainApp", "train.sweep_app.TrainApp": "train.launch.sweep_app.TrainApp",
-         "data_prep.sweep_app": "data_prep.sweep_app.DataPrepApp"}
-
-
 def app_of(manifest: dict):
     from common.sweep.contract import load_app
 
-    return load_app(_APPS.get(manifest["app"], manifest["app"]))
+    return load_app(manifest["app"])
 
 
 def jobs(manifest: dict) -> list:

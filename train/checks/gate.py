@@ -307,15 +307,6 @@ def _recipe_problems(override) -> list:
     return found
 
 
-# Keys under `cluster.` a command line may still give for trainer settings that are llm-foundry's own keys (set by
-# the cluster presets): refused, naming the key to set.
-MOVED = {"cluster.precision": "precision", "cluster.init_device": "model.init_device",
-         "cluster.attn_impl": "model.attn_config.attn_impl", "cluster.loss_fn": "model.loss_fn",
-         "cluster.dataloader_workers": "train_loader.num_workers and eval_loader.num_workers",
-         "cluster.progress_bar": "progress_bar", "cluster.console_log_interval": "console_log_interval",
-         "cluster.dist_timeout": "dist_timeout"}
-
-
 def _schemas() -> dict:
     from train.config.schema import SCHEMAS
 
@@ -356,10 +347,6 @@ def _schema_problems(override, key: str) -> list:
         try:
             OmegaConf.update(node, sub, v, merge=True)
         except (ConfigAttributeError, ConfigKeyError):
-            if key in MOVED:
-                found.append(Problem(key, f"is llm-foundry's own key now (one setting, one knob): {MOVED[key]}",
-                                     " ".join(f"{k}={v}" for k in MOVED[key].split(" and "))))
-                return found
             if override.is_add() or override.is_force_add():
                 return found  # `+cluster.x=`: Hydra refuses it too, in its own words
             options = [f"{group}.{k}" for k in _dotted(node)]
