@@ -119,35 +119,55 @@ def test_export_command_on_a_full_checkpoint_gives_the_trainers_weights(one_rank
     assert half == str(tmp_path / "bf16")
 
 
-@pytest.fixture
+# The reference 2-rank sharded training (helpers.finished: mpt-tiny on the mock data, 40 batches, evaluated every 10;
+# a copy) exported on one process from its save folder, scored by `train.evaluate` (the run's metrics.json is in the
+# sweep's folder, found by the run's name) and sampled from by run name. One step per test's setup (the training, made
+# once for the session; the export), the copy and its export shared by the module's tests (one pytest-xdist group).
+
+
+@pytest.fixture(scope="module")
 def sharded2(tmp_path_factory):
-    """The reference 2-rank sharded training (helpers.finished), made once for the session: in the setup of the
-    first test that asks, not in its call."""
-    return finished(2, "sharded", tmp_path_factory)
+    """A copy of the reference training's root: (root, its save folder, its metrics)."""
+    root = tmp_path_factory.mktemp("sharded2") / "root"
+    shutil.copytree(finished(2, "sharded", tmp_path_factory), root, symlinks=True)
+    [save] = (root / "checkpoints").iterdir()
+    [metrics] = [json.loads(p.read_text()) for p in (root / "outputs" / "sweeps").rglob("metrics.json")]
+    return root, save, metrics
+
+
+@pytest.fixture(scope="module")
+def sharded2_exported(sharded2):
+    """`python -m train.export SAVE_FOLDER` (its newest checkpoint): what it printed."""
+    root, save, _ = sharded2
+    return run("-m", "train.export", str(save), root=root, check=True, env=OFFLINE).stdout
 
 
 @pytest.mark.train
-def test_two_rank_sharded_checkpoint_exported_on_one_process_scores_the_trainers_eval(sharded2, tmp_path, cli,
-                                                                                     monkeypatch, capsys):
-    """The reference 2-rank sharded training (helpers.finished: mpt-tiny on the mock data, 40 batches, evaluated
-    every 10; a copy) exported on one process from its save folder, then scored by `train.evaluate` (the run's
-    metrics.json is in the sweep's folder, found by the run's name) and sampled from by run name."""
-    root = tmp_path / "root"
-    shutil.copytree(sharded2, root, symlinks=True)
-    [save] = (root / "checkpoints").iterdir()
+@pytest.mark.xdist_group("export-sharded2")
+def test_two_rank_sharded_checkpoint_holds_a_shard_per_rank_and_its_runs_metrics(sharded2):
+    root, save, metrics = sharded2
     assert sorted(p.name for p in (save / "ep0-ba40").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
-    [metrics] = [json.loads(p.read_text()) for p in (root / "outputs" / "sweeps").rglob("metrics.json")]
     assert metrics["world_size"] == 2
 
-    proc = cli("train.export", str(save), root=root, check=True, env=OFFLINE)  # the save folder: its newest
+
+@pytest.mark.train
+@pytest.mark.xdist_group("export-sharded2")
+def test_two_rank_sharded_checkpoint_exported_on_one_process_scores_the_trainers_eval(sharded2, sharded2_exported):
+    root, save, metrics = sharded2
     folder = root / "outputs" / save.name / "huggingface" / "ba40"  # where export=hf would have written it
-    assert proc.stdout.strip() == str(folder)
+    assert sharded2_exported.strip() == str(folder)
     got = scored(root, folder)
     assert (got["nodes"], got["ranks_per_node"], got["batches_per_rank"]) == (1, 2, 4)
     assert got["samples"] == 2 * 4 * got["batch_size"]
     assert got["cross_entropy"] == pytest.approx(eval_ce(metrics), rel=1e-6)
     assert got["trainer"]["batch"] == 40
 
+
+@pytest.mark.train
+@pytest.mark.xdist_group("export-sharded2")
+def test_a_two_rank_sharded_runs_export_samples_by_run_name_and_what_cannot_be_done_is_refused(
+        sharded2, sharded2_exported, cli, monkeypatch, capsys):
+    root, save, _ = sharded2
     samples = cli("train.sample", save.name, "In 2019, the company", "The weather today is", "In 2019, the company",
                   "--max-new-tokens=8", "--seed=3", root=root, check=True, env=OFFLINE)
     blocks = samples.stdout.split("\n---\n")
