@@ -407,12 +407,9 @@ def test_consolidate_a_sharded_checkpoint_into_one_file_that_load_path_continues
 
 
 @pytest.mark.xdist_group("consolidated")
-def test_consolidate_refuses_what_it_must_not_read_or_write_and_converts_beside_the_shards_by_default(
-        sharded2, tmp_path, tmp_path_factory):
+def test_consolidate_refuses_what_it_must_not_read_or_write(sharded2, tmp_path, tmp_path_factory):
     """No checkpoint there, a folder of the user's as --out, a file that exists, a file inside the checkpoint, a
-    name composer gives a checkpoint: refused (exit 2), nothing written. Without --out, the file is written beside
-    the shards; that file given with an --out: nothing to convert, refused (it printed the file's path, exit 0, and
-    --out was never written)."""
+    name composer gives a checkpoint: refused (exit 2), nothing written."""
     folder, _ = _finished_copy(2, "sharded", tmp_path, tmp_path_factory)
     out = _consolidated_copy(tmp_path, tmp_path_factory)
     bad = run("-m", "train.consolidate", tmp_path / "nowhere")
@@ -434,7 +431,13 @@ def test_consolidate_refuses_what_it_must_not_read_or_write_and_converts_beside_
         assert f"error: --out: {target} {says}" in proc.stderr, proc.stderr
         assert not target.exists() or target == other
     assert other.read_bytes() == out.read_bytes() and not (folder / "ep0-ba40" / "full.pt").exists()
-    # the default, beside the shards; then that file given with an --out
+
+
+def test_consolidate_writes_beside_the_shards_by_default_and_converts_no_full_file(sharded2, tmp_path,
+                                                                                 tmp_path_factory):
+    """Without --out, the file is written beside the shards; that file given with an --out: nothing to convert,
+    refused (it printed the file's path, exit 0, and --out was never written)."""
+    folder, _ = _finished_copy(2, "sharded", tmp_path, tmp_path_factory)
     beside = Path(run("-m", "train.consolidate", folder, check=True).stdout.strip())
     assert beside == folder / "ep0-ba40-rank0.pt"
     proc = run("-m", "train.consolidate", beside, "--out", tmp_path / "copy.pt", check=2)
