@@ -172,6 +172,24 @@ def wait_for_checkpoint(root: Path, batch: int, proc: subprocess.Popen) -> None:
         time.sleep(0.02)
 
 
+def requeue_once_written(root: Path, pattern: str, proc: subprocess.Popen, log: Path, within: float) -> str:
+    """Once a file matching `pattern` is under `root`, the one job in the loopback cluster's queue is requeued by
+    Slurm (`scontrol requeue`, as a preemption does); the sweep command `proc` (its output in `log`) must not end
+    before, nor the file take longer than `within` seconds. -> the job's id."""
+    deadline = time.time() + within
+    while not list(root.glob(pattern)):
+        assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+        time.sleep(0.05)
+    [job] = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.split()
+    subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+    return job
+
+
+def job_log(row: dict) -> str:
+    """What a sweep point's job wrote, stderr then stdout (its summary row's `log` names the stderr file)."""
+    return Path(row["log"]).read_text() + Path(row["log"].replace("_log.err", "_log.out")).read_text()
+
+
 def start(*args, root=None, env=None, cwd=ROOT, **options) -> subprocess.Popen:
     """`python ARGS` as subprocess.Popen(options) starts it (PRETRAIN_ROOT=root), for a command a test kills or
     reads while it runs: in a process group of its own (unless start_new_session=True makes a session of its own),

@@ -14,6 +14,8 @@ from helpers import (
     TRAIN_ARGS,
     finished,
     held_still_and_warned,
+    job_log,
+    requeue_once_written,
     run,
     start,
     task_prolog_without_slurm,
@@ -250,7 +252,7 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
     assert proc.returncode == 0, (tmp_path / "sweep.log").read_text()[-3000:] + "\n".join(story[-60:])
     [row] = summary(root)
     assert row["state"] == "COMPLETED" and row["world_size"] == "2"
-    log = Path(row["log"]).read_text() + Path(row["log"].replace("_log.err", "_log.out")).read_text()
+    log = job_log(row)
     starts = log.count("Starting with JobEnvironment")
     assert "this job is timed-out" in log and starts == 2, log[-3000:]  # it really hit the limit, and ran again
     # one resume, from the checkpoint at batch 20 (held still right after composer's `latest` link named it, the
@@ -296,19 +298,15 @@ def test_a_requeued_job_that_does_not_resume_continues_its_own_checkpoints_to_th
                  "autoresume=false", "save_overwrite=true", root=tmp_path, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_for_checkpoint(tmp_path, 20, proc)
-        deadline = time.time() + 120
-        while not list(tmp_path.glob("checkpoints/*/ep0-ba20*.manifest.json")):
-            assert proc.poll() is None and time.time() < deadline, (tmp_path / "sweep.log").read_text()[-3000:]
-            time.sleep(0.05)
-        [job] = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.split()
-        subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+        job = requeue_once_written(tmp_path, "checkpoints/*/ep0-ba20*.manifest.json", proc, tmp_path / "sweep.log",
+                                   within=120)
         proc.wait(timeout=600)
     finally:
         proc.kill()
     assert proc.returncode == 0, (tmp_path / "sweep.log").read_text()[-3000:]
     [row] = summary(tmp_path)
     assert row["state"] == "COMPLETED", row
-    log = Path(row["log"]).read_text() + Path(row["log"].replace("_log.err", "_log.out")).read_text()
+    log = job_log(row)
     assert log.count("Starting with JobEnvironment") == 2, log[-3000:]
     assert f"autoresume=false, but this start is a requeue of job {job} (SLURM_RESTART_COUNT=1): it continues the " \
            "checkpoints its own job trained, from " in log, log[-3000:]

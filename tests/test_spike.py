@@ -177,28 +177,22 @@ def test_a_slurm_job_requeued_in_the_middle_of_a_rollback_finishes_it_once(slurm
     trainer rolled back to batch 20 wrote a checkpoint: the next allocation resumes from batch 20, skips the same
     samples again, trains on to the end, and the run records one intervention, not two, and no second spike."""
     import subprocess
-    import time
 
-    from helpers import start
+    from helpers import job_log, requeue_once_written, start
 
     out = (tmp_path / "sweep.log").open("w")
     proc = start("-m", "train", "-m", "cluster=slurm-local", "cluster.tasks_per_node=1", "cluster.wait=true",
                  *_args(data, "max_duration=30ba", "spike.action=rollback", "spike.skip_batches=6"),
                  root=tmp_path, stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.time() + 600
-        while not list(tmp_path.glob("checkpoints/*/spike.json")):
-            assert proc.poll() is None and time.time() < deadline, (tmp_path / "sweep.log").read_text()[-3000:]
-            time.sleep(0.05)
-        [job] = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.split()
-        subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+        requeue_once_written(tmp_path, "checkpoints/*/spike.json", proc, tmp_path / "sweep.log", within=600)
         proc.wait(timeout=900)
     finally:
         proc.kill()
     assert proc.returncode == 0, (tmp_path / "sweep.log").read_text()[-3000:]
     [row] = csv.DictReader(next(tmp_path.glob("outputs/sweeps/*/summary.csv")).open())
     assert row["state"] == "COMPLETED" and row["interventions"] == "1" and int(row["requeues"]) >= 1, row
-    log = Path(row["log"]).read_text() + Path(row["log"].replace("_log.err", "_log.out")).read_text()
+    log = job_log(row)
     assert log.count("Starting with JobEnvironment") == 2, log[-3000:]
     assert log.count("WARNING: loss spike at batch 23") == 1, log[-3000:]
     # the allocation after the requeue loaded batch 20 and skipped the garbage again (its first start may have
