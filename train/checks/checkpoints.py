@@ -128,16 +128,17 @@ def stops_when_it_diverges(cfg, ctx):
     if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not 0 < scale <= 1:
         yield Problem("spike.lr_scale", f"must be a number above 0 and at most 1 (the learning rate after a rollback "
                       f"is this times the one before), got {scale!r}", "spike.lr_scale=1.0 (the default) or e.g. 0.5")
+    folder = value(cfg, "save_folder")
     if action == "rollback" and value(cfg, KEY) is None:
         yield Problem("spike.action", "is rollback, but callbacks.kill_loss_spike (which finds a spike) is not in "
                       "the run's callbacks", "keep callbacks.kill_loss_spike, or spike.action=stop")
-    elif action == "rollback" and not value(cfg, "save_folder"):
+    elif action == "rollback" and not folder:
         yield Problem("spike.action", "is rollback, but the run writes no checkpoints (checkpoint=none) to roll back "
                       "to", "a checkpoint group (checkpoint=sharded), or spike.action=stop")
-    elif action == "rollback" and "://" in str(value(cfg, "save_folder")):
+    elif action == "rollback" and "://" in str(folder):
         # a rollback sets aside the checkpoints after its point and records itself beside them (train/task/spike.py):
         # in a folder of this file system; at a spike the run would stop instead
-        yield Problem("spike.action", f"is rollback, but save_folder {value(cfg, 'save_folder')} is in an object "
+        yield Problem("spike.action", f"is rollback, but save_folder {folder} is in an object "
                       "store: a rollback goes back to a checkpoint in a local (shared) folder",
                       "a save_folder on a file system the nodes share, or spike.action=stop")
 
