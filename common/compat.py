@@ -89,6 +89,27 @@ def hydra_with_value_overrides(base, parsed: list, values: list):
     return cfg
 
 
+@written_against({**HYDRA, **OMEGACONF}, "tests/test_compose.py::test_each_point_equals_hydras_own_composition")
+def hydra_context_moving_its_node(cfg) -> None:
+    """HydraConfig.set_config(cfg) for a config whose `hydra` node is dropped next (a sweep point, composed as its
+    own copy): the node moves into Hydra's singleton instead of being deep-copied there (set_config's
+    OmegaConf.masked_copy; OmegaConf copies a node set into a container unless `no_deepcopy_set_nodes`). Hydra's
+    own checks, and the node's parent (the config, for `${hydra:...}` and the keys it interpolates), as set_config
+    makes them."""
+    from hydra.conf import HydraConf
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig, OmegaConf
+
+    OmegaConf.set_readonly(cfg.hydra, True)
+    kind = OmegaConf.get_type(cfg, "hydra")
+    assert kind is not None and issubclass(kind, HydraConf)
+    node = cfg._get_node("hydra")
+    hidden = DictConfig(content={"hydra": node}, flags={"no_deepcopy_set_nodes": True})
+    assert hidden._get_node("hydra") is node
+    node._set_parent(cfg)
+    HydraConfig.instance().cfg = hidden
+
+
 _PICKLED: dict = {}  # id(base): (base, its pickle), the base kept so that its id is not another's
 
 

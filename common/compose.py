@@ -4,17 +4,18 @@ them here (train/launch/sweep_app.py, data_prep/sweep_app.py)."""
 import copy
 from pathlib import Path
 
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict, read_write
 
 
 def without_hydra(cfg: DictConfig, output_dir, in_place: bool = False) -> DictConfig:
     """The job's config as the task sees it: Hydra's context set (as run_job does), the `hydra` node dropped
     (from a copy, unless `cfg` is the caller's own to change)."""
+    from common.compat import hydra_context_moving_its_node
+
     cfg = cfg if in_place else copy.deepcopy(cfg)
     with read_write(cfg.hydra.runtime):
         cfg.hydra.runtime.output_dir = str(output_dir)
-    HydraConfig.instance().set_config(cfg)
+    hydra_context_moving_its_node(cfg)
     with read_write(cfg), open_dict(cfg):
         del cfg["hydra"]
     return cfg
@@ -38,9 +39,9 @@ def sweep_points(loader, config: DictConfig, sweep_dir, points: list, first: int
     parser = OverridesParser.create()
     # the repository as Hydra composes with it: with the primary config's `hydra.searchpath` (yaml=PATH's source)
     repo = hydra_caching_repo(loader, config.hydra.job.config_name)
-    bases = {}
+    bases, seen = {}, {}  # an override's text parsed once: a grid's points repeat each value many times
     for num, overrides in enumerate(points, start=first):
-        parsed = parser.parse_overrides(overrides)
+        parsed = [seen[o] if o in seen else seen.setdefault(o, parser.parse_overrides([o])[0]) for o in overrides]
         values, groups = split(repo, parsed)
         if groups not in bases:
             bases[groups] = loader.load_sweep_config(config, list(groups))

@@ -4,6 +4,8 @@ the gate's reading of a command line in-process."""
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = [p for folder in ("train", "common") for p in sorted((ROOT / folder).rglob("*.py"))]
 
@@ -86,3 +88,45 @@ def test_a_sweeps_points_are_numbered_and_a_plain_runs_point_is_not():
     assert plain.key == "optimizer.lr"
     [point] = [p for p in validate([cfg], [Context(mode="sweep")], first=3) if p.key.endswith("optimizer.lr")]
     assert point.key == "[sweep point #3] optimizer.lr"
+
+
+def _paths(node, prefix=""):
+    """Every dotted key of a plain config, containers and leaves, and a key below each that is not there."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        key = f"{prefix}{k}"
+        yield key
+        yield f"{key}.not_a_key"
+        yield from _paths(v, key + ".")
+
+
+@pytest.mark.parametrize("overrides", [[], ["model=mpt-30b", "cluster=ndv5", "data=c4"], ["model=llama3-8b"],
+                                       ["checkpoint=none", "model.n_layers=???"]])
+def test_a_resolved_configs_values_read_from_its_plain_copy_are_omegaconfs(overrides):
+    """While the rules run (train/checks/core.py: reading), value() reads a resolved config's plain copy: every key
+    of real configs, each list item, each key that is not there, and a value left missing (`???`) read as
+    OmegaConf.select reads them; a mapping or a list is OmegaConf's own node."""
+    from omegaconf import OmegaConf
+
+    from train.checks.core import ConfigError, reading, resolved, value
+    from train.config.compose import compose
+
+    cfg = resolved(compose(overrides))
+    keys = ["not_there", "model.not_there.deeper", "train_loader.dataset.0", *_paths(OmegaConf.to_container(cfg))]
+
+    def read(key):
+        try:
+            got = value(cfg, key, default="DEFAULT")
+        except ConfigError as err:
+            return ("error", [(p.key, p.problem) for p in err.problems])
+        except Exception as err:  # noqa: BLE001 -- OmegaConf's own (a word for a list's index): the same either way
+            return ("raised", type(err).__name__, str(err))
+        return got if not OmegaConf.is_config(got) else ("node", OmegaConf.to_container(got))
+
+    slow = [read(k) for k in keys]
+    with reading(cfg):
+        fast = [read(k) for k in keys]
+        assert id(cfg) in __import__("train.checks.core", fromlist=["_PLAIN"])._PLAIN
+    assert fast == slow and len(keys) > 300
+    if "model.n_layers=???" in overrides:
+        assert read("model.n_layers")[0] == "error"

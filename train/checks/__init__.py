@@ -26,7 +26,17 @@ from train.checks import (
     tracking,
     values,
 )
-from train.checks.core import ERROR, WARNING, ConfigError, Context, Problem, resolved, value  # noqa: F401
+from train.checks.core import (  # noqa: F401
+    ERROR,
+    WARNING,
+    ConfigError,
+    Context,
+    Problem,
+    mark_resolved,
+    reading,
+    resolved,
+    value,
+)
 
 RULES = [*safety.RULES, *values.RULES, *foundry_values.RULES, *tracking.RULES, *preflight_rules.RULES, *node.RULES, *fit.RULES,
          *checkpoints.RULES, *continuation.RULES, *open_maps.RULES]
@@ -41,6 +51,16 @@ SOFT_IN_PLAN = {r for r in node.RULES + fit.RULES if r not in node.EVERYWHERE} |
 def check(cfg, ctx: Context) -> list:
     """Every problem of one config, errors and warnings, in rule order (each reported once)."""
     cfg = resolved(cfg)
+    with reading(cfg):
+        found = _found(cfg, ctx)
+    unique = []
+    for p in found:
+        if p not in unique:
+            unique.append(p)
+    return [p.masked(secrets) for secrets in [safety.secret_values(cfg) if unique else []] for p in unique]  # never echo a credential
+
+
+def _found(cfg, ctx: Context) -> list:
     found = []
     for rule in RULES:
         try:
@@ -56,11 +76,7 @@ def check(cfg, ctx: Context) -> list:
             # A rule reading a value an earlier problem already names (nodes=0, a string for a number).
             if not errors(found):
                 raise
-    unique = []
-    for p in found:
-        if p not in unique:
-            unique.append(p)
-    return [p.masked(secrets) for secrets in [safety.secret_values(cfg) if unique else []] for p in unique]  # never echo a credential
+    return found
 
 
 def validate(points: list, ctxs: list, *, sweep=None, first: int | None = None, unresolved: dict | None = None,
@@ -127,6 +143,7 @@ def resolve_all(cfg) -> None:
     """Resolve every interpolation in place, naming the key whose interpolation fails."""
     try:
         OmegaConf.resolve(cfg)
+        mark_resolved(cfg)
     except InterpolationResolutionError as err:
         key = getattr(err, "full_key", None) or "config"
         raise ConfigError(key, f"cannot be resolved ({err.__cause__ or err})".splitlines()[0],

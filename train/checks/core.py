@@ -1,10 +1,12 @@
 """What every rule shares: a Problem, the Context a rule sees, and reading a value from the config."""
+import contextlib
 import copy
 import datetime
 import difflib
 import math
 import os
 import re
+import weakref
 from dataclasses import dataclass, field
 
 from omegaconf import ListConfig, OmegaConf, open_dict, read_write
@@ -123,6 +125,21 @@ def unresolved(cfg, key: str, err: InterpolationResolutionError) -> Problem:
 
 def value(cfg, key: str, default=None):
     """The resolved value at a dotted key, turning OmegaConf's errors into ours."""
+    held = _PLAIN.get(id(cfg))
+    if held is not None and held[0]() is cfg:
+        found = _leaf(held[1], key, default) if _DOTTED.fullmatch(key) else _NODE
+        if found is not _NODE:
+            return found
+        nodes = held[2]  # a node read once (the rules read the same mappings again and again)
+        if not isinstance(default, (str, int, float, type(None))):
+            return _select(cfg, key, default)
+        if (key, default) not in nodes:
+            nodes[key, default] = _select(cfg, key, default)
+        return nodes[key, default]
+    return _select(cfg, key, default)
+
+
+def _select(cfg, key: str, default):
     try:
         return OmegaConf.select(cfg, key, default=default, throw_on_missing=True)
     except MissingMandatoryValue:
@@ -134,7 +151,10 @@ def value(cfg, key: str, default=None):
 def resolved(cfg):
     """The config with every interpolation resolved once, flags kept. The rules and the plan read hundreds of
     values, and OmegaConf would parse an interpolation again at every read. A config
-    that does not resolve as a whole is returned as it is, so each rule still names the key it cannot read."""
+    that does not resolve as a whole is returned as it is, so each rule still names the key it cannot read; one
+    resolved already (here, or in place by resolve_all) is returned as it is."""
+    if _is_marked(cfg):
+        return cfg
     try:
         # The run's name once: every folder of the run interpolates it, and each read would compute its identity
         # (train/config/identity.py) again, the most expensive value here.
@@ -148,7 +168,81 @@ def resolved(cfg):
         return cfg
     OmegaConf.set_struct(out, bool(OmegaConf.is_struct(cfg)))
     OmegaConf.set_readonly(out, bool(OmegaConf.is_readonly(cfg)))
+    mark_resolved(out)
     return out
+
+
+# Configs that hold no interpolation: made by resolved(), or resolved in place (train/checks/__init__.py's
+# resolve_all). Known by their id while they live.
+_RESOLVED: dict = {}
+
+
+def mark_resolved(cfg) -> None:
+    key = id(cfg)
+    _RESOLVED[key] = weakref.ref(cfg, lambda _, key=key: _RESOLVED.pop(key, None))
+
+
+def _is_marked(cfg) -> bool:
+    ref = _RESOLVED.get(id(cfg))
+    return ref is not None and ref() is cfg
+
+
+# While the rules read a resolved config (`reading`), its values as plain Python: a read is a few dict lookups,
+# where OmegaConf.select would walk its nodes (a sweep's checks read tens of thousands of values).
+_PLAIN: dict = {}
+_DOTTED = re.compile(r"[\w-]+(\.[\w-]+)*")
+_NODE = object()  # a value that is itself a mapping or a list: read as OmegaConf gives it (a config node)
+
+
+@contextlib.contextmanager
+def reading(cfg):
+    """Reads of a config resolved as a whole through value() come from its plain values within this block; it
+    must not change meanwhile (the rules only read)."""
+    if not _is_marked(cfg) or id(cfg) in _PLAIN:
+        yield
+        return
+    _PLAIN[id(cfg)] = (weakref.ref(cfg), OmegaConf.to_container(cfg), {})
+    try:
+        yield
+    finally:
+        _PLAIN.pop(id(cfg), None)
+
+
+def plain(cfg):
+    """A config's values as plain Python, resolved (unresolved where a value does not resolve, for the rules that
+    look at every text): the copy `reading` holds, or made now."""
+    held = _PLAIN.get(id(cfg))
+    if held is not None and held[0]() is cfg:
+        return held[1]
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # noqa: BLE001 -- a value that does not resolve is another rule's problem
+        return OmegaConf.to_container(cfg, resolve=False)
+
+
+def is_resolved(cfg) -> bool:
+    """Whether cfg is known to hold no interpolation (made by resolved(), or resolved in place by resolve_all)."""
+    return _is_marked(cfg)
+
+
+def _leaf(plain, key: str, default):
+    """The value at key in plain values, default where a mapping lacks it, _NODE where OmegaConf itself must say
+    (a mapping or list as a node, a list's index, a key below a value)."""
+    node = plain
+    for part in key.split("."):
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif not isinstance(node, dict):
+            return _NODE
+        elif part in node:
+            node = node[part]
+        else:
+            return default
+    if isinstance(node, (dict, list)):
+        return _NODE
+    if node == "???":
+        raise ConfigError(problems=[no_value(key)])
+    return node
 
 
 def nearest(word, options, cutoff: float = 0.6) -> str | None:

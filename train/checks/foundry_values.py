@@ -65,8 +65,9 @@ _FILE_OR_VALUE = ("icl_tasks", "eval_gauntlet")
 def train_config_types(cfg, ctx):
     """llm-foundry builds an OmegaConf structured TrainConfig from the config: a value of another type fails the
     run as it starts (after importing llm-foundry and writing the run folder)."""
+    present = set(cfg.keys())
     for key, spec in names.TRAIN_CONFIG.items():
-        if key not in cfg:
+        if key not in present:
             continue
         v = value(cfg, key)
         if key in _FILE_OR_VALUE and isinstance(v, str):

@@ -1,12 +1,13 @@
 """Credentials and shell safety: run before Hydra writes anything (the run folder's .hydra/ holds every override),
 and again for every sweep point. Every value that lands in the sbatch script stays data."""
+import functools
 import re
 
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from common.errors import TOKEN_FORMS, URL_PASSWORD
-from train.checks.core import Problem, value
+from train.checks.core import Problem, plain, value
 
 # Environment variable names that hold credentials: never written into a script, a config copy or a plan. By word
 # (AWS_ACCESS_KEY_ID, AWS_SESSION_TOKEN, AZURE_CLIENT_SECRET, AZURE_OPENAI_API_KEY, HF_TOKEN, HF_AUTH,
@@ -143,7 +144,8 @@ def _in_commands(text: str) -> list:
     return [(what, s) for what, s in found if s and not s.startswith("$")]
 
 
-def _spans(text: str) -> list:
+@functools.lru_cache(maxsize=4096)  # a sweep's points hold the same texts
+def _spans(text: str) -> tuple:
     """(what, start, end) of each credential recognised by its shape in text."""
     found = [("a URL with a password in it", *m.span(2)) for m in URL_PASSWORD.finditer(text)]
     for what, pattern in (*TOKEN_FORMS, *FORMS):
@@ -156,7 +158,7 @@ def _spans(text: str) -> list:
     found += [("a long random string (a key or a token, by its form)", *m.span()) for m in LONG_WORD.finditer(text)
               if _random_looking(m.group(0)) and not any(s <= m.start() < e for _, s, e in found)
               and not any(s <= m.start() < e for s, e in paths)]
-    return found
+    return tuple(found)
 
 
 def shapes(text: str) -> list:
@@ -186,15 +188,6 @@ def masked(problem: Problem, secrets=()) -> Problem:
     return replace(p, key=mask_shapes(p.key), problem=mask_shapes(p.problem), fix=mask_shapes(p.fix))
 
 
-def _plain(cfg):
-    from omegaconf import OmegaConf
-
-    try:
-        return OmegaConf.to_container(cfg, resolve=True)
-    except Exception:  # a value that does not resolve is another rule's problem; its text is still looked at
-        return OmegaConf.to_container(cfg, resolve=False)
-
-
 def _walk(node, path=""):
     """(dotted key, key name, value) of every leaf, dicts and lists."""
     if isinstance(node, dict):
@@ -214,7 +207,7 @@ def secrets_in_values(cfg, ctx):
     run logs to its tracker. Named once, where the command line gave it (interpolations repeat it).
     And a key whose name says it holds a secret (tokenizer.kwargs.token, ...password) with a value in it."""
     seen, named = {}, []
-    for path, name, v in _walk(_plain(cfg)):
+    for path, name, v in _walk(plain(cfg)):
         if not isinstance(v, str):
             continue
         for what, secret in shapes(v):
@@ -303,7 +296,7 @@ def setup_exports(cfg, ctx):
 def secret_values(cfg) -> list:
     """The values this config holds that are credentials (by key name or by form): masked in every message."""
     found = []
-    for path, name, v in _walk(_plain(cfg)):
+    for path, name, v in _walk(plain(cfg)):
         if not isinstance(v, str) or not v:
             continue
         found += [secret if len(secret) >= 8 else v for _, secret in shapes(v)]  # a short one: its whole value

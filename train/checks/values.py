@@ -18,6 +18,7 @@ from train.checks.core import (
     close_match,
     is_int,
     is_number,
+    is_resolved,
     nearest,
     per_batch,
     same_or_under,
@@ -69,6 +70,9 @@ def resolves(cfg, ctx):
     resolves the whole config when the run starts and would stop there."""
     from omegaconf import DictConfig, ListConfig
     from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
+
+    if is_resolved(cfg):
+        return
 
     def walk(node, prefix):
         keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
