@@ -52,3 +52,10 @@ def unwritable(path) -> str | None:
     if not os.access(there, os.W_OK | os.X_OK):
         return f"{there} is not writable by this user"
     return None
+
+
+def is_remote(path) -> bool:
+    """Whether a folder or file given (a save_folder, a load_path, a data location) is an object store's URL
+    (s3://, gs://, oci://, azure://, dbfs:/Volumes as dbfs://...): composer and streaming tell one by its scheme and
+    `://`. Nothing of it is on this machine to look at, so the rules and steps that read a local folder leave it."""
+    return "://" in str(path)

@@ -177,3 +177,22 @@ def test_a_repeated_usr2_requeues_once_and_a_cut_short_dump_does_not_fail_the_ne
     assert "did not finish writing" in proc.stderr and not stale.exists()
     assert (tmp_path / "7_requeue").read_text() == "4\n"  # one timeout counted, not two
     assert (tmp_path / "7_submitted.pkl").is_file()
+
+
+def test_an_object_store_is_told_from_a_local_folder_in_one_place():
+    """common/paths.py's is_remote is the one test of a folder, load path or data location for an object store's
+    URL: no other product module asks `"://" in ...`."""
+    import ast
+
+    from common.paths import PROJECT, is_remote
+
+    for remote in ("s3://bucket/ckpt", "gs://b/x", "oci://b@ns/x", "azure://container/x", "hf://datasets/a"):
+        assert is_remote(remote), remote
+    for local in ("/data/ckpt", "runs/checkpoints/mpt-tiny-1c6d94ab", Path("/data/ckpt"), None, "", "s3:/typo"):
+        assert not is_remote(local), local
+    spelling = [str(p.relative_to(PROJECT)) for folder in ("train", "common", "data_prep", "hydra_plugins")
+                for p in sorted((PROJECT / folder).rglob("*.py"))
+                for node in ast.walk(ast.parse(p.read_text()))
+                if isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) and node.left.value == "://"
+                and isinstance(node.ops[0], (ast.In, ast.NotIn))]
+    assert spelling == ["common/paths.py"]

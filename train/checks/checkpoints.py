@@ -10,6 +10,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from common.paths import is_remote
 from train.checks.core import (
     ERROR,
     URI,
@@ -135,7 +136,7 @@ def stops_when_it_diverges(cfg, ctx):
     elif action == "rollback" and not folder:
         yield Problem("spike.action", "is rollback, but the run writes no checkpoints (checkpoint=none) to roll back "
                       "to", "a checkpoint group (checkpoint=sharded), or spike.action=stop")
-    elif action == "rollback" and "://" in str(folder):
+    elif action == "rollback" and is_remote(folder):
         # a rollback sets aside the checkpoints after its point and records itself beside them (train/task/spike.py):
         # in a folder of this file system; at a spike the run would stop instead
         yield Problem("spike.action", f"is rollback, but save_folder {folder} is in an object "
@@ -252,7 +253,7 @@ def ends_within_its_requeues(cfg, ctx):
     if not steps or not step_s:
         return
     folder = value(cfg, "save_folder")
-    if folder and "://" not in str(folder):  # a run that resumes has only the rest to train
+    if folder and not is_remote(folder):  # a run that resumes has only the rest to train
         from train.checkpoint.resume import find
 
         done = find(folder)
@@ -435,7 +436,7 @@ def fits_on_the_storage(cfg, ctx):
     """The checkpoints kept to max_duration must fit in what is free (plus what this run's own folder already
     holds: it prunes its oldest as it goes). A full file system stops a run at a checkpoint, days in."""
     folder = value(cfg, "save_folder")
-    if not folder or "://" in str(folder):
+    if not folder or is_remote(folder):
         return
     try:
         kept, need = checkpoints_kept(cfg, peak=True)
@@ -467,7 +468,7 @@ def earlier_runs(cfg, ctx):
     from train.config.identity import label
 
     model = label(ctx.choices) if ctx.choices.get("model") or ctx.choices.get("yaml") else None
-    if not folder or not root or not model or "://" in str(folder) or ctx.given("run_name") \
+    if not folder or not root or not model or is_remote(folder) or ctx.given("run_name") \
             or value(cfg, "continue_from"):  # a continuation says what it starts from (train/checks/continuation.py)
         return
     from train.checkpoint.resume import find
@@ -625,7 +626,7 @@ def continued_run(cfg, ctx):
     every variant of it: one would continue another's run without a word; other settings are said there, key by key."""
     folder = value(cfg, "save_folder")
     fixed = folder != value(cfg, "checkpoint.folder")  # not the checkpoint group's folder of this run's name
-    if not folder or not (named(cfg, ctx) or fixed) or "://" in str(folder):
+    if not folder or not (named(cfg, ctx) or fixed) or is_remote(folder):
         return
     from train.checkpoint.resume import find, run_record
     from train.config.identity import identity, spelt_once

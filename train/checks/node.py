@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 from omegaconf import ListConfig, OmegaConf
 
 from common import image as contract
-from common.paths import PROJECT
+from common.paths import PROJECT, is_remote
 from data_prep import facts
 from train.checks.core import ERROR, URI, WARNING, Problem, value
 from train.config import vocab
@@ -150,7 +150,7 @@ def _load_path_format(cfg, ctx, path, local: Path):
     from train.checkpoint.resume import find
 
     folder = value(cfg, "save_folder")
-    if folder and "://" not in str(folder) and find(folder):
+    if folder and not is_remote(folder) and find(folder):
         return
     world = ctx.world_size(cfg)
     sharded = world > 1 and value(cfg, "fsdp_config.state_dict_type") == "sharded"
@@ -337,7 +337,7 @@ def no_overwrite(cfg, ctx):
     them. A requeue of its job continues its own checkpoints (train/task/main.py); the first start is what this
     says, and on Slurm it is refused unless the command line asks for it."""
     folder = value(cfg, "save_folder")
-    if not folder or "://" in str(folder) or value(cfg, "autoresume") or value(cfg, "save_filename"):
+    if not folder or is_remote(folder) or value(cfg, "autoresume") or value(cfg, "save_filename"):
         return
     from train.checkpoint.resume import find
 
@@ -633,7 +633,7 @@ EVERYWHERE = {vocabulary}
 def folder_free(cfg, ctx):
     """Another run writing this save_folder now: the task would refuse it once started (train/checkpoint/resume.py claim)."""
     folder = value(cfg, "save_folder")
-    if not folder or "://" in str(folder):
+    if not folder or is_remote(folder):
         return
     from train.checkpoint.resume import holder, in_use
 

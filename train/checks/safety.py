@@ -7,6 +7,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from common.errors import TOKEN_FORMS, URL_PASSWORD
+from common.paths import is_remote
 from train.checks.core import Problem, plain, value
 
 # Environment variable names that hold credentials: never written into a script, a config copy or a plan. By word
@@ -154,7 +155,7 @@ def _spans(text: str) -> tuple:
               if QUERY_NAME.search(m.group(1)) and not m.group(2).startswith("$")]
     for what, secret in _in_commands(text):  # words as the shell reads them: found again in the text
         found += [(what, *m.span()) for m in re.finditer(re.escape(secret), text)]
-    paths = [m.span() for m in PATH.finditer(text) if "/" in m.group(0) and "://" not in m.group(0)]
+    paths = [m.span() for m in PATH.finditer(text) if "/" in m.group(0) and not is_remote(m.group(0))]
     found += [("a long random string (a key or a token, by its form)", *m.span()) for m in LONG_WORD.finditer(text)
               if _random_looking(m.group(0)) and not any(s <= m.start() < e for _, s, e in found)
               and not any(s <= m.start() < e for s, e in paths)]

@@ -7,6 +7,7 @@ import re
 
 from omegaconf import OmegaConf
 
+from common.paths import is_remote
 from common.sweep.launch import names_this_launcher
 from train.checks import foundry_names as names
 from train.checks.core import (
@@ -409,7 +410,7 @@ def checkpoint(cfg, ctx):
                       "autoresume=false")
     folder = value(cfg, "save_folder")
     placeholder = re.search(r"\{(rank|local_rank|world_size|local_world_size|node_rank)\}", str(folder or ""))
-    if placeholder and "://" not in str(folder):
+    if placeholder and not is_remote(folder):
         yield Problem("save_folder", f"{folder} holds composer's {placeholder.group()}, which it fills per rank: "
                       "each rank would keep its own folder, and a resume, a check or an export of this tool reads "
                       "one", "leave it out (composer's sharded checkpoints already keep a file per rank); "
@@ -482,7 +483,7 @@ def storage_root(cfg, ctx):
     from common.paths import unwritable
 
     root = value(cfg, "storage.root")
-    if not root or "://" in str(root) or (value(cfg, "storage.mounts") and not os.path.exists(str(root))):
+    if not root or is_remote(root) or (value(cfg, "storage.mounts") and not os.path.exists(str(root))):
         return
     why = unwritable(root)
     if why:

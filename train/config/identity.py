@@ -21,6 +21,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from common.paths import is_remote
+
 log = logging.getLogger(__name__)
 
 # What is evaluated, and how: a run's reported numbers, not what it trains (a finished sweep point run again under
@@ -217,7 +219,7 @@ def _path(value):
     kept."""
     import posixpath
 
-    if not isinstance(value, str) or not value or "://" in value:
+    if not isinstance(value, str) or not value or is_remote(value):
         return value
     normal = posixpath.normpath(value)
     return "/" + normal.lstrip("/") if normal.startswith("//") else normal

@@ -12,6 +12,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from common import files
+from common.paths import is_remote
 
 FILE = "finished.json"
 DEFAULT_OBJECTIVE = "eval/LanguageCrossEntropy"
@@ -21,7 +22,7 @@ _HISTORIES = ("train_loss", "eval")  # kept in metrics.json only
 
 def _folder(save_folder) -> Path | None:
     """The save folder when it is on a file system here (an object store URI is not read)."""
-    return Path(save_folder) if save_folder and "://" not in str(save_folder) else None
+    return Path(save_folder) if save_folder and not is_remote(save_folder) else None
 
 
 def write(save_folder, max_duration, report: Path, metrics: dict, batch: int | None = None) -> None:

@@ -8,6 +8,7 @@ import math
 
 from omegaconf import DictConfig, OmegaConf
 
+from common.paths import is_remote
 from train.checks.core import time_of, value
 from train.plan import estimate
 from train.plan.estimate import TiB
@@ -221,7 +222,7 @@ def _resumes(cfg, duration, tokens_per_step: int, global_batch: int) -> dict | N
     from train.checkpoint import integrity, resume
 
     folder = value(cfg, "save_folder")
-    if not folder or "://" in str(folder):
+    if not folder or is_remote(folder):
         return None
     found = resume.newest_complete(folder)
     if found is None:

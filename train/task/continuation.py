@@ -27,6 +27,8 @@ from pathlib import Path
 from composer.core import Callback, State
 from composer.loggers import Logger
 
+from common.paths import is_remote
+
 log = logging.getLogger(__name__)
 
 CONVERTED = ".continued-from"  # <save_folder>.continued-from/: the other run's checkpoint in this run's format
@@ -254,7 +256,7 @@ def _trained_at(fcfg, lr):
     from train.task import interventions
 
     folder = fcfg.get("save_folder")
-    if not folder or "://" in str(folder):
+    if not folder or is_remote(folder):
         return lr
     rates = [i["base_lr"] for i in interventions.read(folder)
              if i.get("action") == "rollback" and isinstance(i.get("base_lr"), (int, float))]
@@ -275,7 +277,7 @@ def last_good(cfg, fcfg, bad_from: int | None) -> str | None:
         return folder.name if root and folder.parent.resolve() == Path(str(root)).resolve() else str(folder)
 
     folder = fcfg.get("save_folder")
-    if folder and "://" not in str(folder):
+    if folder and not is_remote(folder):
         for ckpt in reversed(resume.find(folder)):
             if (bad_from is None or ckpt.batch < bad_from) and resume.problem(ckpt) is None:
                 return f"{named(Path(str(folder)))}@ba{ckpt.batch}"

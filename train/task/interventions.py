@@ -6,13 +6,14 @@ import json
 from pathlib import Path
 
 from common import files
+from common.paths import is_remote
 
 FILE = "spike.json"
 
 
 def read(folder) -> list:
     """The run's interventions, oldest first ([] where none, or the folder is not local)."""
-    if not folder or "://" in str(folder):
+    if not folder or is_remote(folder):
         return []
     record = files.read_json(Path(str(folder)) / FILE) or {}
     return list(record.get("interventions") or [])

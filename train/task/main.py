@@ -17,6 +17,7 @@ from common import compat
 from common.collector import imported_without_collections
 from common.console import libraries_to_the_log, library_levels, printed_to_the_log
 from common.errors import UserError
+from common.paths import is_remote
 from common.signals import leave_to_the_task_in_every_fork
 from train.config.loaders import loader_keys
 from train.task import shards
@@ -130,7 +131,7 @@ def run(cfg: DictConfig) -> dict:
         if not isinstance(err, ValueError) or "No training would occur" not in str(err):
             raise
         # the same command again after the run finished: the newest checkpoint is the final one
-        if not resumed and fcfg.get("load_path") and "://" not in str(fcfg.get("save_folder") or ""):
+        if not resumed and fcfg.get("load_path") and not is_remote(fcfg.get("save_folder") or ""):
             # not this run's own checkpoint (a remote save folder's is composer's autoresume, not known here):
             # load_path= of another, already at this max_duration; this run has trained nothing and has no
             # numbers of its own to print
@@ -146,7 +147,7 @@ def run(cfg: DictConfig) -> dict:
                 and end is not None and at > end else "")
         hf = (fcfg.get("callbacks") or {}).get("hf_checkpointer")
         out = str(hf.get("save_folder") or "") if hf else ""
-        if out and "://" not in out and at is not None and not (Path(out) / "huggingface" / f"ba{at}").is_dir():
+        if out and not is_remote(out) and at is not None and not (Path(out) / "huggingface" / f"ba{at}").is_dir():
             # export=hf added to a finished run's command: the trainer that would write it does not run
             past += (f" Nothing is exported either (export=hf writes at the end of training): python -m "
                      f"train.export {fcfg.run_name} writes the Hugging Face folder of that checkpoint.")
@@ -222,7 +223,7 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
     the local save folders and default file names this tool writes; anything else (a remote save_folder, a
     custom save_filename) is left to composer. Returns the checkpoint it resumes from, or None."""
     folder = fcfg.get("save_folder")
-    if not folder or "://" in str(folder):
+    if not folder or is_remote(folder):
         return None
     from composer.utils import dist
 
@@ -379,7 +380,7 @@ def _verify_load_path(fcfg) -> None:
     zip CRCs. One that does not verify stops the run naming the file before any weight is read: torch loads
     damaged weights without a word, and the run would train on from them, exit 0."""
     load = fcfg.get("load_path")
-    if not load or "://" in str(load) or not Path(str(load)).exists():
+    if not load or is_remote(load) or not Path(str(load)).exists():
         return  # a remote one is composer's to read; a missing one composer's error names
     from composer.utils import dist
 
@@ -512,7 +513,7 @@ def _checkpoint_size(fcfg) -> int | None:
     from train.checkpoint import integrity, resume
 
     folder = fcfg.get("save_folder")
-    if not folder or "://" in str(folder):
+    if not folder or is_remote(folder):
         return None
     done = [c for c in resume.find(folder) if resume.problem(c) is None]
     if not done:
@@ -567,7 +568,7 @@ def _node_local_cwd(fcfg, env: dict) -> None:
     # ICL tasks: a file of them is read here, so that each task's dataset_uri (relative to the working directory,
     # as llm-foundry opens it) can be made absolute too; llm-foundry reads the same list from the file.
     tasks = OmegaConf.select(fcfg, "icl_tasks")
-    if isinstance(tasks, str) and "://" not in tasks:
+    if isinstance(tasks, str) and not is_remote(tasks):
         tasks = OmegaConf.load(tasks).icl_tasks
     if isinstance(tasks, ListConfig):
         for task in tasks:
@@ -644,7 +645,7 @@ def remove_stale_scratch(base: Path, own: str) -> list[Path]:
 
 def _relative(value) -> bool:
     """A relative path (not a URI): relative to the working directory the task leaves."""
-    return isinstance(value, str) and "://" not in value and not os.path.isabs(value)
+    return isinstance(value, str) and not is_remote(value) and not os.path.isabs(value)
 
 
 # A socket's path holds at most 107 bytes (sun_path). Loader workers hand each batch to their rank over a socket

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from common.paths import is_remote
+
 
 @dataclass
 class Noted:
@@ -69,7 +71,7 @@ def hold(config, cfg) -> list:
     subdir = OmegaConf.select(config, "hydra.output_subdir")
     name = OmegaConf.select(config, "hydra.job.name")
     folder = OmegaConf.select(cfg, "save_folder")
-    claims = bool(folder) and "://" not in str(folder) and not OmegaConf.select(cfg, "cluster.preflight.only")
+    claims = bool(folder) and not is_remote(folder) and not OmegaConf.select(cfg, "cluster.preflight.only")
     _noted = note(run_dir, subdir, run_dir / f"{name}.log" if name else None, Path(str(folder)) if claims else None)
     if claims:
         try:

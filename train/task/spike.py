@@ -25,6 +25,7 @@ import time
 from composer.core import Callback, State
 from composer.loggers import Logger
 
+from common.paths import is_remote
 from train.task.divergence import Divergence
 from train.task.interventions import read
 from train.task.interventions import write as _write
@@ -93,7 +94,7 @@ def roll_back(err, cfg, fcfg) -> bool:
         return False
     folder = fcfg.get("save_folder")
     action, most = str(cfg.spike.action), int(cfg.spike.max_rollbacks)
-    local = bool(folder) and "://" not in str(folder)
+    local = bool(folder) and not is_remote(folder)
     done = rollbacks(folder) if local else 0
     point, why = None, None
     if action != "rollback":
@@ -139,7 +140,7 @@ def finish_pending(folder) -> None:
     its record and its moves) sets aside every checkpoint after its point, then is marked done."""
     from train.checkpoint import resume
 
-    if not folder or "://" in str(folder):
+    if not folder or is_remote(folder):
         return
     found = read(folder)
     pending = [i for i in found if i.get("pending")]
@@ -238,7 +239,7 @@ def follows(fcfg) -> None:
     from omegaconf import DictConfig, open_dict
 
     folder = fcfg.get("save_folder")
-    if not folder or "://" in str(folder):
+    if not folder or is_remote(folder):
         return
     with open_dict(fcfg):
         if not isinstance(fcfg.get("callbacks"), DictConfig):

@@ -26,6 +26,7 @@ from pathlib import Path
 from composer.core import Callback, State
 from composer.loggers import Logger
 
+from common.paths import is_remote
 from train.task.distributed import decided_on_rank_0
 
 RECORD = "tracked-parameters.json"
@@ -44,7 +45,7 @@ class Tracking(Callback):
         self.configured = dict(configured)  # {key: the value the user configured (None: not set)}
         # the record of the values first logged: in a save folder on a file system here (an object store: none), for
         # a tracking run that every start continues (conf/logger/: `tracker` names it)
-        local = save_folder and "://" not in str(save_folder)
+        local = save_folder and not is_remote(save_folder)
         continued = resumes not in (None, False, "never")  # W&B's init_kwargs.resume: allow, must, auto
         self.record = Path(save_folder) / RECORD if local and tracker and continued else None
         self.tracker = tracker
@@ -174,9 +175,9 @@ def for_this_training(fcfg, resumed: str | None, cfg=None) -> None:
     if fcfg.get("autoresume") and fcfg.get("save_folder"):
         return  # composer's autoresume decides whether this start resumes (a remote save folder, its own file names)
     save_folder = str(fcfg.get("save_folder") or "")
-    record = Path(save_folder) / RECORD if save_folder and "://" not in save_folder else None
+    record = Path(save_folder) / RECORD if save_folder and not is_remote(save_folder) else None
     load = str(fcfg.get("load_path") or "")
-    if not resumed and record is not None and load and "://" not in load and not fcfg.get("load_weights_only") \
+    if not resumed and record is not None and load and not is_remote(load) and not fcfg.get("load_weights_only") \
             and Path(load).resolve().is_relative_to(record.parent.resolve()):
         resumed = load  # its own checkpoint named by hand (autoresume=false load_path=...): this training goes on
     def choose():
