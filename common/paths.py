@@ -1,6 +1,7 @@
 """Where the project is: jobs run from this checkout, and both apps compose their config from its conf/. And
 whether a folder can be made somewhere, told before anything is written."""
 import os
+import re
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -55,7 +56,11 @@ def unwritable(path) -> str | None:
 
 
 def is_remote(path) -> bool:
-    """Whether a folder or file given (a save_folder, a load_path, a data location) is an object store's URL
-    (s3://, gs://, oci://, azure://, dbfs:/Volumes as dbfs://...): composer and streaming tell one by its scheme and
-    `://`. Nothing of it is on this machine to look at, so the rules and steps that read a local folder leave it."""
-    return "://" in str(path)
+    """Whether a folder or file given (a save_folder, a load_path, a data location, a container image) is an object
+    store's URL (s3://, gs://, oci://, azure://, hf://...): a scheme and `://` at its start, as composer and streaming
+    read one (urllib's urlparse, which drops leading spaces); `/data/a://b` is a local path to them. Nothing of a
+    URL is on this machine to look at, so the rules and steps that read a local folder leave it."""
+    return bool(_URL.match(str(path)))
+
+
+_URL = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://")

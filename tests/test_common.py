@@ -181,18 +181,24 @@ def test_a_repeated_usr2_requeues_once_and_a_cut_short_dump_does_not_fail_the_ne
 
 def test_an_object_store_is_told_from_a_local_folder_in_one_place():
     """common/paths.py's is_remote is the one test of a folder, load path or data location for an object store's
-    URL: no other product module asks `"://" in ...`."""
+    URL: no other product module asks `"://" in ...` or compiles a pattern of its own for it."""
     import ast
 
     from common.paths import PROJECT, is_remote
 
-    for remote in ("s3://bucket/ckpt", "gs://b/x", "oci://b@ns/x", "azure://container/x", "hf://datasets/a"):
-        assert is_remote(remote), remote
-    for local in ("/data/ckpt", "runs/checkpoints/mpt-tiny-1c6d94ab", Path("/data/ckpt"), None, "", "s3:/typo"):
-        assert not is_remote(local), local
+    from urllib.parse import urlparse
+
+    remote = ("s3://bucket/ckpt", "gs://b/x", "oci://b@ns/x", "azure://container/x", "hf://datasets/a", " s3://b/x")
+    local = ("/data/ckpt", "runs/checkpoints/mpt-tiny-1c6d94ab", Path("/data/ckpt"), None, "", "s3:/typo",
+             "/data/a://b", "runs/a://b")
+    assert [is_remote(p) for p in remote + local] == [True] * len(remote) + [False] * len(local)
+    # as composer (parse_uri) and streaming read a location: a scheme is a remote, none a local path
+    assert [bool(urlparse(str(p)).netloc) for p in remote + local] == [True] * len(remote) + [False] * len(local)
     spelling = [str(p.relative_to(PROJECT)) for folder in ("train", "common", "data_prep", "hydra_plugins")
                 for p in sorted((PROJECT / folder).rglob("*.py"))
                 for node in ast.walk(ast.parse(p.read_text()))
                 if isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) and node.left.value == "://"
-                and isinstance(node.ops[0], (ast.In, ast.NotIn))]
+                and isinstance(node.ops[0], (ast.In, ast.NotIn))
+                or isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "compile"
+                and any(isinstance(a, ast.Constant) and str(a.value).endswith("://") for a in node.args)]
     assert spelling == ["common/paths.py"]

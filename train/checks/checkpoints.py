@@ -13,7 +13,6 @@ from pathlib import Path
 from common.paths import is_remote
 from train.checks.core import (
     ERROR,
-    URI,
     WARNING,
     Problem,
     batches_in,
@@ -280,7 +279,7 @@ def outlives_the_node(cfg, ctx):
         return
     folder = str(value(cfg, "save_folder"))
     local = [str(p) for p in value(cfg, "cluster.node_local") or ()]
-    under = next((p for p in local if same_or_under(folder, p)), None) if not URI.match(folder) else None
+    under = next((p for p in local if same_or_under(folder, p)), None) if not is_remote(folder) else None
     if under:
         yield Problem("save_folder", f"{folder} is under {under}, which each node of cluster={ctx.group('cluster')} "
                       "has its own of (cluster.node_local): a requeued job on other nodes would find no checkpoint "
@@ -302,7 +301,7 @@ def _epoch_batches(cfg) -> tuple[int | None, str]:
         from data_prep.facts import samples_in
 
         local, split = value(cfg, "train_loader.dataset.local"), value(cfg, "train_loader.dataset.split")
-        if not local or URI.match(str(local)):
+        if not local or is_remote(str(local)):
             return None, "an epoch's batches: the train split is not in a local folder (train_loader.dataset.local)"
         folder = Path(str(local)).expanduser() / str(split) if split else Path(str(local)).expanduser()
         samples, source = samples_in(folder), f"{folder}/index.json"

@@ -5,7 +5,8 @@ from the run continued (its learning rate, schedule, batch size, data, duration)
 """
 from pathlib import Path
 
-from train.checks.core import URI, WARNING, Problem, batches_in, nearest, value
+from common.paths import is_remote
+from train.checks.core import WARNING, Problem, batches_in, nearest, value
 from train.config.continuation import DATA, KEY, parse
 
 
@@ -21,13 +22,13 @@ def continues_from(cfg, ctx):
                       "path in place of the name")
         return
     root = value(cfg, "storage.checkpoint_root")
-    if asked.is_path and URI.match(asked.where) or not asked.is_path and URI.match(str(root or "")):
+    if asked.is_path and is_remote(asked.where) or not asked.is_path and is_remote(str(root or "")):
         yield Problem(KEY, f"{given}: a checkpoint in an object store cannot be verified here before it is loaded",
                       "copy the run's save folder to a file system this node mounts, and name that folder")
         return
     folder = asked.folder(root)
     save_folder = value(cfg, "save_folder")
-    if not save_folder or URI.match(str(save_folder)):
+    if not save_folder or is_remote(str(save_folder)):
         yield Problem(KEY, f"continues {asked.where} as a run of its own, which records where it came from in its "
                       f"save folder (and resumes from its own checkpoints after that): save_folder is "
                       f"{save_folder!r}", "checkpoint=sharded or checkpoint=full (the default), with a local "

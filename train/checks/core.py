@@ -348,9 +348,6 @@ def batches_in(cfg, duration) -> int | None:
     return None
 
 
-URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
-
-
 def same_or_under(path, root) -> bool:
     path, root = str(path).rstrip("/"), str(root).rstrip("/")
     return bool(root) and (path == root or path.startswith(root + "/"))

@@ -15,7 +15,7 @@ from omegaconf import ListConfig, OmegaConf
 from common import image as contract
 from common.paths import PROJECT, is_remote
 from data_prep import facts
-from train.checks.core import ERROR, URI, WARNING, Problem, value
+from train.checks.core import ERROR, WARNING, Problem, value
 from train.config import vocab
 from train.config.loaders import loader_keys
 from train.launch.executor import topology_file
@@ -51,7 +51,7 @@ def container(cfg, ctx):
         yield Problem("cluster.env.NCCL_TOPO_FILE", f"{topo!r} is not mounted into the container (only one plain "
                       "absolute path is: no `$`, `,` or `:`), so NCCL in the job may not find it",
                       "give the file's absolute path on the nodes, e.g. /opt/microsoft/ndv5-topo.xml", WARNING)
-    is_file = (image.endswith(".sqsh") or image.startswith(("/", ".", "~"))) and not URI.match(image)
+    is_file = (image.endswith(".sqsh") or image.startswith(("/", ".", "~"))) and not is_remote(image)
     if is_file and not os.path.isfile(os.path.expanduser(image)):
         yield Problem("cluster.container.image", f"{image} does not exist (pyxis would fail every task)",
                       "import it first (enroot import -o /shared/images/x.sqsh docker://...), point at an existing "
@@ -168,7 +168,7 @@ def _load_path_format(cfg, ctx, path, local: Path):
 
 def load_path(cfg, ctx):
     path = value(cfg, "load_path")
-    if not path or URI.match(str(path)):
+    if not path or is_remote(str(path)):
         return
     local = Path(os.path.expanduser(str(path)))
     if not local.exists():
@@ -216,7 +216,7 @@ def icl_files(cfg, ctx):
     tasks = value(cfg, "icl_tasks")
     where = "icl_tasks"
     if isinstance(tasks, str):
-        if URI.match(tasks):  # a task's dataset_uri may be remote; the file of tasks is opened with open()
+        if is_remote(tasks):  # a task's dataset_uri may be remote; the file of tasks is opened with open()
             yield Problem("icl_tasks", f"{tasks} is a URI; llm-foundry opens the file of tasks with open() as the "
                           "trainer is built (a local file only, as eval_gauntlet's)", "download it and give its "
                           "local path, or list the tasks inline: icl_tasks=[{label: ..., dataset_uri: s3://..., "
@@ -243,7 +243,7 @@ def icl_files(cfg, ctx):
         return
     for i, task in enumerate(tasks):
         uri = task.get("dataset_uri") if isinstance(task, dict) else None
-        if not isinstance(uri, str) or URI.match(uri):
+        if not isinstance(uri, str) or is_remote(uri):
             continue
         if not Path(os.path.expanduser(uri)).is_file():
             yield Problem(f"{where}[{i}].dataset_uri", f"{uri} is not a file (llm-foundry reads the task from it as "
@@ -507,7 +507,7 @@ def data(cfg, ctx):
         local, split = value(cfg, f"{at}.local"), value(cfg, f"{at}.split") or value(cfg, f"{loader}.dataset.split")
         remote = value(cfg, f"{at}.remote")
         if remote:
-            if local and not URI.match(str(remote)):
+            if local and not is_remote(str(remote)):
                 yield from _remote_folder(cfg, loader, at, Path(str(local)).expanduser(), split, str(remote),
                                           tokenizer_name, checked, missing)
             continue
