@@ -82,6 +82,18 @@ def missing_blocks(split_dir: Path) -> list[str]:
     return [b.folder for b in blocks if not is_complete(split_dir, b)]
 
 
+def merged_summary(split_dir: Path) -> dict | None:
+    """The merged dataset's summary, or None where it is not merged: a block not complete, no index (streaming
+    reads the index; one deleted since is no dataset) or no readable summary (a merge not run yet, killed, or
+    withdrawn while a damaged block is written again)."""
+    from data_prep.facts import SUMMARY_FILE, _read_json
+
+    if missing_blocks(split_dir) or not (split_dir / "index.json").is_file():
+        return None
+    summary = _read_json(split_dir / SUMMARY_FILE)
+    return summary if isinstance(summary, dict) else None
+
+
 def redo_damaged(split_dir: Path, blocks: list[Block]) -> None:
     """A finished block whose files no longer match its index.json (a shard deleted or cut short since: a disk
     error, a careless copy) is done again by this run, rather than skipped and merged into a dataset that

@@ -65,7 +65,8 @@ def summarize(split_dir: Path, totals: dict, facts: dict, run: dict) -> dict:
     return summary
 
 
-def print_summary(summary: dict, out=sys.stdout) -> None:
+def print_summary(summary: dict, out=None) -> None:
+    out = out or sys.stdout  # read when called: the stdout of that moment
     run = summary["this_run"]
     rows = [
         ("dataset", summary["dataset"]),

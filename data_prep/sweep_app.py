@@ -62,18 +62,14 @@ class DataPrepApp(SweepApp):
 
     def heading(self, manifest: dict) -> str:
         """The dataset: merged (its size), or how many blocks are still missing."""
-        import json
-
-        from data_prep.app import missing_blocks
-        from data_prep.facts import SUMMARY_FILE
+        from data_prep.app import merged_summary, missing_blocks
 
         split_dir = Path(manifest["points"][0]["split_dir"])
-        missing = missing_blocks(split_dir)
-        # merged: its summary and its index (streaming reads the index; one deleted since is no dataset)
-        if not missing and (split_dir / SUMMARY_FILE).is_file() and (split_dir / "index.json").is_file():
-            s = json.loads((split_dir / SUMMARY_FILE).read_text())
+        s = merged_summary(split_dir)
+        if s is not None:
             return (f"dataset {split_dir}: merged, {s['samples']:,} samples, {s['tokens']:,} tokens from "
                     f"{s['docs']:,} documents")
+        missing = missing_blocks(split_dir)
         if not missing:  # a merge not run yet, killed, or withdrawn while a damaged block is written again
             return f"dataset {split_dir}: every block complete, not merged yet (the last part to finish merges)"
         return (f"dataset {split_dir}: {len(missing)} blocks not complete yet ({', '.join(missing[:5])}"
@@ -81,23 +77,24 @@ class DataPrepApp(SweepApp):
 
     def finish(self, results: list, rows: list) -> bool:
         """After a waited-for sweep: the merged dataset's summary, as a plain run prints it, or what is missing."""
-        import json
-
-        from data_prep.app import missing_blocks
-        from data_prep.facts import SUMMARY_FILE
+        from data_prep.app import merged_summary
         from data_prep.progress import print_summary
 
         done = [r for r in results if isinstance(r, dict)]
-        if done:
-            split_dir = Path(done[0]["dataset"])
-            if not missing_blocks(split_dir):
-                print_summary(json.loads((split_dir / SUMMARY_FILE).read_text()))
-                return False
+        summary = merged_summary(Path(done[0]["dataset"])) if done else None
+        if summary is not None:
+            print_summary(summary)
+            return False
         if all(row["state"] == "COMPLETED" for row in rows):
-            # the parts ran, yet no dataset: parts of num_parts were not in this sweep (warned at submission)
-            print("data_prep: the sweep's parts finished, but the dataset is not merged: some of its blocks were "
-                  "not written (parts of num_parts that were not in this sweep; see `python -m data_prep.status`). "
-                  "Run those parts, or the same command without -m (it writes what is missing, then merges)",
+            from data_prep.app import missing_blocks
+
+            # the parts ran, yet no dataset: parts of num_parts were not in this sweep (warned at submission), or
+            # the last part's merge did not end
+            why = ("some of its blocks were not written (parts of num_parts that were not in this sweep)"
+                   if not done or missing_blocks(Path(done[0]["dataset"])) else
+                   "every block is written, but the merge did not end (its part's log says why)")
+            print(f"data_prep: the sweep's parts finished, but the dataset is not merged: {why}; see `python -m "
+                  "data_prep.status`. Run the same command without -m: it writes what is missing, then merges",
                   file=sys.stderr)
             return True  # no dataset: not exit 0
         return False

@@ -237,3 +237,23 @@ def test_the_status_calls_a_dataset_merged_only_while_its_index_is_there(tmp_pat
     assert "not merged yet" in DataPrepApp().heading(manifest)
     (tmp_path / "index.json").write_text("{}")
     assert "merged, 1,917 samples" in DataPrepApp().heading(manifest)
+
+
+def test_a_waited_sweep_ends_on_the_merged_dataset_or_says_it_is_not_merged(made, tmp_path, capsys):
+    """The status's heading and a waited-for sweep's end decide "merged" alike (data_prep/app.py: merged_summary):
+    every block complete but no summary (a merge that did not end) is no dataset, said, exit non-zero (it read the
+    missing summary and failed with FileNotFoundError); with the summary but no index, none either; whole, the
+    dataset's summary as a plain run prints it."""
+    from data_prep.sweep_app import DataPrepApp
+
+    split = copy(made / "train", tmp_path / "train")
+    summary = (split / SUMMARY).read_bytes()
+    results, rows, manifest = [{"dataset": str(split)}], [{"state": "COMPLETED"}], {"points": [{"split_dir": str(split)}]}
+    assert DataPrepApp().finish(results, rows) is False and "merged" in DataPrepApp().heading(manifest)
+    assert f"{json.loads(summary)['samples']:,}" in capsys.readouterr().out
+    (split / SUMMARY).unlink()
+    assert DataPrepApp().finish(results, rows) is True and "not merged yet" in DataPrepApp().heading(manifest)
+    assert "every block is written, but the merge did not end" in capsys.readouterr().err
+    (split / SUMMARY).write_bytes(summary)
+    (split / "index.json").unlink()  # what streaming reads: no dataset without it
+    assert DataPrepApp().finish(results, rows) is True and "not merged yet" in DataPrepApp().heading(manifest)
