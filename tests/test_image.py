@@ -120,6 +120,25 @@ def test_the_plans_sbatch_script_runs_the_check_inside_the_container():
     assert "image-check" not in bare  # bare mode runs the submitting venv's own Python
 
 
+def test_a_container_job_its_summary_and_its_array_run_the_images_python3_and_a_bare_job_this_venvs():
+    """The job's interpreter, decided once (train/launch/executor.py: resources) and read by the summary job and by
+    every script the plan shows, one job or an array (common/sweep/contract.py: interpreter)."""
+    from common.sweep import contract
+    from train.launch import spec
+
+    image_run = ["cluster=ndv5", "cluster.container.image=/data/images/pretrain.sqsh"]
+    boxed = [compose([*image_run, f"optimizer.lr={lr}"]) for lr in (1e-3, 2e-3)]
+    run = spec.of(boxed[0])
+    assert run.resources.python == run.summary.python == contract.interpreter(run.summary) == "python3"
+    scripts = spec.array_scripts(boxed, spec.PLAN_FOLDER)
+    assert [(k, idx) for _, k, idx in scripts] == [(0, [0, 1]), (1, [0, 1])]  # one array of both points
+    assert "image-check python3 -u -m submitit.core._submit " in scripts[0][0]
+    bare = spec.of(compose(["cluster=ndv5"]))
+    assert bare.resources.python is bare.summary.python is None
+    assert contract.interpreter(bare.resources) == contract.interpreter(bare.summary) == shlex.quote(sys.executable)
+    assert f" {shlex.quote(sys.executable)} -u -m submitit.core._submit " in sbatch_script(compose(["cluster=ndv5"]))
+
+
 def test_the_check_takes_no_value_from_the_config(tmp_path):
     """The check is constant text; the image, mounts and folders reach srun as separate, quoted words."""
     pwned = tmp_path / "pwned"

@@ -71,15 +71,24 @@ def executor(res: Resources, folder: str):
     return ex
 
 
-def sbatch_script(res: Resources, folder: str, python: str, count: int = 1) -> str:
+def interpreter(res: Resources) -> str:
+    """The command a Slurm job of `res` runs Python with: res.python where it names one (a container's "python3"),
+    else this interpreter, as submitit's Slurm executor does for slurm_python=None."""
+    import shlex
+    import sys
+
+    return res.python or shlex.quote(sys.executable)
+
+
+def sbatch_script(res: Resources, folder: str, count: int = 1) -> str:
     """The sbatch script submitit writes for one job of `res`, or for a job array of `count` (what `plan` shows),
     pinned by tests/test_security.py and tests/test_slurm_sweeps.py (the script submitted equals the plan's)."""
     import shlex
 
     from common.compat import submitit_sbatch_script
 
-    return submitit_sbatch_script(executor(res, folder), f"{python} -u -m submitit.core._submit {shlex.quote(folder)}",
-                                  count)
+    return submitit_sbatch_script(executor(res, folder),
+                                  f"{interpreter(res)} -u -m submitit.core._submit {shlex.quote(folder)}", count)
 
 
 def job_arrays(resources: list) -> list:

@@ -3,8 +3,6 @@ decided here once and read by the checks, the plan, the launcher and the status,
 
 Light: no torch, no llm-foundry (the plan and the sweep launcher read it on the login node).
 """
-import shlex
-import sys
 from dataclasses import dataclass
 from typing import Optional
 
@@ -42,14 +40,14 @@ def of(cfg: DictConfig, folder: str = PLAN_FOLDER) -> RunSpec:
     from train.launch.executor import env_lines, resources, srun_args
 
     kind, c = scheduler(cfg), cfg.cluster
-    summary = None
+    res, summary = resources(cfg, folder, kind), None
     if kind == "slurm":  # one CPU for a few seconds, in the points' environment (setup lines or container)
         summary = Resources(scheduler="slurm", name=f"{cfg.run_name}-summary", timeout_min=10,
                             partition=c.summary_partition or c.partition, account=c.account, qos=c.qos,
                             setup=(*env_lines(cfg), *([] if c.container.image else c.setup)),
-                            srun_args=tuple(srun_args(cfg)), python="python3" if c.container.image else None)
+                            srun_args=tuple(srun_args(cfg)), python=res.python)
     return RunSpec(
-        resources=resources(cfg, folder, kind),
+        resources=res,
         # a local sweep's tasks are this command's children: it always waits; on Slurm, cluster.wait
         waits=kind == "local" or bool(c.wait), summary=summary,
         run_name=str(cfg.run_name), scheduler=kind, save_folder=OmegaConf.select(cfg, "save_folder", default=None),
@@ -61,8 +59,7 @@ def array_scripts(cfgs: list, folder: str) -> list:
     (its job's script, its index in that job, the indices of the job's points)."""
     out: list = [None] * len(cfgs)
     for job, idx in contract.job_arrays([of(cfg, folder).resources for cfg in cfgs]):
-        python = "python3" if cfgs[idx[0]].cluster.container.image else shlex.quote(sys.executable)
-        script = contract.sbatch_script(job, folder, python, count=len(idx))
+        script = contract.sbatch_script(job, folder, count=len(idx))
         for k, i in enumerate(idx):
             out[i] = (script, k, idx)
     return out
@@ -74,5 +71,4 @@ def sbatch_script(cfg: DictConfig, folder: str = PLAN_FOLDER, run=None) -> str |
     run = run or of(cfg, folder)
     if not run.slurm:
         return None
-    python = "python3" if cfg.cluster.container.image else shlex.quote(sys.executable)
-    return contract.sbatch_script(run.resources, folder, python)
+    return contract.sbatch_script(run.resources, folder)
