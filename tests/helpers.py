@@ -338,6 +338,40 @@ def tree(folder: Path, skip=(SUMMARY,)) -> dict[str, bytes]:
             if p.is_file() and p.name not in skip}
 
 
+# A checkpoint of each kind a load is asked of, and whether composer loads it: the login node's check of load_path,
+# the task's resume.problem and export say the same of each.
+CHECKPOINT_KINDS = {"full": True, "legacy pickle": True, "truncated": False, "sharded": True, "shard missing": False,
+                    "empty .metadata": False}
+
+
+def checkpoint_kinds(folder: Path) -> dict[str, Path]:
+    """One checkpoint of each CHECKPOINT_KINDS kind, each in a save folder of its own under `folder`, written by torch
+    itself (torch.save in its zip and in its legacy format; a distributed checkpoint converted from the zip by
+    resume.shard), then cut or emptied as an interrupted write leaves it. No training: a few kilobytes."""
+    import shutil
+
+    import torch
+
+    from train.checkpoint.resume import shard
+
+    state = {"state": {"model": {"w": torch.arange(1000, dtype=torch.float32), "b": torch.ones(3, dtype=torch.bfloat16)},
+                       "timestamp": {"batch": 10}}}
+    made = {kind: folder / kind.replace(" ", "-") for kind in CHECKPOINT_KINDS}
+    for each in made.values():
+        each.mkdir(parents=True)
+    full = made["full"] / "ep0-ba10-rank0.pt"
+    torch.save(state, full)
+    torch.save(state, made["legacy pickle"] / full.name, _use_new_zipfile_serialization=False)
+    (made["truncated"] / full.name).write_bytes(full.read_bytes()[: full.stat().st_size // 2])
+    sharded = shard(full, made["sharded"] / "ep0-ba10")
+    for kind in ("shard missing", "empty .metadata"):
+        shutil.copytree(sharded, made[kind] / sharded.name)
+    (made["shard missing"] / sharded.name / "__0_0.distcp").unlink()
+    (made["empty .metadata"] / sharded.name / ".metadata").write_bytes(b"")
+    return {kind: at / (sharded.name if kind in ("sharded", "shard missing", "empty .metadata") else full.name)
+            for kind, at in made.items()}
+
+
 def streaming_dataset(local, **kwargs):
     """streaming's StreamingDataset over `local`, built in the test process under the node-wide lock the product's
     jobs take while they register streaming's shared memory (train/task/shm_registry.py): built beside a training

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 
+import helpers
 import pytest
 from helpers import C4, PYTHON, ROOT, TOKENIZER, finished, made_once, run, train_here
 
@@ -277,7 +278,7 @@ def test_what_is_not_a_checkpoint_and_an_out_that_cannot_be_made_are_refused_by_
     save.mkdir()
     shutil.copy(other, save / "ep0-ba2-rank0.pt")  # whole as a zip: the --out is refused before it is read
     before = sorted(tmp_path.rglob("*"))
-    for args, said in [([readme], f"error: checkpoint: {readme} is not a checkpoint at all:"),
+    for args, said in [([readme], f"error: checkpoint: {readme}: not a checkpoint:"),
                        ([other, "--out", tmp_path / "out"], f"error: checkpoint: {other} is not a checkpoint torch "
                         "can read"),
                        ([save, "--out", readme / "hf"], f"error: --out: {readme / 'hf'} cannot be written: {readme} "
@@ -288,6 +289,30 @@ def test_what_is_not_a_checkpoint_and_an_out_that_cannot_be_made_are_refused_by_
         assert proc.returncode == 2 and said in proc.stderr and "\n  fix: " in proc.stderr, proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr and "truncated" not in proc.stderr
     assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.fixture(scope="module")
+def kinds(tmp_path_factory) -> dict:
+    return helpers.checkpoint_kinds(tmp_path_factory.mktemp("kinds"))
+
+
+@pytest.mark.torch  # makes the checkpoints
+@pytest.mark.parametrize("kind", helpers.CHECKPOINT_KINDS)
+def test_export_refuses_a_checkpoint_exactly_where_the_task_refuses_it(kind, kinds):
+    """Each kind of checkpoint (test_resume.py: composer loads exactly the ones the task accepts), named by its path:
+    export takes it exactly where the task's resume.problem does, and refuses the others naming the file and the
+    task's own reason (a legacy-pickle file is taken, as composer loads it)."""
+    from common.errors import UserError
+    from train import export
+    from train.checkpoint import resume
+
+    path = kinds[kind]
+    why = resume.problem(resume.Checkpoint(path, 0, 10, sharded=path.is_dir()))
+    assert (why is None) == helpers.CHECKPOINT_KINDS[kind]
+    try:
+        assert export.locate(str(path)).path == path and why is None
+    except UserError as err:
+        assert why is not None and err.key == "checkpoint" and err.problem == f"{path}: {why}" and err.fix
 
 
 def test_the_readme_lines_of_export_sample_and_evaluate_parse():

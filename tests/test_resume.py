@@ -16,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import helpers
 import pytest
 from helpers import finished, kill_after_checkpoint, made_once, run, start, stop, training
 from helpers import train_command as command
@@ -848,6 +849,37 @@ def test_the_choice_by_content_on_made_up_folders(tmp_path):
     shard = sharded / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[:-1])
     assert resume.problem(resume.find(folder)[-1]).startswith("shard __0_0.distcp is truncated")
+
+
+@pytest.fixture(scope="module")
+def kinds(tmp_path_factory) -> dict:
+    return helpers.checkpoint_kinds(tmp_path_factory.mktemp("kinds"))
+
+
+@pytest.mark.parametrize("kind", helpers.CHECKPOINT_KINDS)
+def test_the_task_refuses_a_checkpoint_exactly_where_composer_cannot_load_it(kind, kinds, tmp_path):
+    """Each kind of checkpoint (a zip .pt, a legacy-pickle .pt, a cut-off .pt, a sharded folder whole, with a shard
+    missing, with an empty .metadata): composer's own loader (torch's for a sharded folder) loads it exactly where
+    resume.problem and resume.unreadable accept it, and head_problem (the login node's and export's decision) says
+    the same words; in a save folder resume keeps exactly the loadable ones."""
+    from composer.utils.checkpoint import safe_torch_load
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from train.checkpoint import resume
+
+    path = kinds[kind]
+    try:
+        dcp_to_torch_save(str(path), str(tmp_path / "out.pt")) if path.is_dir() else safe_torch_load(str(path))
+        loads = True
+    except (Exception, CheckpointException):  # noqa: BLE001 -- whatever the loader raises (torch's is no Exception)
+        loads = False
+    assert loads == helpers.CHECKPOINT_KINDS[kind]
+    ckpt = resume.Checkpoint(path, 0, 10, sharded=path.is_dir())
+    why = resume.problem(ckpt)
+    assert (why is None) == loads and (resume.unreadable(ckpt) is None) == loads, why
+    assert resume.head_problem(path) == why
+    assert [c.path for c in resume.find(path.parent) if resume.problem(c) is None] == ([path] if loads else [])
 
 
 def test_a_manifest_of_another_checkpoint_beside_a_file_checkpoint_does_not_verify_it(tmp_path):

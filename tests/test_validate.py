@@ -10,7 +10,7 @@ import subprocess
 import zipfile
 
 import pytest
-from helpers import PYTHON, ROOT, TOKENIZER, problems_in
+from helpers import CHECKPOINT_KINDS, PYTHON, ROOT, TOKENIZER, checkpoint_kinds, problems_in
 
 from train.checks import ERROR, WARNING, ConfigError, Context, check, resolve_all, validate, values
 from train.checks.gate import hydra_problems
@@ -136,7 +136,9 @@ def _scratch(tmp_path):
     (scratch / "raw" / "part-000.json").write_text('{"text": "hello"}\n')
     mds(scratch / "mds")
     (scratch / "ep0-ba10").mkdir()  # a sharded checkpoint and one file, by the structure the checks read
-    (scratch / "ep0-ba10" / ".metadata").write_bytes(b"x")
+    # torch's Metadata indexing no shard, pickled by hand (no torch here): what the torch-free check reads
+    (scratch / "ep0-ba10" / ".metadata").write_bytes(b"\x80\x02ctorch.distributed.checkpoint.metadata\nMetadata\n)"
+                                                     b"\x81}X\x0c\x00\x00\x00storage_data}sb.")
     with zipfile.ZipFile(scratch / "ep0-ba10-rank0.pt", "w") as z:
         z.writestr("archive/data.pkl", b"x")
     return scratch
@@ -168,6 +170,32 @@ def test_bad_input_is_named_with_its_fix(tmp_path, monkeypatch, overrides, key, 
             found = err.problems
     named = [p for p in found if p.level == ERROR and p.key.endswith(key)]
     assert any(words in p.problem + p.fix for p in named), found
+
+
+@pytest.fixture(scope="module")
+def kinds(tmp_path_factory) -> dict:
+    return checkpoint_kinds(tmp_path_factory.mktemp("kinds"))
+
+
+@pytest.mark.torch  # makes the checkpoints; the check itself imports no torch
+@pytest.mark.parametrize("kind", CHECKPOINT_KINDS)
+def test_load_path_is_refused_on_the_login_node_exactly_where_the_task_refuses_it(kind, kinds, monkeypatch):
+    """Each kind of checkpoint (test_resume.py: composer loads exactly the ones the task accepts) as load_path, in
+    the format the run reads: the login node refuses it exactly where the task's resume.problem does, naming
+    load_path, the file and the task's own reason, with a fix."""
+    from train.checkpoint import resume
+
+    path = kinds[kind]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2" if path.is_dir() else "1")
+    overrides = [f"load_path={path}", *(["checkpoint=sharded"] if path.is_dir() else [])]
+    found = [p for p in check(compose(overrides), Context(mode="run", overrides=tuple(overrides)))
+             if p.key == "load_path" and p.level == ERROR]
+    why = resume.problem(resume.Checkpoint(path, 0, 10, sharded=path.is_dir()))
+    assert (why is None) == CHECKPOINT_KINDS[kind]
+    assert [p.problem for p in found] == ([] if why is None else
+                                          [f"{path}: {why}; composer would fail to load it (the task refuses it)"])
+    assert all(p.fix for p in found)
 
 
 @pytest.mark.e2e  # one process per case

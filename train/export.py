@@ -39,12 +39,10 @@ def locate(arg: str, checkpoint_root: Path | None = None):
                             "overrides after the run name (storage=amlfs storage.root=...)")
     path = path.resolve()
     [ckpt] = [c for c in resume.find(path.parent) if c.path == path] or [None]
-    head = _head(path) if path.is_file() else b""
-    if head not in (b"", ZIP_HEAD) and not head.startswith(b"\x80"):  # (empty: `unreadable` says so; \x80: a
-        # pickle, torch.save's old format)
-        raise UserError("checkpoint", f"{path} is not a checkpoint at all: torch.save writes a zip archive, and this "
-                        "file does not start as one", "give a checkpoint of a run: an ep{E}-ba{B}-rank0.pt file, an "
-                        "ep{E}-ba{B}/ folder, the run's save folder, or its run name")
+    if path.is_file() and (why := resume.head_problem(path)):  # what the login node and the task call it too
+        raise UserError("checkpoint", f"{path}: {why}", "give a complete checkpoint of a run: an ep{E}-ba{B}-rank0.pt "
+                        "file, an ep{E}-ba{B}/ folder, the run's save folder, or its run name (an older checkpoint "
+                        "where this one's write was cut off)")
     if ckpt is None and path.is_file():  # one file of the user's naming (`train.consolidate --out`): batch unknown
         ckpt = resume.Checkpoint(path, epoch=-1, batch=-1, sharded=False)
     if ckpt is None:  # a save folder: its newest checkpoint that verifies (nothing is moved: a run may be writing)
@@ -58,18 +56,6 @@ def locate(arg: str, checkpoint_root: Path | None = None):
     if why:
         raise UserError("checkpoint", f"{ckpt.path}: {why}", "export an older, complete checkpoint of the run")
     return ckpt
-
-
-ZIP_HEAD = b"PK\x03\x04"  # how the zip archive torch.save writes starts (its first record)
-
-
-def _head(path: Path) -> bytes:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(len(ZIP_HEAD))
-    except OSError as err:
-        raise UserError("checkpoint", f"{path} cannot be read ({err.strerror})", "a checkpoint file this user may "
-                        "read") from None
 
 
 def default_out(ckpt) -> Path:
@@ -97,6 +83,7 @@ def read_model(ckpt) -> tuple[dict, dict]:
     import torch
 
     from common.compat import UnsupportedVersion, torch_dcp_read_keys
+    from train.checkpoint.resume import ZIP_HEAD
 
     fix = "export a checkpoint written by `python -m train`"
     try:
@@ -105,7 +92,9 @@ def read_model(ckpt) -> tuple[dict, dict]:
             # group, whatever the number of ranks that wrote it (torch's own single-process reader).
             state = torch_dcp_read_keys({"state.model", "state.integrations"}, checkpoint_id=str(ckpt.path))
         else:
-            state = torch.load(ckpt.path, map_location="cpu", mmap=True, weights_only=False)
+            with open(ckpt.path, "rb") as f:  # torch maps only its zip format, not the legacy one
+                zipped = f.read(len(ZIP_HEAD)) == ZIP_HEAD
+            state = torch.load(ckpt.path, map_location="cpu", mmap=zipped, weights_only=False)
     except UnsupportedVersion:
         raise
     except Exception as err:  # noqa: BLE001 -- a zip or a folder of something else: torch's own words, no traceback

@@ -298,8 +298,12 @@ def content_differs(ckpt, world: int = 1, rank: int = 0) -> str | None:
     if not ckpt.is_dir():
         if owner(ckpt.name, world) != rank:
             return None
+        from train.checkpoint.resume import ZIP_HEAD, head_problem
+
         try:
             with open(ckpt, "rb") as f:
+                if f.read(len(ZIP_HEAD)) != ZIP_HEAD:  # torch's legacy format carries no CRCs: its structure is all
+                    return None if (why := head_problem(ckpt)) is None else f"{ckpt}: {why}"  # there is to check
                 why = _zip_differs(f, 0, ckpt.stat().st_size)
         except OSError as err:
             why = f"unreadable ({err.strerror})"

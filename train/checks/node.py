@@ -6,7 +6,6 @@ import functools
 import os
 import re
 import socket
-import zipfile
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -114,34 +113,6 @@ _LOAD_FIX = ("point it at a checkpoint file (full) or an ep{E}-ba{B} directory (
              "and let autoresume find the latest")
 
 
-def not_a_checkpoint(path: Path) -> str | None:
-    """Why composer could not load `path` as a checkpoint, or None. Cheap and without torch: a file must be what
-    torch.save writes (a zip archive, or an old-style pickle) or a compressed or tar checkpoint; a folder must be a
-    sharded checkpoint (torch's `.metadata` beside the shards)."""
-    if path.is_dir():
-        meta = path / ".metadata"
-        if not meta.is_file():
-            return "is a folder without .metadata: not a sharded checkpoint (composer reads ep{E}-ba{B}/ folders)"
-        if meta.stat().st_size == 0:
-            return "has an empty .metadata: its sharded write did not finish"
-        return None
-    if path.name.endswith((".tar", ".tar.gz", ".tgz", ".lz4", ".zst", ".gz", ".bz2", ".xz")):
-        return None  # composer's compressed checkpoints: left to composer
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
-            head = fh.read(2)
-    except OSError as err:
-        return f"cannot be read ({err.strerror})"
-    if size == 0:
-        return "is an empty file"
-    if head[:1] == b"\x80":  # a pickle: torch.save's old format
-        return None
-    if not zipfile.is_zipfile(path):
-        return "is not a checkpoint: neither a torch.save zip archive nor a pickle (composer would fail to load it)"
-    return None
-
-
 def _load_path_format(cfg, ctx, path, local: Path):
     """A checkpoint in the format this run cannot read (composer fails as the trainer is built, after the queue): a
     sharded folder where the run reads one file (one rank: no FSDP; IsADirectoryError), one file where it reads
@@ -174,9 +145,11 @@ def load_path(cfg, ctx):
     if not local.exists():
         yield Problem("load_path", f"{path} does not exist (composer would fail to load it)", _LOAD_FIX)
         return
-    why = not_a_checkpoint(local)
+    from train.checkpoint.resume import head_problem  # the task's own decision, from the files alone (no torch)
+
+    why = head_problem(local)
     if why:
-        yield Problem("load_path", f"{path} {why}", _LOAD_FIX)
+        yield Problem("load_path", f"{path}: {why}; composer would fail to load it (the task refuses it)", _LOAD_FIX)
         return
     yield from _load_path_format(cfg, ctx, path, local)
     # a checkpoint of one of our runs: its folder records the model it holds
