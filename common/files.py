@@ -83,13 +83,19 @@ class DiskFull(UserError):
                    "(storage.root=...); nothing written before is lost")
 
 
-def read_json(path) -> dict:
-    """A JSON file another process replaces whole (atomic_write) as it goes: {} while it is not there yet."""
+def read_json(path, strict: bool = False) -> dict:
+    """A JSON file another process replaces whole (atomic_write) as it goes: {} while it is not there yet. One there
+    that cannot be read or parsed (damaged) reads as {} too for a reader that shows what it can (a status); with
+    strict, it raises, for a reader whose answer it is."""
     import json
 
     try:
         return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return {}
     except (OSError, ValueError):
+        if strict:
+            raise
         return {}
 
 

@@ -48,6 +48,17 @@ def test_atomic_write_replaces_whole_and_leaves_nothing_on_failure(tmp_path):
     assert target.read_bytes() == b"new" and os.listdir(tmp_path) == ["metrics.json"]
 
 
+def test_a_json_file_not_there_yet_reads_empty_and_a_damaged_one_raises_only_where_it_is_the_answer(tmp_path):
+    path = tmp_path / "metrics.json"
+    assert files.read_json(path) == files.read_json(path, strict=True) == {}  # not written yet
+    files.atomic_write(path, b'{"final_train_loss": 3.9}')
+    assert files.read_json(path) == files.read_json(path, strict=True) == {"final_train_loss": 3.9}
+    path.write_text('{"final_train_loss": 3.')  # damaged
+    assert files.read_json(path) == {}  # a status shows what it can
+    with pytest.raises(ValueError):
+        files.read_json(path, strict=True)
+
+
 def test_publish_keeps_the_first_of_two_identical_writers(tmp_path):
     final = tmp_path / "data"
     for n in (1, 2):

@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 from helpers import task_prolog_without_slurm
 
-from train.task.preflight_report import busbw_GBps, estimate_seconds, judge, pair_rounds, table
+from train.task.preflight_report import (
+    append_report,
+    busbw_GBps,
+    estimate_seconds,
+    exclusions,
+    judge,
+    latest,
+    pair_rounds,
+    table,
+)
 
 SETTINGS = {"tolerance": 0.75, "expected_busbw_GBps": {"intra": 460.0, "inter": 375.0}, "bytes": 2**30, "iters": 10}
 
@@ -74,6 +83,32 @@ def test_figures_without_expected_ones_are_reported_not_judged():
     s = {**SETTINGS, "expected_busbw_GBps": {"intra": None, "inter": None}}
     report = judge(["a"], {}, {}, {"a": {"GBps": 0.001}}, [], {"GBps": 0.001}, s)
     assert report["ok"] and estimate_seconds(s, 1, 8) is None
+
+
+def test_the_report_file_keeps_every_start_and_a_damaged_one_neither_stops_a_job_nor_shows(tmp_path, caplog):
+    """preflight.json, one report per start of the job: written whole (no temporary file left beside it), read
+    alike by the status (the newest verdict) and the summary (every exclusion); a damaged file reads as no
+    report there and is replaced, with a warning, by the next start's instead of failing that start."""
+    folder = tmp_path / "outputs"
+    assert latest(folder) == exclusions(folder) == latest(None) == exclusions(None) == ""  # not checked yet
+    checks = {"n2": {"ok": False, "why": "exit 1", "output": "ERROR: GPU 3: 12 uncorrectable ECC errors"}}
+    failed = judge(["n1", "n2"], {}, checks, {}, [], None, SETTINGS)
+    healthy = judge(["n1", "n3"], {}, {}, {}, [], {"GBps": 400.0, "ranks": 16}, SETTINGS)
+    path = append_report(folder, {**failed, "excluded": failed["bad"], "job_id": "4242_3", "restart": 0})
+    assert append_report(folder, {**healthy, "job_id": "4242_3", "restart": 1}) == path
+    assert [a["restart"] for a in json.loads(path.read_text())] == [0, 1]
+    assert [p.name for p in folder.iterdir()] == ["preflight.json"]
+    assert latest(folder) == f"ok, 2 node(s), whole job 400 GB/s ({path})"
+    assert exclusions(folder) == "n2 (node check failed (exit 1): ERROR: GPU 3: 12 uncorrectable ECC errors)"
+    for damaged in ('[{"ok": true, "rows"', '{"ok": true}'):  # cut short; not a list of reports
+        path.write_text(damaged)
+        assert latest(folder) == exclusions(folder) == ""
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="train.task.preflight_report"):
+            append_report(folder, {**failed, "excluded": failed["bad"]})
+        assert f"{path} is not a list of reports" in caplog.text
+        assert latest(folder).startswith("FAILED: n2: node check failed") and exclusions(folder).startswith("n2 (")
+        assert len(json.loads(path.read_text())) == 1
 
 
 # --------------------------------------------------------------------------------- checks, and looks run nothing

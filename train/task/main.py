@@ -2,7 +2,6 @@
 distributed environment -> data -> llm-foundry's train()."""
 import atexit
 import contextlib
-import json
 import logging
 import os
 import re
@@ -13,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
-from common import compat
+from common import compat, files
 from common.collector import imported_without_collections
 from common.console import libraries_to_the_log, library_levels, printed_to_the_log
 from common.errors import UserError
@@ -158,7 +157,7 @@ def run(cfg: DictConfig) -> dict:
                     f"run_name. The numbers printed are that run's, from its own evaluation settings (settings of "
                     f"evaluation do not make another run): to score it under others, python -m train.evaluate "
                     f"{fcfg.run_name} --data <MDS folder>.")
-    metrics = _read(report / "metrics.json")
+    metrics = files.read_json(report / "metrics.json", strict=True)  # the run's answer: a damaged one is said
     if int(os.environ.get("RANK", 0)) == 0:
         from train.launch import finished
 
@@ -677,6 +676,3 @@ def private_dir(path: Path) -> Path:
                            f"(mode {stat.S_IMODE(st.st_mode):o}, owner uid {st.st_uid}): remove it, or set TMPDIR")
     return path
 
-
-def _read(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}

@@ -5,9 +5,15 @@ Bus bandwidth is nccl-tests' figure for an all-reduce of S bytes over n ranks ta
 busbw = S / t x 2(n-1)/n, in GB/s (1e9 bytes), so that it compares with the published tables.
 """
 import json
+import logging
 from pathlib import Path
 
+from common import files
+
 GB = 1e9
+FILE = "preflight.json"
+
+log = logging.getLogger(__name__)
 
 
 def busbw_GBps(nbytes: int, ranks: int, seconds: float) -> float:
@@ -117,28 +123,31 @@ def problem_lines(report: dict) -> list:
     return [f"{n}: {'; '.join(why)}" for n, why in report["bad"].items()] + list(report["unattributed"])
 
 
+def _attempts(folder) -> list:
+    """The starts <folder>/preflight.json records, oldest first; [] where there is no folder or file yet, or a
+    file that cannot be read as such a list (a damaged one: the status shows nothing of it, the next start's
+    report replaces it)."""
+    attempts = files.read_json(Path(folder) / FILE) if folder else []
+    return attempts if isinstance(attempts, list) and all(isinstance(a, dict) for a in attempts) else []
+
+
 def append_report(folder, attempt: dict) -> Path:
     """Add this attempt to <folder>/preflight.json (a list: one entry per start of the job, requeues included)."""
-    path = Path(folder) / "preflight.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    attempts = json.loads(path.read_text()) if path.is_file() else []
-    attempts.append(attempt)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(attempts, indent=2, default=str))
-    tmp.replace(path)
+    path = Path(folder) / FILE
+    attempts = _attempts(folder)
+    if not attempts and path.exists():  # written with one report at least: damaged, yet no reason to stop the job
+        log.warning("preflight: %s is not a list of reports (damaged?): this start's report replaces it", path)
+    files.atomic_write(path, json.dumps([*attempts, attempt], indent=2, default=str).encode())
     return path
 
 
 def latest(folder) -> str:
     """The newest start's verdict from <folder>/preflight.json, for the status: `ok, 2 node(s), whole job 3.1 GB/s`
     or `FAILED: <what>`, and the file; "" when the job has not checked yet."""
-    path = Path(folder) / "preflight.json" if folder else None
-    try:
-        attempts = json.loads(path.read_text()) if path and path.is_file() else []
-    except ValueError:
-        return ""
+    attempts = _attempts(folder)
     if not attempts:
         return ""
+    path = Path(folder) / FILE
     last, job = attempts[-1], attempts[-1].get("job") or {}
     busbw = f", whole job {job['GBps']:.3g} GB/s" if "GBps" in job else ""
     verdict = (f"ok, {len(last.get('rows', []))} node(s){busbw}" if last.get("ok") else
@@ -148,14 +157,7 @@ def latest(folder) -> str:
 
 def exclusions(folder) -> str:
     """The nodes the point's job excluded and why, for the sweep summary: `vm (node check failed ...)`."""
-    path = Path(folder) / "preflight.json" if folder else None
-    if not path or not path.is_file():
-        return ""
-    try:
-        attempts = json.loads(path.read_text())
-    except ValueError:
-        return ""
-    out = [f"{n} ({why[0]})" for a in attempts for n, why in (a.get("excluded") or {}).items()]
+    out = [f"{n} ({why[0]})" for a in _attempts(folder) for n, why in (a.get("excluded") or {}).items()]
     return "; ".join(out)
 
 
