@@ -487,6 +487,56 @@ def test_a_start_that_has_not_begun_training_shows_slurms_requeues_and_no_figure
     assert (row["requeues"], row["step"]) == (0, "starting again (before: step 9)")
 
 
+JOBS = {  # what a task's environment holds -> its job's id, whether Slurm runs it, the requeues it counts
+    "a task of a Slurm array": ({"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4250", "SLURM_ARRAY_JOB_ID": "4242",
+                                 "SLURM_ARRAY_TASK_ID": "3", "SLURM_RESTART_COUNT": "2"}, "4242_3", True, 2),
+    "a Slurm job's first start": ({"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": ""},
+                                  "4242", True, 0),
+    "a local job inside an allocation": ({"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": "31337",
+                                          "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1"}, "31337", False, 0),
+    "a plain run in a requeued allocation": ({"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1"}, "4242", True, 1),
+    "a plain run": ({}, None, False, 0),
+}
+VARIABLES = {k for env, *_ in JOBS.values() for k in env}
+
+
+@pytest.mark.parametrize("where", JOBS)
+def test_a_task_names_its_job_as_sweep_json_does_and_counts_only_slurms_requeues(where, monkeypatch):
+    """The one reading of this job's id and requeue count (train/task/distributed.py) in each environment a task
+    runs in: submitit's id (`A_a` for a task of an array, whose own SLURM_JOB_ID differs), which sweep.json
+    records; an empty SLURM_RESTART_COUNT is a first start; a local job inherits an allocation's variables but is
+    no Slurm job and never a requeue."""
+    from submitit import JobEnvironment
+
+    from train.task.distributed import in_slurm_job, job_id, requeues
+
+    env, job, slurm, count = JOBS[where]
+    for name in VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert (job_id(), in_slurm_job(), requeues()) == (job, slurm, count)
+    if "SUBMITIT_EXECUTOR" in env:
+        assert job_id() == str(JobEnvironment().job_id)  # submitit's own name for it
+
+
+def test_a_record_of_an_array_task_is_its_points_own(tmp_path, monkeypatch):
+    """progress.json's job, as rank 0 records it in a task of an array, is what sweep.json names the point's job:
+    its requeues count and its line shows (with SLURM_JOB_ID, the task's own id, it was another job's record)."""
+    from train.launch.sweep_app import TrainApp
+    from train.task.distributed import job_id, requeues
+
+    env, job, _, _ = JOBS["a task of a Slurm array"]
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "progress.json").write_text(json.dumps({"starts": 1, "job": job_id(), "requeues": requeues(),
+                                                              "step": 20}))
+    [point] = manifest(tmp_path)["points"]
+    row = TrainApp().columns({**point, "job_id": job, "slurm_requeues": None}, "RUNNING")
+    assert (row["requeues"], row["step"]) == (2, "step 20")
+
+
 def test_an_ended_point_shows_no_eta(tmp_path):
     from train.launch.sweep_app import TrainApp
 

@@ -104,7 +104,8 @@ def write_manifest(ckpt, entries: dict, timestamp: dict | None = None, run: dict
     """timestamp: where the checkpoint stands ({batch, sample, token}, and `before`: the same at the start of the
     batch that ended at it), as the trainer counted when it wrote it; a checkpoint hashed later has none.
     run: the record of the run that wrote it (identity.json's content); by default the one in its folder.
-    job: the Slurm job that trained it (a requeue of a run that does not resume continues its own alone)."""
+    job: the job that trained it, as train/task/distributed.job_id names it (a requeue of a run that does not
+    resume continues its own alone)."""
     from common.files import atomic_write
     from train.config.identity import read_record
 
@@ -247,10 +248,10 @@ def manifest_collectively(ckpt: Path | None, world: int, rank: int, timestamp: d
     mine = hash_files(path, [n for n in names if owner(n, world) == rank])
     gathered = dist.all_gather_object(mine)
     if rank == 0:
-        import os
+        from train.task.distributed import job_id
 
         entries = {k: v for part in gathered for k, v in part.items()}
-        write_manifest(path, entries, timestamp, job=os.environ.get("SLURM_JOB_ID"))
+        write_manifest(path, entries, timestamp, job=job_id())  # the form a requeue's filter compares (main.py)
         tidy(path.parent)
 
 

@@ -465,7 +465,9 @@ def claim(folder) -> None:
         return
     f.seek(0)
     f.truncate()
-    job = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
+    from train.task.distributed import job_id
+
+    job = job_id()
     f.write(f"host {socket.gethostname()}, pid {os.getpid()}" + (f", job {job}" if job else "") +
             f", since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     f.flush()

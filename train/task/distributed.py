@@ -1,10 +1,37 @@
-"""The distributed environment composer reads, from the submitit job this process runs in.
+"""The distributed environment composer reads, from the submitit job this process runs in; and which job that is
+and how many times Slurm requeued it, read from the environment here alone (light: the checkpoint code reads them).
 
 One task per device: submitit starts every rank itself (locally or through srun), so there is no torchrun
 or composer launcher. CUDA_VISIBLE_DEVICES is left alone: composer picks `cuda:{LOCAL_RANK}`.
 """
 import os
 import zlib
+
+
+def job_id() -> str | None:
+    """This job's id, in the one form its records use (progress.json and the time ledger, compared with a sweep's
+    sweep.json; a checkpoint's manifest, compared with a requeue's own id; the preflight report; the save folder's
+    lock; the node's scratch folder): submitit's, as sweep.json and squeue name it (`A_a` for a task of an array,
+    whose SLURM_JOB_ID is its own; the local controller's pid for a local job); a plain run's Slurm allocation
+    (salloc, a batch script) by its SLURM_JOB_ID; None outside any job."""
+    if "SUBMITIT_EXECUTOR" in os.environ:
+        import submitit
+
+        return str(submitit.JobEnvironment().job_id)
+    return os.environ.get("SLURM_JOB_ID") or None
+
+
+def in_slurm_job() -> bool:
+    """Whether Slurm runs this process's job (and can requeue it): a submitit Slurm job, or a plain run in an
+    allocation; not a local submitit job, even one started inside an allocation, whose variables it inherits."""
+    executor = os.environ.get("SUBMITIT_EXECUTOR")
+    return executor == "slurm" if executor else bool(os.environ.get("SLURM_JOB_ID"))
+
+
+def requeues() -> int:
+    """How many times Slurm had requeued this job when this start began (SLURM_RESTART_COUNT; unset or empty on a
+    first start: 0); 0 for a job Slurm does not run."""
+    return int(os.environ.get("SLURM_RESTART_COUNT") or 0) if in_slurm_job() else 0
 
 
 def master_port(job_id: str) -> int:

@@ -20,7 +20,7 @@ from common.paths import is_remote
 from common.signals import leave_to_the_task_in_every_fork
 from train.config.loaders import loader_keys
 from train.task import shards
-from train.task.distributed import decided_on_rank_0, export_from_submitit
+from train.task.distributed import decided_on_rank_0, export_from_submitit, job_id, requeues
 from train.task.foundry import foundry_config
 
 log = logging.getLogger(__name__)
@@ -235,7 +235,7 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
     # A requeued job (its time limit, a preemption, a node lost) always continues: with autoresume=false (as
     # llm-foundry's examples set it) each allocation would train the same first batches again, exit 0. It continues
     # the checkpoints its own job trained alone: those an earlier run left in the folder are not its own.
-    job = os.environ.get("SLURM_JOB_ID") if int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0 else None
+    job = job_id() if requeues() > 0 else None  # the form the manifests record (train/checkpoint/integrity.py)
     ours = named and (fcfg.get("autoresume") or job is not None)
     only_job = None if fcfg.get("autoresume") else job
     fsdp = fcfg.get("fsdp_config") or {}
@@ -356,7 +356,7 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
         continuation.load_from(fcfg, from_path, lineage, same_data)
     if only_job and rank == 0:
         log.warning("autoresume=false, but this start is a requeue of job %s (SLURM_RESTART_COUNT=%s): it %s", job,
-                    os.environ.get("SLURM_RESTART_COUNT"), f"continues the checkpoints its own job trained, from "
+                    requeues(), f"continues the checkpoints its own job trained, from "
                     f"{path}" if path else "starts from batch 0 (its job trained no checkpoint yet)")
     if path:
         # as composer's autoresume does: the whole state of the run's own checkpoint, whatever load_* said
@@ -574,7 +574,7 @@ def _node_local_cwd(fcfg, env: dict) -> None:
             if isinstance(task, DictConfig) and _relative(task.get("dataset_uri")):
                 task.dataset_uri = os.path.abspath(task.dataset_uri)
         OmegaConf.update(fcfg, "icl_tasks", tasks, merge=False)
-    job = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or env["MASTER_PORT"]
+    job = job_id() or env["MASTER_PORT"]
     base, name = Path(tempfile.gettempdir()), f"pretrain-{os.getuid()}-{job}-node{env['NODE_RANK']}"
     scratch, held = held_scratch(base / name)
     os.chdir(scratch)

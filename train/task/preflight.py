@@ -20,6 +20,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from train.task import preflight_report as pr
+from train.task.distributed import in_slurm_job, job_id, requeues
 
 log = logging.getLogger(__name__)
 
@@ -151,11 +152,8 @@ def run(cfg, folder) -> dict:
                  row["devices"], row["node_check"], pr._cell(row["intra_GBps"]), pr._cell(row["inter_GBps"]),
                  row["verdict"])
     rank0 = dist.get_rank() == 0
-    # the job as submitit and the status name it: `A_a` for a task of an array (whose SLURM_JOB_ID is its own)
-    array = os.environ.get("SLURM_ARRAY_JOB_ID")
-    job_id = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ.get("SLURM_JOB_ID")
-    if rank0:
-        report["job_id"], report["restart"] = job_id, int(os.environ.get("SLURM_RESTART_COUNT", 0))
+    if rank0:  # the job as submitit and the status name it (`A_a` for a task of an array)
+        report["job_id"], report["restart"] = job_id(), requeues()
     if report["ok"] or s.only:
         if rank0:  # a healthy start too: the baseline a bad day is compared with
             log.info("preflight: report %s", pr.append_report(folder, report))
@@ -164,7 +162,7 @@ def run(cfg, folder) -> dict:
     if rank0:
         if s.on_fail == "requeue" and not report["bad"]:
             why = "the failure is not attributed to any node, so excluding nodes would not help"
-        elif s.on_fail == "requeue" and not job_id:
+        elif s.on_fail == "requeue" and not in_slurm_job():
             why = "not a Slurm job: nothing to requeue"
         elif s.on_fail == "requeue":
             from train.launch.requeue import requeue_excluding
@@ -183,7 +181,7 @@ def run(cfg, folder) -> dict:
     lines = pr.problem_lines(report)
     if requeued:
         log.warning("preflight: excluding %s and requeuing job %s from the host (excluded now: %s); report: %s",
-                    ", ".join(report["bad"]), job_id, ", ".join(why), path)
+                    ", ".join(report["bad"]), job_id(), ", ".join(why), path)
         # Every rank ends (exit 0, no result) so that srun returns; then the batch script requeues the job on the
         # host, and it starts again on other nodes in the same folder.
         raise SystemExit(0)

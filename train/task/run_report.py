@@ -21,7 +21,6 @@ Registered with llm-foundry's callback registry as `run_report`, so it is config
 import io
 import json
 import logging
-import os
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -33,6 +32,7 @@ from composer.utils import dist
 from common import files
 from train.checkpoint import integrity
 from train.task import goodput
+from train.task.distributed import job_id, requeues
 
 log = logging.getLogger(__name__)
 
@@ -146,13 +146,13 @@ class RunReport(Callback):
             # here: one requeued while importing, in its preflight check, loading its checkpoint); the status
             # compares them with Slurm's count now to tell a current record from one a newer start has not
             # replaced yet. starts counts only the starts that got here (in this folder, across jobs).
-            self._status = {"run_name": state.run_name, "starts": int(before.get("starts", 0)) + 1, "job": _job_id(),
-                            "requeues": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+            self._status = {"run_name": state.run_name, "starts": int(before.get("starts", 0)) + 1, "job": job_id(),
+                            "requeues": requeues(),
                             "max_duration": _duration(state.max_duration),
                             **({"continued_from": self.continued_from} if self.continued_from else {})}
             self._ledger = _ledger_folder(savers, state, self.folder) if savers else None  # the run's save folder
             self._clock = goodput.Clock(_ledger_folder(savers, state, self.folder) / goodput.FILE,
-                                        int(state.timestamp.batch), _job_id())
+                                        int(state.timestamp.batch), job_id())
             self._write_status(step=int(state.timestamp.batch), state="training")
 
     def before_dataloader(self, state: State, logger: Logger) -> None:
@@ -384,16 +384,6 @@ def _ledger_folder(savers, state: State, report: Path) -> Path:
 
     local = [s for s in savers if s.remote_uploader is None]
     return Path(format_name_with_dist(local[0].folder, state.run_name)) if local else report
-
-
-def _job_id() -> str | None:
-    """This job's id as submitit and the sweep's sweep.json name it (`A_a` for a task of an array; the local
-    controller's pid on this machine); None outside a submitit job (a plain run)."""
-    if "SUBMITIT_EXECUTOR" not in os.environ:  # as train/task/distributed.py tells a job from a plain run
-        return None
-    from submitit import JobEnvironment
-
-    return str(JobEnvironment().job_id)
 
 
 def _duration(total) -> str | None:
