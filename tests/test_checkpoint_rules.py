@@ -33,6 +33,7 @@ def keyed(problems, key):
 
 @pytest.mark.parametrize("override, key", [
     ("save_interval=0ba", "save_interval"), ("save_interval=0ep", "save_interval"), ("save_interval=0", "save_interval"),
+    ("save_interval=0e3ba", "save_interval"), ("save_interval=0.0dur", "save_interval"),
     ("save_num_checkpoints_to_keep=0", "save_num_checkpoints_to_keep")])
 @pytest.mark.parametrize("ckpt", ["checkpoint=sharded", "checkpoint=full"])
 def test_settings_that_keep_nothing_are_refused(override, key, ckpt):

@@ -194,10 +194,9 @@ def test_an_object_store_is_told_from_a_local_folder_in_one_place():
     """common/paths.py's is_remote is the one test of a folder, load path or data location for an object store's
     URL: no other product module asks `"://" in ...` or compiles a pattern of its own for it."""
     import ast
+    from urllib.parse import urlparse
 
     from common.paths import PROJECT, is_remote
-
-    from urllib.parse import urlparse
 
     remote = ("s3://bucket/ckpt", "gs://b/x", "oci://b@ns/x", "azure://container/x", "hf://datasets/a", " s3://b/x")
     local = ("/data/ckpt", "runs/checkpoints/mpt-tiny-1c6d94ab", Path("/data/ckpt"), None, "", "s3:/typo",

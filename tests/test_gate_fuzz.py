@@ -158,6 +158,7 @@ CASES = [
     (["console_log_interval=0ba"], "refused", "console_log_interval"),
     (["console_log_interval=10tok"], "refused", "console_log_interval"),
     (["console_log_interval=-5"], "refused", "console_log_interval"),
+    (["console_log_interval=0e1ba"], "refused", "console_log_interval"),
     (["eval_subset_num_batches=0"], "refused", "eval_subset_num_batches"),
     (["eval_subset_num_batches=-2"], "refused", "eval_subset_num_batches"),
     (["train_subset_num_batches=0"], "refused", "train_subset_num_batches"),

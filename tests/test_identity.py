@@ -9,7 +9,7 @@ from helpers import run
 
 import train  # noqa: F401  (registers the resolvers)
 from train.config.compose import compose
-from train.config.identity import identity, same_model_and_data
+from train.config.identity import identity, same_model_and_data, same_time
 
 BASE = ["model=mpt-125m", "cluster=ndv5", "data=c4", "optimizer.lr=3e-3"]
 
@@ -150,3 +150,11 @@ def test_scaling_points_keep_their_names_when_every_point_gets_one_more_override
     assert [o[-1] for o in distinct_names(wider, cfgs)][:2] == names
 
 
+
+
+def test_a_composer_time_is_read_as_composer_reads_it_and_a_wall_clock_is_kept_as_written():
+    """The run's identity spells a time as composer reads it (train/checks/core.py: time_of, the one parser):
+    spaces around it too (they were another time); a wall-clock time is not respelt."""
+    assert same_time("20ba", "2e1ba") and same_time("20ba", " 2e1ba ") and same_time("20ba", "20.0ba")
+    assert same_time("0.5dur", "0.50dur") and same_time("1e2tok", "100tok") and same_time("10BA", "10ba")
+    assert not same_time("20ba", "21ba") and not same_time("20ba", "20ep") and not same_time("1h30m", "5400sec")

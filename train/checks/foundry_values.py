@@ -5,7 +5,6 @@ learning rate). Light: the names and types are kept in foundry_names.py (tested 
 nothing here imports llm-foundry or torch."""
 import logging
 import math
-import re
 
 from omegaconf import ListConfig, OmegaConf
 
@@ -351,7 +350,7 @@ def durations(cfg, ctx):
         v = value(cfg, key)
         if key == "callbacks.run_report.interval" and (v is None or ctx.given(key) is None):
             continue
-        bad = is_number(v) and v <= 0 or isinstance(v, str) and not re.match(r"^[1-9]\d*(ba|ep)$", v)
+        bad = is_number(v) and v <= 0 or isinstance(v, str) and not _positive_batches_or_epochs(v)
         if bad or v is None:
             yield Problem(key, f"{v!r} is not a positive number of batches or epochs (the progress report refuses "
                           "it when the run starts)", f"e.g. {key}=10ba")
@@ -373,6 +372,12 @@ def durations(cfg, ctx):
     elif isinstance(mb, str) and mb != "auto":
         yield Problem("device_train_microbatch_size", f"{mb!r} is not a number or auto (composer refuses it)",
                       "e.g. device_train_microbatch_size=8")
+
+
+def _positive_batches_or_epochs(text: str) -> bool:
+    """A time the progress report takes (composer's Time of batches or epochs, above 0)."""
+    found = time_of(text)
+    return found is not None and found[1] in ("ba", "ep") and found[0] > 0
 
 
 def workers(cfg, ctx):

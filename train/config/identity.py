@@ -15,7 +15,6 @@ Light: no torch, no llm-foundry.
 import hashlib
 import json
 import logging
-import re
 import threading
 from pathlib import Path
 
@@ -93,14 +92,9 @@ def _plain(value):
         return [_plain(v) for v in value]
     if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
         return int(value)
-    if isinstance(value, str) and _TIME_SPELLING.fullmatch(value):
+    if isinstance(value, str):
         return _time(value)
     return value
-
-
-# A composer time written with a number in another spelling: 2e1ba, 20.0ba and 20ba are 20 batches, one run
-# (spelt apart, they would be three run names, the later ones new runs from batch 0 with a warning).
-_TIME_SPELLING = re.compile(r"\s*\+?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*(ba|ep|tok|sp|dur|iter)\s*", re.IGNORECASE)
 
 
 def same_time(a, b) -> bool:
@@ -109,10 +103,13 @@ def same_time(a, b) -> bool:
 
 
 def _time(text: str) -> str:
+    """A composer time written with a number in another spelling (2e1ba, 20.0ba and 20ba are 20 batches) spelt one
+    way, as composer reads it (train/checks/core.py: time_of), so that they are one run, not three; any other
+    text, a wall-clock time too (`1h30m`, `10`: kept as written), as it is."""
     from train.checks.core import time_of
 
-    found = time_of(text)
-    if found is None:
+    found = time_of(text.strip())
+    if found is None or found[1] == "sec":
         return text
     n, unit = found
     return f"{float(n)!r}{unit}" if unit == "dur" else f"{n}{unit}"
