@@ -83,7 +83,7 @@ def read_model(ckpt) -> tuple[dict, dict]:
     import torch
 
     from common.compat import UnsupportedVersion, torch_dcp_read_keys
-    from train.checkpoint.resume import ZIP_HEAD
+    from train.checkpoint.head import ZIP_HEAD
 
     fix = "export a checkpoint written by `python -m train`"
     try:

@@ -299,7 +299,7 @@ def content_differs(ckpt, world: int = 1, rank: int = 0) -> str | None:
     if not ckpt.is_dir():
         if owner(ckpt.name, world) != rank:
             return None
-        from train.checkpoint.resume import ZIP_HEAD, head_problem
+        from train.checkpoint.head import ZIP_HEAD, head_problem
 
         try:
             with open(ckpt, "rb") as f:

@@ -23,7 +23,7 @@ from train.checks.core import (
     time_of,
     value,
 )
-from train.plan.estimate import MPT_VOCAB
+from train.config.vocab import MPT_VOCAB
 
 
 def _saves_checkpoints(cfg) -> bool:

@@ -145,7 +145,7 @@ def load_path(cfg, ctx):
     if not local.exists():
         yield Problem("load_path", f"{path} does not exist (composer would fail to load it)", _LOAD_FIX)
         return
-    from train.checkpoint.resume import head_problem  # the task's own decision, from the files alone (no torch)
+    from train.checkpoint.head import head_problem  # the task's own decision, from the files alone (no torch)
 
     why = head_problem(local)
     if why:
@@ -417,9 +417,7 @@ def vocabulary(cfg, ctx):
             return  # said by the architecture's own rule
         key = "model.config_overrides.vocab_size"
     if model_vocab is None and value(cfg, "model.name") == "mpt_causal_lm":  # left out: MPTConfig's default
-        from train.plan.estimate import MPT_VOCAB
-
-        model_vocab = MPT_VOCAB
+        model_vocab = vocab.MPT_VOCAB
     if size is not None and isinstance(model_vocab, int) and size > model_vocab:
         yield Problem(key, f"{model_vocab} is smaller than the tokenizer's {size} ids ({source}): "
                       "token ids past it would index outside the embedding (an IndexError, a device-side assert on "

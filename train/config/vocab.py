@@ -11,7 +11,7 @@ from data_prep.facts import tokenizer_file
 # (ids, llm-foundry's padded vocab_size).
 KNOWN = {"EleutherAI/gpt-neox-20b": (50277, 50368), "gpt2": (50257, 50304), "openai-community/gpt2": (50257, 50304)}
 MOCK_IDS = 257  # train/task/mock_data.py: 256 byte ids and EOS
-DEFAULT_VOCAB = 50368
+MPT_VOCAB = 50368  # MPTConfig's vocab_size, where a model (a YAML's) leaves it out
 
 
 def looks_like_path(name: str) -> bool:
@@ -60,7 +60,7 @@ def vocab_size(name) -> int:
     if name in KNOWN:
         return KNOWN[name][1]
     ids, _ = tokenizer_ids(name)
-    return padded(ids) if ids else DEFAULT_VOCAB
+    return padded(ids) if ids else MPT_VOCAB
 
 
 def special_ids(name) -> dict:

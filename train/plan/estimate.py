@@ -6,6 +6,7 @@ works out only with 2**30 bytes per "GB", so that is what a "GB/s" is here.
 """
 
 from train.config.hf_arch import value_of
+from train.config.vocab import MPT_VOCAB
 
 GiB = 2**30
 TiB = 2**40
@@ -40,9 +41,6 @@ RUNTIME_BYTES = 2 * GiB
 HEADROOM = 0.10
 
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "NO_SHARD")
-
-
-MPT_VOCAB = 50368  # MPTConfig's vocab_size, where a model (a YAML's) leaves it out
 
 
 def vocab_size(model) -> int:
