@@ -339,21 +339,35 @@ def test_the_readme_lines_of_export_sample_and_evaluate_parse():
 @pytest.mark.train
 def test_the_default_run_exports_samples_and_generates_with_plain_transformers(tmp_path, cli):
     """`python -m train`, then `train.export <run>`, then `train.sample <run> ...` on the default run (mock data,
-    its byte-level tokenizer), the run found on the storage the training command named (its storage override
-    after the run name), and the exported folder generating with `model.generate(**tokenizer(text))`."""
-    elsewhere, storage = tmp_path / "elsewhere", f"storage.root={tmp_path / 'lustre'}"  # not $PRETRAIN_ROOT
-    cli("train", "max_duration=10ba", "save_interval=10ba", storage, root=elsewhere, check=True, env=OFFLINE)
-    [name] = [p.name for p in (tmp_path / "lustre" / "checkpoints").iterdir()]
+    its byte-level tokenizer), the run found on the storage the training command named (its storage overrides
+    after the run name), and the exported folder generating with `model.generate(**tokenizer(text))`. Its
+    checkpoints apart from its outputs (storage.checkpoint_root elsewhere): `train.export <run>` wrote beside the
+    checkpoints, where `train.sample`/`train.evaluate <run>` do not look and export=hf does not write; it writes
+    under storage.output_root, and evaluate scores that folder against the run's own number."""
+    elsewhere = tmp_path / "elsewhere"  # not $PRETRAIN_ROOT
+    storage = (f"storage.root={tmp_path / 'lustre'}", f"storage.checkpoint_root={tmp_path / 'ckpt'}")
+    cli("train", "max_duration=10ba", "save_interval=10ba", *storage, root=elsewhere, check=True, env=OFFLINE)
+    [name] = [p.name for p in (tmp_path / "ckpt").iterdir()]
     missed = cli("train.export", name, root=elsewhere, env=OFFLINE)
     assert missed.returncode == 2 and str(elsewhere / "checkpoints") in missed.stderr
-    folder = cli("train.export", name, storage, root=elsewhere, check=True, env=OFFLINE).stdout.strip().splitlines()[-1]
-    assert folder.startswith(str(tmp_path / "lustre" / "outputs" / name))
-    sample = cli("train.sample", name, "The weather today is", "--max-new-tokens=8", storage, root=elsewhere, check=True, env=OFFLINE)
+    folder = cli("train.export", name, *storage, root=elsewhere, check=True, env=OFFLINE).stdout.strip().splitlines()[-1]
+    assert folder == str(tmp_path / "lustre" / "outputs" / name / "huggingface" / "ba10")  # where export=hf writes
+    from train.config.storage_args import roots
+    from train.export import default_out, locate
+
+    at = roots(list(storage))  # named by its save folder's path: the same folder
+    assert str(default_out(locate(str(tmp_path / "ckpt" / name), at), at)) == folder
+    own = json.loads(cli("train.evaluate", name, "--json", *storage, root=elsewhere, check=True,
+                         env=OFFLINE).stdout.strip().splitlines()[-1])  # the run's own evaluation: its metrics.json
+    [(_, got)] = own["evaluators"].items()
+    assert own["model"] == folder and got["trainer"]["batch"] == 10
+    assert got["cross_entropy"] == pytest.approx(got["trainer"]["cross_entropy"], rel=1e-6)
+    sample = cli("train.sample", name, "The weather today is", "--max-new-tokens=8", *storage, root=elsewhere, check=True, env=OFFLINE)
     assert sample.stdout.startswith("The weather today is")
     # a continuation of bytes that are no UTF-8 text is said to be so, and why
     assert ("\ufffd" in sample.stdout) == ("not UTF-8 text, shown as \ufffd (data=mock's" in sample.stderr)
     [data] = (tmp_path / "lustre" / "datasets").iterdir()  # the mock data the run trained on
-    scored = cli("train.evaluate", name, f"--data={data}", "--batches=1", storage, root=elsewhere, check=True,
+    scored = cli("train.evaluate", name, f"--data={data}", "--batches=1", *storage, root=elsewhere, check=True,
                  env=OFFLINE)
     assert scored.stdout.startswith("cross-entropy ") and f"\nmodel {folder}\n" in scored.stdout  # what was scored
     code = ("import sys\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"

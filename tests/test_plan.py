@@ -248,6 +248,10 @@ def test_plan_shows_the_exported_models_size(tmp_path, cli):
     moved = plan("export=hf", "callbacks.hf_checkpointer.save_folder=/data/hf",
                  'callbacks.hf_checkpointer.huggingface_folder_name="step{batch}"')
     assert moved["export_folder"] == "/data/hf/huggingface/step{B}"
+    # the fields composer fills in it as hf_checkpointer writes: the batch's and the run's name (tests/test_train_runs.py
+    # checks that folder against the one a training writes); others stay as written
+    named = plan("export=hf", "run_name=r", 'callbacks.hf_checkpointer.huggingface_folder_name="{run_name}/b{batch:03d}-{epoch}"')
+    assert named["export_folder"].endswith("/outputs/r/huggingface/r/b{B}-{epoch}")
     cpu = plan("export=hf")
     assert cpu["export_precision"] == "float32" and cpu["export_bytes"] == 4 * cpu["params"]
     none = plan()

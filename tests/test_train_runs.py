@@ -166,6 +166,28 @@ def test_paths_relative_to_the_working_directory_hold_inside_a_job(tmp_path, cli
     assert (exported / "config.json").is_file() and list(exported.glob("*.safetensors"))
 
 
+def test_an_export_named_by_the_run_is_where_the_plan_says_and_a_finished_run_with_it_is_not_told_nothing_is_exported(
+        tmp_path):
+    """llm-foundry's hf_checkpointer writes huggingface/<huggingface_folder_name> ({batch} and {run_name} filled in,
+    `ba{batch}` by default). The plan showed {run_name} unfilled, and the same command again after the run finished
+    warned "Nothing is exported" beside an export named otherwise than ba{B} (exit 0, pointing at a needless
+    train.export). Where no folder of that name is there, the warning stays."""
+    args = ("max_duration=4ba", "save_interval=4ba", "eval_interval=4ba", "progress_bar=false", "run_name=named",
+            "export=hf")
+    name = 'callbacks.hf_checkpointer.huggingface_folder_name="{run_name}-step{batch}"'
+    planned = json.loads(train_here(*args, name, "plan=json", root=tmp_path, check=True).stdout)["export_folder"]
+    assert planned == str(tmp_path / "outputs" / "named" / "huggingface" / "named-step{B}")
+    train_here(*args, name, root=tmp_path, check=True)
+    written = list((tmp_path / "outputs" / "named" / "huggingface").iterdir())
+    assert written == [Path(planned.replace("{B}", "4"))] and (written[0] / "config.json").is_file()
+    again = train_here(*args, name, root=tmp_path, check=True)
+    assert "already trained to max_duration=4ba" in again.stderr, again.stderr[-3000:]
+    assert "Nothing is exported" not in again.stderr, again.stderr[-3000:]
+    other = train_here(*args, 'callbacks.hf_checkpointer.huggingface_folder_name="step{batch}"', root=tmp_path,
+                       check=True)
+    assert "Nothing is exported either" in other.stderr, other.stderr[-3000:]
+
+
 def test_every_relative_path_of_the_config_is_absolute_before_the_task_leaves_the_working_directory(
         tmp_path, monkeypatch):
     """The key list behind the job above, key by key (the job covers two of them end to end): each relative path a

@@ -272,9 +272,9 @@ def _run_metrics(folder: Path) -> tuple[Path, dict]:
     """The newest metrics.json of the run that exported `folder` (<output_root>/<run>/huggingface/ba{B}), which
     says what its evaluators read: a plain run's is beside the export, a sweep point's in its folder under
     <output_root>/sweeps/."""
-    from train.export import HF_SUBFOLDER
+    from train.config.storage_args import export_run
 
-    run = folder.parent.parent if folder.parent.name == HF_SUBFOLDER else None
+    run = export_run(folder)
     found = []
     if run is not None:
         found = sorted([p for p in (run / "metrics.json", *run.parent.glob("sweeps/*/*/metrics.json")) if p.is_file()],

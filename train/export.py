@@ -21,18 +21,17 @@ from common.errors import UserError
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("float32", "bfloat16", "float16")
-HF_SUBFOLDER = "huggingface"  # llm-foundry's hf_checkpointer writes <save_folder>/huggingface/ba{batch}
 
 
-def locate(arg: str, checkpoint_root: Path | None = None):
-    """The complete checkpoint `arg` names (a checkpoint, a save folder, or a run name under `checkpoint_root`:
-    train/config/storage_args.py, the local storage's by default)."""
+def locate(arg: str, at: tuple[Path, Path] | None = None):
+    """The complete checkpoint `arg` names (a checkpoint, a save folder, or a run name on the storage whose roots
+    are `at`: train/config/storage_args.py, the local storage's by default)."""
     from train.checkpoint import resume
-    from train.config.storage_args import roots
+    from train.config.storage_args import named, run_folders
 
     path = Path(arg)
-    if not path.exists() and os.sep not in arg:  # a run name
-        path = (checkpoint_root or roots([])[0]) / arg
+    if named(arg):
+        path = run_folders(arg, at)[0]
         if not path.exists():
             raise UserError("checkpoint", f"{arg!r} is neither a path nor a run with checkpoints under {path.parent}",
                             "give the checkpoint or save folder's path, or the training command's storage "
@@ -58,19 +57,15 @@ def locate(arg: str, checkpoint_root: Path | None = None):
     return ckpt
 
 
-def default_out(ckpt) -> Path:
-    """Where `export=hf` would have written this batch's folder: `<output_root>/<run_name>/huggingface/ba{B}` when
-    the save folder sits in a storage's `checkpoints/` (every storage preset keeps `outputs/` beside it), else
-    `<save_folder>/huggingface/ba{B}`."""
+def default_out(ckpt, at: tuple[Path, Path] | None = None) -> Path:
+    """Where `export=hf` would have written this batch's folder: `<output_root>/<run_name>/huggingface/ba{B}` of the
+    storage whose roots are `at` (train/config/storage_args.py: run_folders, export_folder)."""
+    from train.config.storage_args import export_folder, run_folders
+
     if ckpt.batch < 0:
         raise UserError("--out", f"{ckpt.path} is not named as composer names a checkpoint (ep{{E}}-ba{{B}}-rank0.pt): "
                         "the batch of the default folder huggingface/ba{B} is not known", "--out=<folder to write>")
-    save_folder = ckpt.path.parent
-    if save_folder.parent.name == "checkpoints":
-        base = save_folder.parent.parent / "outputs" / save_folder.name
-    else:
-        base = save_folder
-    return base / HF_SUBFOLDER / f"ba{ckpt.batch}"
+    return export_folder(run_folders(ckpt.path.parent, at)[1], ckpt.batch)
 
 
 def read_model(ckpt) -> tuple[dict, dict]:
@@ -286,8 +281,9 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     try:
-        ckpt = locate(args.checkpoint, roots(storage)[0])
-        out = (args.out or default_out(ckpt)).resolve()
+        at = roots(storage)
+        ckpt = locate(args.checkpoint, at)
+        out = (args.out or default_out(ckpt, at)).resolve()
         replaceable(out)
         log.info("exporting %s (%s) as %s", ckpt.path, f"batch {ckpt.batch}" if ckpt.batch >= 0 else "a file of "
                  "the user's naming", args.precision)

@@ -1,18 +1,8 @@
 """An exported Hugging Face model folder, found by path or run name and loaded offline (sample and evaluate)."""
-import os
-import re
 from pathlib import Path
 
 from common.errors import UserError
-from train.export import HF_SUBFOLDER
-
-_BATCH = re.compile(r"^ba(\d+)$")
-
-
-def export_batch(folder: Path) -> int | None:
-    """The batch of an export folder named as export=hf and train.export name it (`ba{B}`), or None."""
-    found = _BATCH.match(folder.name)
-    return int(found[1]) if found else None
+from train.config.storage_args import HF_SUBFOLDER, export_batch, named, run_folders
 
 
 def find_folder(arg: str, output_root: Path | None = None, checkpoint_root: Path | None = None) -> Path:
@@ -23,13 +13,14 @@ def find_folder(arg: str, output_root: Path | None = None, checkpoint_root: Path
     weights than the run's."""
     from train.config.storage_args import roots
 
-    path, by_name = Path(arg), False
-    if not path.exists() and os.sep not in arg:
-        path, by_name = (output_root or roots([])[1]) / arg, True
+    at = (checkpoint_root or roots([])[0], output_root or roots([])[1])
+    path, by_name = Path(arg), named(arg)
+    if by_name:
+        path = run_folders(arg, at)[1]
     if (path / "config.json").is_file():
         return path.resolve()
     for base in (path / HF_SUBFOLDER, path):
-        found = [p for p in base.glob("ba*") if export_batch(p) is not None and (p / "config.json").is_file()]
+        found = [p for p in base.glob("*") if export_batch(p) is not None and (p / "config.json").is_file()]
         partial = [p for p in found if not _weights_complete(p)]
         if partial:  # llm-foundry's hf_checkpointer writes in place, config first: one killed midway has no weights
             import logging
@@ -41,7 +32,7 @@ def find_folder(arg: str, output_root: Path | None = None, checkpoint_root: Path
             newest = max(found, key=export_batch)
             # the run's checkpoint folder, found by name or from its outputs folder's (<run>/huggingface/ba{B})
             run = arg if by_name else (path.name if base != path else path.parent.name)
-            save_folder = (checkpoint_root or roots([])[0]) / run
+            save_folder = run_folders(run, at)[0]
             if by_name or (base.name == HF_SUBFOLDER and save_folder.is_dir()):
                 newest = _of_the_runs_end(newest, found, save_folder)
                 _warn_if_trained_past(newest, export_batch(newest), save_folder)

@@ -256,9 +256,11 @@ EXPORT_BYTES_PER_PARAM = {"float32": 4, "bfloat16": 2, "float16": 2}
 def _hf_folder(cfg) -> str:
     """Where hf_checkpointer writes, from its own keys (a command line may set them directly, past export.*):
     <save_folder>/huggingface/<huggingface_folder_name>, its {batch} shown as {B}."""
+    from train.config.storage_args import export_folder
+
     folder = value(cfg, "callbacks.hf_checkpointer.save_folder") or value(cfg, "export.folder")
-    name = value(cfg, "callbacks.hf_checkpointer.huggingface_folder_name") or "ba{batch}"
-    return f"{folder}/huggingface/{str(name).replace('{batch}', '{B}')}"
+    return export_folder(str(folder), None, value(cfg, "callbacks.hf_checkpointer.huggingface_folder_name"),
+                         value(cfg, "run_name"))
 
 
 def _export(cfg, params: int) -> dict:

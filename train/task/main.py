@@ -140,13 +140,15 @@ def run(cfg: DictConfig) -> dict:
         trained = False
         from train.checkpoint import resume
         from train.checks.core import batches_in
+        from train.config.storage_args import exports
 
         at, end = resume.batch_of(fcfg.load_path), batches_in(fcfg, str(fcfg.max_duration).strip())
         past = (f" It was trained on past it since (run_name= continued it), to batch {at}." if at is not None
                 and end is not None and at > end else "")
         hf = (fcfg.get("callbacks") or {}).get("hf_checkpointer")
         out = str(hf.get("save_folder") or "") if hf else ""
-        if out and not is_remote(out) and at is not None and not (Path(out) / "huggingface" / f"ba{at}").is_dir():
+        if out and not is_remote(out) and at is not None and not exports(
+                Path(out), at, hf.get("huggingface_folder_name"), fcfg.run_name):
             # export=hf added to a finished run's command: the trainer that would write it does not run
             past += (f" Nothing is exported either (export=hf writes at the end of training): python -m "
                      f"train.export {fcfg.run_name} writes the Hugging Face folder of that checkpoint.")
