@@ -34,6 +34,11 @@ class RunSpec(JobSpec):
     def slurm(self) -> bool:
         return self.scheduler == "slurm"
 
+    @property
+    def world_size(self) -> int:
+        """Ranks of its job: every node's tasks."""
+        return self.resources.nodes * self.resources.tasks_per_node
+
 
 def of(cfg: DictConfig, folder: str = PLAN_FOLDER) -> RunSpec:
     """The spec of a resolved config. folder: submitit's (with %j), which the host-side requeue reads."""

@@ -170,8 +170,7 @@ class TrainApp(SweepApp):
     def record(self, point: Point) -> dict:
         """What the status needs of a point besides its job: its shape and folders."""
         cfg, spec = point.cfg, point.spec
-        c = cfg.cluster
-        report, world, done = spec.report_folder, c.nodes * c.tasks_per_node, {}
+        report, world, done = spec.report_folder, spec.world_size, {}
         if point.finished is not None:  # nothing submitted: the row shows what the finished run left, and its
             # numbers from finished.json where its report folder is gone; its world size, not this command's
             report, done = point.finished.get("report") or report, point.finished.get("value") or {}
@@ -181,7 +180,7 @@ class TrainApp(SweepApp):
                 "report": report, **({"finished": done} if done else {}),
                 # said once the point is submitted: where what the job is for will be
                 **({"note": f"preflight table: {report}/preflight.json (and in its log; `python -m train.status` "
-                            "shows the verdict)", "preflight_only": True} if c.preflight.only else {})}
+                            "shows the verdict)", "preflight_only": True} if cfg.cluster.preflight.only else {})}
 
     def columns(self, point: dict, state: str) -> dict:
         """A point's columns from what its rank 0 wrote (train/task/run_report.py): progress.json as it trains,

@@ -60,8 +60,8 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
     seq = estimate.trained_seq_len(cfg)  # what the train loader cuts samples to, so what a step holds
     params = estimate.param_count(model)
     fpt = estimate.flops_per_token(model, seq)
-    nodes, tasks = value(cfg, "cluster.nodes"), value(cfg, "cluster.tasks_per_node")
-    world = nodes * tasks
+    nodes, tasks = run.resources.nodes, run.resources.tasks_per_node
+    world = run.world_size
     gbs = value(cfg, "global_train_batch_size")
     per_device = gbs / world
     per_device = int(per_device) if per_device == int(per_device) else per_device
