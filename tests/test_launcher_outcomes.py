@@ -520,6 +520,19 @@ def test_a_task_names_its_job_as_sweep_json_does_and_counts_only_slurms_requeues
         assert job_id() == str(JobEnvironment().job_id)  # submitit's own name for it
 
 
+@pytest.mark.parametrize("local, ranks", [(None, 8), ("", 8), ("4", 4)])
+def test_the_ranks_on_this_node_are_local_world_size_or_every_rank(local, ranks, monkeypatch):
+    """One reading of LOCAL_WORLD_SIZE (train/task/distributed.py: ranks_on_this_node) for the memory checks and
+    the preflight: unset or empty (a plain run) is every rank of the job (the preflight raised on an empty one)."""
+    from train.task.distributed import ranks_on_this_node
+
+    if local is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+    assert ranks_on_this_node(8) == ranks
+
+
 def test_a_record_of_an_array_task_is_its_points_own(tmp_path, monkeypatch):
     """progress.json's job, as rank 0 records it in a task of an array, is what sweep.json names the point's job:
     its requeues count and its line shows (with SLURM_JOB_ID, the task's own id, it was another job's record)."""

@@ -6,6 +6,7 @@ import subprocess
 
 from train.checks.core import WARNING, Problem, value
 from train.plan import estimate
+from train.task.distributed import ranks_on_this_node
 
 
 def _gib(n) -> str:
@@ -69,7 +70,7 @@ def this_machine(cfg, ctx):
     if ctx.mode != "run":
         return
     world = ctx.world_size(cfg)
-    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", world) or world)
+    ranks_here = ranks_on_this_node(world)
     gpus = value(cfg, "cluster.gpus_per_node") or 0
     if gpus:
         gb = value(cfg, "cluster.gpu_memory_gb")
@@ -112,7 +113,7 @@ def host_batch(cfg, ctx):
         return
     world = ctx.world_size(cfg)
     if ctx.mode == "run":
-        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world) or world)
+        ranks = ranks_on_this_node(world)
         info = _meminfo()
         total, available = info.get("MemTotal"), info.get("MemAvailable")
         where = f"this machine ({os.uname().nodename})"

@@ -34,6 +34,12 @@ def requeues() -> int:
     return int(os.environ.get("SLURM_RESTART_COUNT") or 0) if in_slurm_job() else 0
 
 
+def ranks_on_this_node(world: int) -> int:
+    """How many of the job's ranks run on this machine: LOCAL_WORLD_SIZE as setup() sets it (or a launcher of the
+    user's), all of them where it is unset or empty (a plain run)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE") or world)
+
+
 def master_port(job_id: str) -> int:
     """A port every rank of a job derives alike, and that differs between jobs sharing a node."""
     return 20000 + zlib.crc32(str(job_id).encode()) % 20000

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from train.task import preflight_report as pr
-from train.task.distributed import in_slurm_job, job_id, requeues
+from train.task.distributed import in_slurm_job, job_id, ranks_on_this_node, requeues
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def measure(cfg) -> dict:
     start = time.time()
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    local_world = ranks_on_this_node(world)
     node_rank = int(os.environ.get("NODE_RANK", 0))
     device = torch.device(f"cuda:{local_rank}") if cfg.cluster.gpus_per_node and torch.cuda.is_available() \
         else torch.device("cpu")
