@@ -336,40 +336,101 @@ def test_the_readme_lines_of_export_sample_and_evaluate_parse():
         assert all(roots(storage))  # they name a storage
 
 
-@pytest.mark.train
-def test_the_default_run_exports_samples_and_generates_with_plain_transformers(tmp_path, cli):
-    """`python -m train`, then `train.export <run>`, then `train.sample <run> ...` on the default run (mock data,
-    its byte-level tokenizer), the run found on the storage the training command named (its storage overrides
-    after the run name), and the exported folder generating with `model.generate(**tokenizer(text))`. Its
-    checkpoints apart from its outputs (storage.checkpoint_root elsewhere): `train.export <run>` wrote beside the
-    checkpoints, where `train.sample`/`train.evaluate <run>` do not look and export=hf does not write; it writes
-    under storage.output_root, and evaluate scores that folder against the run's own number."""
+# The default run (mock data, its byte-level tokenizer) with its checkpoints apart from its outputs
+# (storage.checkpoint_root elsewhere), found by `train.export/evaluate/sample <run>` on the storage the training
+# command named (its storage overrides after the run name), not on $PRETRAIN_ROOT. One step per test's setup (the
+# training, the export), shared by the module's tests (one pytest-xdist group).
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """`python -m train` on the default run, its storage named on the command line: (the folder its storage is in,
+    the PRETRAIN_ROOT it ran with, its storage overrides, the run's name)."""
+    tmp_path = tmp_path_factory.mktemp("default-run")
     elsewhere = tmp_path / "elsewhere"  # not $PRETRAIN_ROOT
     storage = (f"storage.root={tmp_path / 'lustre'}", f"storage.checkpoint_root={tmp_path / 'ckpt'}")
-    cli("train", "max_duration=10ba", "save_interval=10ba", *storage, root=elsewhere, check=True, env=OFFLINE)
+    run("-m", "train", "max_duration=10ba", "save_interval=10ba", *storage, root=elsewhere, check=True, env=OFFLINE)
     [name] = [p.name for p in (tmp_path / "ckpt").iterdir()]
+    return tmp_path, elsewhere, storage, name
+
+
+@pytest.fixture(scope="module")
+def default_exported(default_run):
+    """`python -m train.export <run>` with the training's storage overrides: the folder it printed."""
+    _, elsewhere, storage, name = default_run
+    return run("-m", "train.export", name, *storage, root=elsewhere, check=True,
+               env=OFFLINE).stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.train
+@pytest.mark.xdist_group("export-default")
+def test_the_default_runs_export_without_its_storage_is_refused_naming_where_it_looked(default_run, cli):
+    """`train.export <run>` looks for the run on the storage its command names: without the training's storage
+    overrides (the run is not under $PRETRAIN_ROOT) it is refused, naming where it looked."""
+    _, elsewhere, _, name = default_run
     missed = cli("train.export", name, root=elsewhere, env=OFFLINE)
     assert missed.returncode == 2 and str(elsewhere / "checkpoints") in missed.stderr
-    folder = cli("train.export", name, *storage, root=elsewhere, check=True, env=OFFLINE).stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.train
+@pytest.mark.xdist_group("export-default")
+def test_the_default_runs_export_writes_under_its_output_root_where_export_hf_writes(default_run, default_exported):
+    """`train.export <run>` with the run's storage overrides writes under storage.output_root, where export=hf
+    writes and `train.sample`/`train.evaluate <run>` look, not beside the checkpoints (storage.checkpoint_root
+    elsewhere); the same folder where the run is named by its save folder's path."""
+    tmp_path, _, storage, name = default_run
+    folder = default_exported
     assert folder == str(tmp_path / "lustre" / "outputs" / name / "huggingface" / "ba10")  # where export=hf writes
     from train.config.storage_args import roots
     from train.export import default_out, locate
 
     at = roots(list(storage))  # named by its save folder's path: the same folder
     assert str(default_out(locate(str(tmp_path / "ckpt" / name), at), at)) == folder
+
+
+@pytest.mark.train
+@pytest.mark.xdist_group("export-default")
+def test_the_default_runs_export_evaluated_by_run_name_scores_the_runs_own_number(default_run, default_exported, cli):
+    """`train.evaluate <run>` scores the run's export against the run's own number (its metrics.json, batch 10)."""
+    _, elsewhere, storage, name = default_run
+    folder = default_exported
     own = json.loads(cli("train.evaluate", name, "--json", *storage, root=elsewhere, check=True,
                          env=OFFLINE).stdout.strip().splitlines()[-1])  # the run's own evaluation: its metrics.json
     [(_, got)] = own["evaluators"].items()
     assert own["model"] == folder and got["trainer"]["batch"] == 10
     assert got["cross_entropy"] == pytest.approx(got["trainer"]["cross_entropy"], rel=1e-6)
+
+
+@pytest.mark.train
+@pytest.mark.xdist_group("export-default")
+def test_the_default_runs_export_samples_by_run_name_and_says_when_bytes_are_no_text(default_run, default_exported,
+                                                                                    cli):
+    """`train.sample <run> ...` continues the prompt from the run's export (its byte-level tokenizer)."""
+    _, elsewhere, storage, name = default_run
     sample = cli("train.sample", name, "The weather today is", "--max-new-tokens=8", *storage, root=elsewhere, check=True, env=OFFLINE)
     assert sample.stdout.startswith("The weather today is")
     # a continuation of bytes that are no UTF-8 text is said to be so, and why
     assert ("\ufffd" in sample.stdout) == ("not UTF-8 text, shown as \ufffd (data=mock's" in sample.stderr)
+
+
+@pytest.mark.train
+@pytest.mark.xdist_group("export-default")
+def test_the_default_runs_export_scores_the_data_it_trained_on_named_by_data(default_run, default_exported, cli):
+    """`train.evaluate <run> --data=FOLDER` scores the run's export on that data, saying which model it scored."""
+    tmp_path, elsewhere, storage, name = default_run
+    folder = default_exported
     [data] = (tmp_path / "lustre" / "datasets").iterdir()  # the mock data the run trained on
     scored = cli("train.evaluate", name, f"--data={data}", "--batches=1", *storage, root=elsewhere, check=True,
                  env=OFFLINE)
     assert scored.stdout.startswith("cross-entropy ") and f"\nmodel {folder}\n" in scored.stdout  # what was scored
+
+
+@pytest.mark.train
+@pytest.mark.e2e  # starts a Python process of its own
+@pytest.mark.xdist_group("export-default")
+def test_the_default_runs_export_generates_with_plain_transformers(default_exported):
+    """The exported folder generates with `model.generate(**tokenizer(text))`, transformers alone."""
+    folder = default_exported
     code = ("import sys\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
             "t = AutoTokenizer.from_pretrained(sys.argv[1])\n"
             "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)\n"
