@@ -28,14 +28,6 @@ TOKEN_FORMS = (
 MASK = "****"
 
 
-def secrets_in(text: str) -> list:
-    """(what, the secret) for each credential recognised by its form in text."""
-    found = [("a URL with a password in it", m.group(2)) for m in URL_PASSWORD.finditer(text)]
-    for what, pattern in TOKEN_FORMS:
-        found += [(what, m.group(0)) for m in pattern.finditer(text)]
-    return found
-
-
 def mask(text: str, secrets=()) -> str:
     """text with every secret recognised by its form, and each of `secrets`, replaced by ****."""
     for secret in sorted({str(s) for s in secrets if s and len(str(s)) >= 4}, key=len, reverse=True):

@@ -18,7 +18,6 @@ from common import files
 from data_prep.errors import writing
 from data_prep.facts import INDEX_FILE
 
-COLUMN = {"tokens": "ndarray:int32"}
 # streaming's name for the hash of each shard file: xxh3_64 hashes at memory speed (xxhash, a dependency of
 # streaming). MDSWriter wants the list sorted.
 HASHES = ("xxh3_64",)

@@ -67,7 +67,6 @@ class RunStats:
     docs: int = 0
     tokens: int = 0
     samples: int = 0
-    bytes_read: int = 0
     skipped: Counter = field(default_factory=Counter)
     examples: list = field(default_factory=list)
     blocks_done: int = 0
@@ -176,7 +175,6 @@ def run_blocks(split_dir: Path, blocks: list[Block], settings: Settings, pool: E
             sink.add(result, reader.first_line_pos)
             stats.docs += result.docs
             stats.tokens += len(result.tokens)
-            stats.bytes_read += raw_pos - last_pos
             progress.advance(raw_pos - last_pos, result.docs, len(result.tokens))
             last_pos = raw_pos
     except BaseException:
