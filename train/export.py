@@ -27,6 +27,7 @@ def locate(arg: str, at: tuple[Path, Path] | None = None):
     """The complete checkpoint `arg` names (a checkpoint, a save folder, or a run name on the storage whose roots
     are `at`: train/config/storage_args.py, the local storage's by default)."""
     from train.checkpoint import resume
+    from train.checkpoint.head import head_problem
     from train.config.storage_args import named, run_folders
 
     path = Path(arg)
@@ -38,7 +39,7 @@ def locate(arg: str, at: tuple[Path, Path] | None = None):
                             "overrides after the run name (storage=amlfs storage.root=...)")
     path = path.resolve()
     [ckpt] = [c for c in resume.find(path.parent) if c.path == path] or [None]
-    if path.is_file() and (why := resume.head_problem(path)):  # what the login node and the task call it too
+    if path.is_file() and (why := head_problem(path)):  # what the login node and the task call it too
         raise UserError("checkpoint", f"{path}: {why}", "give a complete checkpoint of a run: an ep{E}-ba{B}-rank0.pt "
                         "file, an ep{E}-ba{B}/ folder, the run's save folder, or its run name (an older checkpoint "
                         "where this one's write was cut off)")

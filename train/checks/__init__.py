@@ -51,13 +51,13 @@ SOFT_IN_PLAN = {r for r in node.RULES + fit.RULES if r not in node.EVERYWHERE} |
 def check(cfg, ctx: Context) -> list:
     """Every problem of one config, errors and warnings, in rule order (each reported once)."""
     cfg = resolved(cfg)
-    with reading(cfg):
-        found = _found(cfg, ctx)
-    unique = []
-    for p in found:
-        if p not in unique:
-            unique.append(p)
-    return [p.masked(secrets) for secrets in [safety.secret_values(cfg) if unique else []] for p in unique]  # never echo a credential
+    with reading(cfg):  # the rules' reads, and the credentials looked for in every value, from one plain copy
+        unique = []
+        for p in _found(cfg, ctx):
+            if p not in unique:
+                unique.append(p)
+        secrets = safety.secret_values(cfg) if unique else []
+    return [p.masked(secrets) for p in unique]  # never echo a credential
 
 
 def _found(cfg, ctx: Context) -> list:

@@ -35,7 +35,8 @@ def keeps_something(cfg, ctx):
     if not _saves_checkpoints(cfg):
         return
     every = value(cfg, "save_interval")
-    if not isinstance(every, bool) and (is_number(every) and every == 0 or (time_of(str(every).strip()) or (1,))[0] == 0):
+    as_time = None if isinstance(every, bool) else time_of(str(every).strip())  # composer's reading of it
+    if is_number(every) and every == 0 or as_time is not None and as_time[0] == 0:
         yield Problem("save_interval", f"{every!r} writes no checkpoint (composer's interval never fires), while "
                       f"checkpoint={ctx.group('checkpoint')} promises a run that resumes",
                       "a positive interval, e.g. save_interval=1000ba; or checkpoint=none for a run that keeps "

@@ -153,7 +153,7 @@ def resolved(cfg):
     values, and OmegaConf would parse an interpolation again at every read. A config
     that does not resolve as a whole is returned as it is, so each rule still names the key it cannot read; one
     resolved already (here, or in place by resolve_all) is returned as it is."""
-    if _is_marked(cfg):
+    if is_resolved(cfg):
         return cfg
     try:
         # The run's name once: every folder of the run interpolates it, and each read would compute its identity
@@ -182,7 +182,8 @@ def mark_resolved(cfg) -> None:
     _RESOLVED[key] = weakref.ref(cfg, lambda _, key=key: _RESOLVED.pop(key, None))
 
 
-def _is_marked(cfg) -> bool:
+def is_resolved(cfg) -> bool:
+    """Whether cfg is known to hold no interpolation (made by resolved(), or resolved in place by resolve_all)."""
     ref = _RESOLVED.get(id(cfg))
     return ref is not None and ref() is cfg
 
@@ -198,7 +199,7 @@ _NODE = object()  # a value that is itself a mapping or a list: read as OmegaCon
 def reading(cfg):
     """Reads of a config resolved as a whole through value() come from its plain values within this block; it
     must not change meanwhile (the rules only read)."""
-    if not _is_marked(cfg) or id(cfg) in _PLAIN:
+    if not is_resolved(cfg) or id(cfg) in _PLAIN:
         yield
         return
     _PLAIN[id(cfg)] = (weakref.ref(cfg), OmegaConf.to_container(cfg), {})
@@ -218,11 +219,6 @@ def plain(cfg):
         return OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # noqa: BLE001 -- a value that does not resolve is another rule's problem
         return OmegaConf.to_container(cfg, resolve=False)
-
-
-def is_resolved(cfg) -> bool:
-    """Whether cfg is known to hold no interpolation (made by resolved(), or resolved in place by resolve_all)."""
-    return _is_marked(cfg)
 
 
 def _leaf(plain, key: str, default):

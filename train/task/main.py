@@ -677,4 +677,3 @@ def private_dir(path: Path) -> Path:
         raise RuntimeError(f"scratch folder {path} exists but is not a private folder of this user "
                            f"(mode {stat.S_IMODE(st.st_mode):o}, owner uid {st.st_uid}): remove it, or set TMPDIR")
     return path
-
