@@ -110,6 +110,22 @@ def hydra_context_moving_its_node(cfg) -> None:
     HydraConfig.instance().cfg = hidden
 
 
+@written_against(HYDRA, "tests/test_identity.py::test_the_plan_names_the_run_that_m_submits_and_scaling_points_are_runs_of_their_own")
+def hydra_context_now():
+    """The Hydra context set now (HydraConfig's node), to be set again by hydra_context_again while another
+    point's config is made in between."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.instance().cfg
+
+
+@written_against(HYDRA, "tests/test_identity.py::test_the_plan_names_the_run_that_m_submits_and_scaling_points_are_runs_of_their_own")
+def hydra_context_again(node) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    HydraConfig.instance().cfg = node
+
+
 _PICKLED: dict = {}  # id(base): (base, its pickle), the base kept so that its id is not another's
 
 

@@ -111,7 +111,11 @@ def test_the_plan_names_the_run_that_m_submits_and_scaling_points_are_runs_of_th
     swept = _plan("-m", *line, root=tmp_path)  # Hydra's sweeper spells 3e-3 as 0.003: still one run
     assert [p["run_name"] for p in swept] == [plain]
     scaling = ["-m", "cluster=slurm-local", "data=mock", "device_train_microbatch_size=4", "cluster.nodes=1,2"]
-    names = [p["run_name"] for p in _plan(*scaling, root=tmp_path)]
+    plans = _plan(*scaling, root=tmp_path)
+    names = [p["run_name"] for p in plans]
+    # each point composed once, then named: what interpolates the name holds the point's own
+    assert all(p["save_folder"].endswith(f"/{p['run_name']}") and f"--job-name={p['run_name']}\n" in p["sbatch_script"]
+               for p in plans)
     base = _plan(*scaling[1:-1], root=tmp_path)["run_name"]
     assert len(set(names)) == 2 and all(n.startswith(base + "-") and len(n) == len(base) + 7 for n in names)
     assert [p["run_name"] for p in _plan(*scaling, root=tmp_path)] == names  # the same line, the same names
@@ -136,18 +140,18 @@ def test_scaling_points_keep_their_names_when_every_point_gets_one_more_override
     """`-m cluster.tasks_per_node=1,2` run again with cluster.env.NCCL_DEBUG=INFO added: each point's name hashed
     every override, so both trained again from step 0, unwarned. A point is named by its overrides but those that
     never make another run, whatever the other points."""
-    from omegaconf import OmegaConf
-
     from train.config.identity import distinct_names
 
-    cfgs = [OmegaConf.create({"run_name": "m-1", "storage": {"checkpoint_root": str(tmp_path)}})] * 3
     points = [["cluster.tasks_per_node=1", "data=mock"], ["cluster.tasks_per_node=2", "data=mock"]]
-    names = [o[-1] for o in distinct_names(points, cfgs)]
-    assert len(set(names)) == 2 and all(n.startswith("run_name=m-1-") for n in names)
+    names = distinct_names(points, ["m-1"] * 2)
+    assert len(set(names)) == 2 and all(n.startswith("m-1-") for n in names)
     more = [[*p, "cluster.env.NCCL_DEBUG=INFO", "plan=true", "cluster.timeout_min=30"] for p in points]
-    assert [o[-1] for o in distinct_names(more, cfgs)] == names
+    assert distinct_names(more, ["m-1"] * 2) == names
     wider = [*points, ["cluster.tasks_per_node=4", "data=mock"]]  # a point added: the others keep their names
-    assert [o[-1] for o in distinct_names(wider, cfgs)][:2] == names
+    assert distinct_names(wider, ["m-1"] * 3)[:2] == names
+    # a point named by the user, one that does not resolve and one of another run keep theirs
+    assert distinct_names([*points, ["run_name=m-1"], ["optimizer.lr=1"], ["x=1"]],
+                          ["m-1", "m-1", "m-1", None, "m-2"])[2:] == [None, None, None]
 
 
 

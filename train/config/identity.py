@@ -303,35 +303,32 @@ def same_model_and_data(root, run_name: str, model: str, ident: dict) -> list:
     return [(n, d) for _, n, d in sorted(found, key=lambda f: f[0], reverse=True)]
 
 
-def distinct_names(points: list, cfgs: list) -> list | None:
+def distinct_names(points: list, names: list) -> list:
     """Sweep points that train the same thing and differ only in how they run (a node-count scaling sweep:
     `-m cluster.nodes=1,2,4`) are still a run each: each gets `run_name=<name>-<6 hex of its overrides but those
     that never make another run>`, the same for the same command line and for it with such an override added.
-    points: each point's overrides; cfgs: their configs. Returns the points' overrides with those names added, or
-    None when every point already has its own name."""
+    points: each point's overrides; names: their run names (None where a point's does not resolve: the checks
+    name its problem). Returns, for each point, the name it gets instead of its own, or None."""
     groups: dict = {}
-    for num, (overrides, cfg) in enumerate(zip(points, cfgs)):
-        if any(str(o).lstrip("+~").startswith("run_name=") for o in overrides):
-            continue  # named by the user: theirs wins (two points writing one folder are refused by the checks)
-        try:
-            groups.setdefault(str(cfg.run_name), []).append(num)
-        except Exception:
-            continue  # a point that does not resolve: the checks name its problem
+    for num, (overrides, name) in enumerate(zip(points, names)):
+        # named by the user: theirs wins (two points writing one folder are refused by the checks)
+        if name is not None and not any(str(o).lstrip("+~").startswith("run_name=") for o in overrides):
+            groups.setdefault(name, []).append(num)
     shared = {num for nums in groups.values() if len(nums) > 1 for num in nums}
-    if not shared:
+    # A point's mark: its own overrides but those that never make another run (an env var, the plan, the time
+    # limit: hashed, adding cluster.env.NCCL_DEBUG=INFO would start every point again from step 0), whatever the
+    # other points are
+    return [f"{names[num]}-{_mark(sorted(o for o in map(str, overrides) if not _neutral(o)))}" if num in shared
+            else None for num, overrides in enumerate(points)]
+
+
+def run_name(cfg) -> str | None:
+    """A composed point's run name (its interpolation resolved under the point's Hydra context), or None where it
+    does not resolve."""
+    try:
+        return str(cfg.run_name)
+    except Exception:  # noqa: BLE001 -- a point that does not resolve: the checks name its problem
         return None
-    out = []
-    for num, overrides in enumerate(points):
-        overrides = list(overrides)
-        if num in shared:
-            base = str(cfgs[num].run_name)
-            # A point's mark: its own overrides but those that never make another run (an env var, the plan, the
-            # time limit: hashed, adding cluster.env.NCCL_DEBUG=INFO would start every point again from step 0),
-            # whatever the other points are
-            name = f"{base}-{_mark(sorted(o for o in map(str, overrides) if not _neutral(o)))}"
-            overrides.append(f"run_name={name}")
-        out.append(overrides)
-    return out
 
 
 # Overrides of a sweep point that never make another run, left out of its mark (distinct_names).

@@ -9,7 +9,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 
 from common.sweep.contract import Point, SweepApp
 
@@ -70,33 +70,39 @@ class TrainApp(SweepApp):
         (train/config/identity.py). With plan=true: every point's plan, then exit 0; nothing is written."""
         from hydra.core.hydra_config import HydraConfig
 
+        from common.compat import hydra_context_again, hydra_context_now
         from common.compose import sweep_points
         from train.checks import ConfigError, errors, report, resolve_all, validate
         from train.checks.gate import context
-        from train.config.identity import distinct_names
+        from train.config.identity import distinct_names, run_name
 
         config, loader = launcher.config, launcher.hydra_context.config_loader
         HydraConfig.instance().set_config(config)
         sweep_dir = config.hydra.sweep.dir
 
-        def points(lists):
-            """A point that does not resolve is checked as it is, so that its problems name their keys
-            (storage.tier, not the storage.write_GBps that interpolates it)."""
-            cfgs, ctxs, checked = [], [], {}
-            for num, (overrides, cfg) in enumerate(sweep_points(loader, config, sweep_dir, lists, first)):
-                ctx = context(config, cfg, overrides, sweep=True)
-                try:
-                    resolve_all(cfg)
-                except ConfigError as err:  # checked now, while its Hydra context is set (its run name reads it)
-                    checked[num] = validate([cfg], [ctx], first=first + num, unresolved={0: err.problems})
-                cfgs.append(cfg)
-                ctxs.append(ctx)
-            return cfgs, ctxs, checked
-
-        cfgs, ctxs, checked = points(job_overrides)
-        renamed = distinct_names([list(c.overrides) for c in ctxs], cfgs)
-        if renamed:  # points that train the same thing, run differently: a run each (train/config/identity.py)
-            cfgs, ctxs, checked = points(renamed)
+        # Each point composed once (its Hydra context set while it is made) and named; then the points that train
+        # the same thing get a name each (distinct_names); then each is resolved and its context made, under its
+        # own Hydra context again. A point that does not resolve is checked as it is, so that its problems name
+        # their keys (storage.tier, not the storage.write_GBps that interpolates it).
+        made = []
+        for overrides, cfg in sweep_points(loader, config, sweep_dir, job_overrides, first):
+            made.append((overrides, cfg, hydra_context_now(), run_name(cfg)))
+        renamed = distinct_names([m[0] for m in made], [m[3] for m in made])
+        cfgs, ctxs, checked = [], [], {}
+        for num, ((overrides, cfg, hydra_node, name), new) in enumerate(zip(made, renamed)):
+            hydra_context_again(hydra_node)
+            if new is not None:  # a point that trains what another does, run differently: a run of its own
+                overrides = [*overrides, f"run_name={new}"]
+            if new or name:  # the name its interpolation gives, made once
+                with read_write(cfg):
+                    cfg.run_name = new or name
+            ctx = context(config, cfg, overrides, sweep=True)
+            try:
+                resolve_all(cfg)
+            except ConfigError as err:  # checked now, while its Hydra context is set (its run name reads it)
+                checked[num] = validate([cfg], [ctx], first=first + num, unresolved={0: err.problems})
+            cfgs.append(cfg)
+            ctxs.append(ctx)
         problems = validate(cfgs, ctxs, first=first, checked=checked)
         if errors(problems):
             raise ConfigError(problems=problems)
