@@ -33,13 +33,41 @@ def keyed(problems, key):
 
 @pytest.mark.parametrize("override, key", [
     ("save_interval=0ba", "save_interval"), ("save_interval=0ep", "save_interval"), ("save_interval=0", "save_interval"),
-    ("save_interval=0e3ba", "save_interval"), ("save_interval=0.0dur", "save_interval"),
+    ("save_interval=0e3ba", "save_interval"),
     ("save_num_checkpoints_to_keep=0", "save_num_checkpoints_to_keep")])
 @pytest.mark.parametrize("ckpt", ["checkpoint=sharded", "checkpoint=full"])
 def test_settings_that_keep_nothing_are_refused(override, key, ckpt):
     bad = [p for p in keyed(errors(found([ckpt, override])), key) if "writes no checkpoint" in p.problem
            or "deletes every checkpoint" in p.problem]
     assert len(bad) == 1 and bad[0].fix
+
+
+@pytest.mark.parametrize("overrides", [["save_interval=0.0dur"], ["eval_interval=0dur"],
+                                       ["export=hf", "export.interval=0dur"]])
+def test_an_interval_of_0dur_is_refused_as_the_division_by_zero_it_is(overrides):
+    """composer's interval scheduler never fires an interval of 0 in a unit, and divides by a 0dur one at the first
+    batch (test_composer_divides_by_a_0dur_interval): refused as that, whichever key holds it."""
+    key = overrides[-1].split("=")[0]
+    [p] = keyed(errors(found(overrides)), key)
+    assert "ZeroDivisionError" in p.problem and "never fires" not in p.problem and f"{key}=1000ba" in p.fix
+
+
+@pytest.mark.torch
+def test_composer_divides_by_a_0dur_interval():
+    """What the rule above says of composer's create_interval_scheduler (save_interval, eval_interval and
+    hf_checkpointer's interval all go through it), shown on composer itself."""
+    from types import SimpleNamespace
+
+    from composer.core import Event, Time, Timestamp
+    from composer.utils.misc import create_interval_scheduler
+
+    state = SimpleNamespace(previous_timestamp=Timestamp(), timestamp=Timestamp(batch=1),
+                            get_elapsed_duration=lambda: Time(0.1, "dur"), max_duration=Time(10, "ba"),
+                            dataloader_len=Time(10, "ba"))
+    with pytest.raises(ZeroDivisionError):
+        create_interval_scheduler("0dur")(state, Event.BATCH_CHECKPOINT)
+    assert not create_interval_scheduler("0ba")(state, Event.BATCH_CHECKPOINT)  # never fires
+    assert create_interval_scheduler("0.1dur")(state, Event.BATCH_CHECKPOINT)
 
 
 def test_keeping_one_checkpoint_is_warned_it_leaves_none_to_fall_back_to():

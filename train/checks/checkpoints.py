@@ -22,6 +22,7 @@ from train.checks.core import (
     same_or_under,
     time_of,
     value,
+    zero_interval,
 )
 from train.config.vocab import MPT_VOCAB
 
@@ -35,8 +36,7 @@ def keeps_something(cfg, ctx):
     if not _saves_checkpoints(cfg):
         return
     every = value(cfg, "save_interval")
-    as_time = None if isinstance(every, bool) else time_of(str(every).strip())  # composer's reading of it
-    if is_number(every) and every == 0 or as_time is not None and as_time[0] == 0:
+    if zero_interval(every) == "never":  # (0dur: values.numbers)
         yield Problem("save_interval", f"{every!r} writes no checkpoint (composer's interval never fires), while "
                       f"checkpoint={ctx.group('checkpoint')} promises a run that resumes",
                       "a positive interval, e.g. save_interval=1000ba; or checkpoint=none for a run that keeps "

@@ -311,6 +311,22 @@ def _wall_clock(text: str) -> int | None:
     return t.hour * 3600 + t.minute * 60 + t.second
 
 
+def zero_interval(v) -> str | None:
+    """What composer's interval scheduler (create_interval_scheduler: save_interval, eval_interval, hf_checkpointer's
+    interval) does with an interval of 0: "never" for 0 of a unit (`0`, `0ba`, `0ep`: it never fires, not even at
+    the end), "dur" for `0dur` (its check divides by it at the first batch); None for any other value."""
+    time = None if isinstance(v, bool) else (0, "ep") if is_number(v) and v == 0 else time_of(str(v).strip())
+    if time is None or time[0] != 0:
+        return None
+    return "dur" if time[1] == "dur" else "never"
+
+
+def zero_dur(key: str, v) -> Problem:
+    """The problem of a `0dur` interval (zero_interval)."""
+    return Problem(key, f"{v!r} fails the run at its first batch: composer's interval check divides by it (a "
+                   "ZeroDivisionError)", f"a positive interval, e.g. {key}=1000ba or {key}=0.1dur")
+
+
 def batches(duration) -> int | None:
     time = time_of(duration)
     return time[0] if time and time[1] == "ba" else None

@@ -26,6 +26,8 @@ from train.checks.core import (
     time_of,
     unresolved,
     value,
+    zero_dur,
+    zero_interval,
 )
 from train.config.loaders import eval_keys, loader_keys
 from train.config.schema import SCHEMAS
@@ -150,19 +152,14 @@ def _duration(cfg, key, interval=True):
         # composer takes it: an interval that never comes (its check is `<= 0`), a duration that trains nothing
         yield Problem(key, f"{v!r} is negative: " + ("composer's interval never fires" if interval else
                       "nothing would be trained"), f"a positive time, e.g. {key}=1000ba")
+    elif interval and zero_interval(v) == "dur":
+        yield zero_dur(key, v)
     elif time is None or (not interval and time[1] in ("dur", "sec")):  # (0: rules of its own)
         yield Problem(key, f"{v!r} is not a {'time' if interval else 'duration'} composer takes here (a number "
                       "and a unit" + ("" if interval else "; not dur or sec, which composer refuses for "
                                              "max_duration") + ")",
                       f"use {TIME_UNITS}" + (", or 0.1dur (a fraction of max_duration)" if interval else "")
                       + f": {key}=1000ba")
-
-
-def _never(v) -> bool:
-    """An interval of 0 (`0`, `0ba`, `0ep`, ...): composer's interval scheduler never fires it."""
-    time = time_of(v)
-    return not isinstance(v, bool) and (v == 0 if is_number(v) else time is not None and time[0] == 0 and
-                                        time[1] != "dur")
 
 
 def eval_interval(cfg, ctx):
@@ -173,7 +170,7 @@ def eval_interval(cfg, ctx):
     v = value(cfg, "eval_interval")
     if v is None:
         return  # absent (a YAML's choice): llm-foundry's default, every epoch
-    if not _never(v):
+    if zero_interval(v) != "never":
         yield from _duration(cfg, "eval_interval")
     elif (eval_keys(cfg) or value(cfg, "icl_tasks")) and value(cfg, "eval_first") is not True:
         yield Problem("eval_interval", f"{v!r} never evaluates (composer's interval never fires), while the run "
@@ -550,7 +547,7 @@ def export(cfg, ctx):
     if v not in EXPORT_PRECISIONS:
         yield Problem("export.precision", f"{v!r} is not a precision the Hugging Face export writes",
                       close_match(str(v), EXPORT_PRECISIONS) or f"one of {', '.join(EXPORT_PRECISIONS)}")
-    if _never(value(cfg, "export.interval")):
+    if zero_interval(value(cfg, "export.interval")) == "never":
         yield Problem("export.interval", f"{value(cfg, 'export.interval')!r} never exports (composer's interval "
                       "never fires, not even at the end)", "leave out export=hf to export nothing (python -m "
                       "train.export exports a checkpoint later), or e.g. export.interval=1000ba")
