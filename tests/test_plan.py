@@ -313,6 +313,14 @@ def test_the_plan_says_what_checkpoint_sharded_means_at_one_rank():
     assert plan("checkpoint=none")["checkpoint_layout"] is None
 
 
+def test_the_plan_says_the_checkpoint_format_composer_writes_not_the_groups():
+    """An fsdp_config without state_dict_type: composer's FSDPConfig (and llm-foundry's train) read it as full,
+    whatever the checkpoint group says, as the task does when it loads one (the plan said sharded files)."""
+    p = plan("checkpoint=sharded", "cluster=slurm-local", "~fsdp_config.state_dict_type")
+    assert p["checkpoint"] == "full" and p["checkpoint_files"] == 1 and "written by rank 0" in p["checkpoint_layout"]
+    assert plan("checkpoint=sharded", "cluster=slurm-local")["checkpoint"] == "sharded"
+
+
 def test_plan_lists_the_preflight_settings_and_their_cost():
     p = plan("model=mpt-70b", "cluster=ndv5", "cluster.nodes=16")
     s = p["preflight"]

@@ -25,6 +25,7 @@ from train.checks.core import (
     zero_interval,
 )
 from train.config.vocab import MPT_VOCAB
+from train.plan import estimate
 
 
 def _saves_checkpoints(cfg) -> bool:
@@ -86,10 +87,7 @@ def writes_before_the_end(cfg, ctx):
     if not _saves_checkpoints(cfg):
         return
     every = value(cfg, "save_interval")
-    try:
-        step_s = _step_seconds(cfg, ctx.world_size(cfg))
-    except (TypeError, ValueError, KeyError, ZeroDivisionError):
-        step_s = None
+    step_s = estimate.step_seconds(cfg, ctx.world_size(cfg))
     schedule = save_schedule(cfg, step_s)
     if not schedule or schedule["before_end"] != 0 or not schedule["end"]:
         return
@@ -186,20 +184,6 @@ def _ignored_on_save(cfg):
                           "remove it unless that part is meant to start afresh at every restart", WARNING)
 
 
-def _step_seconds(cfg, world: int) -> float | None:
-    """Seconds per step at the plan's throughput (cluster.peak_flops x cluster.mfu), or None where unknown."""
-    from train.plan import estimate
-
-    peak, mfu = value(cfg, "cluster.peak_flops"), value(cfg, "cluster.mfu")
-    if not peak or not mfu:
-        return None
-    from omegaconf import OmegaConf
-
-    model = OmegaConf.to_container(value(cfg, "model"), resolve=True)
-    seq = estimate.trained_seq_len(cfg)
-    return value(cfg, "global_train_batch_size") * seq * estimate.flops_per_token(model, seq) / (peak * mfu * world)
-
-
 def lands_before_the_time_limit(cfg, ctx):
     """On Slurm a job is requeued at its time limit and resumes from its newest checkpoint: one that has written
     none by then starts again from batch 0, every time."""
@@ -218,13 +202,8 @@ def lands_before_the_time_limit(cfg, ctx):
                           "cluster.timeout_min", WARNING)
         return
     steps = batches_in(cfg, every)  # 8388608000tok is as many batches as 2000ba
-    if not steps:
-        return
-    try:
-        step_s = _step_seconds(cfg, ctx.world_size(cfg))
-    except (TypeError, ValueError, KeyError, ZeroDivisionError):
-        return
-    if not step_s:
+    step_s = estimate.step_seconds(cfg, ctx.world_size(cfg))
+    if not steps or not step_s:
         return
     first = steps * step_s
     if first > limit * 60:
@@ -246,10 +225,7 @@ def ends_within_its_requeues(cfg, ctx):
     if not (is_number(limit) and limit > 0 and isinstance(requeues, int) and requeues >= 0):
         return
     steps = batches_in(cfg, value(cfg, "max_duration"))
-    try:
-        step_s = _step_seconds(cfg, ctx.world_size(cfg))
-    except (TypeError, ValueError, KeyError, ZeroDivisionError):
-        return
+    step_s = estimate.step_seconds(cfg, ctx.world_size(cfg))
     if not steps or not step_s:
         return
     folder = value(cfg, "save_folder")
@@ -396,8 +372,6 @@ def checkpoints_kept(cfg, peak: bool = False, step_s: float | None = None) -> tu
     seconds a batch, for a wall-clock save_interval."""
     from omegaconf import OmegaConf
 
-    from train.plan import estimate
-
     if not _saves_checkpoints(cfg):
         return 0, 0
     written = save_schedule(cfg, step_s)["count"]  # the last one at max_duration too
@@ -447,8 +421,6 @@ def fits_on_the_storage(cfg, ctx):
         return
     have = free + _bytes_in(folder)
     if need > have:
-        from train.plan.estimate import size_words as _size
-
         keep = value(cfg, "save_num_checkpoints_to_keep")
         # room for `fewer` kept plus the next one written; under 1 none can be kept (-1 would keep every one)
         fewer = int(have // (need // kept)) - 1 if kept else 0
@@ -456,7 +428,7 @@ def fits_on_the_storage(cfg, ctx):
                if fewer >= 1 else "not one checkpoint fits beside the next: ") + "a storage with room (storage.root=...)"
         yield Problem("save_num_checkpoints_to_keep",
                       f"{kept} checkpoints on disk at once (save_num_checkpoints_to_keep={keep}, and the next "
-                      f"one written before the oldest is deleted) need {_size(need)}, and {root} has {_size(have)} "
+                      f"one written before the oldest is deleted) need {estimate.size_words(need)}, and {root} has {estimate.size_words(have)} "
                       f"free for them: the run would stop when the file system fills", fix,
                       WARNING if ctx.mode == "plan" else ERROR)
 

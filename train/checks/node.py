@@ -18,6 +18,7 @@ from train.checks.core import ERROR, WARNING, Problem, value
 from train.config import vocab
 from train.config.loaders import loader_keys
 from train.launch.executor import topology_file
+from train.plan import estimate
 
 # What AutoTokenizer can build a tokenizer from, beside tokenizer_config.json.
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
@@ -123,8 +124,7 @@ def _load_path_format(cfg, ctx, path, local: Path):
     folder = value(cfg, "save_folder")
     if folder and not is_remote(folder) and find(folder):
         return
-    world = ctx.world_size(cfg)
-    sharded = world > 1 and value(cfg, "fsdp_config.state_dict_type") == "sharded"
+    sharded = estimate.sharded_checkpoints(cfg, ctx.world_size(cfg))
     if local.is_dir() and not sharded:
         yield Problem("load_path", f"{path} is a sharded checkpoint, and this run reads one file "
                       f"({ctx.world_words(cfg)}, fsdp_config.state_dict_type="

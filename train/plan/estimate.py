@@ -194,6 +194,16 @@ def counted_microbatch(microbatch) -> int:
     return microbatch if isinstance(microbatch, int) and not isinstance(microbatch, bool) and microbatch > 0 else 1
 
 
+def activation_element_bytes(precision) -> int:
+    """Bytes of an activation: 2 under mixed precision (composer's amp_*), 4 in fp32."""
+    return 2 if precision in ("amp_bf16", "amp_fp16", "amp_fp8", "bf16", "fp16") else 4
+
+
+def checkpoints_activations(fsdp: dict | None) -> bool:
+    """Whether activations are recomputed in backward: fsdp_config.activation_checkpointing, under FSDP only."""
+    return bool(value_of(fsdp, "activation_checkpointing", False)) if fsdp is not None else False
+
+
 def memory_per_gpu(model, *, world_size: int, tasks_per_node: int, microbatch, precision: str,
                    fsdp: dict | None, checkpointing: bool | None = None, seq: int | None = None) -> dict:
     """Bytes per GPU, by part. fsdp: the fsdp_config (None: no FSDP, every rank holds everything).
@@ -205,12 +215,11 @@ def memory_per_gpu(model, *, world_size: int, tasks_per_node: int, microbatch, p
     n = param_count(model)
     strategy = value_of(fsdp, "sharding_strategy", "FULL_SHARD") if fsdp is not None else None
     shards = shard_count(strategy, world_size, tasks_per_node)
-    low = precision in ("amp_bf16", "amp_fp16", "amp_fp8", "bf16", "fp16")
-    act_bytes = 2 if low else 4
-    pure = fsdp is not None and value_of(fsdp, "mixed_precision", "DEFAULT") == "PURE" and low
+    act_bytes = activation_element_bytes(precision)
+    pure = fsdp is not None and value_of(fsdp, "mixed_precision", "DEFAULT") == "PURE" and act_bytes == 2
     unit_bytes = 2 if pure else 4
     if checkpointing is None:
-        checkpointing = bool(value_of(fsdp, "activation_checkpointing", False)) if fsdp is not None else False
+        checkpointing = checkpoints_activations(fsdp)
     mb = counted_microbatch(microbatch)
     parts = {
         "params": WEIGHT_BYTES * n // shards,
@@ -300,11 +309,9 @@ def fit(cfg, world: int, device_bytes: int | None = None) -> dict | None:
         device_bytes = int(gpu_gb * GiB)
     model = _plain(_select(cfg, "model"))
     fsdp = _plain(_select(cfg, "fsdp_config")) or None
-    fsdp_used = fsdp if world > 1 else None  # llm-foundry drops FSDP with world size 1
     common = dict(precision=_select(cfg, "precision"), seq=trained_seq_len(cfg))
     tasks = _select(cfg, "cluster.tasks_per_node")
-    mem = memory_per_gpu(model, world_size=world, tasks_per_node=tasks, fsdp=fsdp_used,
-                         checkpointing=bool(fsdp_used and fsdp_used.get("activation_checkpointing")),
+    mem = memory_per_gpu(model, world_size=world, tasks_per_node=tasks, fsdp=fsdp_used(cfg, world),
                          microbatch=microbatch_trained(cfg, world), **common)
     smallest = min_nodes(model, tasks_per_node=tasks, gpu_memory_bytes=device_bytes, fsdp=fsdp,
                          microbatch=lambda w: _share(cfg, w), **common)
@@ -316,6 +323,33 @@ def fit(cfg, world: int, device_bytes: int | None = None) -> dict | None:
         "min_nodes": smallest,
         "min_nodes_batch": _divides_from(cfg, smallest),
     }
+
+
+def fsdp_used(cfg, world: int) -> dict | None:
+    """The fsdp_config a run trains with at this world size, as plain values: none at one rank, where llm-foundry
+    drops FSDP."""
+    return (_plain(_select(cfg, "fsdp_config")) or None) if world > 1 else None
+
+
+def sharded_checkpoints(cfg, world: int) -> bool:
+    """Whether a run at this world size writes (and loads) sharded checkpoints: under FSDP, with
+    fsdp_config.state_dict_type sharded (composer's FSDPConfig and llm-foundry read a missing one as full)."""
+    return value_of(fsdp_used(cfg, world), "state_dict_type", "full") == "sharded"
+
+
+def step_seconds(cfg, world: int) -> float | None:
+    """Seconds per step at the plan's throughput (cluster.peak_flops x cluster.mfu): the global batch's tokens at
+    the FLOPs per token of the length trained. None where the cluster gives no throughput, or the config no
+    figures to count (the rules name what is missing)."""
+    peak, mfu = _select(cfg, "cluster.peak_flops"), _select(cfg, "cluster.mfu")
+    if not peak or not mfu:
+        return None
+    seq = trained_seq_len(cfg)
+    try:
+        flops = flops_per_token(_plain(_select(cfg, "model")), seq)
+        return _select(cfg, "global_train_batch_size") * seq * flops / (peak * mfu * world)
+    except (TypeError, ValueError, KeyError, ZeroDivisionError):
+        return None
 
 
 def trained_seq_len(cfg) -> int | None:

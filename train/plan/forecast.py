@@ -76,15 +76,15 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
     # memory
     fig = estimate.fit(cfg, world)
     precision = value(cfg, "precision")
-    act_bytes = 2 if precision != "fp32" else 4
+    act_bytes = estimate.activation_element_bytes(precision)
     mb_int = estimate.counted_microbatch(mb)
     fsdp = value(cfg, "fsdp_config")
-    ac = bool(fsdp and fsdp.get("activation_checkpointing")) and world > 1
+    ac = estimate.checkpoints_activations(estimate.fsdp_used(cfg, world))
 
     # checkpoint
-    # llm-foundry's own key decides (the checkpoint group only sets its default)
-    kind = (value(cfg, "fsdp_config.state_dict_type") if fsdp else None) or value(cfg, "checkpoint.state_dict_type")
-    sharded = kind == "sharded" and bool(fsdp) and world > 1
+    # llm-foundry's own key decides (the checkpoint group only sets its default; composer's is full)
+    kind = (value(cfg, "fsdp_config.state_dict_type") or "full") if fsdp else value(cfg, "checkpoint.state_dict_type")
+    sharded = estimate.sharded_checkpoints(cfg, world)
     ckpt = estimate.checkpoint_bytes(params)
     write_gbps, file_gbps = value(cfg, "storage.write_GBps"), value(cfg, "storage.file_GBps")
     write_s = estimate.write_seconds(ckpt, sharded=sharded, ranks=world, write_GBps=write_gbps,
@@ -95,13 +95,11 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
 
     # time
     peak, mfu = value(cfg, "cluster.peak_flops"), value(cfg, "cluster.mfu")
-    step_s = train_s = tps_gpu = None
-    if peak and mfu:
-        tps_gpu = peak * mfu / fpt
-        step_s = tokens_per_step / (tps_gpu * world)
-        train_s = step_s * steps if steps else None
-        if resumes and resumes["steps_left"] is not None:
-            resumes["seconds_left"] = step_s * resumes["steps_left"]
+    tps_gpu = peak * mfu / fpt if peak and mfu else None
+    step_s = estimate.step_seconds(cfg, world)
+    train_s = step_s * steps if step_s and steps else None
+    if step_s and resumes and resumes["steps_left"] is not None:
+        resumes["seconds_left"] = step_s * resumes["steps_left"]
 
     from train.checks.checkpoints import checkpoints_kept, free_bytes, save_schedule
 
