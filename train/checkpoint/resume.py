@@ -82,7 +82,7 @@ def run_record(folder) -> dict:
     record = read_record(folder)
     if isinstance(record, dict) and isinstance(record.get("identity"), dict):
         return record
-    for ckpt in reversed(find(folder)):
+    for ckpt in newest_first(folder):
         if carried := run_of(ckpt.path):
             return carried
     return {}
@@ -217,6 +217,25 @@ def model_keys(model: dict, prefix: str = "model") -> dict:
     return flat
 
 
+def newest_first(folder, reads_sharded: bool | None = None) -> list[Checkpoint]:
+    """The checkpoints of `folder`, newest first; at equal batch, the format this run reads (`reads_sharded`) first:
+    the order in which a run takes its own checkpoints and a continue_from= another run's."""
+    return sorted(find(folder), key=lambda c: (c.batch, c.sharded == reads_sharded))[::-1]
+
+
+def differs_everywhere(ckpt: Checkpoint) -> list:
+    """Why `ckpt` must not be loaded, on every rank ([] where it may): its structure (problem, rank 0's look), else
+    its content against its manifest or, without one, the CRCs torch wrote into it (each rank checking its share).
+    A load_path=, a continue_from= and a rollback's checkpoint are verified so, as a resume verifies its own."""
+    from composer.utils import dist
+
+    from train.checkpoint import integrity
+
+    box = [problem(ckpt) if dist.get_global_rank() == 0 else None]
+    dist.broadcast_object_list(box)
+    return [box[0]] if box[0] else integrity.differs_on_any_rank(ckpt.path, integrity.read_manifest(ckpt.path))
+
+
 def newest_complete(folder, reads_sharded: bool | None = None, tidy: bool = False,
                     verify: bool = False, job: str | None = None) -> Checkpoint | None:
     """The newest complete checkpoint. At equal batch, the format this run reads (`reads_sharded`) comes first.
@@ -231,12 +250,12 @@ def newest_complete(folder, reads_sharded: bool | None = None, tidy: bool = Fals
     if tidy and folder.is_dir():
         for leftover in folder.glob(f"{_PARTIAL}*"):
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
-    order = sorted(find(folder), key=lambda c: (c.batch, c.sharded == reads_sharded))
+    order = newest_first(folder, reads_sharded)
     if job is not None:
         from train.checkpoint.integrity import read_manifest
 
         order = [c for c in order if (read_manifest(c.path) or {}).get("job") == job]
-    for ckpt in reversed(order):
+    for ckpt in order:
         why = unreadable(ckpt) if verify else problem(ckpt)
         if why is None:
             return ckpt

@@ -64,14 +64,11 @@ def choose(cfg, save_folder, reads_sharded: bool):
             batch = earlier["batch"]
     box = [None]
     if dist.get_global_rank() == 0:
-        order = sorted(resume.find(folder), key=lambda c: (c.batch, c.sharded == reads_sharded))
-        box = [[c for c in reversed(order) if batch is None or c.batch == batch]]
+        box = [[c for c in resume.newest_first(folder, reads_sharded) if batch is None or c.batch == batch]]
     dist.broadcast_object_list(box)
     skipped = []
     for ckpt in box[0]:
-        why = [resume.problem(ckpt) if dist.get_global_rank() == 0 else None]
-        dist.broadcast_object_list(why)
-        whys = [why[0]] if why[0] else integrity.differs_on_any_rank(ckpt.path, integrity.read_manifest(ckpt.path))
+        whys = resume.differs_everywhere(ckpt)
         if whys:
             skipped.append((ckpt.path, whys[0]))
             if dist.get_global_rank() == 0:
@@ -278,7 +275,7 @@ def last_good(cfg, fcfg, bad_from: int | None) -> str | None:
 
     folder = fcfg.get("save_folder")
     if folder and not is_remote(folder):
-        for ckpt in reversed(resume.find(folder)):
+        for ckpt in resume.newest_first(folder):
             if (bad_from is None or ckpt.batch < bad_from) and resume.problem(ckpt) is None:
                 return f"{named(Path(str(folder)))}@ba{ckpt.batch}"
         lineage = (resume.run_record(folder) or {}).get("continued_from") or {}

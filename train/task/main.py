@@ -383,15 +383,10 @@ def _verify_load_path(fcfg) -> None:
     load = fcfg.get("load_path")
     if not load or is_remote(load) or not Path(str(load)).exists():
         return  # a remote one is composer's to read; a missing one composer's error names
-    from composer.utils import dist
-
     from train.checkpoint import integrity, resume
 
     path = Path(str(load))
-    box = [resume.problem(resume.Checkpoint(path, -1, -1, sharded=path.is_dir()))
-           if dist.get_global_rank() == 0 else None]
-    dist.broadcast_object_list(box)
-    whys = [box[0]] if box[0] else integrity.differs_on_any_rank(path, integrity.read_manifest(path))
+    whys = resume.differs_everywhere(resume.Checkpoint(path, -1, -1, sharded=path.is_dir()))
     if whys:
         why = whys[0] if str(path) in whys[0] else f"{path}: {whys[0]}"
         raise integrity.RunStopped("load_path", f"{why}; nothing was trained from it",
@@ -516,10 +511,10 @@ def _checkpoint_size(fcfg) -> int | None:
     folder = fcfg.get("save_folder")
     if not folder or is_remote(folder):
         return None
-    done = [c for c in resume.find(folder) if resume.problem(c) is None]
-    if not done:
+    done = next((c for c in resume.newest_first(folder) if resume.problem(c) is None), None)
+    if done is None:
         return None
-    path = done[-1].path
+    path = done.path
     return sum((path / n if path.is_dir() else path).stat().st_size for n in integrity.files_of(path))
 
 

@@ -87,7 +87,7 @@ def roll_back(err, cfg, fcfg) -> bool:
     words then say why the run did not roll back)."""
     from composer.utils import dist
 
-    from train.checkpoint import integrity, resume
+    from train.checkpoint import resume
 
     spike = getattr(err, "spike", None)
     if spike is None:
@@ -104,15 +104,10 @@ def roll_back(err, cfg, fcfg) -> bool:
     elif done >= most:
         why = f"it rolled back {done} time{'s' * (done != 1)} already (spike.max_rollbacks={most})"
     else:
-        box = [None]
-        if dist.get_global_rank() == 0:
-            box = [[c for c in reversed(resume.find(folder)) if c.batch < spike["since"]
-                    and resume.problem(c) is None]]
+        box = [[c for c in resume.newest_first(folder) if c.batch < spike["since"]]
+               if dist.get_global_rank() == 0 else None]
         dist.broadcast_object_list(box)
-        for ckpt in box[0]:
-            if not integrity.differs_on_any_rank(ckpt.path, integrity.read_manifest(ckpt.path)):
-                point = ckpt
-                break
+        point = next((c for c in box[0] if not resume.differs_everywhere(c)), None)
         if point is None:
             why = f"no verified checkpoint of it comes before the spike began (batch {spike['since']})"
     entry = {**spike, "action": "rollback" if point else "stop", "time": time.time()}
