@@ -20,17 +20,11 @@ def main(argv=None) -> int:
 
     from train.checkpoint import resume  # light; torch is imported only to convert
 
-    path = args.path.resolve()
-    [ckpt] = [c for c in resume.find(path.parent) if c.path == path] or [None]
-    if ckpt is None:  # a save folder: its newest checkpoint that verifies (nothing is moved: a run may be writing)
-        ckpt = resume.newest_complete(path, reads_sharded=False, verify=True)
-        if ckpt is None:
-            print(f"error: {args.path}: no complete checkpoint there (expected an ep{{E}}-ba{{B}}/ folder with "
-                  f".metadata, or a save folder holding one)", file=sys.stderr)
-            return 2
-        why = None
-    else:
-        why = resume.unreadable(ckpt)  # a checkpoint named by its path is verified too: never write damaged weights
+    ckpt, why = resume.at_path(args.path.resolve(), reads_sharded=False)
+    if ckpt is None:
+        print(f"error: {args.path}: no complete checkpoint there (expected an ep{{E}}-ba{{B}}/ folder with "
+              f".metadata, or a save folder holding one)", file=sys.stderr)
+        return 2
     if why:
         print(f"error: {ckpt.path}: {why}", file=sys.stderr)
         return 2

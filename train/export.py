@@ -38,21 +38,15 @@ def locate(arg: str, at: tuple[Path, Path] | None = None):
                             "give the checkpoint or save folder's path, or the training command's storage "
                             "overrides after the run name (storage=amlfs storage.root=...)")
     path = path.resolve()
-    [ckpt] = [c for c in resume.find(path.parent) if c.path == path] or [None]
     if path.is_file() and (why := head_problem(path)):  # what the login node and the task call it too
         raise UserError("checkpoint", f"{path}: {why}", "give a complete checkpoint of a run: an ep{E}-ba{B}-rank0.pt "
                         "file, an ep{E}-ba{B}/ folder, the run's save folder, or its run name (an older checkpoint "
                         "where this one's write was cut off)")
-    if ckpt is None and path.is_file():  # one file of the user's naming (`train.consolidate --out`): batch unknown
-        ckpt = resume.Checkpoint(path, epoch=-1, batch=-1, sharded=False)
-    if ckpt is None:  # a save folder: its newest checkpoint that verifies (nothing is moved: a run may be writing)
-        ckpt = resume.newest_complete(path, verify=True)
-        if ckpt is None:
-            raise UserError("checkpoint", f"{path}: no complete checkpoint there",
-                            "give an ep{E}-ba{B}/ folder with .metadata, an ep{E}-ba{B}-rank0.pt file, or a save "
-                            "folder holding one")
-        return ckpt
-    why = resume.unreadable(ckpt)  # a checkpoint named by its path is verified too: never export damaged weights
+    ckpt, why = resume.at_path(path, any_file=True)
+    if ckpt is None:
+        raise UserError("checkpoint", f"{path}: no complete checkpoint there",
+                        "give an ep{E}-ba{B}/ folder with .metadata, an ep{E}-ba{B}-rank0.pt file, or a save "
+                        "folder holding one")
     if why:
         raise UserError("checkpoint", f"{ckpt.path}: {why}", "export an older, complete checkpoint of the run")
     return ckpt

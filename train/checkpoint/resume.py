@@ -266,6 +266,19 @@ def newest_complete(folder, reads_sharded: bool | None = None, tidy: bool = Fals
     return None
 
 
+def at_path(path: Path, reads_sharded: bool | None = None, any_file: bool = False):
+    """(the checkpoint `path` names, why it cannot be read or None) for a reader in one process (export,
+    consolidate): a checkpoint named by its path is verified too (never read damaged weights); `any_file`: so is a
+    file of the user's naming (`train.consolidate --out`: its batch unknown, -1); a save folder gives its newest
+    checkpoint that verifies (nothing is moved: a run may be writing). (None, None): none there."""
+    [ckpt] = [c for c in find(path.parent) if c.path == path] or [None]
+    if ckpt is None and any_file and path.is_file():
+        ckpt = Checkpoint(path, epoch=-1, batch=-1, sharded=False)
+    if ckpt is None:
+        return newest_complete(path, reads_sharded, verify=True), None
+    return ckpt, unreadable(ckpt)
+
+
 def in_format(ckpt: Checkpoint, reads_sharded: bool, into: Path | None = None) -> str:
     """The path this run loads to continue from `ckpt`, in the format it reads: converted beside it (with a
     manifest of its own, train/checkpoint/integrity.py) when it is in the other one; into `into` instead where given
