@@ -882,6 +882,19 @@ def test_the_task_refuses_a_checkpoint_exactly_where_composer_cannot_load_it(kin
     assert [c.path for c in resume.find(path.parent) if resume.problem(c) is None] == ([path] if loads else [])
 
 
+@pytest.mark.torch  # makes the checkpoints
+@pytest.mark.parametrize("kind", [kind for kind, loads in helpers.CHECKPOINT_KINDS.items() if loads])
+def test_the_model_a_checkpoint_holds_is_read_from_every_kind_composer_loads(kind, kinds):
+    """The task compares load_path='s model with the run's from the config composer stores in the checkpoint
+    (resume.stored_model), read as export reads its weights (resume.read_state): from every kind composer loads. A
+    legacy-pickle file, which torch cannot map, raised a traceback there instead of the load."""
+    from train.checkpoint import resume
+
+    path = kinds[kind]
+    assert resume.stored_model(path) is None  # a state without llm-foundry's Hugging Face metadata
+    assert float(resume.read_state(path, {"state.model"})["state"]["model"]["w"].sum()) == sum(range(1000))
+
+
 def test_a_manifest_of_another_checkpoint_beside_a_file_checkpoint_does_not_verify_it(tmp_path):
     """A one-file checkpoint whose manifest is another checkpoint's (copied or renamed beside it): the manifest's
     files were hashed, those of the other checkpoint, and it verified, whatever its own content."""

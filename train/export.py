@@ -70,21 +70,12 @@ def read_model(ckpt) -> tuple[dict, dict]:
     (`state.integrations.huggingface`), so a checkpoint alone is enough: no run config, no tokenizer download.
     Only the model and that metadata are read: the optimizer's moments (twice the weights) stay on disk.
     """
-    import torch
-
-    from common.compat import UnsupportedVersion, torch_dcp_read_keys
-    from train.checkpoint.head import ZIP_HEAD
+    from common.compat import UnsupportedVersion
+    from train.checkpoint.resume import read_state
 
     fix = "export a checkpoint written by `python -m train`"
-    try:
-        if ckpt.sharded:
-            # Loads the named keys of a torch distributed checkpoint into this one process, without a process
-            # group, whatever the number of ranks that wrote it (torch's own single-process reader).
-            state = torch_dcp_read_keys({"state.model", "state.integrations"}, checkpoint_id=str(ckpt.path))
-        else:
-            with open(ckpt.path, "rb") as f:  # torch maps only its zip format, not the legacy one
-                zipped = f.read(len(ZIP_HEAD)) == ZIP_HEAD
-            state = torch.load(ckpt.path, map_location="cpu", mmap=zipped, weights_only=False)
+    try:  # into this one process, without a process group, whatever the number of ranks that wrote it
+        state = read_state(ckpt.path, {"state.model", "state.integrations"})
     except UnsupportedVersion:
         raise
     except Exception as err:  # noqa: BLE001 -- a zip or a folder of something else: torch's own words, no traceback

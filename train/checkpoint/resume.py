@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.checkpoint.head import head_problem
+from train.checkpoint.head import ZIP_HEAD, head_problem
 from train.checks.core import ConfigError, Problem
 
 log = logging.getLogger(__name__)
@@ -177,20 +177,29 @@ def unreadable(ckpt: Checkpoint) -> str | None:
     return why
 
 
+def read_state(path: Path, keys: set) -> dict:
+    """What a checkpoint holds under `keys` (`state.model`, `state.integrations`) and whatever a file holds beside
+    them: from a sharded folder those entries alone (torch's own reader, whatever the number of ranks that wrote
+    it), from a file the pickle, its tensors mapped, not read, where torch can map them (its zip format; the
+    legacy one, which composer loads too, is read whole)."""
+    import torch
+
+    from common.compat import torch_dcp_read_keys
+
+    if path.is_dir():
+        return torch_dcp_read_keys(keys, checkpoint_id=str(path))
+    with open(path, "rb") as f:
+        zipped = f.read(len(ZIP_HEAD)) == ZIP_HEAD
+    return torch.load(path, map_location="cpu", mmap=zipped, weights_only=False)
+
+
 def stored_model(path: Path) -> dict | None:
     """The model a checkpoint holds, as identity keys (`model.d_model`, `model.attn_config.alibi`, ...): composer
     stores the model's Hugging Face config in every checkpoint (state.integrations.huggingface), as built and
-    without the keys left at MPT's defaults. Read alone: from a sharded checkpoint that one entry, from a file the
-    pickle (its tensors mapped, not read). None where there is none (not an llm-foundry model's checkpoint)."""
-    import torch
-
+    without the keys left at MPT's defaults. Read alone (read_state). None where there is none (not an llm-foundry
+    model's checkpoint)."""
     try:
-        if path.is_dir():
-            from common.compat import torch_dcp_read_keys
-
-            state = torch_dcp_read_keys({"state.integrations"}, checkpoint_id=str(path))["state"]
-        else:
-            state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)["state"]
+        state = read_state(path, {"state.integrations"})["state"]
         content = state["integrations"]["huggingface"]["model"]["config"]["content"]
     except (KeyError, TypeError):
         return None
