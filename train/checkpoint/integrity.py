@@ -50,14 +50,6 @@ CONTINUE = ("continue it from its last good checkpoint as a new run under a lowe
             "scheduler.t_warmup): continue_from=<this run>@ba<N> (docs/resume.md)")
 
 
-def _batch_in(step: str) -> int | None:
-    """The batch of a step's words (`step 4/4`, `batch 4`)."""
-    import re
-
-    found = re.search(r"(?:step|batch) (\d+)", step)
-    return int(found.group(1)) if found else None
-
-
 def manifest_path(ckpt) -> Path:
     ckpt = Path(ckpt)
     return ckpt.parent / f"{ckpt.name}{SUFFIX}"
@@ -169,35 +161,29 @@ def check_loss(loss, step: str) -> None:
                        f"check the data at that step; {CONTINUE}", also="check the data at that step")
 
 
-def check_eval(values: dict, step: str, after_fit: bool) -> None:
+def check_eval(values: dict, step: str, after_fit: bool, batch: int | None) -> None:
     """An evaluation with a metric that is not finite scored a diverged model, whatever the training loss said (a
     finite but huge one gives logits that overflow on the validation data): it stops the run, on every rank (the
     metrics are the same on each). Composer evaluates before it checkpoints a step, and after the fit's last
     checkpoint when the evaluation interval does not end there. The cross-entropy is looked at first; then the rest:
     llm-foundry's LanguagePerplexity is exp(cross-entropy), inf in float32 from a cross-entropy of 88.7 on, and a
-    diverged run (lr=100) would otherwise end at perplexity inf, exit 0."""
+    diverged run (lr=100) would otherwise end at perplexity inf, exit 0. `batch`: the one evaluated (`step` says it)."""
     import math
 
-    bad = [(k, v) for k, v in values.items() if k.endswith("CrossEntropy") and not math.isfinite(v)]
-    if bad:
-        key, v = bad[0]
-        if after_fit:
-            raise diverged(key, f"the final evaluation's cross-entropy is {v} at {step}: the model diverged; the "
-                           "run's final checkpoint holds these weights", CONTINUE, bad_from=_batch_in(step))
-        raise diverged(key, f"the evaluation's cross-entropy is {v} at {step}: the model diverged; the run stopped "
-                       "there, before that step's checkpoint", CONTINUE)
-    bad = [(k, v) for k, v in values.items() if not math.isfinite(v)]
+    # the cross-entropy first (sorted is stable: otherwise in the order the evaluation gave them)
+    bad = sorted(((k, v) for k, v in values.items() if not math.isfinite(v)), key=lambda kv: not
+                 kv[0].endswith("CrossEntropy"))
     if not bad:
         return
     key, v = bad[0]
+    what = "cross-entropy" if key.endswith("CrossEntropy") else key.rsplit("/", 1)[-1]
     ce = next((x for k, x in values.items() if k.endswith("CrossEntropy")), None)
     why = f" (its cross-entropy is {ce:.6g}: exp() of it overflows)" if ce is not None and \
         key.endswith("Perplexity") else ""
+    said = f"the {'final ' * after_fit}evaluation's {what} is {v} at {step}{why}: the model diverged; "
     if after_fit:
-        raise diverged(key, f"the final evaluation's {key.rsplit('/', 1)[-1]} is {v} at {step}{why}: the model "
-                       "diverged; the run's final checkpoint holds these weights", CONTINUE, bad_from=_batch_in(step))
-    raise diverged(key, f"the evaluation's {key.rsplit('/', 1)[-1]} is {v} at {step}{why}: the model diverged; "
-                   "the run stopped there, before that step's checkpoint", CONTINUE)
+        raise diverged(key, said + "the run's final checkpoint holds these weights", CONTINUE, bad_from=batch)
+    raise diverged(key, said + "the run stopped there, before that step's checkpoint", CONTINUE)
 
 
 def differs_on_any_rank(ckpt: Path, manifest: dict | None) -> list:

@@ -182,7 +182,7 @@ def run(cfg: DictConfig) -> dict:
 
             # a run stopped by its final evaluation's non-finite loss, whose final checkpoint is its only one (none
             # before it to go back to): that checkpoint stands at max_duration, but its numbers are not a result
-            check_eval(metrics.get("final_eval") or {}, f"batch {at}", after_fit=True)
+            check_eval(metrics.get("final_eval") or {}, f"batch {at}", after_fit=True, batch=at)
         print(f"\nfinal train loss {_rounded(metrics.get('final_train_loss'))}, "
               f"eval {_rounded(metrics.get('final_eval'))}\n"
               f"checkpoints: {_shown(fcfg.save_folder) if fcfg.save_folder else 'none (checkpoint=none)'}\n"

@@ -285,7 +285,7 @@ class RunReport(Callback):
             # composer runs the final evaluation after FIT_END: the report's numbers must be the last ones
             self._write_metrics(state)
             self._plot()
-        integrity.check_eval(values, _step(state), self._fit_ended)
+        integrity.check_eval(values, _step(state), self._fit_ended, int(state.timestamp.batch))
 
     def fit_end(self, state: State, logger: Logger) -> None:
         self._fit_ended = True
