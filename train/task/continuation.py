@@ -252,11 +252,8 @@ def _trained_at(fcfg, lr):
     rolled back (the newest rollback's rate, train/task/spike.py), so that the offered rate is below what failed."""
     from train.task import interventions
 
-    folder = fcfg.get("save_folder")
-    if not folder or is_remote(folder):
-        return lr
-    rates = [i["base_lr"] for i in interventions.read(folder)
-             if i.get("action") == "rollback" and isinstance(i.get("base_lr"), (int, float))]
+    rates = [i["base_lr"] for i in interventions.rollbacks(interventions.read(fcfg.get("save_folder")))
+             if isinstance(i.get("base_lr"), (int, float))]
     return rates[-1] if rates else lr
 
 

@@ -19,6 +19,11 @@ def read(folder) -> list:
     return list(record.get("interventions") or [])
 
 
+def rollbacks(found: list) -> list:
+    """The rollbacks among a run's interventions, oldest first."""
+    return [i for i in found if i.get("action") == "rollback"]
+
+
 def write(folder, interventions: list) -> None:
     files.atomic_write(Path(str(folder)) / FILE, json.dumps({"interventions": interventions}, indent=1).encode())
 

@@ -150,9 +150,9 @@ class RunReport(Callback):
                             "requeues": requeues(),
                             "max_duration": _duration(state.max_duration),
                             **({"continued_from": self.continued_from} if self.continued_from else {})}
-            self._ledger = _ledger_folder(savers, state, self.folder) if savers else None  # the run's save folder
-            self._clock = goodput.Clock(_ledger_folder(savers, state, self.folder) / goodput.FILE,
-                                        int(state.timestamp.batch), job_id())
+            ledger = _ledger_folder(savers, state, self.folder)
+            self._ledger = ledger if savers else None  # the run's save folder
+            self._clock = goodput.Clock(ledger / goodput.FILE, int(state.timestamp.batch), job_id())
             self._write_status(step=int(state.timestamp.batch), state="training")
 
     def before_dataloader(self, state: State, logger: Logger) -> None:

@@ -27,13 +27,10 @@ from composer.loggers import Logger
 
 from common.paths import is_remote
 from train.task.divergence import Divergence
-from train.task.interventions import read
+from train.task.interventions import read, rollbacks
 from train.task.interventions import write as _write
 
 log = logging.getLogger(__name__)
-
-def rollbacks(folder) -> int:
-    return sum(1 for i in read(folder) if i.get("action") == "rollback")
 
 
 class SpikeRule(Callback):
@@ -44,11 +41,8 @@ class SpikeRule(Callback):
     def __init__(self, log_only: bool = False, patience: int = 10, outlier_multiplier: float = 3.0,
                  window_size: int = 10, loss_cap: float | None = None):
         Callback.__init__(self)
-        self.settings = {"log_only": log_only, "patience": patience, "outlier_multiplier": outlier_multiplier,
-                         "window_size": window_size, "loss_cap": loss_cap}
-        self.rule = Divergence(self.settings)
-        self.log_only, self.patience, self.outlier_multiplier = log_only, patience, outlier_multiplier
-        self.window_size, self.loss_cap = window_size, loss_cap
+        self.rule = Divergence({"log_only": log_only, "patience": patience, "outlier_multiplier": outlier_multiplier,
+                                "window_size": window_size, "loss_cap": loss_cap})
 
     def batch_end(self, state: State, logger: Logger) -> None:
         from composer.utils import dist
@@ -95,7 +89,7 @@ def roll_back(err, cfg, fcfg) -> bool:
     folder = fcfg.get("save_folder")
     action, most = str(cfg.spike.action), int(cfg.spike.max_rollbacks)
     local = bool(folder) and not is_remote(folder)
-    done = rollbacks(folder) if local else 0
+    done = len(rollbacks(read(folder)))  # none where the folder is not local
     point, why = None, None
     if action != "rollback":
         pass
@@ -165,7 +159,7 @@ class RolledBack(Callback):
         dist.broadcast_object_list(box)
         found = box[0]
         at = int(state.timestamp.batch)
-        here = [i for i in found if i.get("action") == "rollback" and i.get("resumed_from") == at]
+        here = [i for i in rollbacks(found) if i.get("resumed_from") == at]
         if not here:
             return
         skip = sum(int(i["skip_batches"]) for i in here)
@@ -201,7 +195,7 @@ class RolledBack(Callback):
             log.warning("rolled back to batch %d (%s): skipped %d batches of data (samples %d to %d of the epoch), "
                         "learning rate %s", at, last["checkpoint"], skip, start, start + samples - 1,
                         ", ".join(f"{lr:.6g}" for lr in lrs) or "as loaded")
-        logger.log_metrics({"spike/rollbacks": sum(1 for i in found if i.get("action") == "rollback"),
+        logger.log_metrics({"spike/rollbacks": len(rollbacks(found)),
                             "spike/batch": last["batch"], "spike/loss": last["loss"],
                             "spike/window_mean": last["window_mean"], "spike/resumed_from": at,
                             "spike/skip_batches": skip, **({"spike/lr": lrs[0]} if lrs else {})})
