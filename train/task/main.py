@@ -51,6 +51,8 @@ def run(cfg: DictConfig) -> dict:
         _node_local_cwd(fcfg, dist_env)
     # the libraries this task runs, imported while the GC is paused (common/collector.py says why)
     imported_without_collections("composer", *(() if only else ("llmfoundry.command_utils",)))
+    from composer.utils import dist
+
     _start_dist(fcfg)
     if not only:
         shards.verify_shards(fcfg)  # train and val shards against index.json's hashes, spread over the ranks
@@ -62,7 +64,7 @@ def run(cfg: DictConfig) -> dict:
         if only:
             from train.task.preflight_report import table
 
-            if int(os.environ.get("RANK", 0)) == 0:
+            if dist.get_global_rank() == 0:
                 print(table(report), flush=True)
             return {"preflight": report}
     resumed = _choose_resume_point(cfg, fcfg)  # the run's own checkpoint, or None
@@ -160,7 +162,7 @@ def run(cfg: DictConfig) -> dict:
                     f"evaluation do not make another run): to score it under others, python -m train.evaluate "
                     f"{fcfg.run_name} --data <MDS folder>.")
     metrics = files.read_json(report / "metrics.json", strict=True)  # the run's answer: a damaged one is said
-    if int(os.environ.get("RANK", 0)) == 0:
+    if dist.get_global_rank() == 0:
         from train.launch import finished
 
         if trained:  # a sweep run again submits nothing for this point (train/launch/finished.py)

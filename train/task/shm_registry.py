@@ -53,7 +53,7 @@ def hold() -> None:
 
     patch_streaming_shm_prefix_from_local_leader()
     patch_streaming_shared_memory_attach_waits()
-    if os.environ.get("LOCAL_RANK", "0") == "0":
+    if dist.get_local_rank() == 0:
         lead()
     dist.barrier()  # the other ranks look at the registry only once their leader holds the lock
 
