@@ -454,14 +454,15 @@ def test_a_run_named_whose_newest_export_is_older_than_its_checkpoints_is_warned
     whole_weights(export)
     (tmp_path / "checkpoints" / "r").mkdir(parents=True)
     (tmp_path / "checkpoints" / "r" / "ep0-ba40-rank0.pt").write_bytes(b"")
-    assert find_folder("r", tmp_path / "outputs", tmp_path / "checkpoints") == export and not caplog.records
+    roots = (tmp_path / "checkpoints", tmp_path / "outputs")
+    assert find_folder("r", roots) == export and not caplog.records
     (tmp_path / "checkpoints" / "r" / "ep0-ba60-rank0.pt").write_bytes(b"")
-    assert find_folder("r", tmp_path / "outputs", tmp_path / "checkpoints") == export
+    assert find_folder("r", roots) == export
     [warned] = caplog.records
     assert "newest export, of batch 40; the run trained on to batch 60" in warned.getMessage()
     assert "python -m train.export r" in warned.getMessage()
     caplog.clear()
-    assert find_folder(str(export), tmp_path / "outputs", tmp_path / "checkpoints") == export and not caplog.records
+    assert find_folder(str(export), roots) == export and not caplog.records
 
 
 def whole_weights(folder) -> None:
@@ -483,24 +484,24 @@ def test_an_export_stopped_midway_is_passed_over_for_the_one_before(tmp_path, ca
         (hf / f"ba{batch}").mkdir(parents=True)
         (hf / f"ba{batch}" / "config.json").write_text("{}")
         whole_weights(hf / f"ba{batch}")
-    roots = (tmp_path / "outputs", tmp_path / "checkpoints")
-    assert find_folder("r", *roots) == hf / "ba40"
+    roots = (tmp_path / "checkpoints", tmp_path / "outputs")
+    assert find_folder("r", roots) == hf / "ba40"
     weights = hf / "ba40" / "model.safetensors"
     whole = weights.read_bytes()
     weights.write_bytes(whole[:-2])  # cut short
-    assert find_folder("r", *roots) == hf / "ba20"
+    assert find_folder("r", roots) == hf / "ba20"
     assert "ba40: an export without all its weights" in caplog.records[0].getMessage()
     weights.write_bytes(whole)
     (hf / "ba40" / "tokenizer_config.json").unlink()  # stopped before its tokenizer
-    assert find_folder("r", *roots) == hf / "ba20"
+    assert find_folder("r", roots) == hf / "ba20"
     (hf / "ba40" / "tokenizer_config.json").write_text("{}")
     weights.unlink()
     (hf / "ba40" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
         "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
     (hf / "ba40" / "model-00001-of-00002.safetensors").write_bytes(b"")
-    assert find_folder("r", *roots) == hf / "ba20"  # a shard missing
+    assert find_folder("r", roots) == hf / "ba20"  # a shard missing
     (hf / "ba40" / "model-00002-of-00002.safetensors").write_bytes(b"")
-    assert find_folder("r", *roots) == hf / "ba40"
+    assert find_folder("r", roots) == hf / "ba40"
 
 
 def test_an_export_left_from_a_training_since_gone_back_is_not_taken_for_the_runs(tmp_path, caplog):
@@ -518,18 +519,18 @@ def test_an_export_left_from_a_training_since_gone_back_is_not_taken_for_the_run
     save.mkdir(parents=True)
     (save / "ep0-ba60-rank0.pt").write_bytes(b"")
     (save / "finished.json").write_text(json.dumps({"max_duration": "60ba", "batch": 60}))
-    roots = (tmp_path / "outputs", tmp_path / "checkpoints")
+    roots = (tmp_path / "checkpoints", tmp_path / "outputs")
     for arg in ("r", str(tmp_path / "outputs" / "r"), str(hf)):
         caplog.clear()
-        assert find_folder(arg, *roots) == hf / "ba60", arg
+        assert find_folder(arg, roots) == hf / "ba60", arg
         assert "past where the run now ends (batch 60" in caplog.records[0].getMessage()
     shutil.rmtree(hf / "ba60")
     with pytest.raises(UserError) as err:
-        find_folder("r", *roots)
+        find_folder("r", roots)
     assert "ba80" in err.value.problem and "python -m train.export r" in err.value.fix
-    assert find_folder(str(hf / "ba80"), *roots) == hf / "ba80"  # its own path: what is meant
+    assert find_folder(str(hf / "ba80"), roots) == hf / "ba80"  # its own path: what is meant
     (save / "ep0-ba80-rank0.pt").write_bytes(b"")  # trained to 80 again since: its export is the newest
-    assert find_folder("r", *roots) == hf / "ba80"
+    assert find_folder("r", roots) == hf / "ba80"
 
 
 def test_data_of_another_tokenizer_is_refused_and_longer_samples_warned_before_the_model_loads(tmp_path, caplog):
@@ -615,7 +616,7 @@ def test_the_samples_a_run_evaluated_are_the_ones_its_loader_reads(c4_mds):
         assert _sequence_id(_loader(tokenizer, 3, {**base, **given}).dataloader.collate_fn) == given
 
 
-def test_an_export_scoring_apart_from_its_runs_number_at_the_same_batch_is_warned(tmp_path, caplog):
+def test_an_export_scoring_apart_from_its_runs_number_at_the_same_batch_is_warned(caplog):
     """`train.evaluate RUN` on a float32 export of the batch the run last evaluated: the same weights on the same
     samples give the run's number (to ~1e-7); further apart than 1e-4 it is warned as other weights. Another
     batch's export, or a bfloat16 one, is only shown beside the run's number."""
@@ -625,11 +626,11 @@ def test_an_export_scoring_apart_from_its_runs_number_at_the_same_batch_is_warne
         return {"eval": {"cross_entropy": ce, "trainer": {"metric": "eval/LanguageCrossEntropy", "cross_entropy": 9.0,
                                                           "batch": batch}}}
 
-    _warn_if_apart(tmp_path / "ba10", scored(9.0000001), "torch.float32")
-    _warn_if_apart(tmp_path / "ba10", scored(9.1, batch=20), "torch.float32")
-    _warn_if_apart(tmp_path / "ba10", scored(9.01), "torch.bfloat16")
+    _warn_if_apart(10, scored(9.0000001), "torch.float32")
+    _warn_if_apart(10, scored(9.1, batch=20), "torch.float32")
+    _warn_if_apart(10, scored(9.01), "torch.bfloat16")
     assert not caplog.records
-    _warn_if_apart(tmp_path / "ba10", scored(9.01), "torch.float32")
+    _warn_if_apart(10, scored(9.01), "torch.float32")
     [warned] = caplog.records
     assert "scores 9.010000 where the run reported 9.000000 at that batch" in warned.getMessage()
 

@@ -228,38 +228,42 @@ def main(argv=None) -> int:
             raise UserError(problems=problems)
         from train import hf_model
 
-        checkpoint_root, output_root = roots(storage)
-        folder = hf_model.find_folder(args.model, output_root, checkpoint_root)
+        folder = hf_model.find_folder(args.model, roots(storage))
+        config = json.loads((folder / "config.json").read_text())
+        seq = args.max_seq_len or hf_model.max_seq_len(config) or 2048  # the model's (MPT's, or its positions)
+        # MPT's attn_config.attn_uses_sequence_id: the model attends within each document of a sample
+        uses_sequence_id = bool((config.get("attn_config") or {}).get("attn_uses_sequence_id"))
         if args.icl_tasks:
-            result = icl(folder, args.icl_tasks.resolve(), args.icl_type or ICL_TYPES[0],
-                         args.max_seq_len or _model_seq(folder), args.batch_size or BATCH_SIZE, args.fewshot or 0,
+            result = icl(folder, args.icl_tasks.resolve(), args.icl_type or ICL_TYPES[0], seq,
+                         args.batch_size or BATCH_SIZE, args.fewshot or 0,
                          " " if args.icl_delimiter is None else args.icl_delimiter)
             text = "\n".join(f"{k} {v:.4f}" for k, v in result.items()) + f"\nmodel {folder}"
         elif args.data is None:
             metrics_path, metrics = _run_metrics(folder)
-            problems = run_problems(metrics["evaluators"], _uses_sequence_id(folder))
+            problems = run_problems(metrics["evaluators"], uses_sequence_id)
             if problems:
                 raise UserError(problems=problems)
             model, tokenizer = hf_model.load(folder)
+            batch = hf_model.export_batch(folder)
             result = {"evaluators": {label: {**trainer_eval(model, tokenizer, label, reads),
-                                             "trainer": _trainers(metrics, label, hf_model.export_batch(folder))}
+                                             "trainer": _trainers(metrics, label, batch)}
                                      for label, reads in metrics["evaluators"].items()}, "metrics": str(metrics_path)}
             text = "\n".join(_line(label, r) for label, r in result["evaluators"].items()) + f"\nmodel {folder}"
-            _warn_if_apart(folder, result["evaluators"], str(model.config.torch_dtype))
+            _warn_if_apart(batch, result["evaluators"], str(model.config.torch_dtype))
         else:
             sequence_id = {k: v for k, v in (("eos_token_id", args.eos_token_id), ("bos_token_id", args.bos_token_id))
                            if v is not None}
-            if _uses_sequence_id(folder) and not sequence_id:
+            if uses_sequence_id and not sequence_id:
                 raise UserError("--eos-token-id", f"the model of {folder} attends within each document of a sample "
                                 "(attn_uses_sequence_id): without the token that separates documents it scores "
                                 "otherwise than its training evaluated", "--eos-token-id=<the run's "
                                 "eval_loader.dataset.eos_token_id> (or --bos-token-id), or score the run's own "
                                 "evaluation without --data")
-            _same_tokens(folder, args.data / (args.split or SPLIT), args.max_seq_len or _model_seq(folder))
+            _same_tokens(folder, args.data / (args.split or SPLIT), seq)
             model, tokenizer = hf_model.load(folder)
-            result = cross_entropy(model, tokenizer, args.data.resolve(), args.split or SPLIT,
-                                   args.max_seq_len or _model_seq(folder), args.batch_size or BATCH_SIZE,
-                                   -1 if args.batches is None else args.batches, sequence_id)
+            result = cross_entropy(model, tokenizer, args.data.resolve(), args.split or SPLIT, seq,
+                                   args.batch_size or BATCH_SIZE, -1 if args.batches is None else args.batches,
+                                   sequence_id)
             text = f"{_scored(result)}\nmodel {folder}"
     except UserError as err:
         print(err, file=sys.stderr)
@@ -312,12 +316,10 @@ def _trainers(metrics: dict, label: str, batch: int | None = None) -> dict | Non
     return None if value is None else {"metric": key, "cross_entropy": value, "batch": last}
 
 
-def _warn_if_apart(folder: Path, scored: dict, dtype: str) -> None:
-    """A float32 export of the batch the run last evaluated scores the run's own number on its samples (the sums
-    add in another order: ~1e-7 apart); further apart, these are not the weights the run evaluated."""
-    from train.hf_model import export_batch
-
-    batch = export_batch(folder)
+def _warn_if_apart(batch: int | None, scored: dict, dtype: str) -> None:
+    """A float32 export of the batch the run last evaluated (`batch`: the export's) scores the run's own number on
+    its samples (the sums add in another order: ~1e-7 apart); further apart, these are not the weights the run
+    evaluated."""
     for label, r in scored.items():
         t = r["trainer"]
         if (t and t["batch"] == batch and dtype.endswith("float32")
@@ -402,19 +404,6 @@ def _same_tokens(folder: Path, split: Path, seq: int) -> None:
     if isinstance(length, int) and length > seq:
         log.warning("%s holds samples of %d tokens: each is scored on its first %d (the model's max_seq_len; "
                     "--max-seq-len to set it)", split, length, seq)
-
-
-def _model_seq(folder: Path) -> int:
-    """The model's sequence length (MPT's max_seq_len, a Hugging Face architecture's positions), else 2048."""
-    from train.hf_model import max_seq_len
-
-    return max_seq_len(json.loads((folder / "config.json").read_text())) or 2048
-
-
-def _uses_sequence_id(folder: Path) -> bool:
-    """MPT's attn_config.attn_uses_sequence_id in the export's config.json."""
-    config = json.loads((folder / "config.json").read_text())
-    return bool((config.get("attn_config") or {}).get("attn_uses_sequence_id"))
 
 
 if __name__ == "__main__":

@@ -1,19 +1,20 @@
 """An exported Hugging Face model folder, found by path or run name and loaded offline (sample and evaluate)."""
+import json
+import logging
 from pathlib import Path
 
 from common.errors import UserError
 from train.config.storage_args import HF_SUBFOLDER, export_batch, named, run_folders
 
+log = logging.getLogger(__name__)
 
-def find_folder(arg: str, output_root: Path | None = None, checkpoint_root: Path | None = None) -> Path:
+
+def find_folder(arg: str, at: tuple[Path, Path] | None = None) -> Path:
     """The model folder `arg` names: a folder holding config.json, a run's `huggingface/` folder or output folder
-    (its newest `ba{B}`), or a run name under `output_root` (train/config/storage_args.py: the local storage's,
-    `$PRETRAIN_ROOT/outputs` or `./runs/outputs`, by default). Found by run name, a run that trained on past
-    its newest export (a checkpoint in `checkpoint_root/<run>` of a later batch) is warned: the export is older
-    weights than the run's."""
-    from train.config.storage_args import roots
-
-    at = (checkpoint_root or roots([])[0], output_root or roots([])[1])
+    (its newest `ba{B}`), or a run name on the storage whose roots are `at` (train/config/storage_args.py: roots;
+    the local storage's, `$PRETRAIN_ROOT` or `./runs`, by default). Found by run name, a run that trained on past
+    its newest export (a checkpoint of a later batch in its save folder) is warned: the export is older weights
+    than the run's."""
     path, by_name = Path(arg), named(arg)
     if by_name:
         path = run_folders(arg, at)[1]
@@ -23,10 +24,8 @@ def find_folder(arg: str, output_root: Path | None = None, checkpoint_root: Path
         found = [p for p in base.glob("*") if export_batch(p) is not None and (p / "config.json").is_file()]
         partial = [p for p in found if not _weights_complete(p)]
         if partial:  # llm-foundry's hf_checkpointer writes in place, config first: one killed midway has no weights
-            import logging
-
-            logging.getLogger(__name__).warning("%s: an export without all its weights (written in place and "
-                                                "stopped midway?): passed over", ", ".join(map(str, partial)))
+            log.warning("%s: an export without all its weights (written in place and stopped midway?): passed over",
+                        ", ".join(map(str, partial)))
             found = [p for p in found if p not in partial]
         if found:
             newest = max(found, key=export_batch)
@@ -46,8 +45,6 @@ def _weights_complete(folder: Path) -> bool:
     """The folder holds its weights whole and its tokenizer: one safetensors file as long as its header says, or an
     index (written after its shards) whose every shard is there. hf_checkpointer writes the weights in place, then
     the tokenizer: a folder stopped in between has config.json and part of them."""
-    import json
-
     if not ((folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file()):
         return False
     if (folder / "model.safetensors").is_file():
@@ -64,8 +61,6 @@ def _weights_complete(folder: Path) -> bool:
 def _safetensors_whole(path: Path) -> bool:
     """The file is as long as its header says (8 bytes of header length, the JSON header, then the tensors' bytes
     up to the largest end offset the header gives)."""
-    import json
-
     try:
         with open(path, "rb") as f:
             n = int.from_bytes(f.read(8), "little")
@@ -88,10 +83,8 @@ def _of_the_runs_end(newest: Path, found: list, save_folder: Path) -> Path:
         return newest
     at_end = [p for p in found if export_batch(p) == ended]
     if at_end:
-        import logging
-
-        logging.getLogger(__name__).warning("%s is of a training past where the run now ends (batch %d, %s): "
-                                            "using %s", newest, ended, save_folder / finished.FILE, at_end[0])
+        log.warning("%s is of a training past where the run now ends (batch %d, %s): using %s", newest, ended,
+                    save_folder / finished.FILE, at_end[0])
         return at_end[0]
     raise UserError("model", f"{newest} is the run's newest export, of batch {batch}, but the run now ends at batch "
                     f"{ended} ({save_folder / finished.FILE}) with no checkpoint past it: the export is of a training "
@@ -100,13 +93,11 @@ def _of_the_runs_end(newest: Path, found: list, save_folder: Path) -> Path:
 
 
 def _warn_if_trained_past(folder: Path, batch: int, save_folder: Path) -> None:
-    import logging
-
     from train.checkpoint.resume import find
 
     later = [c for c in find(save_folder) if c.batch > batch]
     if later:
-        logging.getLogger(__name__).warning(
+        log.warning(
             "%s is the run's newest export, of batch %d; the run trained on to batch %d (%s): these are its older "
             "weights. To use the newest: python -m train.export %s", folder, batch, later[-1].batch,
             later[-1].path, save_folder.name)

@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     try:
         from train import hf_model
 
-        folder = hf_model.find_folder(args.model, *reversed(roots(storage)))
+        folder = hf_model.find_folder(args.model, roots(storage))
         log.info("sampling from %s", folder)
         model, tokenizer = hf_model.load(folder)
         too_long = _past_max_seq_len(model, tokenizer, args.prompts, args.max_new_tokens)
