@@ -9,27 +9,12 @@ import math
 from omegaconf import DictConfig, OmegaConf
 
 from common.paths import is_remote
-from train.checks.core import time_of, value
+from train.checks.core import batches_in, per_batch, time_of, value
 from train.plan import estimate
 from train.plan.estimate import TiB
 
 # Published GPT-3 175B checkpoint from the Megatron-LM recipe, to set our figure beside.
 MEGATRON_GPT3_CHECKPOINT_BYTES = int(2.3 * TiB)
-
-
-def _steps_and_tokens(duration, tokens_per_step: int, global_batch: int):
-    """(steps, tokens) of max_duration as composer reads it ("2e3ba" is 2000 batches); (None, None) for epochs,
-    which depend on the data set's size, and for a wall-clock or unreadable duration."""
-    n, unit = time_of(duration) or (None, None)
-    if unit == "ba":
-        return n, n * tokens_per_step
-    if unit == "tok":  # whole batches: composer stops at the first that reaches the count
-        steps = math.ceil(n / tokens_per_step)
-        return steps, steps * tokens_per_step
-    if unit == "sp":
-        steps = math.ceil(n / global_batch)
-        return steps, steps * tokens_per_step
-    return None, None
 
 
 def _submitit_folder() -> str:
@@ -71,7 +56,10 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
         grad_accum = -(-per_device // mb)  # a share that is no multiple of it ends each step with a smaller one
     tokens_per_step = gbs * seq
     duration = value(cfg, "max_duration")
-    steps, tokens = _steps_and_tokens(duration, tokens_per_step, gbs)
+    # as composer counts max_duration ("2e3ba" is 2000 batches, tokens in whole batches); none for epochs (the data
+    # set's size decides) and wall-clock times
+    steps = batches_in(cfg, duration)
+    tokens = steps * tokens_per_step if steps is not None else None
 
     # memory
     fig = estimate.fit(cfg, world)
@@ -91,7 +79,7 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
                                      file_GBps=file_gbps)
     save_folder = value(cfg, "save_folder")
 
-    resumes = _resumes(cfg, duration, tokens_per_step, gbs)
+    resumes = _resumes(cfg, duration, tokens_per_step)
 
     # time
     peak, mfu = value(cfg, "cluster.peak_flops"), value(cfg, "cluster.mfu")
@@ -211,7 +199,7 @@ def _continues(cfg) -> list:
     return words(cfg)
 
 
-def _resumes(cfg, duration, tokens_per_step: int, global_batch: int) -> dict | None:
+def _resumes(cfg, duration, tokens_per_step: int) -> dict | None:
     """The checkpoint a start of this run goes on from (the newest complete one in its save folder, before its
     files are verified against its manifest), where it stands, and the steps and tokens left to max_duration at
     this command's batch size: from the tokens or samples it trained, as its manifest records them, where the
@@ -229,9 +217,9 @@ def _resumes(cfg, duration, tokens_per_step: int, global_batch: int) -> dict | N
     tokens = (integrity.stands_at(found.path, "tok") or (None, None))[1]
     done = {"ba": found.batch, "tok": tokens}.get(unit) if unit != "sp" else \
         (integrity.stands_at(found.path, "sp") or (None, None))[1]
-    per = {"ba": 1, "tok": tokens_per_step, "sp": global_batch}.get(unit)
+    per = per_batch(cfg, unit)
     if done is None and per:  # a manifest that says nothing of it: in batches at this batch size
-        done, per, n = found.batch, 1, _steps_and_tokens(duration, tokens_per_step, global_batch)[0]
+        done, per, n = found.batch, 1, batches_in(cfg, duration)
     left = max(0, math.ceil((n - done) / per)) if per and n is not None else None
     return {"checkpoint": str(found.path), "batch": found.batch,
             "tokens": tokens, "steps_left": left,
