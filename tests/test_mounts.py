@@ -66,13 +66,19 @@ def test_a_real_tmpfs_passes_and_the_same_folder_unmounted_is_refused(tmp_path):
     assert p.level != ERROR
 
 
-def test_a_job_refuses_to_start_on_a_node_without_the_mount(tmp_path):
+def test_a_job_refuses_to_start_on_a_node_without_the_mount(tmp_path, monkeypatch):
+    """The node is named as Slurm names it, the name its fix (--exclude) takes, as the preflight report names it:
+    two slurmd on one machine share its host name."""
     data = tmp_path / "data"
     data.mkdir()
     with pytest.raises(NotMounted) as caught:
         check_mounts(compose(_amlfs(data)))
     [p] = caught.value.problems
     assert p.key == "storage.mounts" and f"{data} is not a mount point on {os.uname().nodename}" in p.problem
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu-node-7")
+    with pytest.raises(NotMounted) as caught:
+        check_mounts(compose(_amlfs(data)))
+    assert f"{data} is not a mount point on gpu-node-7 " in caught.value.problems[0].problem
     assert list(data.iterdir()) == []
     check_mounts(compose(["storage.mounts=[/]"]))  # the root file system is a mount point
     assert ROOT.exists()

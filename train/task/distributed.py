@@ -40,6 +40,14 @@ def ranks_on_this_node(world: int) -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE") or world)
 
 
+def node_name() -> str:
+    """This node as Slurm names it (what --exclude takes; two slurmd on one machine share a host name); the host
+    name outside Slurm."""
+    import socket
+
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def master_port(job_id: str) -> int:
     """A port every rank of a job derives alike, and that differs between jobs sharing a node."""
     return 20000 + zlib.crc32(str(job_id).encode()) % 20000

@@ -11,7 +11,6 @@ import datetime
 import logging
 import os
 import shlex
-import socket
 import subprocess
 import time
 
@@ -20,18 +19,13 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from train.task import preflight_report as pr
-from train.task.distributed import in_slurm_job, job_id, ranks_on_this_node, requeues
+from train.task.distributed import in_slurm_job, job_id, node_name, ranks_on_this_node, requeues
 
 log = logging.getLogger(__name__)
 
 
 class PreflightFailed(RuntimeError):
     """The check failed and the job cannot (or may not) route around it: the message is the report."""
-
-
-def node_name() -> str:
-    # Slurm's name for the node (two slurmd on one machine share a host name); the host name elsewhere.
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def _device_problems(gpus_per_node: int, local_rank: int, local_world: int, min_free: float) -> tuple:

@@ -26,6 +26,7 @@ from common.errors import UserError
 from data_prep.mds import file_hashes
 from train.config.loaders import loader_keys
 from train.task import refusal
+from train.task.distributed import node_name
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def unmounted(paths) -> list:
 
 def check_mounts(cfg) -> None:
     """Refuse to start on a node where a storage mount point has nothing mounted on it."""
-    node = os.uname().nodename
+    node = node_name()
     missing = unmounted(cfg.storage.mounts)
     if missing:
         refusal.take_back()
