@@ -232,6 +232,7 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
 
     from train.checkpoint import integrity, resume
     from train.config import identity
+    from train.plan.estimate import sharded_checkpoints
     from train.task import shards
 
     rank, world = dist.get_global_rank(), dist.get_world_size()
@@ -242,8 +243,7 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
     job = job_id() if requeues() > 0 else None  # the form the manifests record (train/checkpoint/integrity.py)
     ours = named and (fcfg.get("autoresume") or job is not None)
     only_job = None if fcfg.get("autoresume") else job
-    fsdp = fcfg.get("fsdp_config") or {}
-    reads_sharded = world > 1 and fsdp.get("state_dict_type") == "sharded"  # no FSDP at 1 rank
+    reads_sharded = sharded_checkpoints(fcfg, world)  # as the login node's check of load_path reads it
     answer = [None]
     if rank == 0:
         try:
