@@ -103,16 +103,16 @@ def _warn_if_trained_past(folder: Path, batch: int, save_folder: Path) -> None:
             later[-1].path, save_folder.name)
 
 
-def load(folder: Path, dtype: str | None = None):
-    """(model, tokenizer) from the folder alone: no hub access, MPT's code from the folder (trust_remote_code)."""
+def load(folder: Path):
+    """(model, tokenizer) from the folder alone, in the dtype it was exported in: no hub access, MPT's code from the
+    folder (trust_remote_code)."""
     from common.collector import imported_without_collections
 
     imported_without_collections("torch", "transformers")
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kwargs = {"torch_dtype": getattr(torch, dtype)} if dtype else {"torch_dtype": "auto"}
-    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, local_files_only=True, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, local_files_only=True,
+                                                 torch_dtype="auto")
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     return model.eval(), tokenizer
 
