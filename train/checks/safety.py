@@ -4,7 +4,6 @@ import functools
 import re
 
 from omegaconf import OmegaConf
-from omegaconf.errors import InterpolationResolutionError
 
 from common.errors import TOKEN_FORMS, URL_PASSWORD
 from common.paths import is_remote
@@ -244,7 +243,7 @@ def _by_shape(key: str, what: str, also=()) -> Problem:
 def _secret_by_name(key: str) -> bool:
     """A key whose value the config checks take for a credential by its name alone (credentials,
     secrets_in_values, tracking_credentials): refused on the command line too, before a message can echo it."""
-    last = key.rsplit(".", 1)[-1]
+    last = key.rsplit(".", 1)[-1].split("[")[0]
     return bool(SECRET_KEY.search(last) or key.startswith("cluster.env.") and CREDENTIAL.search(last)
                 or key.startswith("loggers.") and LOGGER_CREDENTIAL.search(last))
 
@@ -297,12 +296,11 @@ def setup_exports(cfg, ctx):
 def secret_values(cfg) -> list:
     """The values this config holds that are credentials (by key name or by form): masked in every message."""
     found = []
-    for path, name, v in _walk(plain(cfg)):
+    for path, _, v in _walk(plain(cfg)):
         if not isinstance(v, str) or not v:
             continue
         found += [secret if len(secret) >= 8 else v for _, secret in shapes(v)]  # a short one: its whole value
-        if path.startswith("cluster.env.") and CREDENTIAL.search(name) or SECRET_KEY.search(name) \
-                or path.startswith("loggers.") and LOGGER_CREDENTIAL.search(name):
+        if _secret_by_name(path):
             found.append(v)
         if path.startswith("cluster.setup"):
             found += [assigned for n, assigned in ASSIGNMENT.findall(v) if CREDENTIAL.search(n)]
@@ -331,14 +329,9 @@ def tracking_credentials(cfg, ctx):
             for i, v in enumerate(node):
                 yield from walk(v, f"{path}[{i}]")
 
-    loggers = value(cfg, "loggers")
-    if not OmegaConf.is_config(loggers):
-        return
-    try:
-        plain = OmegaConf.to_container(loggers, resolve=True)
-    except InterpolationResolutionError:  # its keys are still checked by name
-        plain = OmegaConf.to_container(loggers, resolve=False)
-    yield from walk(plain, "loggers")
+    loggers = plain(cfg).get("loggers")  # (unresolved where the config does not resolve: still checked by name)
+    if isinstance(loggers, dict):
+        yield from walk(loggers, "loggers")
 
 
 def shell_safety(cfg, ctx):
