@@ -272,6 +272,13 @@ def is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def positive_int(cfg, key: str, example=8):
+    """The rule of a count: a whole number above 0."""
+    v = value(cfg, key)
+    if not is_int(v) or v <= 0:
+        yield Problem(key, f"must be a positive whole number, got {v!r}", f"e.g. {key}={example}")
+
+
 TIME_UNITS = "ba (batches), ep (epochs), tok (tokens) or sp (samples), e.g. 1000ba"
 # composer's Time.from_timestring: a number (3e4 too), then a unit; a whole number but for dur (a fraction)
 _TIME = re.compile(r"(.+?)(ba|ep|tok|sp|dur|sec|iter)", re.IGNORECASE)

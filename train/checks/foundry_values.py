@@ -11,6 +11,7 @@ from omegaconf import ListConfig, OmegaConf
 from train.checks import foundry_names as names
 from train.checks.core import ERROR, WARNING, Problem, close_match, is_int, is_number, nearest, time_of, value
 from train.config.loaders import eval_keys, loader_keys
+from train.launch import spec as run_spec
 
 # composer's reproducibility.seed_all refuses seeds outside [0, 2^32 - 1] (numpy's range)
 MAX_SEED = 2**32 - 1
@@ -457,7 +458,7 @@ def cluster_numbers(cfg, ctx):
         yield Problem("cluster.mem_gb", f"must be a positive number of GB, got {mem} (0 asks Slurm for a whole "
                       "node's memory only with --mem=0; this tool writes it as null)", "cluster.mem_gb=null (what "
                       "the node has) or e.g. cluster.mem_gb=1800")
-    if value(cfg, "cluster.name") == "local" and is_int(value(cfg, "cluster.nodes")) and value(cfg, "cluster.nodes") > 1:
+    if run_spec.scheduler(cfg) == "local" and is_int(value(cfg, "cluster.nodes")) and value(cfg, "cluster.nodes") > 1:
         nodes = value(cfg, "cluster.nodes")
         yield Problem("cluster.nodes", f"{nodes} nodes with cluster=local: the local launcher starts "
                       "cluster.tasks_per_node processes on this one machine, so the run would train at world size "

@@ -1,7 +1,8 @@
 """Rules for cluster.preflight (train/task/preflight.py, docs/cluster-run.md, "Before a big run"): values the in-job check would
 trip over, refused before anything is submitted rather than found inside a job."""
-from train.checks.core import Problem, is_int, is_number, value
+from train.checks.core import Problem, is_int, is_number, positive_int, value
 from train.checks.safety import CONTROL
+from train.launch.spec import scheduler
 
 ON_FAIL = ("requeue", "stop")
 
@@ -14,13 +15,11 @@ def preflight_settings(cfg, ctx):
     if on_fail not in ON_FAIL:
         yield Problem(f"{key}.on_fail", f"{on_fail!r} is not requeue or stop",
                       f"{key}.on_fail=requeue (exclude the bad nodes and requeue) or {key}.on_fail=stop")
-    elif on_fail == "requeue" and value(cfg, "cluster.name") == "local":
+    elif on_fail == "requeue" and scheduler(cfg) == "local":
         yield Problem(f"{key}.on_fail", "requeue needs a Slurm job, and cluster=local runs on this machine",
                       f"{key}.on_fail=stop")
     for name, example in (("bytes", 1073741824), ("iters", 10)):
-        v = value(cfg, f"{key}.{name}")
-        if not is_int(v) or v <= 0:
-            yield Problem(f"{key}.{name}", f"must be a positive whole number, got {v!r}", f"e.g. {key}.{name}={example}")
+        yield from positive_int(cfg, f"{key}.{name}", example)
     v = value(cfg, f"{key}.max_exclusions")
     if not is_int(v) or v < 0:
         yield Problem(f"{key}.max_exclusions", f"must be a count (0: never exclude), got {v!r}",

@@ -22,6 +22,7 @@ from train.checks.core import (
     is_resolved,
     nearest,
     per_batch,
+    positive_int,
     same_or_under,
     time_of,
     unresolved,
@@ -31,6 +32,7 @@ from train.checks.core import (
 )
 from train.config.loaders import eval_keys, loader_keys
 from train.config.schema import SCHEMAS
+from train.launch.spec import scheduler
 from train.plan import estimate
 
 # Ours: our typed groups and `plan`; removed before llm-foundry sees the config (train/task/foundry.py).
@@ -133,12 +135,6 @@ def mock_data_only_where_asked(cfg, ctx):
                       "synthetic tokens")
 
 
-def _positive_int(cfg, key, example=8):
-    v = value(cfg, key)
-    if not is_int(v) or v <= 0:
-        yield Problem(key, f"must be a positive whole number, got {v!r}", f"e.g. {key}={example}")
-
-
 def _duration(cfg, key, interval=True):
     """A time with a unit, as composer reads it. An interval also takes dur (a fraction of max_duration), sec and
     iter; max_duration does not (composer: "TimeUnit.DURATION is not allowed", "Wall clock time not an allowed
@@ -181,8 +177,8 @@ def eval_interval(cfg, ctx):
 
 
 def numbers(cfg, ctx):
-    yield from _positive_int(cfg, "cluster.nodes", 1)
-    yield from _positive_int(cfg, "cluster.tasks_per_node", 8)
+    yield from positive_int(cfg, "cluster.nodes", 1)
+    yield from positive_int(cfg, "cluster.tasks_per_node", 8)
     mpt = value(cfg, "model.name") == "mpt_causal_lm"
     if not mpt and value(cfg, "model.name") in names.MODELS and value(cfg, "model.name") != "hf_causal_lm":
         yield Problem("model.name", f"{value(cfg, 'model.name')!r}: this tool plans, checks, resumes and exports "
@@ -196,9 +192,9 @@ def numbers(cfg, ctx):
             continue
         if key == "model.vocab_size" and value(cfg, key) is None:
             continue  # left out (a YAML's choice): MPTConfig's default (train/checks/checkpoints.py)
-        yield from _positive_int(cfg, key)
+        yield from positive_int(cfg, key)
     if value(cfg, "device_train_microbatch_size") != "auto":
-        yield from _positive_int(cfg, "device_train_microbatch_size")
+        yield from positive_int(cfg, "device_train_microbatch_size")
     yield from _duration(cfg, "max_duration", interval=False)
     yield from _duration(cfg, "save_interval")
     lr = value(cfg, "optimizer.lr")
@@ -427,7 +423,7 @@ def cluster_figures(cfg, ctx):
     if peak is not None and peak <= 0:
         yield Problem("cluster.peak_flops", f"must be a positive FLOP/s figure, got {peak!r}",
                       "e.g. cluster.peak_flops=989e12 (H100 dense bf16)")
-    if value(cfg, "cluster.name") == "local" and value(cfg, "cluster.wait") is False:
+    if scheduler(cfg) == "local" and value(cfg, "cluster.wait") is False:
         yield Problem("cluster.wait", "false has no effect with cluster=local: a local sweep's tasks are this "
                       "command's children, so it waits for them", "drop cluster.wait=false, or run the sweep on a "
                       "Slurm cluster preset, which submits and returns", WARNING)
