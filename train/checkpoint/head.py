@@ -126,6 +126,25 @@ def _legacy_problem(f, size: int) -> str | None:
     return None
 
 
+class _NotMetadata(ValueError):
+    pass
+
+
+def shard_items(folder) -> dict[str, list]:
+    """{shard file: [(offset, length, transforms), ...] in the order of their offsets} of every item a sharded
+    checkpoint's `.metadata` indexes, read with torch's classes stubbed (head_problem, and the check of each item's
+    CRC-32: train/checkpoint/integrity.py). Raises what a cut-off or foreign pickle raises, or _NotMetadata."""
+    with open(Path(folder) / ".metadata", "rb") as f:
+        metadata = _Reader(f).load()
+    if getattr(metadata, "_named", "") != "torch.distributed.checkpoint.metadata.Metadata":
+        raise _NotMetadata(".metadata is not torch's distributed checkpoint metadata")
+    items: dict[str, list] = {}
+    for info in (metadata.field("storage_data") or {}).values():
+        items.setdefault(info.field("relative_path"), []).append(
+            tuple(info.field(k) for k in ("offset", "length", "transform_descriptors")))
+    return {name: sorted(parts, key=lambda p: p[0]) for name, parts in items.items()}
+
+
 def _sharded_problem(folder: Path) -> str | None:
     meta = folder / ".metadata"
     if not meta.is_file():
@@ -133,18 +152,13 @@ def _sharded_problem(folder: Path) -> str | None:
     if meta.stat().st_size == 0:
         return "empty .metadata (the sharded write did not finish)"
     try:
-        with open(meta, "rb") as f:
-            metadata = _Reader(f).load()
+        items = shard_items(folder)
+    except _NotMetadata:
+        return ".metadata is not torch's distributed checkpoint metadata"
     except Exception as err:  # noqa: BLE001 -- a cut-off or foreign pickle
         return f".metadata unreadable ({type(err).__name__}: {str(err)[:200]})"
-    if getattr(metadata, "_named", "") != "torch.distributed.checkpoint.metadata.Metadata":
-        return ".metadata is not torch's distributed checkpoint metadata"
-    needed: dict[str, int] = {}
-    for info in (metadata.field("storage_data") or {}).values():
-        name, offset, length = (info.field(k) for k in ("relative_path", "offset", "length"))
-        needed[name] = max(needed.get(name, 0), offset + length)
-    for name, size in sorted(needed.items()):
-        shard = folder / name
+    for name, parts in sorted(items.items()):
+        size, shard = max(offset + length for offset, length, _ in parts), folder / name
         if not shard.is_file():
             return f"shard {name} is missing"
         if shard.stat().st_size < size:

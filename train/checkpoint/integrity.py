@@ -295,27 +295,23 @@ def content_differs(ckpt, world: int = 1, rank: int = 0) -> str | None:
         except OSError as err:
             why = f"unreadable ({err.strerror})"
         return None if why is None else f"{ckpt}: {why} (damaged since torch wrote it)"
-    import pickle
+    from train.checkpoint.head import shard_items
 
     try:
-        with open(ckpt / ".metadata", "rb") as f:
-            items = list((getattr(pickle.load(f), "storage_data", None) or {}).values())
-    except Exception as err:
+        by_file = shard_items(ckpt)
+    except Exception as err:  # noqa: BLE001 -- a cut-off or foreign pickle
         return f"{ckpt / '.metadata'} is unreadable ({type(err).__name__}: {err})" if rank == 0 else None
-    by_file: dict = {}
-    for info in items:
-        by_file.setdefault(info.relative_path, []).append(info)
     for name in sorted(n for n in by_file if owner(n, world) == rank):
         path = ckpt / name
         try:
             with open(path, "rb") as f:
-                for info in sorted(by_file[name], key=lambda i: i.offset):
-                    if getattr(info, "transform_descriptors", None):
-                        return (f"{path}: its record at byte {info.offset} is stored transformed "
-                                f"({info.transform_descriptors}), which this check cannot read")
-                    why = _zip_differs(f, info.offset, info.length)
+                for offset, length, transforms in by_file[name]:
+                    if transforms:
+                        return (f"{path}: its record at byte {offset} is stored transformed ({transforms}), which "
+                                "this check cannot read")
+                    why = _zip_differs(f, offset, length)
                     if why:
-                        return f"{path}: at byte {info.offset}, {why} (damaged since torch wrote it)"
+                        return f"{path}: at byte {offset}, {why} (damaged since torch wrote it)"
         except OSError as err:
             return f"{path} is unreadable ({err.strerror})"
     return None
