@@ -895,6 +895,23 @@ def test_the_model_a_checkpoint_holds_is_read_from_every_kind_composer_loads(kin
     assert float(resume.read_state(path, {"state.model"})["state"]["model"]["w"].sum()) == sum(range(1000))
 
 
+@pytest.mark.torch  # makes the checkpoints
+def test_a_record_whose_header_is_damaged_is_named_damaged_not_a_traceback(kinds, tmp_path):
+    """A flipped bit in a record's header, where the archive's structure is whole (head_problem passes it), makes
+    zipfile raise what it raises for an archive it cannot read, not BadZipFile: the content check names the file as
+    damaged instead of raising (a traceback on one rank, the others waiting for its answer until dist_timeout)."""
+    from train.checkpoint import integrity, resume
+
+    raw = kinds["full"].read_bytes()
+    central = raw.index(b"PK\x01\x02")  # the first record's entry in the central directory
+    for at, value in ((central + 10, 1), (central + 8, raw[central + 8] | 1)):  # its compression; encrypted
+        damaged = tmp_path / str(at) / kinds["full"].name
+        damaged.parent.mkdir()
+        damaged.write_bytes(raw[:at] + bytes([value]) + raw[at + 1:])
+        assert resume.head_problem(damaged) is None
+        assert integrity.content_differs(damaged).endswith("(damaged since torch wrote it)")
+
+
 def test_a_manifest_of_another_checkpoint_beside_a_file_checkpoint_does_not_verify_it(tmp_path):
     """A one-file checkpoint whose manifest is another checkpoint's (copied or renamed beside it): the manifest's
     files were hashed, those of the other checkpoint, and it verified, whatever its own content."""
