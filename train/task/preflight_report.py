@@ -67,12 +67,12 @@ def judge(nodes: list, devices: dict, node_checks: dict, intra: dict, pairs: lis
     unattributed = []
     for p in slow:
         what = p["error"] if "error" in p else f"{p['GBps']:.3g} GB/s < {low:.3g}"
-        for n in p["nodes"]:
-            partner = [m for m in p["nodes"] if m != n][0]
-            # n is to blame when it has no good pair while its partner has one elsewhere
-            if n not in with_fast and partner in with_fast:
-                bad[n].append(f"inter-node busbw with {partner}: {what}")
-        if not any(n not in with_fast and [m for m in p["nodes"] if m != n][0] in with_fast for n in p["nodes"]):
+        # a node is to blame when it has no good pair while its partner has one elsewhere
+        blamed = [(n, partner) for n, partner in zip(p["nodes"], p["nodes"][::-1])
+                  if n not in with_fast and partner in with_fast]
+        for n, partner in blamed:
+            bad[n].append(f"inter-node busbw with {partner}: {what}")
+        if not blamed:
             unattributed.append(f"pair {'+'.join(p['nodes'])}: {what} (no single node to blame)")
     job_low = _threshold(settings, "inter" if len(nodes) > 1 else "intra")
     if job and "error" in job:
