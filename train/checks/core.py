@@ -49,11 +49,7 @@ class Context:
 
     def given(self, key: str) -> str | None:
         """The value the command line gave `key` (`key=v`, `+key=v`, `++key=v`), or None."""
-        for o in self.overrides:
-            k, _, v = str(o).partition("=")
-            if k.lstrip("+~") == key:
-                return v
-        return None
+        return next((str(o).partition("=")[2] for o in self.overrides if override_key(o) == key), None)
 
     @property
     def slurm(self) -> bool:
@@ -61,6 +57,11 @@ class Context:
 
     def group(self, name: str) -> str:
         return str(self.choices.get(name, "?"))
+
+
+def override_key(override) -> str:
+    """The key a command-line override names: `key=v`, `+key=v`, `++key=v`, `~key`."""
+    return str(override).partition("=")[0].lstrip("+~")
 
 
 def no_value(key: str) -> Problem:

@@ -153,7 +153,7 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
     from hydra.errors import HydraException
 
     from train.checks import Problem
-    from train.checks.core import NOT_A_KEY, SEE_THE_KEYS, did_you_mean, nearest
+    from train.checks.core import NOT_A_KEY, SEE_THE_KEYS, did_you_mean, nearest, override_key
     from train.checks.safety import CREDENTIAL, SECRET_KEY
     from train.checks.values import FOUNDRY_KEYS
     from train.config.compose import FLAGS_WITH_VALUE
@@ -175,7 +175,7 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
         if arg.startswith("-"):  # -m, --cfg job, --help, ...: Hydra's own flags
             skip = arg in FLAGS_WITH_VALUE
             continue
-        key = arg.split("=", 1)[0].lstrip("+~")
+        key = override_key(arg)
         try:
             [override] = parser.parse_overrides([arg])
         except HydraException as err:

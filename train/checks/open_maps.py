@@ -2,7 +2,7 @@
 and reaches Slurm (sbatch refuses an unknown option only once the sweep folder is made) or sets a variable that
 nothing reads beside the preset's own. Light: the option list is kept here, no Slurm client needed.
 """
-from train.checks.core import WARNING, Problem, nearest, value
+from train.checks.core import WARNING, Problem, nearest, override_key, value
 from train.launch.executor import sbatch_name
 
 # sbatch's long options: those `sbatch --help` lists (Slurm 22.05, the loopback cluster's; tests/test_open_maps.py
@@ -87,8 +87,8 @@ def sbatch_extra(cfg, ctx):
 def env_near_misses(cfg, ctx):
     """A variable the command line adds next to a preset variable of almost the same name."""
     env = value(cfg, "cluster.env") or {}
-    given = {str(o).split("=", 1)[0].lstrip("+~").removeprefix("cluster.env.") for o in ctx.overrides
-             if str(o).lstrip("+~").startswith("cluster.env.")}
+    given = {override_key(o).removeprefix("cluster.env.") for o in ctx.overrides
+             if override_key(o).startswith("cluster.env.")}
     preset = [k for k in env if k not in given]
     for name in sorted(given & set(env)):
         close = nearest(name, preset, cutoff=0.85)

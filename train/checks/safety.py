@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from common.errors import TOKEN_FORMS, URL_PASSWORD
 from common.paths import is_remote
-from train.checks.core import Problem, plain, value
+from train.checks.core import Problem, override_key, plain, value
 
 # Environment variable names that hold credentials: never written into a script, a config copy or a plan. By word
 # (AWS_ACCESS_KEY_ID, AWS_SESSION_TOKEN, AZURE_CLIENT_SECRET, AZURE_OPENAI_API_KEY, HF_TOKEN, HF_AUTH,
@@ -259,8 +259,7 @@ def command_line_secrets(args: list) -> tuple[list, list]:
     for arg in args:
         if arg.startswith("-") or "=" not in arg:
             continue
-        key, raw = arg.split("=", 1)
-        key = key.lstrip("+~")
+        key, raw = override_key(arg), arg.split("=", 1)[1]
         if raw and not raw.startswith("$") and _secret_by_name(key):  # by its name: echoed as Hydra's fix
             env = key.startswith("cluster.env.")
             problems.append(next(credentials(OmegaConf.create({"cluster": {"env": {key[12:]: raw}}}), None)) if env

@@ -21,6 +21,7 @@ from train.checks.core import (
     is_number,
     is_resolved,
     nearest,
+    override_key,
     per_batch,
     positive_int,
     same_or_under,
@@ -653,7 +654,7 @@ def launcher_resources(config):
     if not names_this_launcher(target):
         return
     for override in OmegaConf.select(config, "hydra.overrides.hydra") or []:
-        key = str(override).lstrip("+~").split("=", 1)[0]
+        key = override_key(override)
         name = key.removeprefix("hydra.launcher.")
         if name != key and name in _LAUNCHER_RESOURCES:
             home = _LAUNCHER_RESOURCES[name]
