@@ -79,11 +79,24 @@ def test_bucket(state, expected):
 
 @pytest.mark.parametrize("state, is_ended", [
     ("PENDING", False), ("REQUEUED", False), ("RUNNING", False), ("COMPLETING", False),
+    ("SUSPENDED", False), ("RESIZING", False), ("STOPPED", False), ("REQUEUE_HOLD", False),  # Slurm resumes them
     ("COMPLETED", True), ("FAILED", True), ("CANCELLED by 0", True), ("TIMEOUT", True),
     (RuntimeError("sacct: error"), True),  # no answer from Slurm: the result file decides
 ])
 def test_a_slurm_job_has_ended_only_in_a_state_slurm_does_not_resume_from(tmp_path, state, is_ended):
     assert ended(StandInJob(tmp_path, state), "slurm") is is_ended
+
+
+@pytest.mark.parametrize("state", ["SUSPENDED", "RESIZING", "REQUEUE_HOLD"])
+def test_a_suspended_point_is_going_not_a_failure_without_a_result(tmp_path, state):
+    """A job Slurm suspended (`scontrol suspend`), resizes or holds for its requeue has not ended: its row shows
+    Slurm's state and no error, and the status command watches on. (The row read it as ended, found no result and
+    said "no result (killed, ...)" of a job that resumes.)"""
+    from common.sweep.status import GOING, rows
+
+    [row] = rows(manifest(tmp_path), [StandInJob(tmp_path / "4242", state)])
+    assert (row["state"], row["error"]) == (state, "")
+    assert row["state"] in GOING
 
 
 @pytest.mark.e2e  # starts a Python process of its own

@@ -16,6 +16,13 @@ from hydra.core.utils import JobStatus
 
 from common.compat import hydra_job_return_value, submitit_local_controller
 
+# A job's states, Slurm's (squeue(1): JOB STATE CODES) and submitit's, that it has not ended in: it waits for its
+# (next) run, or runs, also while suspended, stopped or resized (Slurm resumes it). Any other state is an end.
+# UNKNOWN: not in Slurm's accounting yet (a job just submitted); QUEUED, READY: submitit's.
+WAITING = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING", "UNKNOWN", "QUEUED",
+           "READY")
+RUNNING = ("RUNNING", "COMPLETING", "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT")
+
 
 def ended(job, scheduler: str) -> bool:
     """submitit calls a job done once its rank-0 result file exists. A rank that fails while Slurm tears the
@@ -25,7 +32,7 @@ def ended(job, scheduler: str) -> bool:
     if scheduler == "local":
         return local_alive(job) is False
     try:
-        return bucket(job.state) != "pending" and job.state.upper() not in ("RUNNING", "COMPLETING")
+        return job.state.upper() not in (*WAITING, *RUNNING)
     except Exception:
         return True
 
@@ -139,10 +146,7 @@ def slurm_requeues(job_ids: list) -> dict:
 
 
 def bucket(state: str) -> str:
-    state = state.upper()
-    if state in ("PENDING", "REQUEUED", "CONFIGURING", "UNKNOWN", "QUEUED", "READY"):
-        return "pending"
-    return "running"
+    return "pending" if state.upper() in WAITING else "running"
 
 
 @dataclass

@@ -21,10 +21,25 @@ from pathlib import Path
 
 from common import files
 from common.errors import UserError
+from common.sweep.outcomes import (
+    RUNNING,
+    SLURM_ENDS,
+    WAITING,
+    ended,
+    final_state,
+    first_failure,
+    local_alive,
+    markdown,
+    pending_reasons,
+    rank_errors,
+    rank_outcomes,
+    slurm_requeues,
+)
 
 MANIFEST = "sweep.json"
-GOING = ("PENDING", "REQUEUED", "CONFIGURING", "RUNNING", "COMPLETING", "RESIZING", "SUSPENDED")
 UNSURE = "UNKNOWN"  # a point whose state this command cannot tell (a local sweep's point, seen from another machine)
+# a row's states that have not ended (outcomes.ended); a row shows a job Slurm does not know yet as PENDING
+GOING = tuple(state for state in (*WAITING, *RUNNING) if state != UNSURE)
 
 
 def write_manifest(sweep_dir: Path, app: str, points: list, shared: list, summary_job: str | None = None) -> None:
@@ -109,18 +124,6 @@ def rows(manifest: dict, point_jobs: list, wait_s: float = 0, all_ended: bool = 
     (a container without a Slurm client)."""
     import socket
 
-    from common.sweep.outcomes import (
-        SLURM_ENDS,
-        ended,
-        final_state,
-        first_failure,
-        local_alive,
-        pending_reasons,
-        rank_errors,
-        rank_outcomes,
-        slurm_requeues,
-    )
-
     app = app_of(manifest)
     # how many times Slurm requeued each point's job, from its accounting (one query): what the app's requeues
     # column shows (the app falls back on what the job's rank 0 recorded, where Slurm cannot be asked)
@@ -171,8 +174,6 @@ def rows(manifest: dict, point_jobs: list, wait_s: float = 0, all_ended: bool = 
 def write_summary(sweep_dir: Path, manifest: dict, table_rows: list) -> str:
     """summary.md and summary.csv, each replaced whole; returns the markdown: the app's heading, the overrides
     every point shares (once), the table."""
-    from common.sweep.outcomes import markdown
-
     heading = app_of(manifest).heading(manifest)
     shared = manifest["shared"]
     text = (f"{heading}\n\n" if heading else "") + \
@@ -191,10 +192,9 @@ def write_summary(sweep_dir: Path, manifest: dict, table_rows: list) -> str:
 
 def console(manifest: dict, table_rows: list) -> str:
     """What a terminal shows: the app's heading and its columns (SHOWN), error only where a point has one."""
-    from common.sweep.outcomes import markdown
-
     app = app_of(manifest)
-    shown = [k for k in app.shown if k not in ("error", "preflight", "continued_from", "interventions") or any(r.get(k) for r in table_rows)]
+    shown = [k for k in app.shown if k not in ("error", "preflight", "continued_from", "interventions")
+             or any(r.get(k) for r in table_rows)]
     heading = app.heading(manifest)
     return (f"{heading}\n" if heading else "") + markdown([{k: r[k] for k in shown} for r in table_rows])
 
