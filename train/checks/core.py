@@ -254,6 +254,12 @@ def close_match(word: str, options) -> str:
     return f"did you mean `{found}`?" if found else ""
 
 
+def close_or_all(word, options) -> str:
+    """The fix of a name not among options: the closest one, and all of them."""
+    close = close_match(str(word), options)
+    return (close + " " if close else "") + f"one of: {', '.join(sorted(options))}"
+
+
 # An override of a key the config does not have, as the gate says it before Hydra composes and as it answers
 # Hydra's own refusal while composing (train/checks/gate.py).
 NOT_A_KEY = "is not a key of this config"

@@ -9,7 +9,18 @@ import math
 from omegaconf import ListConfig, OmegaConf
 
 from train.checks import foundry_names as names
-from train.checks.core import ERROR, WARNING, Problem, close_match, is_int, is_number, nearest, time_of, value
+from train.checks.core import (
+    ERROR,
+    WARNING,
+    Problem,
+    close_match,
+    close_or_all,
+    is_int,
+    is_number,
+    nearest,
+    time_of,
+    value,
+)
 from train.config.loaders import eval_keys, loader_keys
 from train.launch import spec as run_spec
 
@@ -22,35 +33,26 @@ _TIME_UNITS = "ba (batches), ep, tok, sp or dur (a fraction of max_duration), e.
 _BOOL_WORDS = {"y", "yes", "on", "true", "n", "no", "off", "false"}  # what OmegaConf's BooleanNode converts
 
 
+_TAKES = {
+    "None": lambda v: v is None,
+    "int": is_int,
+    "float": is_number,
+    "bool": lambda v: isinstance(v, bool) or is_int(v) or (isinstance(v, str) and v.lower() in _BOOL_WORDS),
+    "str": lambda v: isinstance(v, (str, int, float)) and not isinstance(v, bool),
+    "dict": lambda v: isinstance(v, dict) or hasattr(v, "keys"),
+    "list": lambda v: not isinstance(v, str) and hasattr(v, "__len__") and hasattr(v, "index"),  # ListConfig too
+}
+
+
 def _is_a(v, kind: str) -> bool:
     """Whether OmegaConf's node of this type takes v (it converts "17" to an int, "yes" to a bool)."""
-    if kind == "None":
-        return v is None
-    if kind == "int":
-        if isinstance(v, str):
-            try:
-                int(v)
-                return True
-            except ValueError:
-                return False
-        return is_int(v)
-    if kind == "float":
-        if isinstance(v, str):
-            try:
-                float(v)
-                return True
-            except ValueError:
-                return False
-        return is_number(v)
-    if kind == "bool":
-        return isinstance(v, bool) or is_int(v) or (isinstance(v, str) and v.lower() in _BOOL_WORDS)
-    if kind == "str":
-        return isinstance(v, (str, int, float)) and not isinstance(v, bool)
-    if kind == "dict":
-        return isinstance(v, dict) or hasattr(v, "keys")
-    if kind == "list":
-        return not isinstance(v, str) and hasattr(v, "__len__") and hasattr(v, "index")  # list, tuple, ListConfig
-    return True
+    if kind in ("int", "float") and isinstance(v, str):
+        try:
+            (int if kind == "int" else float)(v)
+            return True
+        except ValueError:
+            return False
+    return _TAKES.get(kind, lambda v: True)(v)
 
 
 _EXAMPLES = {"seed": "seed=17", "eval_first": "eval_first=true", "progress_bar": "progress_bar=true",
@@ -105,8 +107,7 @@ def _named(cfg, key: str, options, what: str, registry: str):
     if v is None or v in options:
         return
     yield Problem(key, f"{v!r} is not {what} llm-foundry knows (its `{registry}` registry would refuse it when "
-                  "the run starts)", (close_match(str(v), options) + " " if close_match(str(v), options) else "")
-                  + f"one of: {', '.join(sorted(options))}")
+                  "the run starts)", close_or_all(v, options))
 
 
 def _kwargs(cfg, key: str, name, known: dict, extra=(), example="100ba"):
@@ -142,9 +143,8 @@ def registries(cfg, ctx):
         node = value(cfg, key)
         for name in (node.keys() if hasattr(node, "keys") else ()):
             if name not in options:
-                hint = close_match(str(name), options)
                 yield Problem(f"{key}.{name}", f"is not a {what} llm-foundry knows (its `{key}` registry would refuse "
-                              "it when the run starts)", (hint + " " if hint else "") + f"one of: {', '.join(sorted(options))}")
+                              "it when the run starts)", close_or_all(name, options))
             elif hasattr(value(cfg, f"{key}.{name}"), "keys"):
                 yield from _kwargs(cfg, f"{key}.{name}", name, arguments[key], example="<value>")
     yield from _named(cfg, "model.name", names.MODELS, "a model", "models")
@@ -648,10 +648,8 @@ def icl_task(task, where: str):
                           "is built)", _ICL_FIX[key])
     kind = task.get("icl_task_type")
     if kind is not None and kind not in names.ICL_TASK_KWARGS:
-        hint = close_match(str(kind), names.ICL_TASK_KWARGS)
         yield Problem(f"{where}.icl_task_type", f"{kind!r} is not an ICL task type llm-foundry knows (its "
-                      "`icl_datasets` registry)", (hint + " " if hint else "") + "one of: "
-                      + ", ".join(sorted(names.ICL_TASK_KWARGS)))
+                      "`icl_datasets` registry)", close_or_all(kind, names.ICL_TASK_KWARGS))
     shots = task.get("num_fewshot")
     if shots is not None and not isinstance(shots, list):
         yield Problem(f"{where}.num_fewshot", f"{shots!r} is not a list (llm-foundry evaluates each shot count in "
