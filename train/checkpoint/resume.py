@@ -236,13 +236,11 @@ def differs_everywhere(ckpt: Checkpoint) -> list:
     """Why `ckpt` must not be loaded, on every rank ([] where it may): its structure (problem, rank 0's look), else
     its content against its manifest or, without one, the CRCs torch wrote into it (each rank checking its share).
     A load_path=, a continue_from= and a rollback's checkpoint are verified so, as a resume verifies its own."""
-    from composer.utils import dist
-
     from train.checkpoint import integrity
+    from train.task.distributed import decided_on_rank_0
 
-    box = [problem(ckpt) if dist.get_global_rank() == 0 else None]
-    dist.broadcast_object_list(box)
-    return [box[0]] if box[0] else integrity.differs_on_any_rank(ckpt.path, integrity.read_manifest(ckpt.path))
+    why = decided_on_rank_0(problem, ckpt)
+    return [why] if why else integrity.differs_on_any_rank(ckpt.path, integrity.read_manifest(ckpt.path))
 
 
 def newest_complete(folder, reads_sharded: bool | None = None, tidy: bool = False,

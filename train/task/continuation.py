@@ -51,6 +51,7 @@ def choose(cfg, save_folder, reads_sharded: bool):
     from train.checkpoint import integrity, resume
     from train.checkpoint.integrity import RunStopped
     from train.config.continuation import KEY, parse, spelt
+    from train.task.distributed import decided_on_rank_0
 
     text = str(cfg.get(KEY))
     asked = parse(text)
@@ -62,12 +63,8 @@ def choose(cfg, save_folder, reads_sharded: bool):
         if earlier.get("asked") == spelt(text, root) and any(c.batch == earlier.get("batch")
                                                             for c in resume.find(folder)):
             batch = earlier["batch"]
-    box = [None]
-    if dist.get_global_rank() == 0:
-        box = [[c for c in resume.newest_first(folder, reads_sharded) if batch is None or c.batch == batch]]
-    dist.broadcast_object_list(box)
     skipped = []
-    for ckpt in box[0]:
+    for ckpt in [c for c in decided_on_rank_0(resume.newest_first, folder, reads_sharded) if batch in (None, c.batch)]:
         whys = resume.differs_everywhere(ckpt)
         if whys:
             skipped.append((ckpt.path, whys[0]))

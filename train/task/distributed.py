@@ -77,15 +77,15 @@ def export_from_submitit() -> dict:
     return env
 
 
-def decided_on_rank_0(decide):
-    """What `decide()` returns on global rank 0, on every rank; its error, raised on every rank: a raise on rank 0
-    alone would leave the others waiting in their next collective until dist_timeout."""
+def decided_on_rank_0(decide, *args):
+    """What `decide(*args)` returns on global rank 0, on every rank; its error, raised on every rank: a raise on
+    rank 0 alone would leave the others waiting in their next collective until dist_timeout."""
     from composer.utils import dist
 
     box = [None]
     if dist.get_global_rank() == 0:
         try:
-            box = [("decided", decide())]
+            box = [("decided", decide(*args))]
         except Exception as err:
             box = [("failed", err)]
     dist.broadcast_object_list(box)

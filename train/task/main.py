@@ -244,48 +244,35 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
     ours = named and (fcfg.get("autoresume") or job is not None)
     only_job = None if fcfg.get("autoresume") else job
     reads_sharded = sharded_checkpoints(fcfg, world)  # as the login node's check of load_path reads it
-    answer = [None]
-    if rank == 0:
-        try:
-            resume.claim(folder)
-            answer = [("claimed", None)]
-        except resume.FolderInUse as err:
-            answer = [("in use", err.problems)]
-    dist.broadcast_object_list(answer)
-    if answer[0][0] == "in use":
-        raise resume.FolderInUse(problems=answer[0][1])
+    decided_on_rank_0(resume.claim, folder)  # FolderInUse, raised on every rank
+
+    def newest():
+        from train.task.spike import finish_pending
+
+        finish_pending(folder)  # a rollback recorded before a kill: its later checkpoints set aside first
+        ckpt = resume.newest_complete(folder, reads_sharded, tidy=True, job=only_job)
+        return ckpt, integrity.read_manifest(ckpt.path) if ckpt else None
+
     chosen, rejected = None, []
     while ours:
-        box = [None]
-        if rank == 0:
-            from train.task.spike import finish_pending
-
-            finish_pending(folder)  # a rollback recorded before a kill: its later checkpoints set aside first
-            ckpt = resume.newest_complete(folder, reads_sharded, tidy=True, job=only_job)
-            manifest = integrity.read_manifest(ckpt.path) if ckpt else None
-            box = [("none",) if ckpt is None else ("unhashed", ckpt) if manifest is None else
-                   ("verify", ckpt, manifest)]
-        dist.broadcast_object_list(box)
-        kind = box[0][0]
-        if kind == "none":
+        ckpt, manifest = decided_on_rank_0(newest)
+        if ckpt is None:
             break
-        ckpt = box[0][1]
         # against its manifest; without one (a kill between its last file and its manifest, a copy without
         # them), by the CRCs torch wrote into it: never resumed from, and certified, on its structure alone
-        whys = integrity.differs_on_any_rank(ckpt.path, box[0][2] if kind == "verify" else None)
+        whys = integrity.differs_on_any_rank(ckpt.path, manifest)
         if whys:
             rejected.append((ckpt.path, whys[0]))
             if rank == 0:
                 resume.set_aside(ckpt, whys[0])
             continue
-        redo = [_end_not_reached(ckpt, fcfg) if rank == 0 else None]
-        dist.broadcast_object_list(redo)
-        if not redo[0]:
+        redo = decided_on_rank_0(_end_not_reached, ckpt, fcfg)
+        if not redo:
             chosen = ckpt
             break
         if rank == 0:  # every format of that batch (a consolidated file beside its shards), or it is chosen next
             for same in [c for c in resume.find(folder) if c.batch == ckpt.batch]:
-                resume.set_aside(same, redo[0])
+                resume.set_aside(same, redo)
     if rejected and chosen is None:
         raise integrity.RunStopped("save_folder", f"no checkpoint in {folder} is what was written: " + "; ".join(
             f"{p.name}: {why}" for p, why in rejected) + f" (set aside in {Path(folder) / resume.SET_ASIDE}, "
@@ -410,15 +397,12 @@ def _same_shape(fcfg, path: Path) -> None:
     from train.checkpoint.resume import model_keys, stored_model
     from train.checks.checkpoints import other_function, other_shape
 
-    if path.is_dir():  # torch's reader of a sharded checkpoint is collective where a process group is up: every rank
-        box = [stored_model(path)]
-    else:
-        box = [stored_model(path) if dist.get_global_rank() == 0 else None]
-        dist.broadcast_object_list(box)
-    if box[0] is None:
+    # torch's reader of a sharded checkpoint is collective where a process group is up: every rank reads
+    held = stored_model(path) if path.is_dir() else decided_on_rank_0(stored_model, path)
+    if held is None:
         return
     ours = model_keys(OmegaConf.to_container(fcfg.model, resolve=True))
-    shape, function = other_shape(box[0], ours), other_function(box[0], ours)
+    shape, function = other_shape(held, ours), other_function(held, ours)
     if function and not shape and dist.get_global_rank() == 0:
         log.warning(f"load_path: {path} holds weights trained under other model settings ({function}, as the "
                     "checkpoint records): they load (the same sizes) but compute something else in this model")

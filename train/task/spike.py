@@ -26,6 +26,7 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 
 from common.paths import is_remote
+from train.task.distributed import decided_on_rank_0
 from train.task.divergence import Divergence
 from train.task.interventions import read, rollbacks
 from train.task.interventions import write as _write
@@ -98,10 +99,8 @@ def roll_back(err, cfg, fcfg) -> bool:
     elif done >= most:
         why = f"it rolled back {done} time{'s' * (done != 1)} already (spike.max_rollbacks={most})"
     else:
-        box = [[c for c in resume.newest_first(folder) if c.batch < spike["since"]]
-               if dist.get_global_rank() == 0 else None]
-        dist.broadcast_object_list(box)
-        point = next((c for c in box[0] if not resume.differs_everywhere(c)), None)
+        before = [c for c in decided_on_rank_0(resume.newest_first, folder) if c.batch < spike["since"]]
+        point = next((c for c in before if not resume.differs_everywhere(c)), None)
         if point is None:
             why = f"no verified checkpoint of it comes before the spike began (batch {spike['since']})"
     entry = {**spike, "action": "rollback" if point else "stop", "time": time.time()}
@@ -155,9 +154,7 @@ class RolledBack(Callback):
     def after_load(self, state: State, logger: Logger) -> None:
         from composer.utils import dist
 
-        box = [read(self.folder) if dist.get_global_rank() == 0 else None]
-        dist.broadcast_object_list(box)
-        found = box[0]
+        found = decided_on_rank_0(read, self.folder)
         at = int(state.timestamp.batch)
         here = [i for i in rollbacks(found) if i.get("resumed_from") == at]
         if not here:
