@@ -108,29 +108,24 @@ def load_from(fcfg, path: str, lineage: dict, same_data: bool) -> None:
     where the data differs), ContinuedFrom keeps this command's optimizer settings."""
     from omegaconf import DictConfig, open_dict
 
+    from train.checkpoint.integrity import stands_at
+
+    # where the batch that ended at the checkpoint began, as its manifest records it
+    before = {key: at[0] for unit, key in (("ba", "batch"), ("sp", "sample"), ("tok", "token"))
+              if (at := stands_at(lineage["checkpoint"], unit))}
     fcfg.load_path, fcfg.load_weights_only = path, False
     fcfg.load_ignore_keys = ["state/schedulers"] + ([] if same_data else ["state/dataset_state"])
     with open_dict(fcfg):
         if not isinstance(fcfg.get("callbacks"), DictConfig):
             fcfg.callbacks = {}
         fcfg.callbacks.continued_from = {"run": lineage["run"], "batch": lineage["batch"], "same_data": same_data,
-                                         "before": _before(lineage["checkpoint"]),
+                                         "before": before or None,
                                          "converted": path if Path(path).parent.name.endswith(CONVERTED) else None}
         if not isinstance(fcfg.get("variables"), DictConfig):
             fcfg.variables = {}
         fcfg.variables.continued_from = path  # what is logged is what happened
     log.info("continuing %s from batch %d: %s%s", lineage["run"], lineage["batch"], path,
              "" if same_data else " (other data: read from its beginning)")
-
-
-def _before(checkpoint) -> dict | None:
-    """Where the batch that ended at the checkpoint began (batch, sample, token), as its manifest records it."""
-    from train.checkpoint.integrity import read_manifest
-
-    stamp = (read_manifest(checkpoint) or {}).get("timestamp") or {}
-    before = stamp.get("before")
-    return {k: int(before[k]) for k in ("batch", "sample", "token") if isinstance(before.get(k), int)} \
-        if isinstance(before, dict) else None
 
 
 class ContinuedFrom(Callback):
