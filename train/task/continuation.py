@@ -106,7 +106,7 @@ def tidy(save_folder) -> None:
 def load_from(fcfg, path: str, lineage: dict, same_data: bool) -> None:
     """The trainer's settings for this start: composer loads `path` whole but the scheduler (and the data position
     where the data differs), ContinuedFrom keeps this command's optimizer settings."""
-    from omegaconf import DictConfig, open_dict
+    from omegaconf import OmegaConf
 
     from train.checkpoint.integrity import stands_at
 
@@ -115,15 +115,10 @@ def load_from(fcfg, path: str, lineage: dict, same_data: bool) -> None:
               if (at := stands_at(lineage["checkpoint"], unit))}
     fcfg.load_path, fcfg.load_weights_only = path, False
     fcfg.load_ignore_keys = ["state/schedulers"] + ([] if same_data else ["state/dataset_state"])
-    with open_dict(fcfg):
-        if not isinstance(fcfg.get("callbacks"), DictConfig):
-            fcfg.callbacks = {}
-        fcfg.callbacks.continued_from = {"run": lineage["run"], "batch": lineage["batch"], "same_data": same_data,
-                                         "before": before or None,
-                                         "converted": path if Path(path).parent.name.endswith(CONVERTED) else None}
-        if not isinstance(fcfg.get("variables"), DictConfig):
-            fcfg.variables = {}
-        fcfg.variables.continued_from = path  # what is logged is what happened
+    OmegaConf.update(fcfg, "callbacks.continued_from", {
+        "run": lineage["run"], "batch": lineage["batch"], "same_data": same_data, "before": before or None,
+        "converted": path if Path(path).parent.name.endswith(CONVERTED) else None}, merge=False, force_add=True)
+    OmegaConf.update(fcfg, "variables.continued_from", path, force_add=True)  # what is logged is what happened
     log.info("continuing %s from batch %d: %s%s", lineage["run"], lineage["batch"], path,
              "" if same_data else " (other data: read from its beginning)")
 

@@ -339,8 +339,8 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
     if lineage and OmegaConf.select(fcfg, "callbacks.run_report") is not None:
         from train.config.continuation import said
 
-        with open_dict(fcfg):  # the run's reports say where it came from (metrics.json, progress.json)
-            fcfg.callbacks.run_report.continued_from = said(lineage)
+        # the run's reports say where it came from (metrics.json, progress.json)
+        OmegaConf.update(fcfg, "callbacks.run_report.continued_from", said(lineage), force_add=True)
     if from_path:
         from train.task import continuation
 
@@ -354,10 +354,7 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
         fcfg.load_path, fcfg.load_weights_only, fcfg.load_ignore_keys = path, False, None
         # what is logged is what happened: composer is told autoresume=false (it must not follow its link), and
         # the config it logs says where this start resumed from
-        with open_dict(fcfg):
-            if not isinstance(fcfg.get("variables"), DictConfig):
-                fcfg.variables = {}
-            fcfg.variables.resumed_from = path
+        OmegaConf.update(fcfg, "variables.resumed_from", path, force_add=True)
         log.info("resuming from %s", path)
     if ours:
         fcfg.autoresume = False  # the choice is made; composer must not follow a stale link instead

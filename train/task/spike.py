@@ -222,16 +222,13 @@ def before_the_next_start(fcfg, cfg) -> None:
 def follows(fcfg) -> None:
     """RolledBack on every start of a run with a local save folder (a requeue in the middle of a rollback finds it
     in the record)."""
-    from omegaconf import DictConfig, open_dict
+    from omegaconf import OmegaConf
 
     folder = fcfg.get("save_folder")
     if not folder or is_remote(folder):
         return
-    with open_dict(fcfg):
-        if not isinstance(fcfg.get("callbacks"), DictConfig):
-            fcfg.callbacks = {}
-        fcfg.callbacks.spike_rollback = {"folder": str(folder),
-                                         "global_batch_size": int(fcfg.global_train_batch_size)}
+    OmegaConf.update(fcfg, "callbacks.spike_rollback", {"folder": str(folder), "global_batch_size": int(
+        fcfg.global_train_batch_size)}, merge=False, force_add=True)
 
 
 def register() -> None:
