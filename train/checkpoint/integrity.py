@@ -220,11 +220,12 @@ def manifest_collectively(ckpt: Path | None, world: int, rank: int, timestamp: d
     timestamp: as write_manifest takes it."""
     from composer.utils import dist
 
-    box = [(str(ckpt), files_of(ckpt)) if rank == 0 and ckpt is not None else None]
-    dist.broadcast_object_list(box)
-    if box[0] is None:
+    from train.task.distributed import decided_on_rank_0
+
+    told = decided_on_rank_0(lambda: None if ckpt is None else (str(ckpt), files_of(ckpt)))
+    if told is None:
         return
-    path, names = Path(box[0][0]), box[0][1]
+    path, names = Path(told[0]), told[1]
     whys = [w for w in dist.all_gather_object(content_differs(path, world, rank)) if w]
     if whys:
         raise RunStopped("save_folder", f"the checkpoint just written is not what was written: {whys[0]}; no "
