@@ -558,14 +558,14 @@ def _as_built(ident: dict, defaults: dict) -> dict:
     norm_type=rmsnorm without the norms' biases. A norm is compared by its weights: the layer norms have a bias
     (unless no_bias), the RMS norms none."""
     get = lambda k: ident.get(k, defaults.get(k))  # noqa: E731
+    # what train/plan/estimate.py reads of a model config, from the identity's keys
+    model = {k: get(f"model.{k}") for k in ("n_heads", "learned_pos_emb", "norm_type")}
+    model["attn_config"] = {k: get(f"model.attn_config.{k}") for k in ("attn_type", "kv_n_heads", "alibi", "rope")}
     built = dict(ident)
-    built["model.learned_pos_emb"] = bool(get("model.learned_pos_emb")) and not (
-        ident.get("model.attn_config.alibi") or ident.get("model.attn_config.rope"))
-    biased = not get("model.no_bias") and "rmsnorm" not in str(get("model.norm_type"))
+    built["model.learned_pos_emb"] = estimate.learned_positions(model)
+    biased = not get("model.no_bias") and estimate.norm_bias(model)
     built["model.norm_type"] = "a norm with weights and biases" if biased else "a norm with weights alone"
-    kind, heads, width = get("model.attn_config.attn_type"), get("model.n_heads"), get("model.d_model")
-    kv = (1 if kind == "multiquery_attention" else ident.get("model.attn_config.kv_n_heads", 1)
-          if kind == "grouped_query_attention" else heads)
+    heads, width, kv = get("model.n_heads"), get("model.d_model"), estimate.kv_heads(model)
     # the attention's weights are n_heads query heads and kv key/value heads of head_dim each (d_model/n_heads
     # unless model.head_dim says): with multihead attention and no head_dim, d_model wide whatever n_heads is
     # (another n_heads splits the same weights otherwise: other_function); qk_gn's norms are head_dim wide

@@ -119,13 +119,20 @@ def block_params(model) -> int:
     qkv = d + 2 * kv_heads(model) * (d // model["n_heads"])
     glu = value_of(value_of(model, "ffn_config", {}), "ffn_type", "mptmlp") == "mptglu"
     weights = d * qkv + d * d + (2 + glu) * d * hidden + 2 * d
-    biases = qkv + d + (1 + glu) * hidden + d + 2 * d * _norm_bias(model)
+    biases = qkv + d + (1 + glu) * hidden + d + 2 * d * norm_bias(model)
     return weights + (not value_of(model, "no_bias", False)) * biases
 
 
-def _norm_bias(model) -> bool:
+def norm_bias(model) -> bool:
     """Whether MPT's norms have a bias (where no_bias allows): the layer norms do, the RMS norms never."""
     return "rmsnorm" not in str(value_of(model, "norm_type", "low_precision_layernorm"))
+
+
+def learned_positions(model) -> bool:
+    """Whether an MPT learns position embeddings: MPTConfig turns learned_pos_emb off where alibi or rope gives the
+    positions."""
+    attn = value_of(model, "attn_config", {})
+    return bool(value_of(model, "learned_pos_emb", True)) and not (value_of(attn, "alibi") or value_of(attn, "rope"))
 
 
 def embedding_params(model) -> int:
@@ -133,10 +140,8 @@ def embedding_params(model) -> int:
     hf = hf_shape(model)
     if hf:
         return hf["embedding_params"]
-    d, attn = model["d_model"], value_of(model, "attn_config", {})
-    # MPTConfig turns learned position embeddings off where alibi or rope gives the positions
-    learned = value_of(model, "learned_pos_emb", True) and not (value_of(attn, "alibi", False) or value_of(attn, "rope", False))
-    pos = model["max_seq_len"] * d if learned else 0
+    d = model["d_model"]
+    pos = model["max_seq_len"] * d if learned_positions(model) else 0
     head = 0 if value_of(model, "tie_word_embeddings", True) else d * vocab_size(model)
     return vocab_size(model) * d + pos + head
 
@@ -147,7 +152,7 @@ def param_count(model) -> int:
     if hf:
         return hf["n_layers"] * hf["block_params"] + hf["embedding_params"] + hf["final_params"]
     d = model["d_model"]
-    bias = not value_of(model, "no_bias", False) and _norm_bias(model)
+    bias = not value_of(model, "no_bias", False) and norm_bias(model)
     return model["n_layers"] * block_params(model) + embedding_params(model) + d * (1 + bias)  # + final norm
 
 
