@@ -60,6 +60,30 @@ def test_the_forms_and_their_spelling_in_a_runs_identity():
     assert identity(cfg) == named and named["continue_from"] == "run-a"
 
 
+@pytest.mark.torch
+@pytest.mark.parametrize("warmup", ["0.033dur", "0.05dur", "4ba"])
+def test_the_learning_rate_a_plan_reads_at_a_batch_is_composers(warmup):
+    """The schedule a continuation's plan reads (its learning rate where it goes on, where the warmup ends) is
+    composer's: a warmup in `dur` ends at that fraction of max_duration, whole batches down (0.033dur of 100ba: 3)."""
+    from types import SimpleNamespace
+
+    from composer.core import Time, Timestamp
+    from composer.optim import CosineAnnealingWithWarmupScheduler
+
+    from train.checks.continuation import _lr_at, _lr_at_record
+    from train.config.compose import compose
+
+    cfg = compose(["max_duration=100ba", f"scheduler.t_warmup={warmup}"])
+    assert cfg.scheduler.name == "cosine_with_warmup" and cfg.scheduler.get("t_max", "1dur") == "1dur"
+    theirs = CosineAnnealingWithWarmupScheduler(t_warmup=warmup, alpha_f=cfg.scheduler.alpha_f)
+    record = {"optimizer.lr": cfg.optimizer.lr, "max_duration": "100ba",
+              **{f"scheduler.{k}": v for k, v in cfg.scheduler.items()}}
+    for batch in range(101):
+        state = SimpleNamespace(max_duration=Time(100, "ba"), timestamp=Timestamp(batch=batch), dataloader_len=None)
+        lr = cfg.optimizer.lr * theirs(state)
+        assert _lr_at(cfg, batch) == pytest.approx(lr) and _lr_at_record(record, batch) == pytest.approx(lr), batch
+
+
 def test_continue_from_a_batch_goes_on_as_the_run_did_under_its_own_name(tmp_path, tmp_path_factory):
     """@ba30 of the 40-batch reference under the same settings: the last 10 batches trained again give the
     reference's own final loss exactly (weights, Adam's moments, the schedule's point, the data position); a run of

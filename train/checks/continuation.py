@@ -6,7 +6,7 @@ from the run continued (its learning rate, schedule, batch size, data, duration)
 from pathlib import Path
 
 from common.paths import is_remote
-from train.checks.core import WARNING, Problem, batches_in, nearest, value
+from train.checks.core import WARNING, Problem, batches, batches_in, nearest, value, warmup_end
 from train.config.continuation import DATA, KEY, parse
 
 
@@ -152,7 +152,8 @@ def schedule_words(cfg, theirs: dict, at: int, changed: dict) -> list:
     else:
         out.append(f"this command's schedule ({name}) is read at batch {at} (the batch count goes on from the "
                    "checkpoint's, and the schedule is a function of it and max_duration)")
-    warmup = batches_in(cfg, value(cfg, "scheduler.t_warmup")) if value(cfg, "scheduler.t_warmup") else None
+    end = batches_in(cfg, value(cfg, "max_duration"))
+    warmup = warmup_end(value(cfg, "scheduler.t_warmup"), end, lambda t: batches_in(cfg, t))
     if warmup is not None and warmup > at:
         out.append(f"scheduler.t_warmup={value(cfg, 'scheduler.t_warmup')} ends after batch {at}: the warmup goes "
                    f"on to batch {warmup} from where it stands at {at}")
@@ -182,32 +183,29 @@ def _multiplier(name, t: int, warmup: int, end: int, s: dict) -> float | None:
     return alpha_i + (alpha_f - alpha_i) * frac
 
 
-def _lr_at(cfg, at: int) -> float | None:
-    from omegaconf import OmegaConf
-
-    sched = value(cfg, "scheduler")
-    s = OmegaConf.to_container(sched, resolve=True) if sched is not None else {}
-    lr, end = value(cfg, "optimizer.lr"), batches_in(cfg, value(cfg, "max_duration"))
-    warmup = batches_in(cfg, s.get("t_warmup")) if s.get("t_warmup") else 0
+def _lr(s: dict, lr, end: int | None, at: int, batches_of) -> float | None:
+    """The learning rate at batch `at` of a schedule (s: its settings) that ends at batch `end`, where a schedule to
+    max_duration (t_max=1dur) is worked out here; batches_of reads a time in batches."""
+    warmup = warmup_end(s.get("t_warmup"), end, batches_of)
     if not isinstance(lr, (int, float)) or end is None or warmup is None or s.get("t_max", "1dur") != "1dur":
         return None
     m = _multiplier(s.get("name"), at, warmup, end, s)
     return None if m is None else lr * m
 
 
+def _lr_at(cfg, at: int) -> float | None:
+    from omegaconf import OmegaConf
+
+    sched = value(cfg, "scheduler")
+    s = OmegaConf.to_container(sched, resolve=True) if sched is not None else {}
+    return _lr(s, value(cfg, "optimizer.lr"), batches_in(cfg, value(cfg, "max_duration")), at,
+               lambda t: batches_in(cfg, t))
+
+
 def _lr_at_record(ident: dict, at: int) -> float | None:
     """The same from a run's identity record, where its durations are in batches."""
-    from train.checks.core import time_of
-
     s = {k.split(".", 1)[1]: v for k, v in ident.items() if k.startswith("scheduler.")}
-    lr, end = ident.get("optimizer.lr"), time_of(str(ident.get("max_duration")))
-    warmup = time_of(str(s.get("t_warmup"))) if s.get("t_warmup") else (0, "ba")
-    if not isinstance(lr, (int, float)) or not end or end[1] != "ba" or not warmup or warmup[1] not in ("ba", "dur") \
-            or s.get("t_max", "1dur") != "1dur":
-        return None
-    warm = int(warmup[0]) if warmup[1] == "ba" else int(warmup[0] * end[0])
-    m = _multiplier(s.get("name"), at, warm, int(end[0]), s)
-    return None if m is None else lr * m
+    return _lr(s, ident.get("optimizer.lr"), batches(str(ident.get("max_duration"))), at, lambda t: batches(str(t)))
 
 
 def words(cfg) -> list:

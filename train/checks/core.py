@@ -374,6 +374,15 @@ def batches_in(cfg, duration) -> int | None:
     return None
 
 
+def warmup_end(t_warmup, end: int | None, batches_of) -> int | None:
+    """The batch a scheduler's warmup ends at, as composer's schedulers read it (_convert_time): a `dur` is that
+    fraction of max_duration's `end` batches, whole batches down; another time in batches by batches_of; none: 0."""
+    time = time_of(str(t_warmup)) if t_warmup else None
+    if time and time[1] == "dur":
+        return int(time[0] * end) if end is not None else None
+    return batches_of(t_warmup) if t_warmup else 0
+
+
 def same_or_under(path, root) -> bool:
     path, root = str(path).rstrip("/"), str(root).rstrip("/")
     return bool(root) and (path == root or path.startswith(root + "/"))

@@ -28,6 +28,7 @@ from train.checks.core import (
     time_of,
     unresolved,
     value,
+    warmup_end,
     zero_dur,
     zero_interval,
 )
@@ -214,7 +215,8 @@ _WARMUP_CHECKED = ("constant_with_warmup", "cosine_with_warmup", "linear_decay_w
 
 def schedule(cfg, ctx):
     given, duration = value(cfg, "scheduler.t_warmup"), value(cfg, "max_duration")
-    warmup, total = batches_in(cfg, given), batches_in(cfg, duration)
+    total = batches_in(cfg, duration)
+    warmup = warmup_end(given, total, lambda t: batches_in(cfg, t))
     if warmup is not None and total and total > 0 and warmup > total:  # (0 or less: refused on its own)
         yield Problem("scheduler.t_warmup", f"{given} of warmup ({warmup} batches) is longer than max_duration="
                       f"{duration} ({total} batches): the learning rate never reaches optimizer.lr (composer runs it; "
