@@ -186,13 +186,18 @@ def check_eval(values: dict, step: str, after_fit: bool, batch: int | None) -> N
     raise diverged(key, said + "the run stopped there, before that step's checkpoint", CONTINUE)
 
 
+def differs(ckpt, manifest: dict | None, world: int = 1, rank: int = 0) -> str | None:
+    """How this rank's share of the checkpoint (owner) differs from its manifest or, without one, from the CRCs
+    torch wrote into it; None where it does not."""
+    return share_differs(ckpt, manifest, world, rank) if manifest is not None else content_differs(ckpt, world, rank)
+
+
 def differs_on_any_rank(ckpt: Path, manifest: dict | None) -> list:
-    """How the checkpoint differs from its manifest (or, without one, from the CRCs torch wrote into it), every
-    rank checking its own share of the files (owner), every rank told every answer."""
+    """How the checkpoint differs (differs), every rank checking its own share of the files, every rank told every
+    answer."""
     from composer.utils import dist
 
-    rank, world = dist.get_global_rank(), dist.get_world_size()
-    mine = share_differs(ckpt, manifest, world, rank) if manifest is not None else content_differs(ckpt, world, rank)
+    mine = differs(ckpt, manifest, dist.get_world_size(), dist.get_global_rank())
     return [w for w in dist.all_gather_object(mine) if w]
 
 

@@ -165,16 +165,9 @@ def unreadable(ckpt: Checkpoint) -> str | None:
     """Why one process cannot read this checkpoint as it was written (export, consolidate, a load_path):
     incomplete by its structure, or a file that does not match its manifest, or, where it has none, a record
     whose bytes do not match their CRC-32 (train/checkpoint/integrity.py)."""
-    why = problem(ckpt)
-    if why is None:
-        from train.checkpoint import integrity
+    from train.checkpoint import integrity
 
-        manifest = integrity.read_manifest(ckpt.path)
-        if manifest is not None:
-            why = integrity.share_differs(ckpt.path, manifest, world=1, rank=0)
-        else:
-            why = integrity.content_differs(ckpt.path)
-    return why
+    return problem(ckpt) or integrity.differs(ckpt.path, integrity.read_manifest(ckpt.path))
 
 
 def read_state(path: Path, keys: set) -> dict:
