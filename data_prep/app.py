@@ -12,6 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from common import files
 from common.errors import Problem
 from data_prep.blocks import (
     LOCK_FOLDER,
@@ -23,10 +24,12 @@ from data_prep.blocks import (
     plan_bytes,
     plan_document,
     source_weight,
+    started,
     write_plan,
 )
 from data_prep.encode import EncoderPool
 from data_prep.errors import DataPrepError, gather
+from data_prep.facts import BLOCK_FILE, INDEX_FILE, SUMMARY_FILE
 from data_prep.inputs import Source, resolve_sources
 from data_prep.lock import OutRootLock
 from data_prep.mds import ShardWriter
@@ -86,12 +89,10 @@ def merged_summary(split_dir: Path) -> dict | None:
     """The merged dataset's summary, or None where it is not merged: a block not complete, no index (streaming
     reads the index; one deleted since is no dataset) or no readable summary (a merge not run yet, killed, or
     withdrawn while a damaged block is written again)."""
-    from data_prep.facts import SUMMARY_FILE, _read_json
-
-    if missing_blocks(split_dir) or not (split_dir / "index.json").is_file():
+    if missing_blocks(split_dir) or not (split_dir / INDEX_FILE).is_file():
         return None
-    summary = _read_json(split_dir / SUMMARY_FILE)
-    return summary if isinstance(summary, dict) else None
+    summary = files.read_json(split_dir / SUMMARY_FILE)
+    return summary if isinstance(summary, dict) and summary else None
 
 
 def redo_damaged(split_dir: Path, blocks: list[Block]) -> None:
@@ -112,8 +113,6 @@ def strict_over_blocks_made_before(split_dir: Path, blocks: list[Block]) -> None
     """strict=true stops at the first line it cannot read; blocks finished by an earlier run with strict=false may
     have skipped some, which a rerun with strict=true would merge without a word, exit 0. The first such line is
     named before the merge instead."""
-    from data_prep.part import BLOCK_FILE
-
     skipped, first = 0, None
     for block in blocks:
         meta = json.loads((split_dir / block.folder / BLOCK_FILE).read_text())  # checked readable (part.damage)
@@ -188,8 +187,7 @@ def take_back(s: Settings, before: Before, lock: OutRootLock, mine: list[Block],
                 shutil.rmtree(split / block.folder, ignore_errors=True)
     if not lock.alone():
         return
-    started = (split / "index.json").exists() or any(split.glob("block-*/block.json"))
-    if not before.plan and not started:
+    if not before.plan and not started(split):
         (split / PLAN_FILE).unlink(missing_ok=True)
     if not before.lock_folder:
         lock.withdraw()

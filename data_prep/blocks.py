@@ -7,13 +7,12 @@ block; a plain file larger than block_bytes is cut into byte ranges of block_byt
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from common.paths import unwritable
 from data_prep.errors import DataPrepError
-from data_prep.facts import PLAN_FILE
+from data_prep.facts import BLOCK_FILE, INDEX_FILE, PLAN_FILE
 from data_prep.inputs import Source
 from data_prep.mds import atomic_write
 from data_prep.settings import Settings
@@ -115,19 +114,14 @@ def _source_changes(old: list, new: list) -> str:
     return "; ".join(changes[:3]) + (f" (and {len(changes) - 3} more)" if len(changes) > 3 else "")
 
 
-def _probe_writable(folder: Path, key: str = "out_root") -> None:
-    existing = folder
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise DataPrepError(key, f"{existing} is a file, so {folder} cannot be created", "choose another out_root")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".data_prep-probe-", dir=existing)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as err:
-        raise DataPrepError(key, f"cannot write in {existing} ({err.strerror})",
-                            "choose a folder you can write to, or fix its permissions") from None
+def started(split_dir: Path) -> bool:
+    """Whether a dataset was begun in `split_dir` (a block finished, or an index published): what its plan
+    protects from a run with other settings, and what a refused run must not take the plan from."""
+    return (split_dir / INDEX_FILE).exists() or made_blocks(split_dir)
+
+
+def made_blocks(split_dir: Path) -> bool:
+    return any(split_dir.glob(f"block-*/{BLOCK_FILE}"))
 
 
 def check_out_root(settings: Settings, plan: dict) -> None:
@@ -135,7 +129,7 @@ def check_out_root(settings: Settings, plan: dict) -> None:
     out_root, split_dir = settings.out_root, settings.split_dir
     if out_root.exists() and not out_root.is_dir():
         raise DataPrepError("out_root", f"{out_root} is a file, not a folder", "choose a folder for out_root")
-    if (out_root / "index.json").exists():
+    if (out_root / INDEX_FILE).exists():
         raise DataPrepError("out_root", f"{out_root} is itself an MDS dataset (it has index.json); out_root is the "
                             f"folder that holds <split>/ folders", "choose an empty or new out_root")
     if split_dir.exists():
@@ -148,27 +142,30 @@ def check_out_root(settings: Settings, plan: dict) -> None:
             except (OSError, ValueError):
                 old = None
             # A plan with no finished block and no index protects nothing: a new run may replace it.
-            started = (split_dir / "index.json").exists() or any(split_dir.glob("block-*/block.json"))
-            if not isinstance(old, dict) and started:  # the settings the blocks were made with are unknown
+            begun = started(split_dir)
+            if not isinstance(old, dict) and begun:  # the settings the blocks were made with are unknown
                 raise DataPrepError("out_root", f"{plan_file} cannot be read (emptied or cut short), so whether "
                                     f"{split_dir}'s blocks were made with these settings is unknown",
                                     "choose a new out_root (or split), or delete that folder to start over")
             diffs = _differences(old or {}, plan)
-            if diffs and started:
+            if diffs and begun:
                 raise DataPrepError("out_root", f"{split_dir} holds another dataset made with different settings: "
                                     + "; ".join(diffs),
                                     "choose a new out_root (or split), or delete that folder to start over")
         # a run that locked, not yet planned; or another part of this run writing the plan this instant (its
         # temporary file, common.files.temp_name): not "files data_prep did not write"
         elif any(p.name != LOCK_FOLDER and not p.name.startswith(f".{PLAN_FILE}.tmp-") for p in split_dir.iterdir()):
-            what = "an MDS dataset" if (split_dir / "index.json").exists() else "files"
+            what = "an MDS dataset" if (split_dir / INDEX_FILE).exists() else "files"
             # this tool's blocks without their plan (deleted since): not another tool's files, but made with
             # settings no longer known
-            ours = f" (its blocks' settings file {PLAN_FILE} is gone)" if any(
-                split_dir.glob("block-*/block.json")) else " that data_prep did not write"
+            ours = f" (its blocks' settings file {PLAN_FILE} is gone)" if made_blocks(split_dir) else \
+                " that data_prep did not write"
             raise DataPrepError("out_root", f"{split_dir} already holds {what}{ours}",
                                 "choose a new out_root (or split), or empty that folder")
-    _probe_writable(split_dir)
+    why = unwritable(split_dir)  # told without writing: a refused run writes nothing
+    if why:
+        raise DataPrepError("out_root", f"{split_dir} cannot be made ({why})",
+                            "choose a folder you can write to, or fix its permissions")
 
 
 def write_plan(split_dir: Path, plan: dict) -> None:

@@ -27,23 +27,24 @@ def gather(problems: list, step, *args):
         return None
 
 
-NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full file system, or the user's quota on it
 RERUN = "run the same command again (finished blocks are kept)"
 
 
 def write_error(path: str | os.PathLike, err: OSError) -> DataPrepError | None:
-    """A write that failed for lack of room, as a message naming the file; None for any other error."""
-    if err.errno in NO_SPACE:
+    """A write that failed for lack of room (a full file system or quota, common.files.is_disk_full, or the
+    file-size limit), as a message naming the file; None for any other error."""
+    from common.files import free_bytes, is_disk_full
+
+    full = is_disk_full(err)
+    if full:
         fix = f"free space (or raise the quota) on that file system and {RERUN}, or choose another out_root"
     elif err.errno == errno.EFBIG:
         fix = (f"raise the file-size limit (ulimit -f, or the file system's largest file) and {RERUN}, "
                f"or choose another out_root")
     else:
         return None
-    from common.files import free_bytes
-
-    free = free_bytes(Path(path).parent)
-    room = f" ({free:,} bytes free there)" if free is not None and err.errno in NO_SPACE else ""
+    free = free_bytes(Path(path).parent) if full else None
+    room = f" ({free:,} bytes free there)" if free is not None else ""
     return DataPrepError("out_root", f"cannot write {path}: {err.strerror}{room}", fix)
 
 

@@ -17,9 +17,9 @@ import numpy as np
 from common import files
 from data_prep.blocks import Block
 from data_prep.errors import DataPrepError
-from data_prep.facts import INDEX_FILE, SUMMARY_FILE
+from data_prep.facts import BLOCK_FILE, INDEX_FILE, SUMMARY_FILE
 from data_prep.mds import ShardWriter, prefixed, read_index, write_index
-from data_prep.part import BLOCK_FILE, MAX_EXAMPLES, is_complete
+from data_prep.part import MAX_EXAMPLES, is_complete
 from data_prep.settings import Settings
 
 TAIL_FOLDER = "tail"

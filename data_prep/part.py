@@ -15,12 +15,11 @@ import numpy as np
 from data_prep.blocks import Block
 from data_prep.encode import ChunkResult, EncoderPool
 from data_prep.errors import DataPrepError, writing
-from data_prep.facts import INDEX_FILE, shard_problems
+from data_prep.facts import BLOCK_FILE, INDEX_FILE, shard_problems
 from data_prep.mds import ShardWriter, read_index
 from data_prep.reader import BlockReader, line_number_of
 from data_prep.settings import Settings
 
-BLOCK_FILE = "block.json"
 # Skipped lines the summary lists (all are counted): the first of the whole dataset, in input order. Blocks are
 # made apart, so each keeps as many: the first block may hold every one of them.
 MAX_EXAMPLES = 1000
