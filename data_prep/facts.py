@@ -16,7 +16,6 @@ from pathlib import Path
 INDEX_FILE = "index.json"
 PLAN_FILE = "data_prep_plan.json"
 SUMMARY_FILE = "data_prep_summary.json"
-BLOCK_FILE = "block.json"  # a block's record, in its folder: there once the block is complete
 
 # streaming's NDArray value dtypes: bytes per value by name (in the column) and by code (in each sample).
 _DTYPE_BYTES = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "float16": 2, "uint32": 4, "int32": 4,

@@ -91,9 +91,10 @@ def hash_files(ckpt, names) -> dict:
     return out
 
 
-def write_manifest(ckpt, entries: dict, timestamp: dict | None = None, run: dict | None = None,
+def write_manifest(ckpt, entries: dict | None = None, timestamp: dict | None = None, run: dict | None = None,
                    job: str | None = None) -> Path:
-    """timestamp: where the checkpoint stands ({batch, sample, token}, and `before`: the same at the start of the
+    """entries: hash_files' of every file of the checkpoint (None: hashed here, in this one process).
+    timestamp: where the checkpoint stands ({batch, sample, token}, and `before`: the same at the start of the
     batch that ended at it), as the trainer counted when it wrote it; a checkpoint hashed later has none.
     run: the record of the run that wrote it (identity.json's content); by default the one in its folder.
     job: the job that trained it, as train/task/distributed.job_id names it (a requeue of a run that does not
@@ -102,6 +103,7 @@ def write_manifest(ckpt, entries: dict, timestamp: dict | None = None, run: dict
     from train.config.identity import read_record
 
     path = manifest_path(ckpt)
+    entries = hash_files(ckpt, files_of(ckpt)) if entries is None else entries
     run = run or read_record(Path(ckpt).parent)
     atomic_write(path, json.dumps({"checkpoint": Path(ckpt).name, "hash": HASH, "written": time.time(),
                                    **({"timestamp": timestamp} if timestamp else {}),

@@ -156,8 +156,7 @@ def _with_manifest(ckpt: Path, src: Path) -> Path:
         raise integrity.RunStopped("save_folder", f"the conversion of {src} is not what was written: {why}",
                                    f"check the storage under {ckpt.parent}, then run the same command again")
     stamp, job = ((integrity.read_manifest(src) or {}).get(k) for k in ("timestamp", "job"))
-    integrity.write_manifest(ckpt, integrity.hash_files(ckpt, integrity.files_of(ckpt)), stamp,
-                             integrity.run_of(src) or None, job)
+    integrity.write_manifest(ckpt, None, stamp, integrity.run_of(src) or None, job)
     return ckpt
 
 

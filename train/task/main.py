@@ -303,8 +303,7 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
             # and hashed now for every later start
             log.warning("%s has no manifest: its content matches the CRCs torch wrote into it; resuming from it "
                         "and writing its manifest now", chosen.path)
-            integrity.write_manifest(chosen.path, integrity.hash_files(chosen.path,
-                                                                       integrity.files_of(chosen.path)), run=before)
+            integrity.write_manifest(chosen.path, run=before)
         data = shards.train_data(fcfg)
         if chosen:  # the data it goes on with is the data it trained on
             shards.same_train_data(before.get("train_data"), data, fcfg, chosen.path)
