@@ -16,6 +16,7 @@ from pathlib import Path
 INDEX_FILE = "index.json"
 PLAN_FILE = "data_prep_plan.json"
 SUMMARY_FILE = "data_prep_summary.json"
+BLOCK_FILE = "block.json"  # a block's record, in its folder: there once the block is complete
 
 # streaming's NDArray value dtypes: bytes per value by name (in the column) and by code (in each sample).
 _DTYPE_BYTES = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "float16": 2, "uint32": 4, "int32": 4,
@@ -53,11 +54,6 @@ def hub_cache() -> Path:
     return Path(os.path.expanduser(cache)) / "huggingface" / "hub"
 
 
-def _cached_tokenizer_json(name: str) -> Path | None:
-    """tokenizer.json of a hub name in the local cache."""
-    return hub_file(name, "tokenizer.json")
-
-
 def hub_file(name: str, filename: str) -> Path | None:
     """A file of a hub name's repository in the local cache: the snapshot refs/main points at, else the newest."""
     repo = hub_cache() / ("models--" + name.replace("/", "--"))
@@ -80,9 +76,13 @@ def tokenizer_file(name_or_path: str) -> Path | None:
         return path if path.is_file() else None
     if path.is_file():
         return path if path.suffix == ".json" else None
-    if name_or_path.startswith(("/", "./", "../", "~")) or name_or_path.count("/") > 1:
-        return None  # a path that does not exist, not a hub name
-    return _cached_tokenizer_json(name_or_path)
+    return hub_file(name_or_path, "tokenizer.json") if hub_name(name_or_path) else None
+
+
+def hub_name(name: str) -> bool:
+    """Whether a tokenizer's name, where no file or folder of that name is here, names a hub repository (`name` or
+    `owner/name`) rather than a path that does not exist (`/`, `./`, `../`, `~` at its start, or a second `/`)."""
+    return not name.startswith(("/", "./", "../", "~")) and name.count("/") <= 1
 
 
 def tokenizer_fingerprint(name_or_path: str) -> str | None:

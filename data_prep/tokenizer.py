@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 from common.paths import CONF
 from data_prep import fast_bpe
 from data_prep.errors import DataPrepError
-from data_prep.facts import vocab_fingerprint
+from data_prep.facts import hub_name, vocab_fingerprint
 from data_prep.fast_bpe import FastEncoder
 from data_prep.settings import Settings
 
@@ -96,7 +96,7 @@ def _load(name: str) -> tuple[Tokenizer, bytes]:
         return _from_file(file)
     if os.path.isfile(path) and path.endswith(".json"):
         return _from_file(path)
-    if path.startswith(("/", "./", "../", "~")) or os.path.exists(path):
+    if os.path.exists(path) or not hub_name(name):
         raise DataPrepError("tokenizer", f"{path} does not exist (or is not a tokenizer.json / folder)",
                             "pass tokenizer=<folder containing tokenizer.json>")
     return _from_hub(name)

@@ -421,6 +421,7 @@ def _snapshot(folder: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("case", ["missing input", "c4 hub while offline", "unknown dataset", "unwritable out_root",
+                                  "out_root under a link to nothing", "missing tokenizer path",
                                   pytest.param("foreign dataset", marks=pytest.mark.torch),  # streaming's writer
                                   "other settings", "missing tokenizer", "model vocab too small", "sweep",
                                   "swept input", "input added", "plan emptied", "plan deleted"])
@@ -438,6 +439,9 @@ def test_bad_input_gives_one_clear_message_and_writes_nothing(tmp_path, case):
     elif case == "unwritable out_root":
         (tmp_path / "a-file").write_text("x")
         args[2] = f"out_root={tmp_path / 'a-file' / 'out'}"
+    elif case == "out_root under a link to nothing":  # was "data_prep: ...: File exists" (exit 1) at the lock
+        (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+        args[2], expect = f"out_root={tmp_path / 'gone' / 'out'}", "is a link to nothing"
     elif case == "foreign dataset":
         from streaming import MDSWriter
 
@@ -450,6 +454,9 @@ def test_bad_input_gives_one_clear_message_and_writes_nothing(tmp_path, case):
     elif case == "missing tokenizer":
         args.append(f"tokenizer={tmp_path / 'no-tokenizer'}")
         expect = "tokenizer"
+    elif case == "missing tokenizer path":  # no hub name has two slashes: it was asked of the hub
+        args.append("tokenizer=no/such/tokenizer")
+        expect = "tokenizer: no/such/tokenizer does not exist (or is not a tokenizer.json / folder)"
     elif case == "model vocab too small":
         args.append("model_vocab_size=50000")
         expect = "model_vocab_size"
