@@ -20,6 +20,7 @@ from train.checks.core import (
     is_number,
     per_batch,
     same_or_under,
+    split_folder,
     time_of,
     value,
     zero_interval,
@@ -280,7 +281,7 @@ def _epoch_batches(cfg) -> tuple[int | None, str]:
         local, split = value(cfg, "train_loader.dataset.local"), value(cfg, "train_loader.dataset.split")
         if not local or is_remote(str(local)):
             return None, "an epoch's batches: the train split is not in a local folder (train_loader.dataset.local)"
-        folder = Path(str(local)).expanduser() / str(split) if split else Path(str(local)).expanduser()
+        folder = split_folder(local, split)
         samples, source = samples_in(folder), f"{folder}/index.json"
         if samples is None:
             return None, f"an epoch's batches: no readable {folder}/index.json here"
@@ -511,10 +512,16 @@ def other_shape(theirs: dict, ours: dict) -> str:
     mpt = theirs.get("model.name") == ours.get("model.name") == "mpt_causal_lm"
     defaults = MPT_SHAPE_DEFAULTS if mpt else {}
     theirs, ours = (_as_built(i, defaults) if mpt else i for i in (theirs, ours))
-    changed = []
     from train.config.hf_arch import shape_keys  # a Hugging Face architecture's: its config_overrides that size it
 
-    for k in (*SHAPE_KEYS, *shape_keys(theirs, ours)):
+    return _differing((*SHAPE_KEYS, *shape_keys(theirs, ours)), theirs, ours, defaults)
+
+
+def _differing(keys, theirs: dict, ours: dict, defaults: dict) -> str:
+    """`key=a there, b here` for each of keys the two identities hold other values of, a key one leaves out taken
+    at its default (not compared where it has none)."""
+    changed = []
+    for k in keys:
         there, here = theirs.get(k, defaults.get(k, _UNSET)), ours.get(k, defaults.get(k, _UNSET))
         if there is not _UNSET and here is not _UNSET and there != here:
             changed.append(f"{k}={there!r} there, {here!r} here" + _WHY.get(k, ""))
@@ -542,14 +549,8 @@ def other_function(theirs: dict, ours: dict) -> str:
     other_shape says them ("" when none differs); a key one of them leaves out is MPT's default where it has one."""
     mpt = theirs.get("model.name") == ours.get("model.name") == "mpt_causal_lm"
     defaults = {**MPT_SHAPE_DEFAULTS, **FUNCTION_DEFAULTS} if mpt else {}
-    changed = []
-    for k in FUNCTION_KEYS:
-        there, here = theirs.get(k, defaults.get(k, _UNSET)), ours.get(k, defaults.get(k, _UNSET))
-        if k in _ONLY_WITH and not (theirs.get(_ONLY_WITH[k]) or ours.get(_ONLY_WITH[k])):
-            continue
-        if there is not _UNSET and here is not _UNSET and there != here:
-            changed.append(f"{k}={there!r} there, {here!r} here")
-    return "; ".join(changed)
+    keys = [k for k in FUNCTION_KEYS if k not in _ONLY_WITH or theirs.get(_ONLY_WITH[k]) or ours.get(_ONLY_WITH[k])]
+    return _differing(keys, theirs, ours, defaults)
 
 
 def _as_built(ident: dict, defaults: dict) -> dict:

@@ -14,7 +14,7 @@ from omegaconf import ListConfig, OmegaConf
 from common import image as contract
 from common.paths import PROJECT, is_remote
 from data_prep import facts
-from train.checks.core import ERROR, WARNING, Problem, value
+from train.checks.core import ERROR, WARNING, Problem, split_folder, value
 from train.config import vocab
 from train.config.loaders import loader_keys
 from train.launch.executor import topology_file
@@ -487,7 +487,7 @@ def data(cfg, ctx):
         # the key to fix: the one most commands set (variables.data_local), unless this loader was given its own
         key = "variables.data_local" if local == data_local else f"{at}.local"
         local = Path(str(local)).expanduser()
-        folder = local / str(split) if split else local  # streaming: no split means local is the split folder
+        folder = split_folder(local, split)
         if folder in checked or folder in written:
             continue
         checked.add(folder)
@@ -543,8 +543,7 @@ def _remote_folder(cfg, loader: str, at: str, local: Path, split, remote: str, t
     """A loader's remote that is a folder (not a URI): streaming copies the split's index.json and shards from it
     into the local folder as it starts, and fails there if it holds none, unless the local folder holds the whole
     split already (streaming then reads that)."""
-    folder = Path(remote).expanduser() / str(split) if split else Path(remote).expanduser()
-    copy = local / str(split) if split else local
+    folder, copy = split_folder(remote, split), split_folder(local, split)
     if folder in checked or (folder / "index.json").is_file():
         return
     checked.add(folder)
