@@ -22,7 +22,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from common.errors import UserError
+from common.errors import Problem, UserError
 from data_prep.mds import file_hashes
 from train.config.loaders import loader_keys
 from train.task import refusal
@@ -56,17 +56,11 @@ def check_mounts(cfg) -> None:
     if missing:
         refusal.take_back()
         raise NotMounted(problems=[
-            _problem("storage.mounts", f"{path} is not a mount point on {node} (nothing is mounted there: reads "
-                     "would find nothing and writes would land on the node's own disk)",
-                     "mount the file system on every node (or exclude this node: --exclude in "
-                     "cluster.sbatch_extra), or use a storage preset this cluster has")
+            Problem("storage.mounts", f"{path} is not a mount point on {node} (nothing is mounted there: reads "
+                    "would find nothing and writes would land on the node's own disk)",
+                    "mount the file system on every node (or exclude this node: --exclude in "
+                    "cluster.sbatch_extra), or use a storage preset this cluster has")
             for path in missing])
-
-
-def _problem(key, problem, fix):
-    from common.errors import Problem
-
-    return Problem(key, problem, fix)
 
 
 def _split_folders(fcfg) -> list:
@@ -196,9 +190,9 @@ def verify_shards(fcfg) -> None:
     if mine:
         refusal.take_back()  # a plain run leaves nothing: its run folder's files, its claim (train/task/refusal.py)
         raise DamagedShard(problems=[
-            _problem(key, f"shard {file} is damaged: {why} (streaming would read wrong tokens, or fail mid-run)",
-                     "copy the data again (or make it again with data_prep), or point variables.data_local at an "
-                     "intact copy")
+            Problem(key, f"shard {file} is damaged: {why} (streaming would read wrong tokens, or fail mid-run)",
+                    "copy the data again (or make it again with data_prep), or point variables.data_local at an "
+                    "intact copy")
             for key, file, why in sorted(mine)])
     if _split_folders(fcfg):
         log.info("shards checked against index.json in %.1f s", time.perf_counter() - start)
