@@ -879,3 +879,25 @@ def test_the_storage_root_a_near_miss_under_a_group_and_a_yaml_folder_are_named_
         assert proc.returncode == 2 and proc.stderr.startswith(said), proc.stderr[-2000:]
         assert "To append" not in proc.stderr and "HYDRA_FULL_ERROR" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md"]
+
+
+@pytest.mark.parametrize("hub, transformers, offline", [
+    ("1", None, True), ("yes", None, True), ("no", None, False), (None, "1", True), ("0", "1", False),
+    ("", "on", True), (None, None, False)])
+def test_the_hub_is_offline_where_huggingface_hub_reads_it(monkeypatch, hub, transformers, offline):
+    """The tokenizer rule's "the hub is switched off" (HF_HUB_OFFLINE, then TRANSFORMERS_OFFLINE, as
+    huggingface_hub.constants reads them): HF_HUB_OFFLINE=0 beside TRANSFORMERS_OFFLINE=1 is online there."""
+    import importlib
+
+    import huggingface_hub.constants
+
+    from train.checks.node import _offline
+
+    for name, given in (("HF_HUB_OFFLINE", hub), ("TRANSFORMERS_OFFLINE", transformers)):
+        monkeypatch.delenv(name, raising=False) if given is None else monkeypatch.setenv(name, given)
+    assert _offline() is offline
+    try:
+        assert importlib.reload(huggingface_hub.constants).HF_HUB_OFFLINE is offline
+    finally:  # the module as the rest of this process had it
+        monkeypatch.undo()
+        importlib.reload(huggingface_hub.constants)

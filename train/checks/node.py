@@ -333,8 +333,10 @@ def no_overwrite(cfg, ctx):
 
 
 def _offline() -> bool:
-    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
-               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    """The hub switched off, as huggingface_hub reads it: HF_HUB_OFFLINE, or TRANSFORMERS_OFFLINE where that is
+    unset or empty, one of 1, on, yes, true."""
+    given = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return given.upper() in ("1", "ON", "YES", "TRUE")
 
 
 @functools.lru_cache(maxsize=None)  # once per command, however many sweep points ask
