@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from common import files
-from common.errors import UserError
+from common.errors import Problem, UserError
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +92,6 @@ def trainer_batches(dataset, reads: dict) -> list:
 def run_problems(evaluators: dict, uses_sequence_id: bool) -> list:
     """What keeps the samples each of the run's evaluators read from being read again here, before the model loads
     (`uses_sequence_id`: the export's model attends within each document of a sample, attn_uses_sequence_id)."""
-    from common.errors import Problem
-
     fix = "score a split of your choosing: --data=<MDS folder> [--split, --batch-size, --batches, --eos-token-id]"
     found = []
     for label, reads in evaluators.items():
@@ -344,8 +342,6 @@ def _line(label: str, r: dict) -> str:
 
 
 def _problems(args) -> list:
-    from common.errors import Problem
-
     found = []
     if args.icl_tasks:
         from train.checks.node import icl_task_lines
@@ -382,8 +378,6 @@ def _problems(args) -> list:
 
 
 def _positive(args) -> list:
-    from common.errors import Problem
-
     return [Problem(key, f"must be positive, got {v}", f"e.g. {key}=8") for key, v in (
         ("--batch-size", args.batch_size), ("--max-seq-len", args.max_seq_len)) if v is not None and v <= 0]
 
