@@ -201,7 +201,7 @@ def dataset_facts(split_folder: str | os.PathLike) -> dict:
         facts["source"] = SUMMARY_FILE
         return facts
     plan = _read_json(folder / PLAN_FILE)  # a dataset made before the summary recorded these facts
-    concat = ((plan or {}).get("settings") or {}).get("concat_tokens") if isinstance(plan, dict) else None
+    concat = (plan.get("settings") or {}).get("concat_tokens") if isinstance(plan, dict) else None
     if isinstance(concat, int):
         facts["sample_tokens"], facts["source"] = concat, PLAN_FILE
         return facts
