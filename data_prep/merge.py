@@ -6,9 +6,7 @@ merging at once write the same bytes.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 from collections import Counter
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from data_prep.blocks import Block
 from data_prep.errors import DataPrepError
 from data_prep.facts import BLOCK_FILE, INDEX_FILE, SUMMARY_FILE
 from data_prep.mds import ShardWriter, prefixed, read_index, write_index
-from data_prep.part import MAX_EXAMPLES, is_complete
+from data_prep.part import MAX_EXAMPLES, is_complete, scratch
 from data_prep.settings import Settings
 
 TAIL_FOLDER = "tail"
@@ -36,7 +34,7 @@ def _write_tail(split_dir: Path, tokens: np.ndarray, settings: Settings) -> list
     """tail/ as the blocks make it. A rerun finds it there with these very bytes (the plan fixes every block) and
     keeps it: the published index.json names its files, so they are never removed or replaced under a reader."""
     final = split_dir / TAIL_FOLDER
-    tmp = split_dir / f".tmp-{TAIL_FOLDER}.{socket.gethostname()}-{os.getpid()}"
+    tmp = scratch(split_dir, TAIL_FOLDER)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:

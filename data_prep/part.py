@@ -25,6 +25,12 @@ from data_prep.settings import Settings
 MAX_EXAMPLES = 1000
 
 
+def scratch(split_dir: Path, name: str) -> Path:
+    """The hidden folder this process writes a block's (or the tail's) folder `name` in before it renames it into
+    place; one a killed writer left is removed by the next that writes that folder (clear_partial, merge.STALE)."""
+    return split_dir / f".tmp-{name}.{socket.gethostname()}-{os.getpid()}"
+
+
 def is_complete(split_dir: Path, block: Block) -> bool:
     return (split_dir / block.folder / BLOCK_FILE).exists()
 
@@ -76,7 +82,7 @@ class BlockSink:
 
     def __init__(self, split_dir: Path, block: Block, settings: Settings):
         self.split_dir, self.block, self.settings = split_dir, block, settings
-        self.tmp = split_dir / f".tmp-{block.folder}.{socket.gethostname()}-{os.getpid()}"
+        self.tmp = scratch(split_dir, block.folder)
         self.tmp.mkdir()
         self.writer = ShardWriter(self.tmp, settings.concat_tokens, settings.compression, settings.size_limit)
         self.carry = np.empty(0, np.int32)
