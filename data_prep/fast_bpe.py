@@ -24,17 +24,19 @@ from __future__ import annotations
 
 import array
 import hashlib
+import io
 import json
 import logging
 import os
 import re
-import tempfile
 import unicodedata
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from common import files
 
 log = logging.getLogger(__name__)
 
@@ -270,19 +272,17 @@ def _cached(name: str, compute):
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # none, or cut short: computed again
         pass
     value = compute()
-    fh = None
+    data = io.BytesIO()
+    if arrays:
+        np.savez(data, **value)
+    else:
+        data.write(json.dumps(value).encode())
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("wb", dir=path.parent, delete=False, suffix=".tmp") as fh:
-            if arrays:
-                np.savez(fh, **value)
-            else:
-                fh.write(json.dumps(value).encode())
-        os.replace(fh.name, path)
+        files.atomic_write(path, data.getvalue())
+    except files.DiskFull as err:
+        log.info(f"data_prep: note: cannot cache {path} ({err.problem})")
     except OSError as err:
         log.info(f"data_prep: note: cannot cache {path} ({err.strerror or err})")
-        if fh is not None:
-            Path(fh.name).unlink(missing_ok=True)
     return value
 
 
