@@ -27,13 +27,19 @@ log = logging.getLogger(__name__)
 EXIT_WITHIN_S = 10
 
 
+def job_file(job, kind: str) -> Path:
+    """`<its submitit folder>/<its id>_<kind>`, a job's own file beside submitit's (a request to the host, a local
+    job's running lock), of submitit's Job or, inside the job, its JobEnvironment. submitit's job_id is `A_a` in
+    an array, and its folder's `%j` (`%A`, `%a`) becomes this job's id, exactly as `teardown_lines` computes it
+    in bash."""
+    return Path(job.paths.folder) / f"{job.job_id}_{kind}"
+
+
 def request_path(kind: str = "requeue") -> Path:
-    """In the job: the request file the batch script looks for. submitit's job_id is `A_a` in an array, and
-    its folder's `%j` (`%A`, `%a`) becomes this job's id, exactly as `teardown_lines` computes it in bash."""
+    """In the job: the request file the batch script looks for."""
     from submitit import JobEnvironment
 
-    env = JobEnvironment()
-    return env.paths.folder / f"{env.job_id}_{kind}"
+    return job_file(JobEnvironment(), kind)
 
 
 def write_request(kind: str, text: str) -> Path:

@@ -15,6 +15,7 @@ from typing import Any
 from hydra.core.utils import JobStatus
 
 from common.compat import hydra_job_return_value, submitit_local_controller
+from common.host_requeue import job_file
 
 # A job's states, Slurm's (squeue(1): JOB STATE CODES) and submitit's, that it has not ended in: it waits for its
 # (next) run, or runs, also while suspended, stopped or resized (Slurm resumes it). Any other state is an end.
@@ -51,7 +52,7 @@ def local_alive(job) -> bool | None:
     return True if alive is False and _tasks_alive(job) else alive
 
 
-RUNNING_LOCK = "{job_id}_running"  # in the job's folder: locked by each of a local job's tasks while it runs
+RUNNING_LOCK = "running"  # host_requeue.job_file's kind: locked by each of a local job's tasks while it runs
 _held = None  # this task's open lock file: the lock lasts as long as the process (and what it forks) holds it
 
 
@@ -68,8 +69,7 @@ def hold_while_running() -> None:
         return
     from submitit import JobEnvironment
 
-    env = JobEnvironment()
-    held = open(env.paths.folder / RUNNING_LOCK.format(job_id=env.job_id), "a")
+    held = open(job_file(JobEnvironment(), RUNNING_LOCK), "a")
     try:
         fcntl.flock(held, fcntl.LOCK_SH)
     except OSError as err:  # a file system without flock: the controller alone tells that the job runs
@@ -85,7 +85,7 @@ def _tasks_alive(job) -> bool:
     import fcntl
 
     try:
-        with open(Path(job.paths.folder) / RUNNING_LOCK.format(job_id=job.job_id), "rb") as lock:
+        with open(job_file(job, RUNNING_LOCK), "rb") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released as the file closes
     except BlockingIOError:
         return True
