@@ -135,15 +135,16 @@ def rows(manifest: dict, point_jobs: list, wait_s: float = 0, all_ended: bool = 
         here = not local or p.get("host") in (None, socket.gethostname())
         alive = local_alive(job) if local and here and not all_ended else None  # outcomes.ended's answer, asked once
         gone = job is not None and not Path(str(job.paths.folder)).is_dir()
+        log = Path(str(job.task(0).paths.stderr)) if job is not None else "(finished earlier: nothing submitted)"
         if job is None:  # finished before this sweep: nothing was submitted
-            state, log = "COMPLETED", "(finished earlier: nothing submitted)"
+            state = "COMPLETED"
         elif gone:  # its ranks' results and logs were deleted: no result would read as FAILED, a finished run too
-            state, log = f"{UNSURE} (its job folder {job.paths.folder} is gone)", Path(str(job.task(0).paths.stderr))
+            state = f"{UNSURE} (its job folder {job.paths.folder} is gone)"
         elif not here or (local and not all_ended and alive is None):
             # a local point's processes are on the machine that ran the sweep (their ids mean nothing elsewhere),
             # or not ours to inspect: neither running nor ended can be said (the summary files are not rewritten)
             where = f"on {p['host']}" if not here else "its process cannot be inspected"
-            state, log = f"{UNSURE} ({where})", Path(str(job.task(0).paths.stderr))
+            state = f"{UNSURE} ({where})"
         elif all_ended or (alive is False if local else ended(job, p["scheduler"])):
             ranks = rank_outcomes(job, wait_s=wait_s)
             bad = [r for r in ranks if not r.ok]
@@ -154,11 +155,10 @@ def rows(manifest: dict, point_jobs: list, wait_s: float = 0, all_ended: bool = 
             error = rank_errors(bad, first)
             log = first.log
         elif local:  # its controller runs (submitit's own state says so only in the process that started it)
-            state, log = "RUNNING", Path(str(job.task(0).paths.stderr))
+            state = "RUNNING"
         else:
             state = job.state.upper()
             state = "PENDING" if state == "UNKNOWN" else state  # not in Slurm's accounting yet
-            log = Path(str(job.task(0).paths.stderr))
         seen = {**p, "slurm_requeues": requeues.get(str(p["job_id"]))}  # None: not asked, or not known to Slurm
         out.append({"point": p["num"], "overrides": " ".join(p["overrides"]), "job_id": p["job_id"], "state": state,
                     **app.columns(seen, state), "log": str(log), "error": error[:1000]})
