@@ -887,17 +887,13 @@ def test_the_storage_root_a_near_miss_under_a_group_and_a_yaml_folder_are_named_
 def test_the_hub_is_offline_where_huggingface_hub_reads_it(monkeypatch, hub, transformers, offline):
     """The tokenizer rule's "the hub is switched off" (HF_HUB_OFFLINE, then TRANSFORMERS_OFFLINE, as
     huggingface_hub.constants reads them): HF_HUB_OFFLINE=0 beside TRANSFORMERS_OFFLINE=1 is online there."""
-    import importlib
-
-    import huggingface_hub.constants
+    import os
 
     from train.checks.node import _offline
 
     for name, given in (("HF_HUB_OFFLINE", hub), ("TRANSFORMERS_OFFLINE", transformers)):
         monkeypatch.delenv(name, raising=False) if given is None else monkeypatch.setenv(name, given)
     assert _offline() is offline
-    try:
-        assert importlib.reload(huggingface_hub.constants).HF_HUB_OFFLINE is offline
-    finally:  # the module as the rest of this process had it
-        monkeypatch.undo()
-        importlib.reload(huggingface_hub.constants)
+    hubs = subprocess.run([str(PYTHON), "-c", "import huggingface_hub.constants as c; print(c.HF_HUB_OFFLINE)"],
+                          env=dict(os.environ), capture_output=True, text=True, check=True).stdout.strip()
+    assert hubs == str(offline)
