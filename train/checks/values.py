@@ -412,7 +412,7 @@ def checkpoint(cfg, ctx):
                       "one", "leave it out (composer's sharded checkpoints already keep a file per rank); "
                       "{run_name} is filled with the run's name")
     keep = value(cfg, "save_num_checkpoints_to_keep")
-    if keep is not None and (not is_int(keep) or keep < -1):
+    if is_int(keep) and keep < -1:  # (another type: train_config_types)
         yield Problem("save_num_checkpoints_to_keep", f"{keep!r} is not -1 (keep all) or a count",
                       "e.g. save_num_checkpoints_to_keep=10")
 
@@ -448,6 +448,8 @@ def batch(cfg, ctx):
     gbs = value(cfg, "global_train_batch_size")
     mb = value(cfg, "device_train_microbatch_size")
     ws = ctx.world_size(cfg)
+    if not is_int(gbs):
+        return  # numbers refuses it
     if gbs % ws:
         lower, upper = gbs // ws * ws, (gbs // ws + 1) * ws
         tasks = value(cfg, "cluster.tasks_per_node")
