@@ -897,3 +897,14 @@ def test_the_hub_is_offline_where_huggingface_hub_reads_it(monkeypatch, hub, tra
     hubs = subprocess.run([str(PYTHON), "-c", "import huggingface_hub.constants as c; print(c.HF_HUB_OFFLINE)"],
                           env=dict(os.environ), capture_output=True, text=True, check=True).stdout.strip()
     assert hubs == str(offline)
+
+
+@pytest.mark.parametrize("override", ["max_seq_len=abc", "global_train_batch_size=2.5", "device_eval_batch_size=x",
+                                      "save_interval=true", "eval_interval=true", "save_num_checkpoints_to_keep=few",
+                                      "eval_interval=null"])
+def test_a_value_of_another_type_is_one_error_of_its_key(override):
+    """A key's type is refused by one rule, in its words (a TrainConfig type, or the key's own rule where that
+    refuses every other type), not once by each."""
+    key = override.split("=")[0]
+    [p] = [p for p in check(compose([override]), Context()) if p.key == key]
+    assert p.level == ERROR
