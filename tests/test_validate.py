@@ -900,6 +900,7 @@ def test_the_hub_is_offline_where_huggingface_hub_reads_it(monkeypatch, hub, tra
 
 
 @pytest.mark.parametrize("override", ["max_seq_len=abc", "global_train_batch_size=2.5", "device_eval_batch_size=x",
+                                      "device_train_microbatch_size=big",
                                       "save_interval=true", "eval_interval=true", "save_num_checkpoints_to_keep=few",
                                       "eval_interval=null"])
 def test_a_value_of_another_type_is_one_error_of_its_key(override):
