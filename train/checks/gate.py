@@ -202,12 +202,7 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
             found += _recipe_problems(override)
             continue
         if key in groups and not override.is_delete():
-            try:
-                choices = list(override.sweep_string_iterator()) if override.is_sweep_override() else \
-                    [override.get_value_element_as_str()]
-            except Exception:  # glob(), range(): Hydra expands them
-                continue
-            for choice in choices:
+            for choice in _given(override, text=True):
                 if choice not in groups[key]:
                     close = nearest(choice, groups[key], cutoff=0.5)
                     found.append(Problem(key, f"{choice!r} is not a {key} preset (conf/{key}/)",
@@ -234,6 +229,17 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
             fix = SEE_THE_KEYS
         found.append(Problem(key, NOT_A_KEY, fix))
     return found
+
+
+def _given(override, text: bool = False) -> list:
+    """The values an override gives (each of a sweep's), as text or as Hydra reads them; none for glob() and
+    range(), which Hydra expands itself."""
+    try:
+        if override.is_sweep_override():
+            return list(override.sweep_string_iterator() if text else override.sweep_iterator())
+        return [override.get_value_element_as_str() if text else override.value()]
+    except Exception:  # glob(), range()
+        return []
 
 
 def _listed_twice(override) -> list:
@@ -269,13 +275,8 @@ def _recipe_problems(override) -> list:
     from train.checks import Problem
     from train.config.recipe_yaml import recipe_file
 
-    try:
-        paths = list(override.sweep_string_iterator()) if override.is_sweep_override() else \
-            [override.get_value_element_as_str()]
-    except Exception:  # glob(), range(): Hydra expands them
-        return []
     found = []
-    for option in paths:
+    for option in _given(override, text=True):
         path = recipe_file(option)
         fix = "yaml=<path of an llm-foundry YAML>, e.g. yaml=scripts/train/yamls/pretrain/mpt-7b.yaml"
         given = Path(option).expanduser()
@@ -336,12 +337,8 @@ def _schema_problems(override, key: str) -> list:
 
     group, _, sub = key.partition(".")
     node = OmegaConf.structured(_schemas()[group])
-    try:
-        values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
-    except Exception:  # glob(), range(): Hydra expands them
-        return []
     found = []
-    for v in values:
+    for v in _given(override):
         if isinstance(v, str) and "${" in v:
             continue  # an interpolation: resolved (and checked) later
         try:

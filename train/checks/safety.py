@@ -254,6 +254,8 @@ def command_line_secrets(args: list) -> tuple[list, list]:
     in full. Named as the config check names them (cluster.setup[0]); a value Hydra cannot parse, by its key."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    from train.checks.gate import _given
+
     parser = OverridesParser.create()
     problems, secrets = [], []
     for arg in args:
@@ -267,10 +269,11 @@ def command_line_secrets(args: list) -> tuple[list, list]:
             secrets.append(raw)
             continue
         try:
-            [override] = parser.parse_overrides([arg])
-            values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
-        except Exception:  # read by the gate as Hydra's grammar error: its text is looked at, and its items
-            values = [raw, re.sub(r"[\[\]{}'\",]", " ", raw)]
+            values = _given(parser.parse_overrides([arg])[0])
+        except Exception:  # read by the gate as Hydra's grammar error
+            values = []
+        # none read (that, or glob(), range()): its text is looked at, and its items
+        values = values or [raw, re.sub(r"[\[\]{}'\",]", " ", raw)]
         found = {}
         for v in values:
             for path, _, leaf in _walk(v, key) if isinstance(v, (dict, list)) else [(key, None, v)]:
