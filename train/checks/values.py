@@ -39,19 +39,9 @@ from train.plan import estimate
 
 # Ours: our typed groups and `plan`; removed before llm-foundry sees the config (train/task/foundry.py).
 PRODUCT_KEYS = frozenset({*SCHEMAS, "plan", "objective", "continue_from"})
-# llm-foundry 0.22's TrainConfig fields (tests/test_config.py checks this list against the library).
-FOUNDRY_KEYS = frozenset("""
-model tokenizer optimizer scheduler train_loader device_train_batch_size device_eval_batch_size max_duration
-max_seq_len seed precision code_paths max_split_size_mb expandable_segments cuda_load_lazy dist_timeout
-fsdp_config tp_config accumulate_train_batch_on_tokens eval_interval eval_loader eval_loaders icl_tasks
-icl_tasks_str eval_gauntlet eval_gauntlet_str icl_subset_num_batches icl_seq_len loggers progress_bar
-log_to_console python_log_level console_log_interval log_config callbacks algorithms save_folder
-save_latest_filename save_overwrite save_weights_only save_filename save_interval save_num_checkpoints_to_keep
-load_path load_weights_only load_strict_model_weights load_ignore_keys save_ignore_keys only_hf_checkpoint
-only_composer_checkpoint train_subset_num_batches device_train_microbatch_size global_train_batch_size
-spin_dataloaders eval_subset_num_batches eval_first compile_config metadata flatten_metadata run_name
-autoresume profiler variables n_gpus device_train_grad_accum
-""".split())
+# llm-foundry 0.22's TrainConfig fields: those whose types foundry_names keeps (tests/test_config.py checks them
+# against the library).
+FOUNDRY_KEYS = frozenset(names.TRAIN_CONFIG)
 
 PRECISIONS = ("fp32", "amp_bf16", "amp_fp16", "amp_fp8")
 STATE_DICT_TYPES = ("full", "sharded")
