@@ -518,7 +518,7 @@ def storage(cfg, ctx):
                           "(node-local NVMe)")
 
 
-EXPORT_PRECISIONS = ("float32", "bfloat16", "float16")  # llm-foundry's hf_checkpointer's
+EXPORT_PRECISIONS = tuple(estimate.EXPORT_BYTES_PER_PARAM)  # llm-foundry's hf_checkpointer's
 
 
 def export(cfg, ctx):

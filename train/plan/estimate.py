@@ -40,6 +40,9 @@ RUNTIME_BYTES = 2 * GiB
 # Of the GPU's memory, this fraction is left free for allocator fragmentation and peaks the model misses.
 HEADROOM = 0.10
 
+# Bytes per weight of a Hugging Face export, by its precision (llm-foundry's hf_checkpointer's names).
+EXPORT_BYTES_PER_PARAM = {"float32": 4, "bfloat16": 2, "float16": 2}
+
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "NO_SHARD")
 
 

@@ -235,10 +235,6 @@ def _preflight(cfg, nodes: int, tasks: int) -> dict:
             "estimated_allreduce_seconds": estimate_seconds(s, nodes, tasks) if s["enabled"] or s["only"] else None}
 
 
-# Bytes per weight of a Hugging Face export, by its precision (llm-foundry's hf_checkpointer's names).
-EXPORT_BYTES_PER_PARAM = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
 def _hf_folder(cfg) -> str:
     """Where hf_checkpointer writes, from its own keys (a command line may set them directly, past export.*):
     <save_folder>/huggingface/<huggingface_folder_name>, its {batch} shown as {B}."""
@@ -254,7 +250,7 @@ def _export(cfg, params: int) -> dict:
     train.export` writes by default (float32). Tied embeddings are stored once, as counted in params."""
     hf = value(cfg, "export.format") == "hf"
     precision = value(cfg, "export.precision") if hf else "float32"
-    per_param = EXPORT_BYTES_PER_PARAM.get(precision)
+    per_param = estimate.EXPORT_BYTES_PER_PARAM.get(precision)
     return {"export": "hf" if hf else "none", "export_precision": precision,
             "export_folder": _hf_folder(cfg) if hf else None,
             "export_bytes": per_param * params if per_param else None}
