@@ -41,7 +41,8 @@ def cluster_memory(cfg, ctx):
                       f"lower device_train_microbatch_size{checkpointing}, or use GPUs with more memory")
 
 
-def _meminfo() -> dict:
+def _meminfo() -> tuple[int | None, int | None]:
+    """(total, available) bytes of this machine's RAM, None where /proc/meminfo does not say."""
     found = {}
     try:
         with open("/proc/meminfo") as f:
@@ -50,7 +51,7 @@ def _meminfo() -> dict:
                 found[k] = int(v.split()[0]) * 1024
     except (OSError, ValueError):
         pass
-    return found
+    return found.get("MemTotal"), found.get("MemAvailable")
 
 
 def _gpu_bytes() -> int | None:
@@ -77,8 +78,7 @@ def this_machine(cfg, ctx):
         device = int(gb * estimate.GiB) if gb else _gpu_bytes()
         where = f"{_gib(device)} GiB per GPU" if device else ""
     else:
-        info = _meminfo()
-        total, available = info.get("MemTotal"), info.get("MemAvailable")
+        total, available = _meminfo()
         device = total // max(ranks_here, 1) if total else None
         where = f"{_gib(total)} GiB of RAM on {os.uname().nodename} ({_gib(available or 0)} GiB available)" \
             if total else ""
@@ -114,8 +114,7 @@ def host_batch(cfg, ctx):
     world = ctx.world_size(cfg)
     if ctx.mode == "run":
         ranks = ranks_on_this_node(world)
-        info = _meminfo()
-        total, available = info.get("MemTotal"), info.get("MemAvailable")
+        total, available = _meminfo()
         where = f"this machine ({os.uname().nodename})"
     else:
         ranks = value(cfg, "cluster.tasks_per_node")
