@@ -36,6 +36,7 @@ def _submitit_folder() -> str:
 
 def build_plan(cfg: DictConfig, problems=()) -> dict:
     """Every figure of the plan, as plain JSON-able values. problems: the checks' warnings, reported with it."""
+    from train.checks import continuation
     from train.launch import spec
     from train.launch.finished import read as read_finished
 
@@ -187,16 +188,10 @@ def build_plan(cfg: DictConfig, problems=()) -> dict:
         "finished": (read_finished(cfg) or {}).get("where"),
         "resumes": resumes,
         # continue_from=: the run and batch it starts from, what changes there, its data and its schedule (words)
-        "continues": _continues(cfg) if not resumes else [],
+        "continues": continuation.words(cfg) if not resumes else [],
         "warnings": [str(p) for p in problems],
     }
     return plan
-
-
-def _continues(cfg) -> list:
-    from train.checks.continuation import words
-
-    return words(cfg)
 
 
 def _resumes(cfg, duration, tokens_per_step: int) -> dict | None:
