@@ -98,8 +98,8 @@ def install() -> None:
         stale_dump()
 
 
-def stale_dump() -> Path:
-    """Remove (and return the path of) submitit's temporary resubmission pickle left by an earlier allocation."""
+def stale_dump() -> None:
+    """Remove submitit's temporary resubmission pickle left by an earlier allocation."""
     from submitit import JobEnvironment
 
     pickle = JobEnvironment().paths.submitted_pickle
@@ -107,7 +107,6 @@ def stale_dump() -> Path:
     if tmp.exists():
         log.warning("removed %s, a resubmission pickle an earlier allocation did not finish writing", tmp)
         tmp.unlink(missing_ok=True)
-    return tmp
 
 
 def _id_lines(folder: str) -> list[str]:

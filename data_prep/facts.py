@@ -218,8 +218,7 @@ def check_index(split_folder: str | os.PathLike) -> list[str]:
     index_path = folder / INDEX_FILE
     if not index_path.is_file():
         return [f"{index_path} does not exist: {folder} is not a finished MDS dataset"]
-    index = _read_json(index_path)
-    if index is None:
+    if _read_json(index_path) is None:
         return [f"{index_path} cannot be read as JSON (cut short or overwritten?)"]
     shards = _shards(folder)
     if shards is None:

@@ -140,7 +140,12 @@ def resolve_sources(settings: Settings) -> list[Source]:
                 logging.getLogger(__name__).warning(f"data_prep: warning: input: {source.path} is {first.path} "
                                                     "(a link to it): read once")
             elif first is source and source.size == 0 and source.codec == "plain":
-                _warn_empty(source.path)
+                # An empty JSON lines file is legal (no documents), but it is far more often a copy or download
+                # that failed (a 0-byte .gz or .zst cannot be read and stops the run, see reader.py): said, so it
+                # is not lost unnoticed.
+                logging.getLogger(__name__).warning(f"data_prep: warning: input: {source.path} is empty (0 bytes): "
+                                                    "it adds no document, most likely a copy that failed; if it "
+                                                    "should hold documents, copy it again and run into a new out_root")
     if problems:  # every such file at once
         raise DataPrepError(problems=problems)
     sources = list(seen.values())
@@ -159,14 +164,6 @@ def _warn_compressed_copies(sources: list[Source]) -> None:
         logging.getLogger(__name__).warning(f"data_prep: warning: input: {' and '.join(sorted(paths))} are one file "
                                             "and its compressed copy, most likely the same documents: both are read "
                                             "(give one of them to read them once)")
-
-
-def _warn_empty(path: str) -> None:
-    # An empty JSON lines file is legal (no documents), but it is far more often a copy or download that failed
-    # (a 0-byte .gz or .zst cannot be read and stops the run, see reader.py): said, so it is not lost unnoticed.
-    logging.getLogger(__name__).warning(f"data_prep: warning: input: {path} is empty (0 bytes): it adds no "
-                                        f"document, most likely a copy that failed; if it should hold documents, "
-                                        f"copy it again and run into a new out_root")
 
 
 def open_local(source: Source) -> str:

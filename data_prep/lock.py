@@ -41,12 +41,6 @@ FIX = ("wait for that run to finish or stop it, or choose another out_root; a cr
        "(it dies with the process), so if that process is gone just run again")
 
 
-def lock_dir(settings: Settings) -> Path:
-    # Inside the split (out_root holds only <split>/ folders). Removed only by a refused run that made it and is
-    # alone there (withdraw); a process about to lock it checks that it locked the file that is there (acquire).
-    return settings.split_dir / LOCK_FOLDER
-
-
 def _overlaps(a, b) -> bool:
     """Byte ranges [start, end); end None runs to infinity."""
     return (b[1] is None or a[0] < b[1]) and (a[1] is None or b[0] < a[1])
@@ -54,7 +48,10 @@ def _overlaps(a, b) -> bool:
 
 class OutRootLock:
     def __init__(self, settings: Settings, blocks: list[Block], plan: bytes):
-        self.settings, self.folder = settings, lock_dir(settings)
+        # Inside the split (out_root holds only <split>/ folders). Removed only by a refused run that made it and
+        # is alone there (withdraw); a process about to lock it checks that it locked the file that is there
+        # (acquire).
+        self.settings, self.folder = settings, settings.split_dir / LOCK_FOLDER
         self.settings_byte = SETTINGS + int(hashlib.sha256(plan).hexdigest()[:8], 16)
         if settings.part is None:
             self.range: tuple[int, int | None] = (0, None)  # every block, the merge, every settings byte

@@ -1,6 +1,7 @@
 """Typed, checked view of the composed config. Pure: reads nothing but the config."""
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -213,10 +214,7 @@ def _model(cfg: DictConfig) -> Optional[str]:
 def settings_from(cfg: DictConfig) -> Settings:
     """The settings, or a DataPrepError with every problem of them at once (a user fixes them in one go)."""
     problems = _unknown_keys(cfg)
-
-    def read(parse, *args):
-        return gather(problems, parse, *args)
-
+    read = functools.partial(gather, problems)
     num_parts = read(_int, cfg, "num_parts", 1)
     fields = dict(
         dataset=read(_dataset, cfg),

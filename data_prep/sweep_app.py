@@ -18,7 +18,6 @@ class DataPrepApp(SweepApp):
     status_command = "python -m data_prep.status"
     failed_exit = 2  # as a plain data_prep run that fails
     log_tail = False  # its errors name the file, the line and the fix: no traceback to read
-    shown = ("point", "overrides", "job_id", "state", "log", "error")
 
     def configs(self, launcher, job_overrides: list, first: int) -> list:
         """Every part's config, checked before anything is written or submitted: what the parts share (the input,

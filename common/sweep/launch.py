@@ -209,7 +209,9 @@ class SweepLaunch:
         """Each job of contract.job_arrays: points with equal resources as one job array."""
         # The job body (this launcher) and Hydra's state are the same for every point: each is copied and pickled
         # once per submission, and every point's pickle holds those bytes beside its own overrides
-        body, state = _PickledOnce(self), _PickledOnce(_singleton_state())
+        from hydra.core.singleton import Singleton
+
+        body, state = _PickledOnce(self), _PickledOnce(Singleton.get_state())
         for res, idx in job_arrays([p.resources for p in points]):
             ex = executor(res, folder)
             with ex.batch():
@@ -308,9 +310,3 @@ class _PickledOnce:
         import pickle
 
         return pickle.loads, (self.data,)
-
-
-def _singleton_state():
-    from hydra.core.singleton import Singleton
-
-    return Singleton.get_state()
