@@ -65,6 +65,17 @@ def override_key(override) -> str:
     return str(override).partition("=")[0].lstrip("+~")
 
 
+def override_values(override, text: bool = False) -> list:
+    """The values an override gives (each of a sweep's), as text or as Hydra reads them; none for glob() and
+    range(), which Hydra expands itself."""
+    try:
+        if override.is_sweep_override():
+            return list(override.sweep_string_iterator() if text else override.sweep_iterator())
+        return [override.get_value_element_as_str() if text else override.value()]
+    except Exception:  # glob(), range()
+        return []
+
+
 def no_value(key: str) -> Problem:
     return Problem(key, "has no value", f"pass it on the command line: {key}=<value>")
 

@@ -153,7 +153,7 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
     from hydra.errors import HydraException
 
     from train.checks import Problem
-    from train.checks.core import NOT_A_KEY, SEE_THE_KEYS, did_you_mean, nearest, override_key
+    from train.checks.core import NOT_A_KEY, SEE_THE_KEYS, did_you_mean, nearest, override_key, override_values
     from train.checks.safety import CREDENTIAL, SECRET_KEY
     from train.checks.values import FOUNDRY_KEYS
     from train.config.compose import FLAGS_WITH_VALUE
@@ -202,7 +202,7 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
             found += _recipe_problems(override)
             continue
         if key in groups and not override.is_delete():
-            for choice in _given(override, text=True):
+            for choice in override_values(override, text=True):
                 if choice not in groups[key]:
                     close = nearest(choice, groups[key], cutoff=0.5)
                     found.append(Problem(key, f"{choice!r} is not a {key} preset (conf/{key}/)",
@@ -229,17 +229,6 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
             fix = SEE_THE_KEYS
         found.append(Problem(key, NOT_A_KEY, fix))
     return found
-
-
-def _given(override, text: bool = False) -> list:
-    """The values an override gives (each of a sweep's), as text or as Hydra reads them; none for glob() and
-    range(), which Hydra expands itself."""
-    try:
-        if override.is_sweep_override():
-            return list(override.sweep_string_iterator() if text else override.sweep_iterator())
-        return [override.get_value_element_as_str() if text else override.value()]
-    except Exception:  # glob(), range()
-        return []
 
 
 def _listed_twice(override) -> list:
@@ -273,10 +262,11 @@ def _recipe_problems(override) -> list:
     from omegaconf import OmegaConf
 
     from train.checks import Problem
+    from train.checks.core import override_values
     from train.config.recipe_yaml import recipe_file
 
     found = []
-    for option in _given(override, text=True):
+    for option in override_values(override, text=True):
         path = recipe_file(option)
         fix = "yaml=<path of an llm-foundry YAML>, e.g. yaml=scripts/train/yamls/pretrain/mpt-7b.yaml"
         given = Path(option).expanduser()
@@ -333,12 +323,12 @@ def _schema_problems(override, key: str) -> list:
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
     from train.checks import Problem
-    from train.checks.core import did_you_mean, nearest
+    from train.checks.core import did_you_mean, nearest, override_values
 
     group, _, sub = key.partition(".")
     node = OmegaConf.structured(_schemas()[group])
     found = []
-    for v in _given(override):
+    for v in override_values(override):
         if isinstance(v, str) and "${" in v:
             continue  # an interpolation: resolved (and checked) later
         try:

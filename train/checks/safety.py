@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from common.errors import TOKEN_FORMS, URL_PASSWORD
 from common.paths import is_remote
-from train.checks.core import Problem, override_key, plain, value
+from train.checks.core import Problem, override_key, override_values, plain, value
 
 # Environment variable names that hold credentials: never written into a script, a config copy or a plan. By word
 # (AWS_ACCESS_KEY_ID, AWS_SESSION_TOKEN, AZURE_CLIENT_SECRET, AZURE_OPENAI_API_KEY, HF_TOKEN, HF_AUTH,
@@ -254,8 +254,6 @@ def command_line_secrets(args: list) -> tuple[list, list]:
     in full. Named as the config check names them (cluster.setup[0]); a value Hydra cannot parse, by its key."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from train.checks.gate import _given
-
     parser = OverridesParser.create()
     problems, secrets = [], []
     for arg in args:
@@ -269,7 +267,7 @@ def command_line_secrets(args: list) -> tuple[list, list]:
             secrets.append(raw)
             continue
         try:
-            values = _given(parser.parse_overrides([arg])[0])
+            values = override_values(parser.parse_overrides([arg])[0])
         except Exception:  # read by the gate as Hydra's grammar error
             values = []
         # none read (that, or glob(), range()): its text is looked at, and its items
