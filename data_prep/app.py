@@ -23,6 +23,7 @@ from data_prep.blocks import (
     make_blocks,
     plan_bytes,
     plan_document,
+    read_plan,
     source_weight,
     started,
     write_plan,
@@ -77,9 +78,8 @@ def prepare(cfg: DictConfig) -> Job:
 
 def missing_blocks(split_dir: Path) -> list[str]:
     """Folders of planned blocks that are not complete (every block, when there is no plan yet)."""
-    try:
-        planned = json.loads((split_dir / PLAN_FILE).read_text())["blocks"]
-    except (OSError, ValueError, KeyError):
+    planned = (read_plan(split_dir) or {}).get("blocks")
+    if not isinstance(planned, list):
         return ["(no plan)"]
     blocks = [Block(**b) for b in planned]
     return [b.folder for b in blocks if not is_complete(split_dir, b)]

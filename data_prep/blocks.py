@@ -114,6 +114,16 @@ def _source_changes(old: list, new: list) -> str:
     return "; ".join(changes[:3]) + (f" (and {len(changes) - 3} more)" if len(changes) > 3 else "")
 
 
+def read_plan(split_dir: Path) -> dict | None:
+    """The plan a run wrote in `split_dir`, or None where there is none or it cannot be read as one (emptied, cut
+    short, not a JSON object)."""
+    try:
+        plan = json.loads((split_dir / PLAN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return plan if isinstance(plan, dict) else None
+
+
 def started(split_dir: Path) -> bool:
     """Whether a dataset was begun in `split_dir` (a block finished, or an index published): what its plan
     protects from a run with other settings, and what a refused run must not take the plan from."""
@@ -137,13 +147,10 @@ def check_out_root(settings: Settings, plan: dict) -> None:
             raise DataPrepError("out_root", f"{split_dir} is a file", "choose another out_root or split")
         plan_file = split_dir / PLAN_FILE
         if plan_file.exists():
-            try:
-                old = json.loads(plan_file.read_text())
-            except (OSError, ValueError):
-                old = None
+            old = read_plan(split_dir)
             # A plan with no finished block and no index protects nothing: a new run may replace it.
             begun = started(split_dir)
-            if not isinstance(old, dict) and begun:  # the settings the blocks were made with are unknown
+            if old is None and begun:  # the settings the blocks were made with are unknown
                 raise DataPrepError("out_root", f"{plan_file} cannot be read (emptied or cut short), so whether "
                                     f"{split_dir}'s blocks were made with these settings is unknown",
                                     "choose a new out_root (or split), or delete that folder to start over")

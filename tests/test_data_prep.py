@@ -416,6 +416,17 @@ def test_a_part_that_finds_another_part_writing_the_plan_goes_on(tmp_path):
     assert proc.returncode == 2 and "data_prep did not write" in proc.stderr
 
 
+def test_a_plan_that_is_not_a_json_object_protects_nothing_and_is_replaced(tmp_path):
+    """A split holding only a data_prep_plan.json that is JSON but no object (no block, no index): like an emptied
+    one it protects nothing, and the run writes its own plan (it ended in AttributeError's traceback)."""
+    split = tmp_path / "out" / "train"
+    split.mkdir(parents=True)
+    (split / "data_prep_plan.json").write_text("[1]")
+    proc = prep("dataset=c4", f"input={C4_FIRST}", f"out_root={tmp_path / 'out'}", "progress=false", check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((split / "data_prep_plan.json").read_text())["blocks"] and (split / "index.json").is_file()
+
+
 def _snapshot(folder: Path) -> list[str]:
     return sorted(str(p) for p in folder.rglob("*"))
 
