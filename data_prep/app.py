@@ -141,18 +141,10 @@ def check_other_parts(job: Job, mine: list[Block]) -> None:
 
 def _this_run(s: Settings, stats: RunStats, skipped_blocks: int, started: float) -> dict:
     wall = time.perf_counter() - started
-    return {
-        "part": s.part,
-        "num_parts": s.num_parts,
-        "workers": s.workers,
-        "blocks_done": stats.blocks_done,
-        "blocks_skipped": skipped_blocks,
-        "docs": stats.docs,
-        "tokens": stats.tokens,
-        "wall_seconds": round(wall, 3),
-        "tokens_per_second": round(stats.tokens / wall, 1),
-        "docs_per_second": round(stats.docs / wall, 1),
-    }
+    return {"part": s.part, "num_parts": s.num_parts, "workers": s.workers, "blocks_done": stats.blocks_done,
+            "blocks_skipped": skipped_blocks, "docs": stats.docs, "tokens": stats.tokens,
+            "wall_seconds": round(wall, 3), "tokens_per_second": round(stats.tokens / wall, 1),
+            "docs_per_second": round(stats.docs / wall, 1)}
 
 
 @dataclass(frozen=True)

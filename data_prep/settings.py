@@ -160,19 +160,16 @@ def _unknown_keys(cfg: DictConfig) -> list:
     return problems
 
 
+def _required(cfg: DictConfig, key: str, fix: str) -> str:
+    value = cfg.get(key)
+    if not value or not isinstance(value, str):
+        raise DataPrepError(key, "is required", fix)
+    return value
+
+
 def _out_root(cfg: DictConfig) -> Path:
-    out_root = cfg.get("out_root")
-    if not out_root or not isinstance(out_root, str):
-        raise DataPrepError("out_root", "is required", "pass out_root=<folder that will hold the <split>/ dataset>")
+    out_root = _required(cfg, "out_root", "pass out_root=<folder that will hold the <split>/ dataset>")
     return Path(os.path.expanduser(out_root)).absolute()
-
-
-def _tokenizer(cfg: DictConfig) -> str:
-    tokenizer = cfg.get("tokenizer")
-    if not tokenizer or not isinstance(tokenizer, str):
-        raise DataPrepError("tokenizer", "is required",
-                            "pass tokenizer=<folder containing tokenizer.json> or a hub name such as EleutherAI/gpt-neox-20b")
-    return tokenizer
 
 
 def _split(cfg: DictConfig) -> str:
@@ -221,7 +218,8 @@ def settings_from(cfg: DictConfig) -> Settings:
         inputs=read(_inputs, cfg.get("input")),
         out_root=read(_out_root, cfg),
         split=read(_split, cfg),
-        tokenizer=read(_tokenizer, cfg),
+        tokenizer=read(_required, cfg, "tokenizer", "pass tokenizer=<folder containing tokenizer.json> or a hub "
+                       "name such as EleutherAI/gpt-neox-20b"),
         concat_tokens=read(_concat_tokens, cfg),
         eos_text=read(_text, cfg, "eos_text"),
         bos_text=read(_text, cfg, "bos_text"),
