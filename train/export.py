@@ -17,10 +17,11 @@ import sys
 from pathlib import Path
 
 from common.errors import UserError
+from train.plan.estimate import EXPORT_BYTES_PER_PARAM
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("float32", "bfloat16", "float16")
+PRECISIONS = tuple(EXPORT_BYTES_PER_PARAM)  # what export=hf writes, as the plan sizes it
 
 
 def locate(arg: str, at: tuple[Path, Path] | None = None):
