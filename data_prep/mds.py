@@ -61,16 +61,9 @@ class ShardWriter:
         self.length = concat_tokens
         self.compression = compression
         self.size_limit = size_limit
-        self.config = {
-            "column_encodings": ["ndarray:int32"],
-            "column_names": ["tokens"],
-            "column_sizes": [None],
-            "compression": compression,
-            "format": "mds",
-            "hashes": self.hashes,
-            "size_limit": size_limit,
-            "version": 2,
-        }
+        self.config = {"column_encodings": ["ndarray:int32"], "column_names": ["tokens"], "column_sizes": [None],
+                       "compression": compression, "format": "mds", "hashes": self.hashes, "size_limit": size_limit,
+                       "version": 2}
         self.config_data = json.dumps(self.config, sort_keys=True).encode("utf-8")
         code, shape_dtype = _shape_code(concat_tokens)
         # One sample: [uint32 size of the column][ndim<<2 | shape code][shape][int32 values].

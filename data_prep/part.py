@@ -118,18 +118,11 @@ class BlockSink:
 
     def finish(self) -> None:
         shards = self.writer.finish()
-        meta = {
-            "block": {"index": self.block.index, "path": self.block.path, "start": self.block.start,
-                      "end": self.block.end},
-            "docs": self.docs,
-            "tokens": self.tokens,
-            "samples": self.writer.samples,
-            "shards": len(shards),
-            "skipped_lines": sum(self.skipped.values()),
-            "skipped_by_reason": dict(sorted(self.skipped.items())),
-            "skipped_examples": self.examples,
-            "tail": self.carry.tolist(),
-        }
+        block = {"index": self.block.index, "path": self.block.path, "start": self.block.start, "end": self.block.end}
+        meta = {"block": block, "docs": self.docs, "tokens": self.tokens, "samples": self.writer.samples,
+                "shards": len(shards), "skipped_lines": sum(self.skipped.values()),
+                "skipped_by_reason": dict(sorted(self.skipped.items())), "skipped_examples": self.examples,
+                "tail": self.carry.tolist()}
         # block.json last: its presence in the renamed folder is what marks the block complete.
         with writing(self.tmp / BLOCK_FILE), open(self.tmp / BLOCK_FILE, "w") as fh:
             json.dump(meta, fh, sort_keys=True)
