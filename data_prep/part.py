@@ -15,8 +15,8 @@ import numpy as np
 from data_prep.blocks import Block
 from data_prep.encode import ChunkResult, EncoderPool
 from data_prep.errors import DataPrepError, writing
-from data_prep.facts import BLOCK_FILE, INDEX_FILE, shard_problems
-from data_prep.mds import ShardWriter, read_index
+from data_prep.facts import BLOCK_FILE, INDEX_FILE, _shards, shard_problems
+from data_prep.mds import ShardWriter
 from data_prep.reader import BlockReader, line_number_of
 from data_prep.settings import Settings
 
@@ -40,13 +40,10 @@ def damage(split_dir: Path, block: Block) -> list[str]:
     size than recorded ([] when none is). A stat per shard, so that every rerun can afford it on terabytes; a
     shard of the right size with other bytes is found by the hashes the training side checks."""
     folder = split_dir / block.folder
-    try:
-        shards = read_index(folder)
-    except FileNotFoundError:
+    if not (folder / INDEX_FILE).exists():
         return [f"{folder / INDEX_FILE} is missing"]
-    except (OSError, ValueError, KeyError, TypeError):
-        shards = None
-    if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
+    shards = _shards(folder)  # its index.json's list of shards as the training side reads it (facts.py)
+    if shards is None:
         return [f"{folder / INDEX_FILE} cannot be read as the block's list of shards (cut short or overwritten?)"]
     return _unreadable_record(folder) + shard_problems(folder, shards)
 
