@@ -64,3 +64,10 @@ def is_remote(path) -> bool:
 
 
 _URL = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def hub_offline() -> bool:
+    """The Hugging Face hub switched off, as huggingface_hub reads it (huggingface_hub.constants): HF_HUB_OFFLINE,
+    or TRANSFORMERS_OFFLINE where that is unset or empty, one of 1, on, yes, true."""
+    given = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return given.upper() in ("1", "ON", "YES", "TRUE")

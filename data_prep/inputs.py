@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 
 from common.errors import Problem
+from common.paths import hub_offline
 from data_prep.errors import DataPrepError
 from data_prep.settings import Settings
 
@@ -110,7 +111,7 @@ def _hub_sources(settings: Settings) -> list[Source]:
 
 def _require_hub(repo: str) -> None:
     fix = "pass input=<folder with c4-*.json.gz files> to read a local copy"
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+    if hub_offline():
         raise DataPrepError("input", f"not given, and the hub is switched off (HF_HUB_OFFLINE) for {repo}", fix)
     try:
         from huggingface_hub import HfApi

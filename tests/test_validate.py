@@ -885,15 +885,16 @@ def test_the_storage_root_a_near_miss_under_a_group_and_a_yaml_folder_are_named_
     ("1", None, True), ("yes", None, True), ("no", None, False), (None, "1", True), ("0", "1", False),
     ("", "on", True), (None, None, False)])
 def test_the_hub_is_offline_where_huggingface_hub_reads_it(monkeypatch, hub, transformers, offline):
-    """The tokenizer rule's "the hub is switched off" (HF_HUB_OFFLINE, then TRANSFORMERS_OFFLINE, as
-    huggingface_hub.constants reads them): HF_HUB_OFFLINE=0 beside TRANSFORMERS_OFFLINE=1 is online there."""
+    """"The hub is switched off" (HF_HUB_OFFLINE, then TRANSFORMERS_OFFLINE, as huggingface_hub.constants reads
+    them), as the tokenizer rule and data_prep's hub input read it: HF_HUB_OFFLINE=0 beside TRANSFORMERS_OFFLINE=1
+    is online there, and HF_HUB_OFFLINE=no (data_prep read it as off)."""
     import os
 
-    from train.checks.node import _offline
+    from common.paths import hub_offline
 
     for name, given in (("HF_HUB_OFFLINE", hub), ("TRANSFORMERS_OFFLINE", transformers)):
         monkeypatch.delenv(name, raising=False) if given is None else monkeypatch.setenv(name, given)
-    assert _offline() is offline
+    assert hub_offline() is offline
     hubs = subprocess.run([str(PYTHON), "-c", "import huggingface_hub.constants as c; print(c.HF_HUB_OFFLINE)"],
                           env=dict(os.environ), capture_output=True, text=True, check=True).stdout.strip()
     assert hubs == str(offline)

@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 from omegaconf import ListConfig, OmegaConf
 
 from common import image as contract
-from common.paths import PROJECT, is_remote
+from common.paths import PROJECT, hub_offline, is_remote
 from data_prep import facts
 from train.checks.core import ERROR, WARNING, Problem, split_folder, value
 from train.config import vocab
@@ -332,13 +332,6 @@ def no_overwrite(cfg, ctx):
                   WARNING if asked or not ctx.slurm else ERROR)
 
 
-def _offline() -> bool:
-    """The hub switched off, as huggingface_hub reads it: HF_HUB_OFFLINE, or TRANSFORMERS_OFFLINE where that is
-    unset or empty, one of 1, on, yes, true."""
-    given = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return given.upper() in ("1", "ON", "YES", "TRUE")
-
-
 @functools.lru_cache(maxsize=None)  # once per command, however many sweep points ask
 def _reachable(url: str, timeout: float = 3.0) -> bool:
     parsed = urlparse(url)
@@ -396,7 +389,7 @@ def tokenizer(cfg, ctx):
         return  # in the hub cache
     cache = facts.hub_cache()
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    why = ("HF_HUB_OFFLINE is set" if _offline() else
+    why = ("HF_HUB_OFFLINE is set" if hub_offline() else
            f"{endpoint} cannot be reached from {os.uname().nodename}" if not _reachable(endpoint) else None)
     if why:
         yield Problem("tokenizer.name", f"{name} is a Hugging Face hub name, not in the cache ({cache}), and {why}: "
