@@ -1,7 +1,9 @@
 """Compose a sweep's points as their jobs will (same Hydra context), for any app of this project: the launcher
 hands each app the points a sweeper gives it (common/sweep/launch.py), and the app composes and checks
 them here (train/launch/sweep_app.py, data_prep/sweep_app.py)."""
+import contextlib
 import copy
+import gc
 from pathlib import Path
 
 from omegaconf import DictConfig, open_dict, read_write
@@ -19,6 +21,22 @@ def without_hydra(cfg: DictConfig, output_dir, in_place: bool = False) -> DictCo
     with read_write(cfg), open_dict(cfg):
         del cfg["hydra"]
     return cfg
+
+
+@contextlib.contextmanager
+def kept_points():
+    """While a sweep's points are composed and kept: Python's cycle collector leaves alone what the command holds
+    already (its modules, Hydra's and the app's state) and runs less often. Every point stays alive until it is
+    submitted, so each full collection would walk all the points made so far again, for garbage that a config
+    rarely leaves; the collector is as it was afterwards."""
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(max(thresholds[0], 50_000), *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
 
 
 def sweep_points(loader, config: DictConfig, sweep_dir, points: list, first: int = 0):

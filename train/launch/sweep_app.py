@@ -71,7 +71,7 @@ class TrainApp(SweepApp):
         from hydra.core.hydra_config import HydraConfig
 
         from common.compat import hydra_context_again, hydra_context_now
-        from common.compose import sweep_points
+        from common.compose import kept_points, sweep_points
         from train.checks import ConfigError, errors, report, resolve_all, validate
         from train.checks.gate import context
         from train.config.identity import distinct_names, run_name
@@ -84,26 +84,26 @@ class TrainApp(SweepApp):
         # the same thing get a name each (distinct_names); then each is resolved and its context made, under its
         # own Hydra context again. A point that does not resolve is checked as it is, so that its problems name
         # their keys (storage.tier, not the storage.write_GBps that interpolates it).
-        made = []
-        for overrides, cfg in sweep_points(loader, config, sweep_dir, job_overrides, first):
-            made.append((overrides, cfg, hydra_context_now(), run_name(cfg)))
-        renamed = distinct_names([m[0] for m in made], [m[3] for m in made])
-        cfgs, ctxs, checked = [], [], {}
-        for num, ((overrides, cfg, hydra_node, name), new) in enumerate(zip(made, renamed)):
-            hydra_context_again(hydra_node)
-            if new is not None:  # a point that trains what another does, run differently: a run of its own
-                overrides = [*overrides, f"run_name={new}"]
-            if new or name:  # the name its interpolation gives, made once
-                with read_write(cfg):
-                    cfg.run_name = new or name
-            ctx = context(config, cfg, overrides, sweep=True)
-            try:
-                resolve_all(cfg)
-            except ConfigError as err:  # checked now, while its Hydra context is set (its run name reads it)
-                checked[num] = validate([cfg], [ctx], first=first + num, unresolved={0: err.problems})
-            cfgs.append(cfg)
-            ctxs.append(ctx)
-        problems = validate(cfgs, ctxs, first=first, checked=checked)
+        made, cfgs, ctxs, checked = [], [], [], {}
+        with kept_points():
+            for overrides, cfg in sweep_points(loader, config, sweep_dir, job_overrides, first):
+                made.append((overrides, cfg, hydra_context_now(), run_name(cfg)))
+            renamed = distinct_names([m[0] for m in made], [m[3] for m in made])
+            for num, ((overrides, cfg, hydra_node, name), new) in enumerate(zip(made, renamed)):
+                hydra_context_again(hydra_node)
+                if new is not None:  # a point that trains what another does, run differently: a run of its own
+                    overrides = [*overrides, f"run_name={new}"]
+                if new or name:  # the name its interpolation gives, made once
+                    with read_write(cfg):
+                        cfg.run_name = new or name
+                ctx = context(config, cfg, overrides, sweep=True)
+                try:
+                    resolve_all(cfg)
+                except ConfigError as err:  # checked now, while its Hydra context is set (its run name reads it)
+                    checked[num] = validate([cfg], [ctx], first=first + num, unresolved={0: err.problems})
+                cfgs.append(cfg)
+                ctxs.append(ctx)
+            problems = validate(cfgs, ctxs, first=first, checked=checked)
         if errors(problems):
             raise ConfigError(problems=problems)
         report(problems)  # the warnings
