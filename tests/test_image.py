@@ -338,3 +338,26 @@ def test_the_failed_checks_last_line_says_why_this_image_lacks_them(tmp_path, mo
     assert "built from another requirements.lock than this checkout's: rebuild it" in last_line()
     ours.write_text("[]")
     assert f"this image has no {ours}" in last_line()
+
+
+def test_a_sweeps_summary_job_is_one_cpu_in_its_points_environment_without_their_preflight():
+    """The summary job after a sweep's points, decided once (common/sweep/contract.py: summary_job) for training's
+    points and for any other app's: named after the points, ten minutes, on summary_partition else the points'
+    partition, with their account, qos, srun arguments and setup, but not their preflight check."""
+    from common.sweep import contract
+    from train.launch import spec
+
+    run = spec.of(compose(["cluster=ndv5", "cluster.account=acct", "cluster.qos=high", "cluster.preflight.enabled=true"]))
+    points, summary = run.resources, run.summary
+    assert (summary.name, summary.timeout_min, summary.nodes, summary.tasks_per_node) == (
+        f"{run.run_name}-summary", 10, 1, 1)
+    assert (summary.partition, summary.account, summary.qos, summary.srun_args) == (
+        points.partition, "acct", "high", points.srun_args)
+    assert set(summary.setup) < set(points.setup) and any("preflight" in line for line in points.setup)
+    assert not any("preflight" in line for line in summary.setup)
+    assert spec.of(compose(["cluster=ndv5", "cluster.summary_partition=cpu"])).summary.partition == "cpu"
+    generic = contract.params_spec({"submitit_folder": "/s/%j", "scheduler": "slurm", "partition": "gpu",
+                                    "summary_partition": "cpu", "setup": ["module load x"]}, "job")
+    assert (generic.summary.name, generic.summary.partition, generic.summary.setup) == (
+        "job-summary", "cpu", ("module load x",))
+    assert contract.params_spec({"submitit_folder": "/s/%j"}, "job").summary is None  # a local sweep has none

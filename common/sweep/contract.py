@@ -197,10 +197,17 @@ def params_spec(params, name: str, waits: bool = False) -> JobSpec:
         signal_delay_s=params.get("signal_delay_s", 120), array_parallelism=params.get("array_parallelism", 256),
         setup=tuple(params.get("setup") or ()), srun_args=("--kill-on-bad-exit=1",) if slurm else (),
         teardown=tuple(host_requeue.teardown_lines(folder)) if slurm else ())
-    summary = Resources(scheduler="slurm", name=f"{name}-summary", timeout_min=10,
-                        partition=params.get("summary_partition") or res.partition, account=res.account,
-                        qos=res.qos, setup=res.setup, srun_args=res.srun_args) if slurm else None
+    summary = summary_job(res, params.get("summary_partition")) if slurm else None
     return JobSpec(resources=res, waits=waits or not slurm or bool(params.get("wait")), summary=summary)
+
+
+def summary_job(points: Resources, partition: Optional[str] = None, setup: Optional[tuple] = None) -> Resources:
+    """The Slurm job that writes a sweep's summary after its points (`points`: theirs): one CPU for a few seconds,
+    in the points' environment (`setup`: their setup lines where the points' own hold more, e.g. a preflight), on
+    `partition`, else theirs."""
+    return Resources(scheduler="slurm", name=f"{points.name}-summary", timeout_min=10,
+                     partition=partition or points.partition, account=points.account, qos=points.qos,
+                     setup=points.setup if setup is None else setup, srun_args=points.srun_args, python=points.python)
 
 
 def load_app(path: Optional[str]) -> SweepApp:

@@ -9,7 +9,7 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from common.sweep import contract
-from common.sweep.contract import JobSpec, Resources
+from common.sweep.contract import JobSpec
 
 # Where a point's submitit files go when nothing is submitted (the plan's sbatch script names it so).
 PLAN_FOLDER = "<sweep dir>/.submitit/%j"
@@ -42,15 +42,13 @@ class RunSpec(JobSpec):
 
 def of(cfg: DictConfig, folder: str = PLAN_FOLDER) -> RunSpec:
     """The spec of a resolved config. folder: submitit's (with %j), which the host-side requeue reads."""
-    from train.launch.executor import env_lines, resources, srun_args
+    from train.launch.executor import env_lines, resources
 
     kind, c = scheduler(cfg), cfg.cluster
     res, summary = resources(cfg, folder, kind), None
-    if kind == "slurm":  # one CPU for a few seconds, in the points' environment (setup lines or container)
-        summary = Resources(scheduler="slurm", name=f"{cfg.run_name}-summary", timeout_min=10,
-                            partition=c.summary_partition or c.partition, account=c.account, qos=c.qos,
-                            setup=(*env_lines(cfg), *([] if c.container.image else c.setup)),
-                            srun_args=tuple(srun_args(cfg)), python=res.python)
+    if kind == "slurm":  # in the points' environment (setup lines or container), without their preflight
+        summary = contract.summary_job(res, c.summary_partition,
+                                       setup=(*env_lines(cfg), *([] if c.container.image else c.setup)))
     return RunSpec(
         resources=res,
         # a local sweep's tasks are this command's children: it always waits; on Slurm, cluster.wait
