@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import struct
 from math import prod
 from pathlib import Path
@@ -79,10 +80,24 @@ def tokenizer_file(name_or_path: str) -> Path | None:
     return hub_file(name_or_path, "tokenizer.json") if hub_name(name_or_path) else None
 
 
+# huggingface_hub's repository id (validate_repo_id): [namespace/]name, letters, digits and -_. between word characters
+_HUB_ID = re.compile(r"(\b[\w\-.]+\b/)?\b[\w\-.]{1,96}\b")
+
+
+def not_a_hub_name(name: str) -> str | None:
+    """Why `name` cannot be a Hugging Face hub repository as huggingface_hub validates one (transformers would not
+    even ask the hub; a path `/`, `./`, `../` or `~` at its start is none), or None."""
+    if name.count("/") > 1:
+        return "it has more than one /"
+    if not _HUB_ID.fullmatch(name) or "--" in name or ".." in name or name.endswith(".git"):
+        return "it holds characters a hub name does not (a hub name is [namespace/]name of letters, digits, -, _, .)"
+    return None
+
+
 def hub_name(name: str) -> bool:
     """Whether a tokenizer's name, where no file or folder of that name is here, names a hub repository (`name` or
-    `owner/name`) rather than a path that does not exist (`/`, `./`, `../`, `~` at its start, or a second `/`)."""
-    return not name.startswith(("/", "./", "../", "~")) and name.count("/") <= 1
+    `owner/name`) rather than a path that does not exist."""
+    return not_a_hub_name(name) is None
 
 
 def tokenizer_fingerprint(name_or_path: str) -> str | None:

@@ -257,3 +257,23 @@ def test_a_waited_sweep_ends_on_the_merged_dataset_or_says_it_is_not_merged(made
     (split / SUMMARY).write_bytes(summary)
     (split / "index.json").unlink()  # what streaming reads: no dataset without it
     assert DataPrepApp().finish(results, rows) is True and "not merged yet" in DataPrepApp().heading(manifest)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "EleutherAI/gpt-neox-20b", "a.b-c_d/e.f", "/abs/tok", "/tok", "./tok",
+                                  "../tok", "~/tok", ".tok", "no/such/tokenizer", "my tok", "a--b", "a..b", "x.git",
+                                  "-x", "x/", "/"])
+def test_a_hub_name_is_what_huggingface_hub_takes_for_a_repository_id(name):
+    """The one reading of "a Hugging Face hub name" (facts.hub_name and its reason, not_a_hub_name: the tokenizer
+    rule, data_prep's tokenizer and the hub cache lookup), as huggingface_hub's own validate_repo_id reads one."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    from data_prep import facts
+
+    try:
+        validate_repo_id(name)
+        theirs = True
+    except HFValidationError:
+        theirs = False
+    assert facts.hub_name(name) is theirs
+    assert (facts.not_a_hub_name(name) is None) is theirs

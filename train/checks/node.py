@@ -4,7 +4,6 @@ They fail a run or a submission that would start here; in a plan they are warnin
 laptop, for a cluster whose mounts it does not have)."""
 import functools
 import os
-import re
 import socket
 from pathlib import Path
 from urllib.parse import urlparse
@@ -342,19 +341,6 @@ def _reachable(url: str, timeout: float = 3.0) -> bool:
         return False
 
 
-# huggingface_hub's repository id (validate_repo_id): [namespace/]name, letters, digits and -_. between word characters
-_HUB_ID = re.compile(r"(\b[\w\-.]+\b/)?\b[\w\-.]{1,96}\b")
-
-
-def _not_a_hub_name(name: str) -> str | None:
-    """Why `name` cannot be a Hugging Face hub repository (transformers would not even ask the hub), or None."""
-    if name.count("/") > 1:
-        return "it has more than one /"
-    if not _HUB_ID.fullmatch(name) or "--" in name or ".." in name or name.endswith(".git"):
-        return "it holds characters a hub name does not (a hub name is [namespace/]name of letters, digits, -, _, .)"
-    return None
-
-
 def _mock_folder(cfg):
     """The folder data=mock writes its splits and tokenizer into when the run starts (train/task/mock_data.py)."""
     return Path(str(value(cfg, "variables.data_local"))).expanduser() if value(cfg, "data.kind") == "mock" else None
@@ -378,7 +364,7 @@ def tokenizer(cfg, ctx):
                           "save the whole tokenizer there (tokenizer.save_pretrained(folder) writes tokenizer.json), "
                           "or point at a folder that has it")
         return
-    why = _not_a_hub_name(name)
+    why = facts.not_a_hub_name(name)
     if why:
         yield Problem("tokenizer.name", f"{name} is neither a folder here ({Path(name).absolute()} does not exist) nor "
                       f"a Hugging Face hub name ({why}): transformers' AutoTokenizer would fail as the run starts",
