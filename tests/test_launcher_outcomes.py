@@ -372,6 +372,9 @@ def test_a_running_point_shows_what_its_rank_0_last_wrote(tmp_path):
     shown = console(manifest(tmp_path), [row])
     assert "| 0 | optimizer.lr=0.001 | 4242 | RUNNING | 2 | step 20/40 | 5.5 | 1234 |  | 0.625 | 0:01:05 |" in shown
     assert "checkpoint" not in shown and "error" not in shown  # the files hold every column
+    # training's columns said only where a point has one (TrainApp.shown_where_set)
+    assert not {"preflight", "continued_from", "interventions"} & set(shown.split("\n")[0].strip("| ").split(" | "))
+    assert "| continued_from |" in console(manifest(tmp_path), [{**row, "continued_from": "other-run@ba20"}])
 
 
 def test_a_completed_point_shows_the_whole_runs_rates_from_its_metrics(tmp_path):

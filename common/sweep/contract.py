@@ -135,6 +135,7 @@ class SweepApp:
     wait_key = "hydra.launcher.wait"  # the setting that makes a Slurm sweep wait for its points
     log_tail = True  # show a failed rank's last log lines beside its error
     shown = ("point", "overrides", "job_id", "state", "log", "error")  # what a terminal shows of a summary
+    shown_where_set = ("error",)  # of those, shown only where a point has one
 
     def configs(self, launcher, job_overrides: list, first: int) -> list:
         """(overrides, config) of each point, checked: raise common.errors.UserError with every problem of every

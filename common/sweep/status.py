@@ -191,10 +191,10 @@ def write_summary(sweep_dir: Path, manifest: dict, table_rows: list) -> str:
 
 
 def console(manifest: dict, table_rows: list) -> str:
-    """What a terminal shows: the app's heading and its columns (SHOWN), error only where a point has one."""
+    """What a terminal shows: the app's heading and its columns (its `shown`), those of `shown_where_set` only
+    where a point has one."""
     app = app_of(manifest)
-    shown = [k for k in app.shown if k not in ("error", "preflight", "continued_from", "interventions")
-             or any(r.get(k) for r in table_rows)]
+    shown = [k for k in app.shown if k not in app.shown_where_set or any(r.get(k) for r in table_rows)]
     heading = app.heading(manifest)
     return (f"{heading}\n" if heading else "") + markdown([{k: r[k] for k in shown} for r in table_rows])
 

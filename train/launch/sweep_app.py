@@ -62,6 +62,7 @@ class TrainApp(SweepApp):
     # what a terminal shows (python -m train.status); the summary files hold every column
     shown = ("point", "overrides", "job_id", "state", "requeues", "step", "loss", "tokens_per_sec", "mfu", "goodput",
              "interventions", "eta", "last_progress", "continued_from", "preflight", "log", "error")
+    shown_where_set = ("error", "preflight", "continued_from", "interventions")
 
     def configs(self, launcher, job_overrides: list, first: int) -> list:
         """Every point given, composed as its job will compose it and resolved while its own Hydra context is
