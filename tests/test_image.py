@@ -361,3 +361,15 @@ def test_a_sweeps_summary_job_is_one_cpu_in_its_points_environment_without_their
     assert (generic.summary.name, generic.summary.partition, generic.summary.setup) == (
         "job-summary", "cpu", ("module load x",))
     assert contract.params_spec({"submitit_folder": "/s/%j"}, "job").summary is None  # a local sweep has none
+
+
+def test_a_local_sweep_always_waits_and_a_slurm_one_as_asked_for_any_app():
+    """Whether `-m` waits, decided once (common/sweep/contract.py: sweep_waits) for training and any other app."""
+    from common.sweep import contract
+    from train.launch import spec
+
+    assert not spec.of(compose(["cluster=ndv5"])).waits and spec.of(compose(["cluster=ndv5", "cluster.wait=true"])).waits
+    assert spec.of(compose(["cluster=local", "cluster.wait=false"])).waits
+    params = {"submitit_folder": "/s/%j", "scheduler": "slurm"}
+    assert not contract.params_spec(params, "job").waits and contract.params_spec({**params, "wait": True}, "job").waits
+    assert contract.params_spec({"submitit_folder": "/s/%j", "wait": False}, "job").waits

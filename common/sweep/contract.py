@@ -199,7 +199,13 @@ def params_spec(params, name: str, waits: bool = False) -> JobSpec:
         setup=tuple(params.get("setup") or ()), srun_args=("--kill-on-bad-exit=1",) if slurm else (),
         teardown=tuple(host_requeue.teardown_lines(folder)) if slurm else ())
     summary = summary_job(res, params.get("summary_partition")) if slurm else None
-    return JobSpec(resources=res, waits=waits or not slurm or bool(params.get("wait")), summary=summary)
+    return JobSpec(resources=res, waits=waits or sweep_waits(res.scheduler, params.get("wait")), summary=summary)
+
+
+def sweep_waits(scheduler: str, wait) -> bool:
+    """Whether `-m` waits for its points: a local sweep's tasks are the command's children, so it always does; on
+    Slurm, as `wait` asks."""
+    return scheduler != "slurm" or bool(wait)
 
 
 def summary_job(points: Resources, partition: Optional[str] = None, setup: Optional[tuple] = None) -> Resources:

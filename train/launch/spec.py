@@ -51,8 +51,7 @@ def of(cfg: DictConfig, folder: str = PLAN_FOLDER) -> RunSpec:
                                        setup=(*env_lines(cfg), *([] if c.container.image else c.setup)))
     return RunSpec(
         resources=res,
-        # a local sweep's tasks are this command's children: it always waits; on Slurm, cluster.wait
-        waits=kind == "local" or bool(c.wait), summary=summary,
+        waits=contract.sweep_waits(kind, c.wait), summary=summary,
         run_name=str(cfg.run_name), scheduler=kind, save_folder=OmegaConf.select(cfg, "save_folder", default=None),
         report_folder=OmegaConf.select(cfg, "callbacks.run_report.folder", default=None))
 
