@@ -110,7 +110,11 @@ def hydra_context_moving_its_node(cfg) -> None:
     HydraConfig.instance().cfg = hidden
 
 
-@written_against(HYDRA, "tests/test_identity.py::test_the_plan_names_the_run_that_m_submits_and_scaling_points_are_runs_of_their_own")
+NAMING = ("tests/test_identity.py::"
+          "test_the_plan_names_the_run_that_m_submits_and_scaling_points_are_runs_of_their_own")
+
+
+@written_against(HYDRA, NAMING)
 def hydra_context_now():
     """The Hydra context set now (HydraConfig's node), to be set again by hydra_context_again while another
     point's config is made in between."""
@@ -119,8 +123,9 @@ def hydra_context_now():
     return HydraConfig.instance().cfg
 
 
-@written_against(HYDRA, "tests/test_identity.py::test_the_plan_names_the_run_that_m_submits_and_scaling_points_are_runs_of_their_own")
+@written_against(HYDRA, NAMING)
 def hydra_context_again(node) -> None:
+    """Set again a Hydra context hydra_context_now returned."""
     from hydra.core.hydra_config import HydraConfig
 
     HydraConfig.instance().cfg = node

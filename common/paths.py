@@ -66,8 +66,14 @@ def is_remote(path) -> bool:
 _URL = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://")
 
 
+def hub_switched_off_by() -> str | None:
+    """The variable that switches the Hugging Face hub off, as huggingface_hub reads them (huggingface_hub.constants):
+    HF_HUB_OFFLINE, or TRANSFORMERS_OFFLINE where that is unset or empty, one of 1, on, yes, true; None where the
+    hub is on."""
+    name = "HF_HUB_OFFLINE" if os.environ.get("HF_HUB_OFFLINE") else "TRANSFORMERS_OFFLINE"
+    return name if os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE") else None
+
+
 def hub_offline() -> bool:
-    """The Hugging Face hub switched off, as huggingface_hub reads it (huggingface_hub.constants): HF_HUB_OFFLINE,
-    or TRANSFORMERS_OFFLINE where that is unset or empty, one of 1, on, yes, true."""
-    given = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return given.upper() in ("1", "ON", "YES", "TRUE")
+    """The Hugging Face hub switched off (hub_switched_off_by)."""
+    return hub_switched_off_by() is not None

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 
 from common.errors import Problem
-from common.paths import hub_offline
+from common.paths import hub_switched_off_by
 from data_prep.errors import DataPrepError
 from data_prep.settings import Settings
 
@@ -111,8 +111,9 @@ def _hub_sources(settings: Settings) -> list[Source]:
 
 def _require_hub(repo: str) -> None:
     fix = "pass input=<folder with c4-*.json.gz files> to read a local copy"
-    if hub_offline():
-        raise DataPrepError("input", f"not given, and the hub is switched off (HF_HUB_OFFLINE) for {repo}", fix)
+    off = hub_switched_off_by()
+    if off:
+        raise DataPrepError("input", f"not given, and the hub is switched off ({off}) for {repo}", fix)
     try:
         from huggingface_hub import HfApi
 

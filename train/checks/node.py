@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 from omegaconf import ListConfig, OmegaConf
 
 from common import image as contract
-from common.paths import PROJECT, hub_offline, is_remote
+from common.paths import PROJECT, hub_switched_off_by, is_remote
 from data_prep import facts
 from train.checks.core import ERROR, WARNING, Problem, split_folder, value
 from train.config import vocab
@@ -375,7 +375,8 @@ def tokenizer(cfg, ctx):
         return  # in the hub cache
     cache = facts.hub_cache()
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    why = ("HF_HUB_OFFLINE is set" if hub_offline() else
+    off = hub_switched_off_by()
+    why = (f"{off} is set" if off else
            f"{endpoint} cannot be reached from {os.uname().nodename}" if not _reachable(endpoint) else None)
     if why:
         yield Problem("tokenizer.name", f"{name} is a Hugging Face hub name, not in the cache ({cache}), and {why}: "
