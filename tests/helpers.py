@@ -173,15 +173,31 @@ def wait_for_checkpoint(root: Path, batch: int, proc: subprocess.Popen) -> None:
 
 
 def requeue_once_written(root: Path, pattern: str, proc: subprocess.Popen, log: Path, within: float) -> str:
-    """Once a file matching `pattern` is under `root`, the one job in the loopback cluster's queue is requeued by
-    Slurm (`scontrol requeue`, as a preemption does); the sweep command `proc` (its output in `log`) must not end
-    before, nor the file take longer than `within` seconds. -> the job's id."""
-    deadline = time.time() + within
-    while not list(root.glob(pattern)):
+    """Once a file matching `pattern` is under `root`, the one job in the loopback cluster's queue is preempted at
+    that point: its processes are frozen (SIGSTOP), Slurm requeues it (`scontrol requeue`, as a preemption does),
+    then they are killed (the SIGKILL Slurm sends KillWait after its SIGTERM, which submitit lets pass), so the job
+    trains not one batch past the file whatever the load. The sweep command `proc` (its output in `log`) must not
+    end before, nor the file take longer than `within` seconds. -> the job's id."""
+    import psutil
+
+    deadline, jobs = time.time() + within, []
+    while not jobs or not list(root.glob(pattern)):
         assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+        jobs = jobs or subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True,
+                                      timeout=30).stdout.split()
         time.sleep(0.05)
-    [job] = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.split()
+    [job] = jobs
+    frozen = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if p.environ().get("SLURM_JOB_ID") == job:
+                p.suspend()
+                frozen.append(p)
+    assert frozen, f"no process of job {job}"
     subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+    for p in frozen:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
     return job
 
 
