@@ -22,6 +22,7 @@ from common.sweep.outcomes import (
     markdown,
     rank_outcomes,
     split_overrides,
+    waited_out,
 )
 
 TRACEBACK = """Traceback (most recent call last):
@@ -85,6 +86,23 @@ def test_bucket(state, expected):
 ])
 def test_a_slurm_job_has_ended_only_in_a_state_slurm_does_not_resume_from(tmp_path, state, is_ended):
     assert ended(StandInJob(tmp_path, state), "slurm") is is_ended
+
+
+@pytest.mark.parametrize("state, result, over", [
+    ("PREEMPTED", False, True),  # preempted and not requeued (PreemptMode=CANCEL): submitit's done() never says so
+    ("NODE_FAIL", False, True), ("COMPLETED", True, True), ("FAILED", False, True),
+    ("RUNNING", True, False),  # a rank's result written while Slurm tears the step down for a requeue
+    ("REQUEUED", False, False), ("PENDING", True, False), ("SUSPENDED", False, False),
+    (RuntimeError("sacct: error"), False, False), (RuntimeError("sacct: error"), True, True),  # the result decides
+])
+def test_the_launchers_wait_for_a_slurm_job_ends_once_slurm_will_not_resume_it(tmp_path, state, result, over):
+    """`-m` with cluster.wait=true waits for each point until waited_out: a job that ended without a result file
+    in a state Slurm does not resume from (PREEMPTED, which submitit's own done() counts as coming back) ends the
+    wait, where it used to wait forever."""
+    job = StandInJob(tmp_path, state)
+    if result:
+        job.result(0, "success", None)
+    assert waited_out(job, "slurm") is over
 
 
 @pytest.mark.parametrize("state", ["SUSPENDED", "RESIZING", "REQUEUE_HOLD"])

@@ -38,6 +38,19 @@ def ended(job, scheduler: str) -> bool:
         return True
 
 
+def waited_out(job, scheduler: str) -> bool:
+    """The launcher's wait for a job is over: it has ended (`ended`) and Slurm said so, or, where Slurm cannot be
+    asked, its result file is in. Not submitit's done(): that waits on for a job PREEMPTED and not requeued
+    (PreemptMode=CANCEL), which Slurm never resumes, so the sweep would wait forever."""
+    if scheduler == "local":
+        return ended(job, scheduler)
+    try:
+        state = job.state.upper()
+    except Exception:  # noqa: BLE001 -- no answer from Slurm: the result file decides
+        return job.paths.result_pickle.exists()
+    return state not in (*WAITING, *RUNNING)
+
+
 LOCAL_CONTROLLER = "submitit.local._local"  # the module submitit's local controller runs as (its job id is its pid)
 
 
