@@ -31,6 +31,7 @@ an hour later) is of the recipe as first read, and a sweep's jobs compose from a
 that a job that starts after hours in the queue, or again after a requeue, trains the recipe that was checked and
 submitted, not the file as edited since (which would also be another run: its name hashes what it trains).
 """
+import functools
 import hashlib
 import io
 import re
@@ -42,7 +43,14 @@ from omegaconf import OmegaConf
 
 GROUP = "yaml"
 VARIABLE_RUN_NAME = "${variables.run_name}"
-OUR_RUN_NAME = "${run_id:${hydra:runtime.choices.model},${hydra:runtime.choices.yaml}}"  # conf/train.yaml's
+
+
+@functools.cache
+def our_run_name() -> str:
+    """conf/train.yaml's run_name, as written there (an interpolation: the run's name from what it trains)."""
+    from common.paths import CONF
+
+    return OmegaConf.to_container(OmegaConf.load(CONF / "train.yaml"), resolve=False)["run_name"]
 
 
 RUN_NAME_PLACEHOLDER = re.compile(r"(?<!\$)\{run_name\}")
@@ -132,7 +140,7 @@ def load_config(source, config_path: str) -> ConfigResult:
         if OmegaConf.to_container(cfg, resolve=False).get("run_name") == VARIABLE_RUN_NAME:
             # llm-foundry's YAMLs: the variable names the run when it is given (variables.run_name=my-run on
             # the command line, as with llm-foundry), else our name
-            cfg.run_name = "${given_or:${oc.select:variables.run_name,null}," + OUR_RUN_NAME + "}"
+            cfg.run_name = "${given_or:${oc.select:variables.run_name,null}," + our_run_name() + "}"
         else:
             del cfg["run_name"]
     if isinstance(cfg.get("save_folder"), str):  # `./{run_name}/checkpoints`: composer's placeholder
