@@ -72,8 +72,3 @@ def hub_switched_off_by() -> str | None:
     hub is on."""
     name = "HF_HUB_OFFLINE" if os.environ.get("HF_HUB_OFFLINE") else "TRANSFORMERS_OFFLINE"
     return name if os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE") else None
-
-
-def hub_offline() -> bool:
-    """The Hugging Face hub switched off (hub_switched_off_by)."""
-    return hub_switched_off_by() is not None
