@@ -904,10 +904,19 @@ def test_the_hub_is_offline_where_huggingface_hub_reads_it(monkeypatch, hub, tra
 @pytest.mark.parametrize("override", ["max_seq_len=abc", "global_train_batch_size=2.5", "device_eval_batch_size=x",
                                       "device_train_microbatch_size=big",
                                       "save_interval=true", "eval_interval=true", "save_num_checkpoints_to_keep=few",
-                                      "eval_interval=null"])
+                                      "eval_interval=null", "max_duration=null", "save_interval=null",
+                                      "device_eval_batch_size=null", "max_seq_len=null", "max_seq_len=0",
+                                      "variables.max_seq_len=0", "model.max_seq_len=0"])
 def test_a_value_of_another_type_is_one_error_of_its_key(override):
     """A key's type is refused by one rule, in its words (a TrainConfig type, or the key's own rule where that
-    refuses every other type), not once by each."""
-    key = override.split("=")[0]
-    [p] = [p for p in check(compose([override]), Context()) if p.key == key]
-    assert p.level == ERROR
+    refuses every other type), not once by each; and once, as max_seq_len's, where the keys that follow it
+    (model.max_seq_len, the tokenizer's model_max_length) hold the same value."""
+    key = override.split("=")[0].removeprefix("variables.")
+    [p] = [p for p in check(compose([override]), Context()) if p.level == ERROR]
+    assert p.key == key, p
+
+
+def test_a_key_that_follows_another_is_named_where_its_bad_value_is_its_own():
+    """model.max_seq_len follows max_seq_len: given a bad value of its own, each key's is said."""
+    bad = [p.key for p in check(compose(["max_seq_len=0", "model.max_seq_len=-5"]), Context()) if p.level == ERROR]
+    assert bad == ["max_seq_len", "model.max_seq_len"]

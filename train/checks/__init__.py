@@ -56,8 +56,27 @@ def check(cfg, ctx: Context) -> list:
         for p in _found(cfg, ctx):
             if p not in unique:
                 unique.append(p)
+        unique = _said_as_followed(cfg, unique)
         secrets = safety.secret_values(cfg) if unique else []
     return [p.masked(secrets) for p in unique]  # never echo a credential
+
+
+# Keys that follow another by the presets' interpolation (conf/recipe: `${max_seq_len}`, ...): a bad value they
+# hold because the key they follow holds it is said once, as that key's.
+FOLLOWS = {"model.max_seq_len": "max_seq_len", "tokenizer.kwargs.model_max_length": "max_seq_len",
+           "device_eval_batch_size": "device_train_microbatch_size"}
+
+
+def _said_as_followed(cfg, problems: list) -> list:
+    bad = {p.key for p in errors(problems)}
+
+    def followed(p) -> bool:
+        try:
+            return value(cfg, p.key) == value(cfg, FOLLOWS[p.key])
+        except ConfigError:  # one of them does not resolve: each names its own
+            return False
+
+    return [p for p in problems if not (p.level == ERROR and FOLLOWS.get(p.key) in bad and followed(p))]
 
 
 def _found(cfg, ctx: Context) -> list:

@@ -60,10 +60,11 @@ _EXAMPLES = {"seed": "seed=17", "eval_first": "eval_first=true", "progress_bar":
              "python_log_level": "python_log_level=info"}
 
 
-# Keys whose own rules (values.py: numbers, eval_interval) refuse every value of another type but null, in their
-# words: said once, not again as a TrainConfig type.
+# Keys whose own rules (values.py: numbers, durations, intervals) refuse every value of another type, null too,
+# in their words: said once, not again as a TrainConfig type. eval_interval's rule lets null through (no evaluation
+# to time), which the TrainConfig refuses.
 _TYPED_BY_THEIR_RULES = ("max_seq_len", "global_train_batch_size", "device_eval_batch_size", "max_duration",
-                         "eval_interval", "save_interval")
+                         "save_interval")
 # Keys llm-foundry takes as a value or as the path of a YAML file holding it (config_utils: `icl_tasks_str`).
 _FILE_OR_VALUE = ("icl_tasks", "eval_gauntlet")
 
@@ -76,7 +77,7 @@ def train_config_types(cfg, ctx):
         if key not in present:
             continue
         v = value(cfg, key)
-        if key in _TYPED_BY_THEIR_RULES and v is not None:
+        if key in _TYPED_BY_THEIR_RULES or key == "eval_interval" and v is not None:
             continue
         if key in _FILE_OR_VALUE and isinstance(v, str):
             continue  # a file's path: llm-foundry moves it to `<key>_str` before its TrainConfig reads it
