@@ -3,6 +3,7 @@ and be told about the run it may have meant to continue (train/checks/checkpoint
 import os
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -68,6 +69,27 @@ def test_composer_divides_by_a_0dur_interval():
         create_interval_scheduler("0dur")(state, Event.BATCH_CHECKPOINT)
     assert not create_interval_scheduler("0ba")(state, Event.BATCH_CHECKPOINT)  # never fires
     assert create_interval_scheduler("0.1dur")(state, Event.BATCH_CHECKPOINT)
+
+
+def test_a_negative_interval_is_refused_in_words_true_of_composer():
+    """A negative `dur` interval fires in composer (rounded toward zero, or divides by zero); one of another unit
+    never does (its check is `<= 0`). Each refusal says which, and composer shows it."""
+    from composer.core import Event, Time, Timestamp
+    from composer.utils.misc import create_interval_scheduler
+
+    def fires(interval: str, end: int = 10) -> list:
+        check = create_interval_scheduler(interval)
+        return [b for b in range(1, end + 1) if check(SimpleNamespace(
+            previous_timestamp=Timestamp(batch=b - 1), timestamp=Timestamp(batch=b), max_duration=Time(end, "ba"),
+            get_elapsed_duration=lambda: Time(0.1, "dur"), dataloader_len=Time(end, "ba")), Event.BATCH_CHECKPOINT)]
+
+    assert (fires("-0.33dur"), fires("0.33dur"), fires("-5ba")) == ([3, 6, 9], [4, 8], [])
+    with pytest.raises(ZeroDivisionError):
+        fires("-0.05dur")
+    [p] = keyed(errors(found(["save_interval=-0.33dur"])), "save_interval")
+    assert "rounds it otherwise than 0.33dur" in p.problem and p.fix == "save_interval=0.33dur"
+    [p] = keyed(errors(found(["eval_interval=-5ba"])), "eval_interval")
+    assert "never fires" in p.problem
 
 
 def test_keeping_one_checkpoint_is_warned_it_leaves_none_to_fall_back_to():

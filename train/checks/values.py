@@ -136,6 +136,12 @@ def _duration(cfg, key, interval=True):
     if is_int(v) and v > 0:
         yield Problem(key, f"{v} has no unit (composer would read a bare number as epochs)",
                       f"add one: {key}={v}ba for batches, or {TIME_UNITS}")
+    elif interval and time is not None and time[0] < 0 and time[1] == "dur":
+        # composer takes it: math.ceil of the negative interval rounds it toward zero (-0.33dur of 10ba fires every
+        # 3 batches, 0.33dur every 4), and one that rounds to 0 divides by zero at the first batch (as 0dur does)
+        yield Problem(key, f"{v!r} is negative: composer takes it without a word, rounds it otherwise than "
+                      f"{-time[0]:g}dur, and divides by zero at the first batch where it rounds to 0",
+                      f"{key}={-time[0]:g}dur")
     elif is_number(v) and v < 0 or time is not None and time[0] < 0:
         # composer takes it: an interval that never comes (its check is `<= 0`), a duration that trains nothing
         yield Problem(key, f"{v!r} is negative: " + ("composer's interval never fires" if interval else
