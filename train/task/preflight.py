@@ -19,7 +19,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from train.task import preflight_report as pr
-from train.task.distributed import in_slurm_job, job_id, node_name, ranks_on_this_node, requeues
+from train.task.distributed import decided_on_rank_0, in_slurm_job, job_id, node_name, ranks_on_this_node, requeues
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +152,9 @@ def run(cfg, folder) -> dict:
         if rank0:  # a healthy start too: the baseline a bad day is compared with
             log.info("preflight: report %s", pr.append_report(folder, report))
         return report
-    requeued, why = False, "cluster.preflight.on_fail=stop"
-    if rank0:
+
+    def requeue_or_not() -> tuple:
+        requeued, why = False, "cluster.preflight.on_fail=stop"
         if s.on_fail == "requeue" and not report["bad"]:
             why = "the failure is not attributed to any node, so excluding nodes would not help"
         elif s.on_fail == "requeue" and not in_slurm_job():
@@ -168,10 +169,10 @@ def run(cfg, folder) -> dict:
         if requeued:
             report["excluded"] = report["bad"]
             report["excluded_now"] = why
-        path = pr.append_report(folder, report)
-    answer = [(requeued, why, str(path) if rank0 else None)]
-    dist.broadcast_object_list(answer)  # the others wait until rank 0 has asked for the requeue (or given up)
-    requeued, why, path = answer[0]
+        return requeued, why, str(pr.append_report(folder, report))
+
+    # the others wait until rank 0 has asked for the requeue (or given up)
+    requeued, why, path = decided_on_rank_0(requeue_or_not)
     lines = pr.problem_lines(report)
     if requeued:
         log.warning("preflight: excluding %s and requeuing job %s from the host (excluded now: %s); report: %s",
