@@ -638,3 +638,12 @@ def test_a_point_shows_only_its_own_runs_numbers(tmp_path):
     # a node check alone (cluster.preflight.only) trains nothing: no run's numbers
     row = TrainApp().columns({**point, "report": str(empty), "run": "other", "preflight_only": True}, "COMPLETED")
     assert (row["step"], row["final_loss"]) == ("", None)
+
+
+def test_a_jobs_rendezvous_port_is_its_own_and_below_the_ephemeral_ports():
+    """Job ids spread over ports, none in Linux's default ephemeral range (net.ipv4.ip_local_port_range: 32768 on),
+    where a busy node's own outgoing connections would take it (EADDRINUSE at the rendezvous)."""
+    from train.task.distributed import master_port
+
+    ports = [master_port(str(j)) for j in range(5000)] + [master_port(f"{j}_3") for j in range(5000)]
+    assert all(20000 <= p < 32768 for p in ports) and len(set(ports)) > 5000

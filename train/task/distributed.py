@@ -49,8 +49,9 @@ def node_name() -> str:
 
 
 def master_port(job_id: str) -> int:
-    """A port every rank of a job derives alike, and that differs between jobs sharing a node."""
-    return 20000 + zlib.crc32(str(job_id).encode()) % 20000
+    """A port every rank of a job derives alike, and that differs between jobs sharing a node: below Linux's
+    ephemeral ports (32768 on, net.ipv4.ip_local_port_range), which a busy node's outgoing connections take."""
+    return 20000 + zlib.crc32(str(job_id).encode()) % 12768
 
 
 def export_from_submitit() -> dict:
