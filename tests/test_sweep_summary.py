@@ -7,6 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from helpers import PYTHON, ROOT, command_env, held_still_and_warned, run, start, stop
 
@@ -110,11 +111,17 @@ def test_a_point_whose_controller_alone_was_killed_runs_on_and_status_says_so_un
         try:
             sweep_dir = _training(tmp_path, proc)
             controller = json.loads((sweep_dir / "sweep.json").read_text())["points"][0]["job_id"]
+            # the task held still while the status is asked (it holds its running lock): it cannot end first
+            tasks = psutil.Process(int(controller)).children()
+            for task in tasks:
+                task.suspend()
             os.kill(int(controller), signal.SIGKILL)
             now = run("-m", "train.status", str(sweep_dir), root=tmp_path, timeout=120)
             metrics = sweep_dir / "0" / "metrics.json"
-            assert not metrics.exists(), "the point ended before the status was asked: a longer max_duration"
+            assert not metrics.exists(), "the point ended before the status was asked"
             assert now.returncode == 0 and "| RUNNING |" in now.stdout, now.stdout + now.stderr
+            for task in tasks:
+                task.resume()
             proc.wait(timeout=300)
         finally:
             stop(proc)  # the command and its job, if the test failed
