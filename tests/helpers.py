@@ -165,9 +165,14 @@ def problems_in(stderr: str) -> list:
 def wait_for_checkpoint(root: Path, batch: int, proc: subprocess.Popen) -> None:
     """Until the checkpoint at `batch` of the run under `root` is complete (composer points its `latest` link at a
     checkpoint once every file of it is written); the command `proc` must not end before."""
+    def points_at_it(link: Path) -> bool:
+        try:
+            return os.readlink(link).startswith(f"ep0-ba{batch}")
+        except OSError:  # composer replaces the link (remove, then symlink): between the two it is not there
+            return False
+
     deadline = time.time() + 300
-    while not any(os.readlink(p).startswith(f"ep0-ba{batch}") for p in root.glob("checkpoints/*/latest-*")
-                  if p.is_symlink()):
+    while not any(points_at_it(p) for p in root.glob("checkpoints/*/latest-*")):
         assert proc.poll() is None and time.time() < deadline, "the run ended before its checkpoint"
         time.sleep(0.02)
 
@@ -241,6 +246,8 @@ def kill_run(proc: subprocess.Popen, root: Path) -> None:
 
     import psutil
 
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGSTOP)  # held at once: listing the family below takes a while under load
     try:
         command = psutil.Process(proc.pid)
         family = [command, *command.children(recursive=True)]

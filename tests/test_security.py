@@ -359,7 +359,8 @@ def test_a_second_training_on_a_save_folder_in_use_is_refused_and_the_first_is_i
                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.time() + 300
-        while not list(tmp_path.glob("root/checkpoints/*/.lock")):
+        # claimed: the lock file holds its holder's line (written once the lock is taken)
+        while not any(p.stat().st_size for p in tmp_path.glob("root/checkpoints/*/.lock")):
             assert first.poll() is None and time.time() < deadline, "the first run never claimed its folder"
             time.sleep(0.05)
         # held still while the second starts (a slow start, a long run), then let go: however short the first run,

@@ -1,6 +1,7 @@
 """Stale shared memory of streaming is removed at task start by the node's local leader, under the registry lock
 (train/task/shm_registry.py): what a dead process left goes, what a live process maps or holds open stays, whole
 prefixes at a time. Real processes, real /dev/shm (at prefixes streaming does not reach in these tests)."""
+import fcntl
 import mmap
 import os
 import random
@@ -62,6 +63,10 @@ def test_the_names_are_streamings():
 @pytest.mark.e2e  # starts a Python process of its own
 @needs_shm
 def test_the_leader_removes_what_a_dead_job_left_and_keeps_a_live_jobs(tmp_path, monkeypatch):
+    # the machine's registry held throughout, as a registering job holds it: a training of another test that leads
+    # meanwhile removes nothing (the dead files are this test's to find), while this leader takes its own lock
+    held = os.open(shm_registry.LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    fcntl.flock(held, fcntl.LOCK_EX)
     monkeypatch.setattr(shm_registry, "LOCK", tmp_path / "registry.lock")
     dead, live = random.sample(range(990000, 999999), 2)
     died = _make(dead, "die")
@@ -74,6 +79,7 @@ def test_the_leader_removes_what_a_dead_job_left_and_keeps_a_live_jobs(tmp_path,
         assert _files(dead) == []
         assert _files(live) == [f"{live:06}_barrier", f"{live:06}_locals"]  # mapped by a live process: kept whole
     finally:
+        os.close(held)
         alive.communicate("", timeout=30)
         for name in _files(dead) + _files(live):
             (SHM / name).unlink(missing_ok=True)

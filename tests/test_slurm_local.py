@@ -152,7 +152,11 @@ def test_status_eval_readies_a_shell(slurm):
 def test_start_is_idempotent(slurm):
     if os.geteuid() != 0:
         pytest.skip("start needs root")
-    t0 = time.monotonic()
+    def daemons() -> list:
+        return [line for line in run(["bash", str(SCRIPT), "status"], timeout=120).stdout.splitlines()
+                if "running (pid" in line]
+
+    before = daemons()
     proc = run(["bash", str(SCRIPT), "start"], timeout=120)
     assert "already running" in proc.stdout
-    assert time.monotonic() - t0 < 10
+    assert len(before) == 6 and daemons() == before  # none started again
