@@ -73,7 +73,8 @@ def test_a_sweep_submits_and_returns_is_followed_by_status_and_summarised_by_its
     storage = ("storage=amlfs", f"storage.root={lustre}", f"storage.mounts=[{lustre.parent}]")
     here = tmp_path / "not-here"
     started = time.time()
-    proc = run("-m", "train", "-m", *TINY, *storage, "max_duration=40ba", "save_interval=20ba",
+    # 80 batches: long enough that a loaded machine's status calls see both points train
+    proc = run("-m", "train", "-m", *TINY, *storage, "max_duration=80ba", "save_interval=40ba",
                "console_log_interval=2ba", "optimizer.lr=1e-3,3e-3", root=here, timeout=120)
     returned = time.time() - started
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -108,9 +109,9 @@ def test_a_sweep_submits_and_returns_is_followed_by_status_and_summarised_by_its
     assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"]
     assert {r["overrides"] for r in rows} == {"optimizer.lr=0.001", "optimizer.lr=0.003"}
     for row in rows:
-        assert float(row["final_loss"]) > 0 and float(row["tokens_per_sec"]) > 0 and row["step"] == "step 40/40"
+        assert float(row["final_loss"]) > 0 and float(row["tokens_per_sec"]) > 0 and row["step"] == "step 80/80"
         assert row["world_size"] == "2" and row["requeues"] == "0"
-        shards = sorted(p.name for p in (Path(row["checkpoint"]) / "ep0-ba40").iterdir())
+        shards = sorted(p.name for p in (Path(row["checkpoint"]) / "ep0-ba80").iterdir())
         assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
         job_dir = Path(row["log"]).parent  # every task's log and the submission script
         assert {f"{row['job_id']}_0_log.err", f"{row['job_id']}_1_log.err"} <= {p.name for p in job_dir.iterdir()}
