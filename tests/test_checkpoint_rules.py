@@ -71,6 +71,7 @@ def test_composer_divides_by_a_0dur_interval():
     assert create_interval_scheduler("0.1dur")(state, Event.BATCH_CHECKPOINT)
 
 
+@pytest.mark.torch  # composer
 def test_a_negative_interval_is_refused_in_words_true_of_composer():
     """A negative `dur` interval fires in composer (rounded toward zero, or divides by zero); one of another unit
     never does (its check is `<= 0`). Each refusal says which, and composer shows it."""
