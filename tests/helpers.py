@@ -314,18 +314,23 @@ def step_tasks(job: str, node: str) -> list:
 
 
 @contextlib.contextmanager
-def held_still_and_warned(tasks: int = 2):
+def held_still_and_warned(tasks: int = 2, until=None):
     """The one job in the queue, training: its step's tasks held still (SIGSTOP: they would train for nothing while
     they wait) and its time limit cut so that Slurm's warning comes within a minute (warn_within_a_minute); Slurm
-    continues them (SIGCONT) to deliver it. Yields the job's id; the tasks are continued on the way out, whatever
-    happened."""
-    [job, ran, node] = subprocess.run(["squeue", "-h", "-o", "%i %M %N"], capture_output=True, text=True,
-                                      timeout=30).stdout.split()
+    continues them (SIGCONT) to deliver it. until: called once the tasks are found, the moment to hold them at (a
+    checkpoint written), so that nothing but the SIGSTOP comes after it. Yields the job's id; the tasks are
+    continued on the way out, whatever happened."""
+    [job, node] = subprocess.run(["squeue", "-h", "-o", "%i %N"], capture_output=True, text=True,
+                                 timeout=30).stdout.split()
     ranks = step_tasks(job, node)
     assert len(ranks) == tasks, ranks
+    if until is not None:
+        until()
     try:
         for pid in ranks:
             os.kill(pid, signal.SIGSTOP)
+        [ran] = subprocess.run(["squeue", "-h", "-j", job, "-o", "%M"], capture_output=True, text=True,
+                               timeout=30).stdout.split()
         warn_within_a_minute(job, ran)
         yield job
     finally:

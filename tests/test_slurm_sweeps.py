@@ -236,8 +236,8 @@ def test_a_timed_out_two_rank_sharded_job_with_evaluations_is_requeued_and_ends_
                                 f"cluster.preflight.node_check={probe}"),
                  root=root, stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_for_checkpoint(root, 20, proc)
-        with held_still_and_warned() as job:
+        wait_for_checkpoint(root, 10, proc)  # training: its tasks are there to find
+        with held_still_and_warned(until=lambda: wait_for_checkpoint(root, 20, proc)) as job:
             deadline = time.time() + 200
             while "Restarts=0" in subprocess.run(["scontrol", "show", "job", job, "-o"], capture_output=True,
                                                  text=True).stdout:
