@@ -387,11 +387,18 @@ def test_a_pending_point_shows_why_it_waits(slurm, tmp_path):
 def test_requeues_before_training_began_are_counted_and_a_restart_shows_no_figures_of_the_start_before(
         slurm, tmp_path):
     """Slurm's count of a point's requeues, whenever they came: each of these two comes while the job is still
-    starting (importing), before its rank 0 ever wrote progress.json, where counting the starts that reached
-    training saw none. While the job starts again, the status shows no progress line of a start before it."""
+    starting (held in its preflight's node check), before its rank 0 ever wrote progress.json, where counting the
+    starts that reached training saw none. While the job starts again, the status shows no progress line of a start before it."""
+    # each start waits in its preflight's node check (before training) while `hold` exists: requeued there, it
+    # never trains, however fast it restarts; let go after the second requeue
+    hold = tmp_path / "hold"
+    hold.touch()
+    check = tmp_path / "hold.sh"
+    check.write_text(f"#!/bin/bash\nwhile [ -e {hold} ]; do sleep 0.2; done\n")
+    check.chmod(0o755)
     out = (tmp_path / "sweep.log").open("w")
-    proc = start("-m", "train", "-m", *TINY, WAIT, "max_duration=4ba", "checkpoint=none", root=tmp_path, stdout=out,
-                 stderr=subprocess.STDOUT)
+    proc = start("-m", "train", "-m", *TINY, WAIT, "max_duration=4ba", "checkpoint=none",
+                 f"cluster.preflight.node_check={check}", root=tmp_path, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 300
         while not list(tmp_path.glob("outputs/sweeps/*/sweep.json")):
@@ -414,6 +421,7 @@ def test_requeues_before_training_began_are_counted_and_a_restart_shows_no_figur
                 time.sleep(1)
                 now = shown(status(sweep_dir).stdout)[0]
             assert now["requeues"] == str(n) and now["loss"] == "" and now["eta"] == "", now
+        hold.unlink()
         proc.wait(timeout=600)
     finally:
         proc.kill()
