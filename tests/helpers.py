@@ -500,4 +500,9 @@ def _as_the_process_exits() -> None:
         import torch.distributed as torch_dist
 
         if torch_dist.is_available() and torch_dist.is_initialized():
+            # gloo's worker thread frees each finished collective's tensors, which takes the GIL, while the group's
+            # destructor holds the GIL and joins that thread: a collective finished just before would deadlock
+            # them. A barrier waited on first (the GIL let go) leaves only its own work, which holds no tensor.
+            with contextlib.suppress(Exception):
+                torch_dist.barrier()
             torch_dist.destroy_process_group()
