@@ -22,7 +22,6 @@ from common.sweep.outcomes import (
     markdown,
     rank_outcomes,
     split_overrides,
-    waited_out,
 )
 
 TRACEBACK = """Traceback (most recent call last):
@@ -96,13 +95,13 @@ def test_a_slurm_job_has_ended_only_in_a_state_slurm_does_not_resume_from(tmp_pa
     (RuntimeError("sacct: error"), False, False), (RuntimeError("sacct: error"), True, True),  # the result decides
 ])
 def test_the_launchers_wait_for_a_slurm_job_ends_once_slurm_will_not_resume_it(tmp_path, state, result, over):
-    """`-m` with cluster.wait=true waits for each point until waited_out: a job that ended without a result file
+    """`-m` with cluster.wait=true waits for each point until it has ended (result_decides): a job that ended without a result file
     in a state Slurm does not resume from (PREEMPTED, which submitit's own done() counts as coming back) ends the
     wait, where it used to wait forever."""
     job = StandInJob(tmp_path, state)
     if result:
         job.result(0, "success", None)
-    assert waited_out(job, "slurm") is over
+    assert ended(job, "slurm", result_decides=True) is over
 
 
 @pytest.mark.parametrize("state", ["SUSPENDED", "RESIZING", "REQUEUE_HOLD"])

@@ -27,12 +27,12 @@ from common.sweep import status
 from common.sweep.contract import Point, executor, job_arrays, load_app
 from common.sweep.outcomes import (
     bucket,
+    ended,
     failed_ranks,
     kill_local_tasks,
     load_result,
     rank_outcomes,
     split_overrides,
-    waited_out,
 )
 
 # Messages (progress, failures) go through logging, to stderr; stdout holds the answer: one line per submitted
@@ -234,7 +234,7 @@ class SweepLaunch:
                 # a job's `state` is refreshed on submitit's own schedule (up to half the job's age): ask for
                 # every job's state here, or a finished long job would keep the command waiting for minutes
                 slurm[0].job.get_info(mode="force")
-            done = [waited_out(p.job, p.resources.scheduler) for p in points]
+            done = [ended(p.job, p.resources.scheduler, result_decides=True) for p in points]
             for p, d in zip(points, done):
                 failed = [] if d or p.resources.scheduler != "local" else failed_ranks(p.job)
                 if failed:

@@ -25,30 +25,21 @@ WAITING = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"
 RUNNING = ("RUNNING", "COMPLETING", "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT")
 
 
-def ended(job, scheduler: str) -> bool:
+def ended(job, scheduler: str, result_decides: bool = False) -> bool:
     """submitit calls a job done once its rank-0 result file exists. A rank that fails while Slurm tears the
     step down for a requeue (its dataloader workers get SIGTERM) writes one too, yet the job comes back: on
-    Slurm, done also needs a state Slurm will not resume from. A local job has ended once its controller
-    process has (local_alive: also from another process, e.g. `python -m train.status` beside a running sweep)."""
+    Slurm, done also needs a state Slurm will not resume from. Not submitit's done() either: that counts a job
+    PREEMPTED and not requeued (PreemptMode=CANCEL), which Slurm never resumes, as coming back, so a waiting
+    sweep would wait forever. Where Slurm cannot be asked: ended (its result file, if any, tells how), or with
+    result_decides (the launcher's wait) only once its result file is in. A local job has ended once its
+    controller process has (local_alive: also from another process, e.g. `python -m train.status` beside a
+    running sweep)."""
     if scheduler == "local":
         return local_alive(job) is False
     try:
         return job.state.upper() not in (*WAITING, *RUNNING)
-    except Exception:
-        return True
-
-
-def waited_out(job, scheduler: str) -> bool:
-    """The launcher's wait for a job is over: it has ended (`ended`) and Slurm said so, or, where Slurm cannot be
-    asked, its result file is in. Not submitit's done(): that waits on for a job PREEMPTED and not requeued
-    (PreemptMode=CANCEL), which Slurm never resumes, so the sweep would wait forever."""
-    if scheduler == "local":
-        return ended(job, scheduler)
-    try:
-        state = job.state.upper()
-    except Exception:  # noqa: BLE001 -- no answer from Slurm: the result file decides
-        return job.paths.result_pickle.exists()
-    return state not in (*WAITING, *RUNNING)
+    except Exception:  # noqa: BLE001 -- no answer from Slurm
+        return job.paths.result_pickle.exists() if result_decides else True
 
 
 LOCAL_CONTROLLER = "submitit.local._local"  # the module submitit's local controller runs as (its job id is its pid)
