@@ -108,7 +108,7 @@ def test_a_resolved_configs_values_read_from_its_plain_copy_are_omegaconfs(overr
     OmegaConf.select reads them; a mapping or a list is OmegaConf's own node."""
     from omegaconf import OmegaConf
 
-    from train.checks.core import ConfigError, reading, resolved, value
+    from train.checks.core import ConfigError, mapping, reading, resolved, value
     from train.config.compose import compose
 
     cfg = resolved(compose(overrides))
@@ -123,10 +123,22 @@ def test_a_resolved_configs_values_read_from_its_plain_copy_are_omegaconfs(overr
             return ("raised", type(err).__name__, str(err))
         return got if not OmegaConf.is_config(got) else ("node", OmegaConf.to_container(got))
 
-    slow = [read(k) for k in keys]
+    def as_mapping(key):  # mapping(): a plain dict where reading holds a copy, the same values as value()'s node
+        try:
+            got = mapping(cfg, key)
+        except Exception as err:  # noqa: BLE001 -- as value() raises it
+            return ("raised", type(err).__name__)
+        return OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
+
+    maps = [k for k in keys if isinstance(read(k), tuple) and read(k)[0] == "node" and isinstance(read(k)[1], dict)]
+    slow, slow_maps = [read(k) for k in keys], [as_mapping(k) for k in maps]
     with reading(cfg):
-        fast = [read(k) for k in keys]
+        fast, fast_maps = [read(k) for k in keys], [as_mapping(k) for k in maps]
         assert id(cfg) in __import__("train.checks.core", fromlist=["_PLAIN"])._PLAIN
+        plain = [k for k in maps if type(mapping(cfg, k)) is dict]
     assert fast == slow and len(keys) > 300
+    assert fast_maps == slow_maps and "tokenizer.kwargs" in maps
+    # every mapping is read plain but one holding a missing value, which value() names
+    assert set(maps) - set(plain) == ({"model"} if "model.n_layers=???" in overrides else set())
     if "model.n_layers=???" in overrides:
         assert read("model.n_layers")[0] == "error"

@@ -234,6 +234,26 @@ def plain(cfg):
         return OmegaConf.to_container(cfg, resolve=False)
 
 
+def mapping(cfg, key: str):
+    """The mapping at a dotted key as a plain dict, read from the copy `reading` holds, for a rule that asks it for
+    many keys it mostly lacks (a struct DictConfig raises and catches an error for each); as value() gives it
+    where there is no such copy, or where one of its values is missing."""
+    held = _PLAIN.get(id(cfg))
+    if held is not None and held[0]() is cfg:
+        node = held[1]
+        for part in key.split("."):
+            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            elif isinstance(node, dict) and part in node:
+                node = node[part]
+            else:
+                break
+        else:
+            if isinstance(node, dict) and "???" not in node.values():
+                return node
+    return value(cfg, key)
+
+
 def _leaf(plain, key: str, default):
     """The value at key in plain values, default where a mapping lacks it, _NODE where OmegaConf itself must say
     (a mapping or list as a node, a list's index, a key below a value)."""

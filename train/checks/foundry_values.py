@@ -17,6 +17,7 @@ from train.checks.core import (
     close_or_all,
     is_int,
     is_number,
+    mapping,
     nearest,
     time_of,
     value,
@@ -290,7 +291,7 @@ def tokenizer_kwargs(cfg, ctx):
     registry, tiktoken, takes its own): a padding side it refuses stops the run with a traceback after its
     folder is made; a length of letters, or a word for a flag, trains; a misspelt key is kept and read by
     nothing."""
-    kwargs = value(cfg, "tokenizer.kwargs")
+    kwargs = mapping(cfg, "tokenizer.kwargs")
     if kwargs is None or value(cfg, "tokenizer.name") == "tiktoken":
         return
     if not hasattr(kwargs, "keys"):
@@ -509,7 +510,7 @@ def dataset_keys(cfg, ctx):
     drops any other without a word: a misspelt `shuffle_sed: 3` trains with the default seed."""
     known = (*names.TEXT_DATASET_PARAMS, *names.TEXT_DATASET_EXTRA)
     for loader in loader_keys(cfg):
-        dataset = value(cfg, f"{loader}.dataset")
+        dataset = mapping(cfg, f"{loader}.dataset")
         if value(cfg, f"{loader}.name") != "text" or not hasattr(dataset, "keys"):
             continue
         for key, choices in names.DATASET_CHOICES.items():
