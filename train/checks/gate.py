@@ -304,18 +304,6 @@ def _schemas() -> dict:
     return SCHEMAS
 
 
-def _dotted(node, prefix="") -> list:
-    from omegaconf import OmegaConf
-
-    keys = []
-    for k in node.keys():
-        child = OmegaConf.select(node, str(k), throw_on_missing=False)
-        keys.append(f"{prefix}{k}")
-        if OmegaConf.is_dict(child) and str(k) not in ("env", "sbatch_extra", "tiers", "dtype_of"):
-            keys += _dotted(child, f"{prefix}{k}.")
-    return keys
-
-
 def _schema_problems(override, key: str) -> list:
     """Our typed groups (train/config/schema.py) refuse a value of the wrong type or a key they lack at composition, in
     OmegaConf's words and with exit 1; the same verdict here, as key / problem / fix."""
@@ -336,7 +324,8 @@ def _schema_problems(override, key: str) -> list:
         except (ConfigAttributeError, ConfigKeyError):
             if override.is_add() or override.is_force_add():
                 return found  # `+cluster.x=`: Hydra refuses it too, in its own words
-            options = [f"{group}.{k}" for k in _dotted(node)]
+            # the schema's keys, not those of its open maps (a user's own names)
+            options = [f"{group}.{k}" for k in _dotted_keys(OmegaConf.to_container(node), open_maps=OPEN_MAPS)]
             close = nearest(key, options)
             found.append(Problem(key, f"is not a key of {group} (train/config/schema.py)",
                                  did_you_mean(close, v) if close else
@@ -370,13 +359,17 @@ def _one_command(args: list) -> list:
                     "`--cfg job` without -m shows one point's config; `-m ... plan=true` plans every point of a sweep")]
 
 
-def _dotted_keys(node, prefix="") -> set:
+OPEN_MAPS = ("env", "sbatch_extra", "tiers", "dtype_of")
+
+
+def _dotted_keys(node, prefix="", open_maps=()) -> set:
     keys = set()
     if isinstance(node, dict):
         for k, v in node.items():
             full = f"{prefix}{k}"
             keys.add(full)
-            keys |= _dotted_keys(v, full + ".")
+            if k not in open_maps:
+                keys |= _dotted_keys(v, full + ".", open_maps)
     return keys
 
 
