@@ -154,7 +154,7 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
 
     from train.checks import Problem
     from train.checks.core import NOT_A_KEY, SEE_THE_KEYS, did_you_mean, nearest, override_key, override_values
-    from train.checks.safety import CREDENTIAL, SECRET_KEY
+    from train.checks.safety import CREDENTIAL, secret_by_name
     from train.checks.values import FOUNDRY_KEYS
     from train.config.compose import FLAGS_WITH_VALUE
 
@@ -179,8 +179,8 @@ def hydra_problems(args: list, config_name: str = "train") -> list:
         try:
             [override] = parser.parse_overrides([arg])
         except HydraException as err:
-            name = key.rsplit(".", 1)[-1]
-            shown = f"{key}=****" if CREDENTIAL.search(name) or SECRET_KEY.search(name) else arg
+            # masked where the checks take the key for a credential, and where its name only might be one
+            shown = f"{key}=****" if secret_by_name(key) or CREDENTIAL.search(key.rsplit(".", 1)[-1]) else arg
             reason = str(err).splitlines()[0].replace(arg, "").strip(" :") or "cannot be read"
             if "=" not in arg:
                 reason = "no `=` (an override is key=value)"

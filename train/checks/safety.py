@@ -240,7 +240,7 @@ def _by_shape(key: str, what: str, also=()) -> Problem:
                    "key argument: they read WANDB_API_KEY and HF_TOKEN)")
 
 
-def _secret_by_name(key: str) -> bool:
+def secret_by_name(key: str) -> bool:
     """A key whose value the config checks take for a credential by its name alone (credentials,
     secrets_in_values, tracking_credentials): refused on the command line too, before a message can echo it."""
     last = key.rsplit(".", 1)[-1].split("[")[0]
@@ -260,7 +260,7 @@ def command_line_secrets(args: list) -> tuple[list, list]:
         if arg.startswith("-") or "=" not in arg:
             continue
         key, raw = override_key(arg), arg.split("=", 1)[1]
-        if raw and not raw.startswith("$") and _secret_by_name(key):  # by its name: echoed as Hydra's fix
+        if raw and not raw.startswith("$") and secret_by_name(key):  # by its name: echoed as Hydra's fix
             env = key.startswith("cluster.env.")
             problems.append(next(credentials(OmegaConf.create({"cluster": {"env": {key[12:]: raw}}}), None)) if env
                             else _by_shape(key, "a credential (by its key's name)"))
@@ -300,7 +300,7 @@ def secret_values(cfg) -> list:
         if not isinstance(v, str) or not v:
             continue
         found += [secret if len(secret) >= 8 else v for _, secret in shapes(v)]  # a short one: its whole value
-        if _secret_by_name(path):
+        if secret_by_name(path):
             found.append(v)
         if path.startswith("cluster.setup"):
             found += [assigned for n, assigned in ASSIGNMENT.findall(v) if CREDENTIAL.search(n)]
