@@ -331,17 +331,40 @@ def _schema_problems(override, key: str) -> list:
                                  did_you_mean(close, v) if close else
                                  f"see the keys with `python -m train --cfg job --package {group}`"))
             return found
-        except ValidationError as err:
-            default = OmegaConf.select(OmegaConf.structured(_schemas()[group]), sub, throw_on_missing=False)
-            kind = str(err).splitlines()[0].rsplit(" ", 1)[-1].rstrip(")")
-            kind = {"Integer": "a whole number", "Float": "a number", "String": "a string"}.get(kind, kind)
-            found.append(Problem(key, f"{v!r} is not {'true or false' if isinstance(default, bool) else kind}"
-                                 f" (the {group} schema, train/config/schema.py, refuses it at composition)",
-                                 f"e.g. {key}={str(default).lower() if isinstance(default, bool) else default}"
-                                 if default not in (None, "???") else f"{key}=<{kind}>"))
+        except ValidationError:
+            found.append(_wrong_type(group, sub, v))
         except Exception:
             continue
     return found
+
+
+def _wrong_type(group: str, sub: str, given):
+    """The problem of a value of the wrong type for `<group>.<sub>`, said by the schema's own type of that key."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode, StringNode
+
+    from train.checks import Problem
+
+    key, node, parts = f"{group}.{sub}", OmegaConf.structured(_schemas()[group]), sub.split(".")
+    for i, part in enumerate(parts):
+        child = node._get_node(part) if isinstance(node, DictConfig) else None
+        if child is None:  # below an entry of an open map (cluster.env.NAME): that entry holds text
+            entry = f"{group}.{'.'.join(parts[:i + 1])}"
+            return Problem(key, f"{entry} holds a string (a value of {group}.{'.'.join(parts[:i])}), not a "
+                           f"mapping", f"{entry}=<value>")
+        node = child
+    default = node._value() if not isinstance(node, (DictConfig, ListConfig)) else None
+    kind, example = {BooleanNode: ("true or false", "true"), IntegerNode: ("a whole number", default),
+                     FloatNode: ("a number", default), StringNode: ("a string", default)}.get(type(node), (None, None))
+    if isinstance(node, DictConfig):
+        first = next(iter(node.keys()), "<key>")
+        kind, fix = "a mapping of its own keys", f"{key}.{first}=<value> (`python -m train --cfg job --package {key}`)"
+    elif isinstance(node, ListConfig):
+        kind, fix = "a list", f"{key}=[<item>, ...]"
+    else:
+        fix = f"e.g. {key}={example}" if example not in (None, "???") else f"{key}=<{kind or 'value'}>"
+    return Problem(key, f"{given!r} is not {kind or 'a value of its type'} (the {group} schema, "
+                   "train/config/schema.py, refuses it at composition)", fix)
 
 
 # Hydra's commands: it runs one (ValueError with a traceback for two)
