@@ -37,6 +37,8 @@ CASES = [
      "train_loader.dataset.shuffle_algo", "did you mean `py1s`"),
     ("unknown top-level key", ["+save_intervl=100ba"], "save_intervl", "did you mean `save_interval`"),
     ("unknown key of a typed group", ["cluster.nodez=2"], "cluster.nodez", "did you mean cluster.nodes?"),
+    ("a Hugging Face model's vocabulary given beside its architecture's", ["model=llama3-8b",
+     "data=c4", "model.vocab_size=60000"], "model.vocab_size", "model.config_overrides.vocab_size=128256 (the architecture's)"),
     # a value of another type than its schema's key, said by that key's type
     ("a number for a typed group's mapping", ["cluster.preflight=3"], "cluster.preflight",
      "3 is not a mapping of its own keys"),

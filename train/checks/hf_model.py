@@ -52,9 +52,16 @@ def model_keys(cfg, ctx):
     if model.get("loss_fn") is not None and _by_user(ctx, "model.loss_fn"):
         yield Problem("model.loss_fn", "is MPT's loss setting: a Hugging Face model computes its own loss, so it is "
                       "not passed on", "remove it", WARNING)
-    if not isinstance(model.get("config_overrides") or {}, dict):
+    overrides = model.get("config_overrides") or {}
+    if not isinstance(overrides, dict):
         yield Problem("model.config_overrides", f"must be a mapping of the config's attributes, got "
                       f"{model.get('config_overrides')!r}", "e.g. model.config_overrides.hidden_size=1024")
+    elif overrides.get("vocab_size") not in (None, model.get("vocab_size")) and _by_user(ctx, "model.vocab_size"):
+        # the architecture's own vocabulary wins (hf_arch.overrides): the one given would be dropped without a word
+        yield Problem("model.vocab_size", f"{model.get('vocab_size')!r} is not the vocabulary this model is built "
+                      f"with: model.config_overrides.vocab_size={overrides['vocab_size']!r} (the architecture's) wins",
+                      f"model.config_overrides.vocab_size={model.get('vocab_size')} (an hf_causal_lm's sizes are its "
+                      "architecture's attributes)")
 
 
 def architecture(cfg, ctx):
