@@ -128,6 +128,40 @@ def test_past_spike_max_rollbacks_the_run_stops_printing_the_continue_from_comma
     assert "(0.00075 -> 0.000375;" in said[at + 1]
 
 
+def test_continuing_a_run_that_stopped_at_a_spike_by_its_name_skips_its_diverging_checkpoints(tmp_path, cli, data):
+    """spike.action=stop with a checkpoint every batch: the spike found at batch 23 began at 21, and the run's
+    checkpoints of batches 21 and 22 stay in its folder, holding diverging weights. continue_from=RUN (its name alone)
+    goes on from batch 20, its newest from before the spike, and says so; its plan and its start agree. Asked by its
+    batch, a diverging checkpoint is continued from, with a warning; that run diverges on, and its fix names the run
+    continued's batch 20 (not "afresh": it has no good checkpoint of its own)."""
+    stopped = cli("train", *_args(data, "max_duration=30ba", "save_interval=1ba"))
+    assert stopped.returncode == 1, stopped.stderr[-4000:]
+    folder = next((tmp_path / "checkpoints").iterdir())
+    [i] = json.loads((folder / "spike.json").read_text())["interventions"]
+    assert (i["action"], i["batch"], i["since"]) == ("stop", 23, 21), i
+    assert (folder / "ep0-ba22-rank0.pt").is_file() and (folder / "ep0-ba21-rank0.pt").is_file()
+    warned = (f"warning: continue_from: {folder.name}: continues from batch 20, its newest checkpoint from before its "
+              "loss began to diverge at batch 21 (its spike.json); the later ones (21, 22) hold diverging weights")
+    plan = cli("train", *_args(data, "max_duration=22ba", "optimizer.lr=0.001", f"continue_from={folder.name}",
+                               "plan=true"), check=True)
+    assert warned in plan.stdout + plan.stderr, plan.stdout + plan.stderr
+    assert f"from {folder.name} at batch 20 (its newest checkpoint that verifies when it starts from before its loss " \
+        "began to diverge at batch 21" in plan.stdout, plan.stdout
+    asked = cli("train", *_args(data, "max_duration=24ba", f"continue_from={folder.name}@ba22", "plan=true"), check=True)
+    assert f"continue_from: {folder.name}@ba22: its checkpoint of batch 22 was written after its loss began to " \
+        "diverge at batch 21" in asked.stdout + asked.stderr and f"continue_from={folder.name}@ba20, its last " \
+        "before then" in asked.stdout + asked.stderr
+    # continued from a diverging one, it diverges on; its fix names the run continued's checkpoint from before
+    diverged = cli("train", *_args(data, "max_duration=30ba", f"continue_from={folder.name}@ba22"))
+    assert diverged.returncode == 1 and "the run diverged" in diverged.stderr, diverged.stderr[-4000:]
+    assert f"to continue it from its last good checkpoint ({folder.name}@ba20)" in diverged.stderr, diverged.stderr
+    went = cli("train", *_args(data, "max_duration=22ba", "optimizer.lr=0.001", f"continue_from={folder.name}"))
+    assert went.returncode == 0, went.stderr[-4000:]
+    assert warned in went.stderr and f"continuing {folder.name} from batch 20: " in went.stderr, went.stderr[-4000:]
+    [child] = [f for f in (tmp_path / "checkpoints").iterdir() if f.name in went.stdout]
+    assert json.loads((child / "identity.json").read_text())["continued_from"]["batch"] == 20
+
+
 @pytest.mark.parametrize("fmt,written", [("sharded", "ep0-ba20"), ("full", "ep0-ba20-rank0.pt")])
 def test_two_ranks_roll_back_together(tmp_path, cli, data, fmt, written):
     """Two ranks, either checkpoint format (a folder of shards; rank 0's one file, which each rank loads): both judge

@@ -61,7 +61,26 @@ def continues_from(cfg, ctx):
                       f"{', '.join(map(str, batches))})", f"continue_from={asked.where}@ba<one of those>, or "
                       f"continue_from={asked.where} for the newest")
         return
-    at = asked.batch if asked.batch is not None else batches[-1]
+    from train.task.interventions import diverging_from
+
+    bad = diverging_from(folder)
+    good = [b for b in batches if bad is None or b < bad]
+    if asked.batch is None and not good:
+        yield Problem(KEY, f"{given}: every checkpoint of it (batches {', '.join(map(str, batches))}) was written after "
+                      f"its loss began to diverge at batch {bad} (its spike.json): it would go on from diverging "
+                      "weights", "train afresh under the changed settings (without continue_from=); or, knowing "
+                      f"that, continue_from={asked.where}@ba{batches[-1]}")
+        return
+    at = asked.batch if asked.batch is not None else good[-1]
+    if bad is not None and at >= bad:
+        yield Problem(KEY, f"{given}: its checkpoint of batch {at} was written after its loss began to diverge at "
+                      f"batch {bad} (its spike.json): the weights it goes on from were diverging",
+                      f"continue_from={asked.where}@ba{good[-1]}, its last before then" if good else
+                      "train afresh under the changed settings (without continue_from=)", WARNING)
+    elif bad is not None and asked.batch is None:
+        yield Problem(KEY, f"{given}: continues from batch {at}, its newest checkpoint from before its loss began to "
+                      f"diverge at batch {bad} (its spike.json); the later ones ({', '.join(str(b) for b in batches if b >= bad)}) "
+                      "hold diverging weights", f"continue_from={asked.where}@ba{at} says so", WARNING)
     record = run_record(folder)
     theirs = record.get("identity")
     if not isinstance(theirs, dict):
@@ -120,13 +139,19 @@ def lineage(cfg) -> dict | None:
     found = find(folder)
     if not found:
         return None
-    at = asked.batch if asked.batch is not None else found[-1].batch
+    from train.task.interventions import diverging_from
+
+    bad = diverging_from(folder)
+    good = [c.batch for c in found if bad is None or c.batch < bad]
+    if asked.batch is None and not good:
+        return None
+    at = asked.batch if asked.batch is not None else good[-1]
     record = run_record(folder)
     theirs, ours = spelt_once(record.get("identity") or {}), identity(cfg)
     changed = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours))
                if k != KEY and theirs.get(k) != ours.get(k)}
     return {"run": record.get("run_name") or folder.name, "folder": str(folder), "batch": at,
-            "newest": asked.batch is None, "changes": changed,
+            "newest": asked.batch is None, "diverging_from": bad, "changes": changed,
             "data_same": not any(k.startswith(DATA) for k in changed),
             "schedule": schedule_words(cfg, theirs, at, changed)}
 
@@ -213,7 +238,9 @@ def words(cfg) -> list:
     lin = lineage(cfg)
     if lin is None:
         return []
-    which = "its newest checkpoint now (the newest that verifies when it starts)" if lin["newest"] else "its checkpoint"
+    which = "its checkpoint" if not lin["newest"] else "its newest checkpoint now (the newest that verifies when it " \
+        "starts)" if lin["diverging_from"] is None else "its newest checkpoint that verifies when it starts from " \
+        f"before its loss began to diverge at batch {lin['diverging_from']}"
     out = [f"{lin['run']} at batch {lin['batch']:,} ({which}, in {lin['folder']}): its weights, optimizer state and "
            "batch count; a new run of its own, under this command's settings"]
     shown = [k for k in lin["changes"] if not k.startswith(DATA)]

@@ -52,6 +52,7 @@ def choose(cfg, save_folder, reads_sharded: bool):
     from train.checkpoint.integrity import RunStopped
     from train.config.continuation import KEY, parse, spelt
     from train.task.distributed import decided_on_rank_0
+    from train.task.interventions import diverging_from
 
     text = str(cfg.get(KEY))
     asked = parse(text)
@@ -63,8 +64,11 @@ def choose(cfg, save_folder, reads_sharded: bool):
         if earlier.get("asked") == spelt(text, root) and any(c.batch == earlier.get("batch")
                                                             for c in resume.find(folder)):
             batch = earlier["batch"]
+    # by its name alone: not from a checkpoint written after the run's loss began to diverge (checks/continuation.py)
+    bad = diverging_from(folder) if batch is None else None
     skipped = []
-    for ckpt in [c for c in decided_on_rank_0(resume.newest_first, folder, reads_sharded) if batch in (None, c.batch)]:
+    for ckpt in [c for c in decided_on_rank_0(resume.newest_first, folder, reads_sharded)
+                 if batch in (None, c.batch) and (bad is None or c.batch < bad)]:
         whys = resume.differs_everywhere(ckpt)
         if whys:
             skipped.append((ckpt.path, whys[0]))
@@ -257,13 +261,18 @@ def last_good(cfg, fcfg, bad_from: int | None) -> str | None:
     def named(folder: Path) -> str:
         return folder.name if root and folder.parent.resolve() == Path(str(root)).resolve() else str(folder)
 
-    folder = fcfg.get("save_folder")
-    if folder and not is_remote(folder):
+    def newest_good(folder) -> str | None:
         for ckpt in resume.newest_first(folder):
             if (bad_from is None or ckpt.batch < bad_from) and resume.problem(ckpt) is None:
                 return f"{named(Path(str(folder)))}@ba{ckpt.batch}"
-        lineage = (resume.run_record(folder) or {}).get("continued_from") or {}
-        if lineage.get("folder") and lineage.get("batch") is not None and \
-                (bad_from is None or lineage["batch"] < bad_from):
-            return f"{named(Path(lineage['folder']))}@ba{lineage['batch']}"
-    return None
+        return None
+
+    folder = fcfg.get("save_folder")
+    if not folder or is_remote(folder):
+        return None
+    lineage = (resume.run_record(folder) or {}).get("continued_from") or {}
+    # this run's own, else (it began from another run's checkpoint) the one it started from or, where that one came
+    # after the numbers went bad (the spike began in the run continued), that run's from before then
+    return newest_good(folder) or (lineage.get("folder") and lineage.get("batch") is not None and (
+        f"{named(Path(lineage['folder']))}@ba{lineage['batch']}" if bad_from is None or lineage["batch"] < bad_from
+        else newest_good(lineage["folder"]))) or None

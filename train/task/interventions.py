@@ -24,6 +24,15 @@ def rollbacks(found: list) -> list:
     return [i for i in found if i.get("action") == "rollback"]
 
 
+def diverging_from(folder) -> int | None:
+    """The batch from which the run's checkpoints hold diverging weights: where its newest intervention is a stop
+    (train/task/spike.py), the batch its loss began to rise at; its checkpoints from there on were left in place.
+    None where the run did not stop so (a rollback sets such checkpoints aside)."""
+    found = read(folder)
+    last = found[-1] if found else {}
+    return int(last["since"]) if last.get("action") == "stop" and isinstance(last.get("since"), int) else None
+
+
 def write(folder, interventions: list) -> None:
     files.atomic_write(Path(str(folder)) / FILE, json.dumps({"interventions": interventions}, indent=1).encode())
 
