@@ -37,6 +37,9 @@ CASES = [
      "train_loader.dataset.shuffle_algo", "did you mean `py1s`"),
     ("unknown top-level key", ["+save_intervl=100ba"], "save_intervl", "did you mean `save_interval`"),
     ("unknown key of a typed group", ["cluster.nodez=2"], "cluster.nodez", "did you mean cluster.nodes?"),
+    ("checkpoints of the user's naming, not resumed on a requeue", ["-m", "cluster=slurm-local", "data=mock",
+     '+save_filename="ckpt-ba{batch}.pt"', "autoresume=false"], "save_filename",
+     "a job requeued (its time limit, a preemption) would train from batch 0 again"),
     ("a Hugging Face model's vocabulary given beside its architecture's", ["model=llama3-8b",
      "data=c4", "model.vocab_size=60000"], "model.vocab_size", "model.config_overrides.vocab_size=128256 (the architecture's)"),
     # a value of another type than its schema's key, said by that key's type
@@ -745,6 +748,22 @@ def test_help_lists_each_apps_own_groups(tmp_path, cli):
     prep = subprocess.run([str(PYTHON), "-m", "data_prep", "--help"], cwd=ROOT, capture_output=True, text=True)
     groups = prep.stdout.split("== Config groups ==")[1].split("== Config ==")[0]
     assert groups.strip() == "dataset: c4, jsonl, slimpajama"
+
+
+@pytest.mark.parametrize("key", ["save_filename", "save_latest_filename"])
+def test_checkpoints_of_the_users_naming_are_warned_and_refused_where_a_requeue_would_start_over(key):
+    """A run verifies and resumes checkpoints of composer's default names alone: with names of the user's own a
+    restart is composer's autoresume, unverified (a warning), and a requeued Slurm job with autoresume=false would
+    train from batch 0 (refused); a plain run is never requeued."""
+    named = [f"+{key}='mine-{{batch}}.pt'"]
+    [p] = [p for p in check(compose(named), Context()) if p.key == key]
+    assert p.level == WARNING and "without verifying the checkpoint against its manifest" in p.problem, p
+    slurm = compose(["cluster=slurm-local", *named, "autoresume=false"])
+    [p] = [p for p in check(slurm, Context(mode="sweep", scheduler="slurm")) if p.key == key]
+    assert p.level == ERROR and "would train from batch 0 again" in p.problem and p.fix.startswith(f"remove it (~{key})")
+    assert [p.level for p in check(slurm, Context(mode="run", scheduler="slurm")) if p.key == key] == [WARNING]
+    assert not [p for p in check(compose(["cluster=slurm-local"]), Context(mode="sweep", scheduler="slurm"))
+                if p.key == key]
 
 
 def test_cluster_wait_false_on_this_machine_is_a_warning():

@@ -33,6 +33,23 @@ def _saves_checkpoints(cfg) -> bool:
     return bool(value(cfg, "save_folder"))
 
 
+def _own_names(cfg, ctx):
+    """A run resumes, verifies and continues a requeued job from checkpoints of composer's default names alone
+    (train/task/main.py): with names of the user's own, composer's autoresume resumes from its `latest` link, and
+    nothing continues a requeued job whose autoresume is false."""
+    own = [k for k in ("save_filename", "save_latest_filename") if value(cfg, k) not in (None, "")]
+    if not own:
+        return
+    fix = (f"remove it (~{own[0]}): composer's default names (ep{{epoch}}-ba{{batch}}-rank{{rank}}.pt, "
+           "ep{epoch}-ba{batch}/) are those a run verifies and resumes from")
+    if ctx.slurm and ctx.mode != "run" and not value(cfg, "autoresume"):
+        yield Problem(own[0], "names the checkpoints otherwise than composer's defaults, with autoresume=false: a job "
+                      "requeued (its time limit, a preemption) would train from batch 0 again, over them", fix)
+    else:
+        yield Problem(own[0], "names the checkpoints otherwise than composer's defaults: a restart resumes by "
+                      "composer's `latest` link, without verifying the checkpoint against its manifest", fix, WARNING)
+
+
 def keeps_something(cfg, ctx):
     """checkpoint=sharded|full promises a run that can resume: settings that keep nothing are refused."""
     if not _saves_checkpoints(cfg):
@@ -51,6 +68,7 @@ def keeps_something(cfg, ctx):
                       "remove it (export=hf writes the weights alone, in a Hugging Face folder, at the end); or "
                       "autoresume=false for a run that is never restarted")
     yield from _ignored_on_save(cfg)
+    yield from _own_names(cfg, ctx)
     keep = value(cfg, "save_num_checkpoints_to_keep")
     if keep == 0 and is_int(keep):
         yield Problem("save_num_checkpoints_to_keep", "0 deletes every checkpoint as soon as it is written "
