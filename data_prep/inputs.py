@@ -5,6 +5,7 @@ import glob
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from common.errors import Problem
 from common.paths import hub_switched_off_by
@@ -63,6 +64,10 @@ def _not_compressed(source: Source) -> str | None:
     return None
 
 
+# Folder names a corpus gives its splits (SlimPajama-627B: train/, validation/, test/)
+SPLIT_FOLDERS = {"train", "training", "validation", "valid", "val", "test", "eval", "dev", "holdout"}
+
+
 def _expand(item: str, settings: Settings) -> list[str]:
     path = os.path.expanduser(item)
     if os.path.isdir(path):
@@ -74,6 +79,13 @@ def _expand(item: str, settings: Settings) -> list[str]:
             raise DataPrepError("input", f"folder {path} holds no {' or '.join(settings.dataset.file_globs)} files "
                                 f"(what dataset={settings.dataset.name} reads)",
                                 "point input= at the files themselves, or pick the dataset= that matches them")
+        splits = sorted({Path(f).relative_to(path).parts[0] for f in files if len(Path(f).relative_to(path).parts) > 1}
+                        & SPLIT_FOLDERS)
+        if len(splits) > 1:  # a corpus's root (SlimPajama-627B/): one split of all of them mixes in held-out data
+            raise DataPrepError("input", f"folder {path} holds the splits {', '.join(splits)}: read whole, every "
+                                f"one of them would be in split={settings.split}",
+                                "point input= at one split's folder, e.g. input="
+                                f"{os.path.join(item, settings.split if settings.split in splits else splits[0])}")
         return files
     if os.path.isfile(path):
         return [path]

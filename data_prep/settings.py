@@ -91,7 +91,8 @@ def _compression(value) -> Optional[str]:
     match = re.fullmatch(r"zstd(?::(\d+))?", str(value))
     if not match or (match.group(1) and not 1 <= int(match.group(1)) <= 22):
         raise DataPrepError("compression", f"{value!r} is not supported", "use compression=null, zstd or zstd:<1-22>")
-    return str(value)
+    # as streaming names it in each shard's index entry (zstd:3; `zstd:03` is no algorithm it reads)
+    return f"zstd:{int(match.group(1))}" if match.group(1) else "zstd"
 
 
 def _inputs(value) -> tuple[str, ...]:

@@ -435,7 +435,7 @@ def _snapshot(folder: Path) -> list[str]:
                                   "out_root under a link to nothing", "missing tokenizer path",
                                   pytest.param("foreign dataset", marks=pytest.mark.torch),  # streaming's writer
                                   "other settings", "missing tokenizer", "model vocab too small", "sweep",
-                                  "swept input", "input added", "plan emptied", "plan deleted"])
+                                  "swept input", "input added", "plan emptied", "plan deleted", "a corpus's root"])
 def test_bad_input_gives_one_clear_message_and_writes_nothing(tmp_path, case):
     out = tmp_path / "out"
     args = ["dataset=c4", f"input={C4_FIRST}", f"out_root={out}"]
@@ -482,6 +482,14 @@ def test_bad_input_gives_one_clear_message_and_writes_nothing(tmp_path, case):
         plan = out / "train" / "data_prep_plan.json"
         plan.write_bytes(b"") if case == "plan emptied" else plan.unlink()
         expect = "cannot be read (emptied or cut short)" if case == "plan emptied" else "data_prep_plan.json is gone"
+    elif case == "a corpus's root":  # SlimPajama-627B/: was every split's documents in split=train, exit 0
+        corpus = tmp_path / "SlimPajama-627B"
+        for split in ("train", "validation", "test"):
+            (corpus / split / "chunk1").mkdir(parents=True)
+            (corpus / split / "chunk1" / "part.jsonl.zst").write_bytes(next(SLIMPAJAMA.glob("*.jsonl.zst")).read_bytes())
+        args[:2] = ["dataset=slimpajama", f"input={corpus}"]
+        expect = (f"input: folder {corpus} holds the splits test, train, validation: read whole, every one of them "
+                  f"would be in split=train\n  fix: point input= at one split's folder, e.g. input={corpus / 'train'}")
     elif case == "swept input":  # was "input: is required" (the common check saw no input at all)
         args[1], expect = f"input={C4_FIRST},{C4_SECOND}", "input: is swept (-m input=A,B)"
         args += ["-m"]
@@ -577,6 +585,22 @@ def test_a_length_it_cannot_write_or_a_word_for_a_flag_is_refused_by_key(overrid
         settings_from(cfg)
     [problem] = caught.value.problems
     assert problem.key == override.split("=")[0] and said in problem.problem and problem.fix, problem
+
+
+@pytest.mark.torch  # streaming's compression registry imports torch
+@pytest.mark.parametrize("given, spelt", [("zstd", "zstd"), ("zstd:3", "zstd:3"), ("zstd:03", "zstd:3"),
+                                          ("null", None)])
+def test_a_compression_level_is_spelt_as_streaming_reads_it(given, spelt, tmp_path):
+    """Each shard's index entry names its compression, and streaming reads zstd:1 to zstd:22: `zstd:03` was written
+    as given, exit 0, and no loader could read the dataset."""
+    from streaming.base.compression import is_compression
+
+    from data_prep.settings import settings_from
+    from train.config.compose import compose
+
+    cfg = compose(["dataset=c4", f"out_root={tmp_path}", "tokenizer=t", f"compression={given}"],
+                  config_name="data_prep")
+    assert settings_from(cfg).compression == spelt and (spelt is None or is_compression(spelt))
 
 
 def test_a_sample_longer_than_a_shard_holds_is_refused_before_anything_is_written(tmp_path):
