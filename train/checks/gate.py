@@ -340,31 +340,41 @@ def _schema_problems(override, key: str) -> list:
 
 def _wrong_type(group: str, sub: str, given):
     """The problem of a value of the wrong type for `<group>.<sub>`, said by the schema's own type of that key."""
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-    from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode, StringNode
+    import dataclasses
+    import typing
+
+    from omegaconf import OmegaConf
 
     from train.checks import Problem
 
-    key, node, parts = f"{group}.{sub}", OmegaConf.structured(_schemas()[group]), sub.split(".")
+    def bare(kind):  # Optional[X] is X
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        return args[0] if typing.get_origin(kind) is typing.Union and len(args) == 1 else kind
+
+    key, kind, parts = f"{group}.{sub}", _schemas()[group], sub.split(".")
     for i, part in enumerate(parts):
-        child = node._get_node(part) if isinstance(node, DictConfig) else None
-        if child is None:  # below an entry of an open map (cluster.env.NAME): that entry holds text
-            entry = f"{group}.{'.'.join(parts[:i + 1])}"
-            return Problem(key, f"{entry} holds a string (a value of {group}.{'.'.join(parts[:i])}), not a "
-                           f"mapping", f"{entry}=<value>")
-        node = child
-    default = node._value() if not isinstance(node, (DictConfig, ListConfig)) else None
-    kind, example = {BooleanNode: ("true or false", "true"), IntegerNode: ("a whole number", default),
-                     FloatNode: ("a number", default), StringNode: ("a string", default)}.get(type(node), (None, None))
-    if isinstance(node, DictConfig):
-        first = next(iter(node.keys()), "<key>")
-        kind, fix = "a mapping of its own keys", f"{key}.{first}=<value> (`python -m train --cfg job --package {key}`)"
-    elif isinstance(node, ListConfig):
-        kind, fix = "a list", f"{key}=[<item>, ...]"
+        kind = bare(kind)
+        if dataclasses.is_dataclass(kind):
+            kind = typing.get_type_hints(kind).get(part)
+        elif typing.get_origin(kind) is dict:  # an open map (cluster.env): any name, its value's type
+            kind = typing.get_args(kind)[1]
+        else:  # below an entry of an open map, which holds text
+            entry = f"{group}.{'.'.join(parts[:i])}"
+            return Problem(key, f"{entry} holds a string (a value of {group}.{'.'.join(parts[:i - 1])}), not a "
+                           "mapping", f"{entry}=<value>")
+    kind = bare(kind)
+    default = OmegaConf.select(OmegaConf.structured(_schemas()[group]), sub, default=None, throw_on_missing=False)
+    if dataclasses.is_dataclass(kind) or typing.get_origin(kind) is dict:
+        first = dataclasses.fields(kind)[0].name if dataclasses.is_dataclass(kind) else "<name>"
+        what, fix = "a mapping of its own keys", f"{key}.{first}=<value> (`python -m train --cfg job --package {key}`)"
+    elif typing.get_origin(kind) in (list, tuple) or kind in (list, tuple):
+        what, fix = "a list", f"{key}=[<item>, ...]"
     else:
-        fix = f"e.g. {key}={example}" if example not in (None, "???") else f"{key}=<{kind or 'value'}>"
-    return Problem(key, f"{given!r} is not {kind or 'a value of its type'} (the {group} schema, "
-                   "train/config/schema.py, refuses it at composition)", fix)
+        what, example = {bool: ("true or false", "true"), int: ("a whole number", default),
+                         float: ("a number", default), str: ("a string", default)}.get(kind, ("a value of its type", None))
+        fix = f"e.g. {key}={example}" if example not in (None, "???") else f"{key}=<{what}>"
+    return Problem(key, f"{given!r} is not {what} (the {group} schema, train/config/schema.py, refuses it at "
+                   "composition)", fix)
 
 
 # Hydra's commands: it runs one (ValueError with a traceback for two)
