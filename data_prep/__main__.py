@@ -48,6 +48,12 @@ if __name__ == "__main__":
     from common.plugins import scan_or_say
 
     scan_or_say()  # a broken Hydra plugin installed here is named, not Hydra's scan traceback
+    from common.help import one_command
+
+    two = one_command(sys.argv[1:], "`--cfg job` without -m shows the config of one run")
+    if two:  # Hydra's own refusal is a traceback
+        print(DataPrepError(problems=two), file=sys.stderr)
+        sys.exit(2)
     from common.compat import patch_hydra_compose_once_per_command
 
     patch_hydra_compose_once_per_command(sys.argv[1:])

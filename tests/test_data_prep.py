@@ -435,7 +435,8 @@ def _snapshot(folder: Path) -> list[str]:
                                   "out_root under a link to nothing", "missing tokenizer path",
                                   pytest.param("foreign dataset", marks=pytest.mark.torch),  # streaming's writer
                                   "other settings", "missing tokenizer", "model vocab too small", "sweep",
-                                  "swept input", "input added", "plan emptied", "plan deleted", "a corpus's root"])
+                                  "swept input", "input added", "plan emptied", "plan deleted", "a corpus's root",
+                                  "two of Hydra's commands"])
 def test_bad_input_gives_one_clear_message_and_writes_nothing(tmp_path, case):
     out = tmp_path / "out"
     args = ["dataset=c4", f"input={C4_FIRST}", f"out_root={out}"]
@@ -490,6 +491,9 @@ def test_bad_input_gives_one_clear_message_and_writes_nothing(tmp_path, case):
         args[:2] = ["dataset=slimpajama", f"input={corpus}"]
         expect = (f"input: folder {corpus} holds the splits test, train, validation: read whole, every one of them "
                   f"would be in split=train\n  fix: point input= at one split's folder, e.g. input={corpus / 'train'}")
+    elif case == "two of Hydra's commands":  # was Hydra's ValueError, a traceback
+        args += ["-m", "--cfg", "job"]
+        expect = "data_prep: -m --cfg: Hydra does one of -m, --run, --cfg, --info and --shell-completion at a time"
     elif case == "swept input":  # was "input: is required" (the common check saw no input at all)
         args[1], expect = f"input={C4_FIRST},{C4_SECOND}", "input: is swept (-m input=A,B)"
         args += ["-m"]

@@ -377,21 +377,6 @@ def _wrong_type(group: str, sub: str, given):
                    "composition)", fix)
 
 
-# Hydra's commands: it runs one (ValueError with a traceback for two)
-_COMMANDS = {"-m": "-m", "--multirun": "-m", "-r": "--run", "--run": "--run", "-c": "--cfg", "--cfg": "--cfg",
-             "-i": "--info", "--info": "--info", "-sc": "--shell-completion", "--shell-completion": "--shell-completion"}
-
-
-def _one_command(args: list) -> list:
-    from train.checks import Problem
-
-    given = list(dict.fromkeys(_COMMANDS[a] for a in args if a in _COMMANDS))
-    if len(given) < 2:
-        return []
-    return [Problem(" ".join(given), "Hydra does one of -m, --run, --cfg, --info and --shell-completion at a time",
-                    "`--cfg job` without -m shows one point's config; `-m ... plan=true` plans every point of a sweep")]
-
-
 OPEN_MAPS = ("env", "sbatch_extra", "tiers", "dtype_of")
 
 
@@ -480,12 +465,14 @@ def before_hydra(args: list):
     under a group, for which it advises `+`), answered when it refuses it. Anything else is left to Hydra and the
     checks (validate). Returns the undo of the answer's patch of Hydra."""
     from common.compat import patch_hydra_composition_errors_answered_first
+    from common.help import one_command
     from train.checks import report
     from train.checks.safety import command_line_secrets, masked
 
     # a credential by its shape, refused before Hydra's own errors can print it; masked in every other message
     secrets, masks = command_line_secrets(args)
-    problems = _one_command(args) + secrets + hydra_problems(args)
+    problems = one_command(args, "`--cfg job` without -m shows one point's config; `-m ... plan=true` plans every "
+                           "point of a sweep") + secrets + hydra_problems(args)
     if problems and not report([masked(p, masks) for p in problems]):
         sys.exit(2)
 
