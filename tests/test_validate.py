@@ -232,6 +232,16 @@ def test_bad_input_fails_before_anything_starts(tmp_path, overrides, key, words,
     assert "[sweep] #" not in proc.stdout, "something was submitted"
 
 
+def test_two_of_hydras_commands_are_refused_by_key_before_hydra_raises(tmp_path, cli):
+    """Hydra raises a ValueError with a traceback for two of its commands; the one rule (common/help.py) says it for
+    training as for data_prep (tests/test_data_prep.py), naming both."""
+    proc = cli("train", "-m", "--cfg", "job", "--info")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("error: -m --cfg --info: Hydra does one of -m, --run, --cfg, --info and "
+                                  "--shell-completion at a time\n  fix: `--cfg job` without -m"), proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_every_problem_of_a_config_is_reported_at_once_in_a_stable_order(tmp_path, cli):
     args = ("optimizer.lr=-0.1", "save_interval=1000", "cluster.nodes=0")
     proc = cli("train", *args)
