@@ -60,41 +60,49 @@ class DataPrepApp(SweepApp):
         return {"split_dir": str(settings_from(point.cfg).split_dir)}
 
     def heading(self, manifest: dict) -> str:
-        """The dataset: merged (its size), or how many blocks are still missing."""
+        """Each dataset of the sweep (`-m split=train,val` makes two): merged (its size), or how many blocks are
+        still missing."""
         from data_prep.app import merged_summary, missing_blocks
 
-        split_dir = Path(manifest["points"][0]["split_dir"])
-        s = merged_summary(split_dir)
-        if s is not None:
-            return (f"dataset {split_dir}: merged, {s['samples']:,} samples, {s['tokens']:,} tokens from "
-                    f"{s['docs']:,} documents")
-        missing = missing_blocks(split_dir)
-        if not missing:  # a merge not run yet, killed, or withdrawn while a damaged block is written again
-            return f"dataset {split_dir}: every block complete, not merged yet (the last part to finish merges)"
-        return (f"dataset {split_dir}: {len(missing)} blocks not complete yet ({', '.join(missing[:5])}"
-                f"{', ...' if len(missing) > 5 else ''})")
+        lines = []
+        for split_dir in dict.fromkeys(Path(p["split_dir"]) for p in manifest["points"]):
+            s, missing = merged_summary(split_dir), None
+            if s is not None:
+                lines.append(f"dataset {split_dir}: merged, {s['samples']:,} samples, {s['tokens']:,} tokens from "
+                             f"{s['docs']:,} documents")
+            elif not (missing := missing_blocks(split_dir)):  # a merge not run yet, killed, or withdrawn while a
+                # damaged block is written again
+                lines.append(f"dataset {split_dir}: every block complete, not merged yet (the last part to finish "
+                             "merges)")
+            else:
+                lines.append(f"dataset {split_dir}: {len(missing)} blocks not complete yet ({', '.join(missing[:5])}"
+                             f"{', ...' if len(missing) > 5 else ''})")
+        return "\n".join(lines)
 
     def finish(self, results: list, rows: list) -> bool:
-        """After a waited-for sweep: the merged dataset's summary, as a plain run prints it, or what is missing."""
-        from data_prep.app import merged_summary
+        """After a waited-for sweep: each merged dataset's summary, as a plain run prints it, or what is missing;
+        True (not exit 0) where the parts all ran and a dataset is still not merged."""
+        from data_prep.app import merged_summary, missing_blocks
         from data_prep.progress import print_summary
 
-        done = [r for r in results if isinstance(r, dict)]
-        summary = merged_summary(Path(done[0]["dataset"])) if done else None
-        if summary is not None:
-            print_summary(summary)
+        datasets = list(dict.fromkeys(Path(r["dataset"]) for r in results if isinstance(r, dict)))
+        summaries = {d: merged_summary(d) for d in datasets}
+        for summary in summaries.values():
+            if summary is not None:
+                print_summary(summary)
+        unmerged = [d for d, s in summaries.items() if s is None]
+        if datasets and not unmerged:
             return False
         if all(row["state"] == "COMPLETED" for row in rows):
-            from data_prep.app import missing_blocks
-
             # the parts ran, yet no dataset: parts of num_parts were not in this sweep (warned at submission), or
             # the last part's merge did not end
-            why = ("some of its blocks were not written (parts of num_parts that were not in this sweep)"
-                   if not done or missing_blocks(Path(done[0]["dataset"])) else
-                   "every block is written, but the merge did not end (its part's log says why)")
-            print(f"data_prep: the sweep's parts finished, but the dataset is not merged: {why}; see `python -m "
-                  "data_prep.status`. Run the same command without -m: it writes what is missing, then merges",
-                  file=sys.stderr)
+            for d in unmerged or [None]:
+                why = ("some of its blocks were not written (parts of num_parts that were not in this sweep)"
+                       if d is None or missing_blocks(d) else
+                       "every block is written, but the merge did not end (its part's log says why)")
+                print(f"data_prep: the sweep's parts finished, but the dataset{f' {d}' if d else ''} is not merged: "
+                      f"{why}; see `python -m data_prep.status`. Run the same command without -m: it writes what is "
+                      "missing, then merges", file=sys.stderr)
             return True  # no dataset: not exit 0
         return False
 

@@ -257,6 +257,18 @@ def test_a_waited_sweep_ends_on_the_merged_dataset_or_says_it_is_not_merged(made
     (split / SUMMARY).write_bytes(summary)
     (split / "index.json").unlink()  # what streaming reads: no dataset without it
     assert DataPrepApp().finish(results, rows) is True and "not merged yet" in DataPrepApp().heading(manifest)
+    # two datasets (`-m split=train,val`): each said; one merged and one not is not exit 0 (it read the first only)
+    (split / "index.json").write_text((made / "train" / "index.json").read_text())
+    other = copy(made / "train", tmp_path / "val")
+    (other / SUMMARY).unlink()
+    results, rows = [{"dataset": str(split)}, {"dataset": str(other)}], rows * 2
+    manifest = {"points": [{"split_dir": str(split)}, {"split_dir": str(other)}]}
+    assert DataPrepApp().finish(results, rows) is True
+    said = capsys.readouterr()
+    assert f"{json.loads(summary)['samples']:,}" in said.out and f"the dataset {other} is not merged" in said.err
+    assert DataPrepApp().heading(manifest).splitlines() == [
+        DataPrepApp().heading({"points": [{"split_dir": str(split)}]}),
+        f"dataset {other}: every block complete, not merged yet (the last part to finish merges)"]
 
 
 @pytest.mark.parametrize("name", ["gpt2", "EleutherAI/gpt-neox-20b", "a.b-c_d/e.f", "/abs/tok", "/tok", "./tok",
