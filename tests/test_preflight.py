@@ -72,6 +72,18 @@ def test_node_check_devices_and_slow_nvlink_are_each_named():
     assert [r["node_check"] for r in report["rows"]] == ["ok", "FAILED (exit 1)", "-"]
 
 
+def test_a_node_check_that_cannot_be_started_blames_no_node():
+    """A command missing from the image (or not executable) fails alike on every node: the job's setup, not the
+    nodes' fault. Each node was excluded in turn (a requeue each) before the job stopped."""
+    checks = {n: {"ok": False, "why": "could not run", "output": "[Errno 2] No such file or directory: 'nhc'"}
+              for n in ("a", "b")}
+    report = judge(["a", "b"], {}, checks, {}, [], None, SETTINGS)
+    assert not report["ok"] and report["bad"] == {}  # nothing to exclude: the job stops instead
+    assert report["unattributed"] == [f"{n}: node check failed (could not run): [Errno 2] No such file or "
+                                      "directory: 'nhc'" for n in ("a", "b")]
+    assert [r["node_check"] for r in report["rows"]] == ["FAILED (could not run)"] * 2
+
+
 def test_a_slow_pair_of_two_nodes_is_reported_but_blames_neither():
     report = judge(["a", "b"], {}, {}, {}, [{"nodes": ["a", "b"], "GBps": 10.0}], {"GBps": 10.0}, SETTINGS)
     assert not report["ok"] and report["bad"] == {}  # nothing to exclude: the job stops instead
@@ -138,6 +150,18 @@ def test_a_plan_never_runs_the_node_check(tmp_path, cli):
     assert f"node check {script}" in proc.stdout and not marker.exists() and not (tmp_path / "root").exists()
 
 
+def test_a_failed_check_alone_is_no_exit_0(tmp_path, cli):
+    """cluster.preflight.only=true on this machine: a node check that fails prints the table and exits 1, naming
+    what it found (it printed `bad: node check failed` and exited 0)."""
+    proc = cli("train", "data=mock", "cluster.preflight.only=true", "cluster.preflight.node_check=/bin/false")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "| FAILED (exit 1) | - | - | bad: node check failed (exit 1) |" in proc.stdout, proc.stdout
+    assert "error: cluster.preflight.only: the check failed: " in proc.stderr and "node check failed (exit 1)" in \
+        proc.stderr, proc.stderr
+    passed = cli("train", "data=mock", "cluster.preflight.only=true", "cluster.preflight.node_check=/bin/true")
+    assert passed.returncode == 0 and "| ok | - | - | ok |" in passed.stdout, passed.stdout + passed.stderr[-2000:]
+
+
 # ------------------------------------------------------------------------------------ real jobs on the loopback
 
 
@@ -188,6 +212,19 @@ def test_preflight_only_submitted_and_returned_says_where_its_table_will_be_and_
     assert "ok, 1 node(s), whole job " in last and str(report) in last
     [kept] = json.loads(report.read_text())
     assert kept["ok"]
+
+
+def test_preflight_only_that_fails_submitted_and_returned_is_a_failed_point_for_the_status(slurm, tmp_path, cli):
+    """The job of a failed check alone fails (its summary row said COMPLETED and `train.status` exited 0)."""
+    proc = cli("train", "-m", "cluster=slurm-local", "data=mock", "cluster.preflight.only=true",
+               "cluster.preflight.node_check=/bin/false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep = Path(proc.stdout.split("\nsweep: ")[1].splitlines()[0])
+    status = cli("train.status", str(sweep), "--watch", "2", timeout=300)
+    assert status.returncode == 1, status.stdout[-3000:] + status.stderr[-2000:]
+    [row] = list(csv.DictReader((sweep / "summary.csv").open()))
+    assert row["state"] == "FAILED" and "the check failed: " in row["error"], row
+    assert "node check failed (exit 1)" in row["error"], row
 
 
 def test_a_bad_node_is_excluded_and_the_job_completes_on_the_other_with_the_normal_loss(slurm, tmp_path, cli):

@@ -42,6 +42,9 @@ CASES = [
      "a job requeued (its time limit, a preemption) would train from batch 0 again"),
     ("a Hugging Face model's vocabulary given beside its architecture's", ["model=llama3-8b",
      "data=c4", "model.vocab_size=60000"], "model.vocab_size", "model.config_overrides.vocab_size=128256 (the architecture's)"),
+    ("a flag for the preflight's node check command", ["cluster.preflight.enabled=true",
+     "cluster.preflight.node_check=true"], "cluster.preflight.node_check", "true is a flag, and node_check is the "
+     "command each node runs"),
     # a value of another type than its schema's key, said by that key's type
     ("a number for a typed group's mapping", ["cluster.preflight=3"], "cluster.preflight",
      "3 is not a mapping of its own keys"),

@@ -38,7 +38,11 @@ def preflight_settings(cfg, ctx):
             yield Problem(f"{key}.expected_busbw_GBps.{kind}", f"must be a bus bandwidth in GB/s or null, got {v!r}",
                           f"e.g. {key}.expected_busbw_GBps.{kind}=460 (null: report the figure without judging it)")
     check = value(cfg, f"{key}.node_check")
-    if check is not None and (not isinstance(check, str) or not check.strip() or CONTROL.search(check)):
+    if check in ("True", "False"):  # a flag given, which the schema's text field holds as a word: no command
+        yield Problem(f"{key}.node_check", f"{check.lower()} is a flag, and node_check is the command each node "
+                      f"runs (the schema made it the text {check!r}, a command that does not exist)",
+                      f"{key}.node_check=null for none, or the command: e.g. {key}.node_check=nhc")
+    elif check is not None and (not isinstance(check, str) or not check.strip() or CONTROL.search(check)):
         yield Problem(f"{key}.node_check", f"{check!r} is not a command on one line",
                       f"e.g. {key}.node_check=nhc or {key}.node_check='/shared/bin/gpu-check.sh --quick'")
 

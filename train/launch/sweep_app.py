@@ -264,18 +264,15 @@ class TrainApp(SweepApp):
         }
 
     def finish(self, results: list, rows: list) -> bool:
-        """After a waited-for sweep's summary: the per-node tables of cluster.preflight.only. True if a check
-        failed (the command then exits 1). results: each point's task value (None where it did not complete)."""
-        from train.task.preflight_report import problem_lines, table
+        """After a waited-for sweep's summary: the per-node tables of cluster.preflight.only's passed checks (a
+        failed one fails its job, naming what it found: train/task/main.py). results: each point's task value
+        (None where it did not complete)."""
+        from train.task.preflight_report import table
 
-        tables = [(f"point #{row['point']} (job {row['job_id']})", r["preflight"]) for r, row in zip(results, rows)
-                  if isinstance(r, dict) and r.get("preflight")]
-        for title, pre in tables:
-            print(f"\npreflight, {title}:\n{table(pre)}", flush=True)
-        failed = [f"{title}: {line}" for title, pre in tables for line in problem_lines(pre)]
-        for line in failed:
-            print(f"[preflight] {line}", file=sys.stderr)
-        return bool(failed)
+        for r, row in zip(results, rows):
+            if isinstance(r, dict) and r.get("preflight"):
+                print(f"\npreflight, point #{row['point']} (job {row['job_id']}):\n{table(r['preflight'])}", flush=True)
+        return False
 
 
 def _of_run(report: dict, run: str | None) -> dict:

@@ -62,10 +62,14 @@ def run(cfg: DictConfig) -> dict:
         folder = OmegaConf.select(fcfg, "callbacks.run_report.folder") or os.getcwd()  # the run's outputs
         report = preflight.run(cfg, folder)  # may requeue (exits) or raise
         if only:
-            from train.task.preflight_report import table
+            from train.task.preflight_report import problem_lines, table
 
             if dist.get_global_rank() == 0:
                 print(table(report), flush=True)
+            if not report["ok"]:  # a check that found a fault is no completed job, nor exit 0
+                raise UserError("cluster.preflight.only", f"the check failed: {'; '.join(problem_lines(report))}",
+                                "fix what it names, or leave the nodes named out of the job "
+                                f"(cluster.sbatch_extra.exclude=<node,...>); each start's report: {folder}/preflight.json")
             return {"preflight": report}
     resumed = _choose_resume_point(cfg, fcfg)  # the run's own checkpoint, or None
     if not resumed and not OmegaConf.select(fcfg, "callbacks.continued_from"):  # verified as it was chosen

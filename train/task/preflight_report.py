@@ -46,13 +46,19 @@ def judge(nodes: list, devices: dict, node_checks: dict, intra: dict, pairs: lis
     "output", "seconds"}} (absent: no node check); intra: {node: {"GBps"} or {"error"}}; pairs: [{"nodes": [a, b],
     "GBps" or "error"}]; job: the whole job's {"GBps"} or {"error"}, None on one rank.
     Returns {"ok", "bad": {node: [why]}, "rows": [...], "job": {...}, "unattributed": [...]}."""
-    bad = {n: [] for n in nodes}
+    bad, unattributed = {n: [] for n in nodes}, []
     for n in nodes:
         bad[n] += [f"devices: {p}" for p in devices.get(n, [])]
         check = node_checks.get(n)
         if check and not check["ok"]:
             first = (check.get("output") or "").strip().splitlines()[:1]
-            bad[n].append(f"node check failed ({check['why']})" + (f": {first[0]}" if first else ""))
+            said = f"node check failed ({check['why']})" + (f": {first[0]}" if first else "")
+            # a command that cannot be started (not there, not executable) is the job's setup, not this node's
+            # fault: excluding the node would not help
+            if check["why"] == "could not run":
+                unattributed.append(f"{n}: {said}")
+            else:
+                bad[n].append(said)
         low = _threshold(settings, "intra")
         m = intra.get(n)
         if m and "error" in m:
@@ -64,7 +70,6 @@ def judge(nodes: list, devices: dict, node_checks: dict, intra: dict, pairs: lis
     slow = [p for p in pairs if "error" in p or (low is not None and p["GBps"] < low)]
     fast = [p for p in pairs if p not in slow]
     with_fast = {n for p in fast for n in p["nodes"]}
-    unattributed = []
     for p in slow:
         what = p["error"] if "error" in p else f"{p['GBps']:.3g} GB/s < {low:.3g}"
         # a node is to blame when it has no good pair while its partner has one elsewhere
