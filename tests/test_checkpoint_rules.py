@@ -347,3 +347,27 @@ def test_a_new_run_beside_earlier_ones_is_said_once_per_command_and_not_beside_a
     bad = [compose([*p, "optimizer.lr=-1"]) for p in points]
     found = validate(bad, ctxs, first=0)
     assert any(p.level == ERROR for p in found) and not [p for p in found if p.key.endswith("run_name")]
+
+
+def test_a_point_run_alone_is_told_of_the_sweep_points_run_that_trains_the_same(tmp_path):
+    """`-m device_train_microbatch_size=1,2` names its points apart (`<name>-<mark>`: they train the same thing); one
+    of them run again alone is named as a plain run is, a new run from step 0. It said the earlier point's run
+    "differs in " (nothing) and offered the newest of them; now it names the one that trains the same, first."""
+    from train.checks import WARNING, validate
+
+    root = tmp_path / "root" / "checkpoints"
+    other = compose(["optimizer.lr=2e-3"])
+    for cfg, name in ((compose([]), "-3483a2"), (other, "")):
+        folder = root / f"{cfg.run_name}{name}"
+        folder.mkdir(parents=True)
+        (folder / "ep0-ba40-rank0.pt").write_bytes(b"x")
+        write_record(folder, folder.name, "mpt-tiny", identity(cfg))
+    cfg = compose(["device_train_microbatch_size=1"])
+    ctx = Context(mode="sweep", overrides=("device_train_microbatch_size=1",), choices={"model": "mpt-tiny"})
+    [said] = [p for p in validate([cfg], [ctx], first=0) if p.key.endswith("run_name")]
+    assert said.level == WARNING and said.problem.split(", but ")[1].startswith(
+        f"{cfg.run_name}-3483a2 trains the same (checkpoints up to batch 40: named apart by a sweep of points that "
+        "train the same thing); and "), said.problem
+    assert f"{other.run_name} trains mpt-tiny on the same data" in said.problem and "differs in ;" not in said.problem
+    assert said.fix.startswith(f"to continue {cfg.run_name}-3483a2 under this command's settings instead, add "
+                               f"run_name={cfg.run_name}-3483a2")

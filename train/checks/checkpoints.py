@@ -469,9 +469,16 @@ def earlier_runs(cfg, ctx):
         return  # this run resumes
     name = str(value(cfg, "run_name"))
     near = []
-    for other, differs in same_model_and_data(root, name, model, identity(cfg))[:3]:
+    # the same training under another name first (a sweep point named apart from another that trained the same
+    # thing: train/config/identity.py, distinct_names), then the nearest
+    found = sorted(same_model_and_data(root, name, model, identity(cfg)), key=lambda f: bool(f[1]))
+    for other, differs in found[:3]:
         newest = find(Path(root) / other)
         where = f"checkpoints up to batch {newest[-1].batch}" if newest else "no checkpoint yet"
+        if not differs:
+            near.append((other, f"{other} trains the same ({where}: named apart by a sweep of points that train "
+                                "the same thing)"))
+            continue
         shown = "; ".join(f"{k}: {theirs!r} there, {ours!r} here" for k, (theirs, ours) in list(differs.items())[:4])
         more = f" (and {len(differs) - 4} more)" if len(differs) > 4 else ""
         near.append((other, f"{other} trains {model} on the same data ({where}) and differs in {shown}{more}"))
