@@ -213,3 +213,19 @@ def test_a_hydra_plugin_that_fails_to_import_is_named_with_the_fix_not_hydras_sc
                                   "(ValueError: mutable default"), proc.stderr[-2000:]
     assert f"from {plugin / '__init__.py'}" in proc.stderr and "\n  fix: pip uninstall" in proc.stderr
     assert "Traceback" not in proc.stderr and list(root.iterdir()) == []
+
+
+def test_a_trials_objective_is_of_the_training_it_asked_for():
+    """A trial proposed again after its run was continued to a longer max_duration (run_name=) found nothing to
+    train and reported the longer run's score as its own: a sweeper that reads results compared trainings of
+    different lengths (the launcher fails such a point for it; the basic sweeper warns)."""
+    from train.config.compose import compose
+    from train.launch.finished import objective
+
+    cfg = compose(["max_duration=8ba"])
+    metrics = {"batches": 8, "final_train_loss": 6.3, "final_eval": {"eval/LanguageCrossEntropy": 6.29}}
+    assert objective(cfg, metrics) == pytest.approx(6.29)
+    with pytest.raises(ValueError) as err:
+        objective(cfg, {**metrics, "batches": 12})
+    assert "the run's numbers are of batch 12, and this point's max_duration=8ba ends at batch 8" in str(err.value)
+    assert objective(compose(["max_duration=1ep"]), {**metrics, "batches": 12}) == pytest.approx(6.29)  # not known

@@ -118,6 +118,15 @@ def objective(cfg: DictConfig, metrics) -> float:
         raise ValueError(f"objective={name}: a preflight-only job trains nothing")
     if not isinstance(metrics, dict):
         raise ValueError(f"objective={name}: the point reported no metrics (a preflight-only job trains nothing)")
+    from train.checks.core import batches_in
+
+    # a run trained on past this point's max_duration (run_name= with a longer one) reports its numbers there: the
+    # score of a longer training than the point asked for
+    end, trained = batches_in(cfg, OmegaConf.select(cfg, "max_duration")), metrics.get("batches")
+    if isinstance(end, int) and isinstance(trained, int) and trained != end:
+        raise ValueError(f"objective={name}: the run's numbers are of batch {trained}, and this point's max_duration="
+                         f"{OmegaConf.select(cfg, 'max_duration')} ends at batch {end} (its run was trained on past "
+                         "it): the score of another training than the point's")
     found = metrics.get("final_train_loss") if name == TRAIN_LOSS else (metrics.get("final_eval") or {}).get(name)
     if found is None:
         have = [TRAIN_LOSS, *(metrics.get("final_eval") or {})]
