@@ -270,6 +270,11 @@ def test_an_experiment_with_a_yaml_says_what_it_puts_over_and_beneath_it(tmp_pat
         "experiment=gpt-375m-ndv5-check goes over your YAML, and its values replace the YAML's: variables.data_local: "
         "./my-copy-c4 in the YAML, /data/datasets/slimpajama here")
     assert ("data", "warning") not in found  # the experiment's own folder trains: said above
+    # an hparams_search preset goes over the YAML too (its 16-batch grid replaced the YAML's 4800ba, no word)
+    said = _problems("plan", f"yaml={path}", "hparams_search=mpt_tiny_grid")[("hparams_search", "warning")]
+    assert said.startswith("hparams_search=mpt_tiny_grid goes over your YAML, and its values replace the YAML's: "
+                           "max_duration: 4800ba in the YAML, 16ba here; "), said
+    assert said.endswith("or leave hparams_search= out"), said
     found = _problems("plan", f"yaml={path}", "experiment=mpt-30b-ndv5-amlfs")
     assert found[("data", "warning")].startswith("data=c4 (of experiment=mpt-30b-ndv5-amlfs) goes beneath your YAML, "
                                                  "whose variables.data_local (./my-copy-c4) is what trains")

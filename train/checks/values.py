@@ -824,20 +824,20 @@ def model_beneath_the_yaml(cfg, ctx):
 
 
 def experiment_over_the_yaml(cfg, ctx):
-    """An experiment goes over everything beneath the command line, a YAML too (conf/train.yaml): its values
-    replace the YAML's without a word (experiment=gpt-375m-ndv5-check's slimpajama folder over the YAML's
-    variables.data_local)."""
-    name = ctx.choices.get("experiment") if ctx.choices.get("yaml") else None
-    if not name:
-        return
-    over = [k for k, v in _preset_keys("experiment", name).items() if _recipe_value(ctx, k) is not None
-            and ctx.given(k) is None and _is(cfg, k, v) and not _is(cfg, k, _recipe_value(ctx, k))]
-    if over:
-        shown = "; ".join(f"{k}: {str(_recipe_value(ctx, k))[:40]} in the YAML, {str(value(cfg, k))[:40]} here"
-                          for k in over[:6]) + (f"; and {len(over) - 6} more" if len(over) > 6 else "")
-        yield Problem("experiment", f"experiment={name} goes over your YAML, and its values replace the YAML's: "
-                      f"{shown}", "set the YAML's on the command line (it goes over both), or leave experiment= "
-                      "out", WARNING)
+    """An experiment, and an hparams_search preset, go over everything beneath the command line, a YAML too
+    (conf/train.yaml): their values replace the YAML's without a word (experiment=gpt-375m-ndv5-check's slimpajama
+    folder over the YAML's variables.data_local; hparams_search=mpt_tiny_grid's max_duration over the YAML's)."""
+    for group in ("experiment", "hparams_search") if ctx.choices.get("yaml") else ():
+        name = ctx.choices.get(group)
+        if not name:
+            continue
+        over = [k for k, v in _preset_keys(group, name).items() if _recipe_value(ctx, k) is not None
+                and ctx.given(k) is None and _is(cfg, k, v) and not _is(cfg, k, _recipe_value(ctx, k))]
+        if over:
+            shown = "; ".join(f"{k}: {str(_recipe_value(ctx, k))[:40]} in the YAML, {str(value(cfg, k))[:40]} here"
+                              for k in over[:6]) + (f"; and {len(over) - 6} more" if len(over) > 6 else "")
+            yield Problem(group, f"{group}={name} goes over your YAML, and its values replace the YAML's: {shown}",
+                          f"set the YAML's on the command line (it goes over both), or leave {group}= out", WARNING)
 
 
 def groups_beneath_the_yaml(cfg, ctx):
