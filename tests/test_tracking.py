@@ -70,6 +70,7 @@ def test_mlflow_one_run_named_by_run_name_continued_after_a_kill(tmp_path):
     [said] = [line for line in proc.stderr.splitlines() if "this start's parameters differ from those" in line]
     assert "device_train_microbatch_size" in said and "overrides" in said and "callbacks" in said, said
     assert "loggers" not in said  # how each start found its MLflow run is not a parameter of it
+    assert "variables" not in said  # nor where it resumed from (every resume said its parameters differ)
     assert "Changing param values is not allowed" not in proc.stderr, proc.stderr[-3000:]
     assert f"continuing the MLflow run {first.info.run_id}" in proc.stderr  # the id its save folder records
     [again] = [r for r in runs() if r.info.run_id == first.info.run_id]  # the same run, continued

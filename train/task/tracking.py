@@ -35,8 +35,9 @@ RECORD = "tracked-parameters.json"
 # report, and W&B's local files unless WANDB_DIR is set.
 PER_SUBMISSION = (("callbacks", "run_report", "folder"), ("loggers", "wandb", "init_kwargs", "dir"))
 # How a start finds its tracking run, not what the run trains: a start from batch 0 opens one (`resume: false`), the
-# starts that resume it continue it (for_this_training).
-PER_START = (("loggers", "mlflow", "resume"),)
+# starts that resume it continue it (for_this_training); and where this start loaded its state from (its run's own
+# checkpoint, or the other run's it continued): each start's own, which a resumed start would say "differs" every time.
+PER_START = (("loggers", "mlflow", "resume"), ("variables", "resumed_from"), ("variables", "continued_from"))
 
 
 class Tracking(Callback):
