@@ -764,6 +764,44 @@ def test_the_final_checkpoint_is_told_in_the_durations_own_unit_at_any_batch_siz
     assert _end_not_reached(twenty, command("40960tok", 32)) is None  # the run ended there
 
 
+def test_a_final_checkpoint_is_the_runs_end_only_by_a_finished_json_written_after_it(tmp_path):
+    """A run killed after writing its final checkpoint and before its end: resumed from it, the run had nothing to
+    train and printed the evaluation before as its final one, exit 0, on every rerun. Where a finished.json of an
+    earlier training that ended at that batch was there (its checkpoint deleted by hand to go back), or no checkpoint
+    came before it, the same. Now such a checkpoint is set aside: the last batches are trained again, from batch 0
+    where it was the run's one checkpoint ever; only one whose earlier checkpoints were rotated away is resumed,
+    warned."""
+    import os
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from train.checkpoint import integrity
+    from train.checkpoint.resume import find
+    from train.task.main import _end_not_reached
+
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    path = folder / "ep0-ba20-rank0.pt"
+    torch.save({"state": {"model": {"w": torch.ones(8)}}}, path)
+    integrity.write_manifest(path, None, {"batch": 20, "sample": 320, "token": 40960,
+                                          "before": {"batch": 19, "sample": 304, "token": 38912}})
+    [twenty] = find(folder)
+
+    def command(every):
+        return OmegaConf.create({"max_duration": "20ba", "global_train_batch_size": 16, "max_seq_len": 128,
+                                 "save_folder": str(folder), "save_interval": every})
+
+    assert "trains its 20 batches again from batch 0" in _end_not_reached(twenty, command("1000ba"))
+    assert _end_not_reached(twenty, command("5ba")) is None  # batches 5-15's checkpoints rotated away: warned
+    record = folder / "finished.json"
+    record.write_text(json.dumps({"max_duration": "20ba", "batch": 20}))
+    assert _end_not_reached(twenty, command("1000ba")) is None  # written after it: the run ended there
+    manifest = integrity.manifest_path(path)
+    os.utime(record, (manifest.stat().st_mtime - 60,) * 2)  # an earlier training's, the checkpoint written since
+    assert "it is the final one (batch 20)" in _end_not_reached(twenty, command("1000ba"))
+
+
 def test_a_sweep_takes_a_run_for_finished_only_while_the_checkpoint_it_finished_at_is_kept(tmp_path):
     """A sweep run again reports a finished point from its finished.json instead of submitting it. With the final
     checkpoint deleted by hand the plain command trains the batches since the one before: so must the sweep

@@ -48,6 +48,28 @@ def test_the_reported_evaluation_is_the_last_one(tmp_path):
     assert f"'eval/LanguageCrossEntropy': {shown(got['final_eval']['eval/LanguageCrossEntropy'])}" in proc.stdout
 
 
+def test_a_kill_during_the_final_evaluation_of_a_run_with_one_checkpoint_trains_it_again(tmp_path):
+    """The final checkpoint the run's only one (save_interval past max_duration, as the presets' default for short
+    runs): the rerun resumed from it with nothing to train and printed the evaluation at 15 as the final one, exit 0,
+    on every rerun (finished.json never written). It now trains the run again from batch 0 and evaluates at the end."""
+    args = ["-m", "train", "max_duration=20ba", "scheduler.t_warmup=4ba", "eval_interval=15ba", "save_interval=1000ba",
+            "device_eval_batch_size=1", "eval_subset_num_batches=-1", "progress_bar=false"]
+    proc = start(*args, root=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not list((tmp_path / "outputs").rglob("metrics.json")):
+        assert proc.poll() is None and time.time() < deadline, "the run ended before its final evaluation"
+        time.sleep(0.02)
+    kill_run(proc, tmp_path)
+    [folder] = (tmp_path / "checkpoints").iterdir()
+    assert sorted(p.name for p in folder.glob("ep*")) == ["ep0-ba20-rank0.pt", "ep0-ba20-rank0.pt.manifest.json"]
+    again = training(*args, root=tmp_path, check=True)
+    assert "no checkpoint came before it, so the run trains its 20 batches again from batch 0" in again.stderr
+    got = metrics(tmp_path)
+    assert got["batches"] == 20 and [b for b, _ in got["eval"]] == [15, 20] and got["final_eval"] == got["eval"][-1][1]
+    assert (folder / "finished.json").is_file()
+    assert "nothing to do" in training(*args, root=tmp_path, check=True).stderr
+
+
 @pytest.mark.parametrize("duration,warmup", [("20ba", "4ba"), ("40960tok", "8192tok")])  # 16 x 128 tokens a batch
 def test_a_kill_during_the_final_evaluation_is_followed_by_a_rerun_that_reports_the_final_evaluation(
         tmp_path, duration, warmup):

@@ -463,20 +463,28 @@ def _end_not_reached(ckpt, fcfg) -> str | None:
     ended = finished.ended_at(ckpt.path.parent)
     if ended is None:
         ended = batches_in(fcfg, str(finished.reached(ckpt.path.parent)).strip())
-    if ended is not None and ended == ckpt.batch:
+    # a finished.json written before this checkpoint is of an earlier training that ended at this batch (its
+    # checkpoint deleted by hand to go back, then this one stopped after writing it again): not this one's end
+    record, manifest = ckpt.path.parent / finished.FILE, integrity.manifest_path(ckpt.path)
+    if ended is not None and ended == ckpt.batch and not (
+            manifest.exists() and record.exists() and record.stat().st_mtime < manifest.stat().st_mtime):
         return None  # the run reached its end at this batch
     # A finished.json past its final checkpoint is of a training whose later checkpoints are gone (deleted by
     # hand to go back, then this shorter one stopped after its final checkpoint): not this one's end (its numbers
     # would be printed as this run's, exit 0). Past a later checkpoint, this is no final one (returned above).
-    if not any(c.batch < ckpt.batch and resume.problem(c) is None for c in resume.find(ckpt.path.parent)):
-        log.warning("the run stopped after its final checkpoint %s and before its end (no %s): its final "
-                    "evaluation, export and report may be missing, and no earlier checkpoint is left to train its "
-                    "last batches again from; the numbers printed are those of the last evaluation it recorded",
-                    ckpt.path, finished.FILE)
-        return None
-    return (f"it is the final one (batch {ckpt.batch}) of a run that stopped before its end (no {finished.FILE}): "
-            "what comes after it (the evaluation at the end, the export, the report) never ran, and resuming from "
-            "it would skip them; the last batches are trained again from the checkpoint before")
+    why = (f"it is the final one (batch {ckpt.batch}) of a run that stopped before its end (no {finished.FILE} of "
+           "it): what comes after it (the evaluation at the end, the export, the report) never ran, and resuming "
+           "from it would skip them")
+    if any(c.batch < ckpt.batch and resume.problem(c) is None for c in resume.find(ckpt.path.parent)):
+        return why + "; the last batches are trained again from the checkpoint before"
+    every = batches_in(fcfg, str(fcfg.get("save_interval")).strip())
+    if every is not None and ckpt.batch <= every:  # the run's one checkpoint ever: the whole run is its last batches
+        return why + f"; no checkpoint came before it, so the run trains its {ckpt.batch} batches again from batch 0"
+    log.warning("the run stopped after its final checkpoint %s and before its end (no %s): its final "
+                "evaluation, export and report may be missing, and no earlier checkpoint is left to train its "
+                "last batches again from (save_num_checkpoints_to_keep); the numbers printed are those of the last "
+                "evaluation it recorded", ckpt.path, finished.FILE)
+    return None
 
 
 def _model_choice() -> str | None:
