@@ -48,19 +48,26 @@ def test_the_reported_evaluation_is_the_last_one(tmp_path):
     assert f"'eval/LanguageCrossEntropy': {shown(got['final_eval']['eval/LanguageCrossEntropy'])}" in proc.stdout
 
 
+def _killed_in_the_final_evaluation(args: list, root: Path) -> Path:
+    """`python -m train ARGS` killed in the evaluation composer runs after the final checkpoint (as soon as
+    metrics.json appears, at FIT_END); its save folder."""
+    proc = start(*args, root=root, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not list((root / "outputs").rglob("metrics.json")):
+        assert proc.poll() is None and time.time() < deadline, "the run ended before its final evaluation"
+        time.sleep(0.02)
+    kill_run(proc, root)
+    [folder] = (root / "checkpoints").iterdir()
+    return folder
+
+
 def test_a_kill_during_the_final_evaluation_of_a_run_with_one_checkpoint_trains_it_again(tmp_path):
     """The final checkpoint the run's only one (save_interval past max_duration, as the presets' default for short
     runs): the rerun resumed from it with nothing to train and printed the evaluation at 15 as the final one, exit 0,
     on every rerun (finished.json never written). It now trains the run again from batch 0 and evaluates at the end."""
     args = ["-m", "train", "max_duration=20ba", "scheduler.t_warmup=4ba", "eval_interval=15ba", "save_interval=1000ba",
             "device_eval_batch_size=1", "eval_subset_num_batches=-1", "progress_bar=false"]
-    proc = start(*args, root=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not list((tmp_path / "outputs").rglob("metrics.json")):
-        assert proc.poll() is None and time.time() < deadline, "the run ended before its final evaluation"
-        time.sleep(0.02)
-    kill_run(proc, tmp_path)
-    [folder] = (tmp_path / "checkpoints").iterdir()
+    folder = _killed_in_the_final_evaluation(args, tmp_path)
     assert sorted(p.name for p in folder.glob("ep*")) == ["ep0-ba20-rank0.pt", "ep0-ba20-rank0.pt.manifest.json"]
     again = training(*args, root=tmp_path, check=True)
     assert "no checkpoint came before it, so the run trains its 20 batches again from batch 0" in again.stderr
@@ -81,13 +88,7 @@ def test_a_kill_during_the_final_evaluation_is_followed_by_a_rerun_that_reports_
     told by a max_duration in batches only: 40960tok reported the evaluation at 15, on every rerun)."""
     args = ["-m", "train", f"max_duration={duration}", f"scheduler.t_warmup={warmup}", "eval_interval=15ba",
             "save_interval=10ba", "device_eval_batch_size=1", "eval_subset_num_batches=-1", "progress_bar=false"]
-    proc = start(*args, root=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not list((tmp_path / "outputs").rglob("metrics.json")):
-        assert proc.poll() is None and time.time() < deadline, "the run ended before its final evaluation"
-        time.sleep(0.02)
-    kill_run(proc, tmp_path)
-    [folder] = (tmp_path / "checkpoints").iterdir()
+    folder = _killed_in_the_final_evaluation(args, tmp_path)
     assert (folder / "ep0-ba20-rank0.pt").is_file() and not (folder / "finished.json").exists()
     assert [b for b, _ in metrics(tmp_path)["eval"]] == [15]  # killed in the evaluation at 20
 
