@@ -280,6 +280,10 @@ def test_a_finite_divergence_stops_the_run_before_its_checkpoint_naming_the_loss
     assert "Traceback" not in proc.stderr and "final train loss" not in proc.stdout
     [folder] = (tmp_path / "checkpoints").iterdir()
     assert sorted(p.name for p in folder.glob("*.pt")) == ["ep0-ba10-rank0.pt"]  # none at 14 or after
+    # its only checkpoint came after the rise: continuing it by its name is refused, naming the batches
+    cont = cli("train", "optimizer.lr=50", "save_interval=10ba", f"continue_from={folder.name}", "plan=true")
+    assert cont.returncode == 2 and f"error: continue_from: {folder.name}: every checkpoint of it (batches 10) was " \
+        "written after its loss began to diverge at batch 4 (its spike.json)" in cont.stderr, cont.stderr[-2000:]
 
 
 def test_a_finite_divergence_fails_a_two_rank_sweep_point_on_every_rank(tmp_path, cli):
