@@ -558,7 +558,10 @@ def test_data_of_another_tokenizer_is_refused_and_longer_samples_warned_before_t
     assert not caplog.records
     (split / SUMMARY_FILE).write_text(json.dumps({**facts, "tokenizer_fingerprint": ours, "sample_tokens": 256}))
     _same_tokens(export, split, 128)
-    assert "samples of 256 tokens: each is scored on its first 128" in caplog.text
+    assert "samples of 256 tokens: each is scored on its first 128 (the model's max_seq_len" in caplog.text
+    caplog.clear()
+    _same_tokens(export, split, 64, given=True)  # --max-seq-len 64 is the command's, not the model's
+    assert "each is scored on its first 64 (--max-seq-len)" in caplog.text
 
 
 @pytest.mark.e2e  # starts a Python process of its own

@@ -257,7 +257,7 @@ def main(argv=None) -> int:
                                 "otherwise than its training evaluated", "--eos-token-id=<the run's "
                                 "eval_loader.dataset.eos_token_id> (or --bos-token-id), or score the run's own "
                                 "evaluation without --data")
-            _same_tokens(folder, args.data / (args.split or SPLIT), seq)
+            _same_tokens(folder, args.data / (args.split or SPLIT), seq, given=args.max_seq_len is not None)
             model, tokenizer = hf_model.load(folder)
             result = cross_entropy(model, tokenizer, args.data.resolve(), args.split or SPLIT, seq,
                                    args.batch_size or BATCH_SIZE, -1 if args.batches is None else args.batches,
@@ -382,7 +382,7 @@ def _positive(args) -> list:
         ("--batch-size", args.batch_size), ("--max-seq-len", args.max_seq_len)) if v is not None and v <= 0]
 
 
-def _same_tokens(folder: Path, split: Path, seq: int) -> None:
+def _same_tokens(folder: Path, split: Path, seq: int, given: bool = False) -> None:
     """--data tokenized with another vocabulary than the model's is refused, as a training on it is (it would print
     a cross-entropy of another tokenizer's ids, exit 0); samples longer than the model's sequence warned:
     each is scored on its first `seq` tokens. What data_prep recorded beside the split says (data_prep/facts.py)."""
@@ -396,8 +396,8 @@ def _same_tokens(folder: Path, split: Path, seq: int) -> None:
                         "run's tokenizer (the one saved in the export)")
     length = facts.get("sample_tokens")
     if isinstance(length, int) and length > seq:
-        log.warning("%s holds samples of %d tokens: each is scored on its first %d (the model's max_seq_len; "
-                    "--max-seq-len to set it)", split, length, seq)
+        log.warning("%s holds samples of %d tokens: each is scored on its first %d (%s)", split, length, seq,
+                    "--max-seq-len" if given else "the model's max_seq_len; --max-seq-len to set it")
 
 
 if __name__ == "__main__":
