@@ -797,9 +797,13 @@ def test_a_final_checkpoint_is_the_runs_end_only_by_a_finished_json_written_afte
     record = folder / "finished.json"
     record.write_text(json.dumps({"max_duration": "20ba", "batch": 20}))
     assert _end_not_reached(twenty, command("1000ba")) is None  # written after it: the run ended there
-    manifest = integrity.manifest_path(path)
-    os.utime(record, (manifest.stat().st_mtime - 60,) * 2)  # an earlier training's, the checkpoint written since
+    os.utime(integrity.manifest_path(path))  # a manifest written by a later start (for one without) changes nothing
+    assert _end_not_reached(twenty, command("1000ba")) is None
+    os.utime(record, (path.stat().st_mtime - 60,) * 2)  # an earlier training's, the checkpoint written since
     assert "it is the final one (batch 20)" in _end_not_reached(twenty, command("1000ba"))
+    (folder / "ep0-ba20").mkdir()  # the same batch's other format, from before the record: of the same checkpoint
+    os.utime(folder / "ep0-ba20", (path.stat().st_mtime - 120,) * 2)
+    assert _end_not_reached(twenty, command("1000ba")) is None
 
 
 def test_a_sweep_takes_a_run_for_finished_only_while_the_checkpoint_it_finished_at_is_kept(tmp_path):

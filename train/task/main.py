@@ -463,11 +463,13 @@ def _end_not_reached(ckpt, fcfg) -> str | None:
     ended = finished.ended_at(ckpt.path.parent)
     if ended is None:
         ended = batches_in(fcfg, str(finished.reached(ckpt.path.parent)).strip())
-    # a finished.json written before this checkpoint is of an earlier training that ended at this batch (its
-    # checkpoint deleted by hand to go back, then this one stopped after writing it again): not this one's end
-    record, manifest = ckpt.path.parent / finished.FILE, integrity.manifest_path(ckpt.path)
-    if ended is not None and ended == ckpt.batch and not (
-            manifest.exists() and record.exists() and record.stat().st_mtime < manifest.stat().st_mtime):
+    # a finished.json written before every checkpoint of this batch is of an earlier training that ended at it (its
+    # checkpoint deleted by hand to go back, then this one stopped after writing it again): not this one's end. The
+    # checkpoints' own files are compared, not their manifests (a later start writes one for a checkpoint without),
+    # and the oldest format of the batch (a conversion written beside it since is of the same checkpoint).
+    record = ckpt.path.parent / finished.FILE
+    written = min(c.path.stat().st_mtime for c in resume.find(ckpt.path.parent) if c.batch == ckpt.batch)
+    if ended is not None and ended == ckpt.batch and not (record.exists() and record.stat().st_mtime < written):
         return None  # the run reached its end at this batch
     # A finished.json past its final checkpoint is of a training whose later checkpoints are gone (deleted by
     # hand to go back, then this shorter one stopped after its final checkpoint): not this one's end (its numbers
