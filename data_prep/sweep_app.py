@@ -66,12 +66,12 @@ class DataPrepApp(SweepApp):
 
         lines = []
         for split_dir in dict.fromkeys(Path(p["split_dir"]) for p in manifest["points"]):
-            s, missing = merged_summary(split_dir), None
+            s = merged_summary(split_dir)
+            missing = missing_blocks(split_dir) if s is None else []
             if s is not None:
                 lines.append(f"dataset {split_dir}: merged, {s['samples']:,} samples, {s['tokens']:,} tokens from "
                              f"{s['docs']:,} documents")
-            elif not (missing := missing_blocks(split_dir)):  # a merge not run yet, killed, or withdrawn while a
-                # damaged block is written again
+            elif not missing:  # a merge not run yet, killed, or withdrawn while a damaged block is written again
                 lines.append(f"dataset {split_dir}: every block complete, not merged yet (the last part to finish "
                              "merges)")
             else:

@@ -61,17 +61,13 @@ def continues_from(cfg, ctx):
                       f"{', '.join(map(str, batches))})", f"continue_from={asked.where}@ba<one of those>, or "
                       f"continue_from={asked.where} for the newest")
         return
-    from train.task.interventions import diverging_from
-
-    bad = diverging_from(folder)
-    good = [b for b in batches if bad is None or b < bad]
-    if asked.batch is None and not good:
+    at, bad, good = _start(asked, folder, batches)
+    if at is None:
         yield Problem(KEY, f"{given}: every checkpoint of it (batches {', '.join(map(str, batches))}) was written after "
                       f"its loss began to diverge at batch {bad} (its spike.json): it would go on from diverging "
                       "weights", "train afresh under the changed settings (without continue_from=); or, knowing "
                       f"that, continue_from={asked.where}@ba{batches[-1]}")
         return
-    at = asked.batch if asked.batch is not None else good[-1]
     if bad is not None and at >= bad:
         yield Problem(KEY, f"{given}: its checkpoint of batch {at} was written after its loss began to diverge at "
                       f"batch {bad} (its spike.json): the weights it goes on from were diverging",
@@ -125,6 +121,17 @@ def continues_from(cfg, ctx):
                       f"@ba{at} for the one at batch {at}", WARNING)
 
 
+def _start(asked, folder, batches: list) -> tuple:
+    """(the batch continued from, the batch the run's loss began to diverge at or None, its batches before then):
+    the one asked by its batch, else the newest from before a recorded divergence (train/task/interventions.py),
+    None where every one came after it. batches: the run's checkpoints', oldest first."""
+    from train.task.interventions import diverging_from
+
+    bad = diverging_from(folder)
+    good = [b for b in batches if bad is None or b < bad]
+    return (asked.batch if asked.batch is not None else good[-1] if good else None), bad, good
+
+
 def lineage(cfg) -> dict | None:
     """What a plan says of continue_from=: the run, the batch it starts at (the newest checkpoint now, for RUN alone),
     and what changes there from that run's settings: {run, folder, batch, newest, changes: [words], data_same,
@@ -139,13 +146,9 @@ def lineage(cfg) -> dict | None:
     found = find(folder)
     if not found:
         return None
-    from train.task.interventions import diverging_from
-
-    bad = diverging_from(folder)
-    good = [c.batch for c in found if bad is None or c.batch < bad]
-    if asked.batch is None and not good:
+    at, bad, _ = _start(asked, folder, [c.batch for c in found])
+    if at is None:
         return None
-    at = asked.batch if asked.batch is not None else good[-1]
     record = run_record(folder)
     theirs, ours = spelt_once(record.get("identity") or {}), identity(cfg)
     changed = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours))

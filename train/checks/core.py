@@ -240,23 +240,16 @@ def mapping(cfg, key: str):
     where there is no such copy, or where one of its values is missing."""
     held = _PLAIN.get(id(cfg))
     if held is not None and held[0]() is cfg:
-        node = held[1]
-        for part in key.split("."):
-            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            elif isinstance(node, dict) and part in node:
-                node = node[part]
-            else:
-                break
-        else:
-            if isinstance(node, dict) and "???" not in node.values():
-                return node
+        found = _leaf(held[1], key, _NODE, mappings=True)
+        if isinstance(found, dict):
+            return found
     return value(cfg, key)
 
 
-def _leaf(plain, key: str, default):
+def _leaf(plain, key: str, default, mappings: bool = False):
     """The value at key in plain values, default where a mapping lacks it, _NODE where OmegaConf itself must say
-    (a mapping or list as a node, a list's index, a key below a value)."""
+    (a mapping or list as a node, a list's index, a key below a value). mappings: a mapping none of whose values is
+    missing as it is."""
     node = plain
     for part in key.split("."):
         if isinstance(node, list) and part.isdigit() and int(part) < len(node):
@@ -267,6 +260,8 @@ def _leaf(plain, key: str, default):
             node = node[part]
         else:
             return default
+    if mappings and isinstance(node, dict) and "???" not in node.values():
+        return node
     if isinstance(node, (dict, list)):
         return _NODE
     if node == "???":

@@ -270,9 +270,12 @@ def last_good(cfg, fcfg, bad_from: int | None) -> str | None:
     folder = fcfg.get("save_folder")
     if not folder or is_remote(folder):
         return None
+    own = newest_good(folder)
     lineage = (resume.run_record(folder) or {}).get("continued_from") or {}
-    # this run's own, else (it began from another run's checkpoint) the one it started from or, where that one came
-    # after the numbers went bad (the spike began in the run continued), that run's from before then
-    return newest_good(folder) or (lineage.get("folder") and lineage.get("batch") is not None and (
-        f"{named(Path(lineage['folder']))}@ba{lineage['batch']}" if bad_from is None or lineage["batch"] < bad_from
-        else newest_good(lineage["folder"]))) or None
+    if own or not lineage.get("folder") or lineage.get("batch") is None:
+        return own
+    # it began from another run's checkpoint: that one, or, where it came after the numbers went bad (the spike
+    # began in the run continued), that run's newest from before then
+    if bad_from is None or lineage["batch"] < bad_from:
+        return f"{named(Path(lineage['folder']))}@ba{lineage['batch']}"
+    return newest_good(lineage["folder"])

@@ -467,9 +467,9 @@ def _end_not_reached(ckpt, fcfg) -> str | None:
     # checkpoint deleted by hand to go back, then this one stopped after writing it again): not this one's end. The
     # checkpoints' own files are compared, not their manifests (a later start writes one for a checkpoint without),
     # and the oldest format of the batch (a conversion written beside it since is of the same checkpoint).
-    record = ckpt.path.parent / finished.FILE
-    written = min(c.path.stat().st_mtime for c in resume.find(ckpt.path.parent) if c.batch == ckpt.batch)
-    if ended is not None and ended == ckpt.batch and not (record.exists() and record.stat().st_mtime < written):
+    record, found = ckpt.path.parent / finished.FILE, resume.find(ckpt.path.parent)
+    if ended == ckpt.batch and not (record.exists() and record.stat().st_mtime < min(
+            c.path.stat().st_mtime for c in found if c.batch == ckpt.batch)):
         return None  # the run reached its end at this batch
     # A finished.json past its final checkpoint is of a training whose later checkpoints are gone (deleted by
     # hand to go back, then this shorter one stopped after its final checkpoint): not this one's end (its numbers
@@ -477,7 +477,7 @@ def _end_not_reached(ckpt, fcfg) -> str | None:
     why = (f"it is the final one (batch {ckpt.batch}) of a run that stopped before its end (no {finished.FILE} of "
            "it): what comes after it (the evaluation at the end, the export, the report) never ran, and resuming "
            "from it would skip them")
-    if any(c.batch < ckpt.batch and resume.problem(c) is None for c in resume.find(ckpt.path.parent)):
+    if any(c.batch < ckpt.batch and resume.problem(c) is None for c in found):
         return why + "; the last batches are trained again from the checkpoint before"
     every = batches_in(fcfg, str(fcfg.get("save_interval")).strip())
     if every is not None and ckpt.batch <= every:  # the run's one checkpoint ever: the whole run is its last batches
