@@ -646,3 +646,37 @@ def test_a_jobs_rendezvous_port_is_its_own_and_below_the_ephemeral_ports():
 
     ports = [master_port(str(j)) for j in range(5000)] + [master_port(f"{j}_3") for j in range(5000)]
     assert all(20000 <= p < 32768 for p in ports) and len(set(ports)) > 5000
+
+
+def test_a_one_node_jobs_rendezvous_port_is_one_rank_0_found_free_and_every_rank_reads(tmp_path, monkeypatch):
+    """A port derived from the job id can be held by another job on the node, or by a killed job's rank that
+    lingers (EADDRINUSE at the rendezvous): rank 0 takes the first free one from it, the other ranks read it."""
+    import socket
+
+    import submitit
+
+    from train.task.distributed import master_port, rendezvous_port
+
+    job_id = str(os.getpid())
+    env = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_FOLDER": str(tmp_path), "SUBMITIT_LOCAL_JOB_ID": job_id,
+           "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1", "SUBMITIT_LOCAL_NODEID": "0"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    for key in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT"):
+        monkeypatch.delenv(key, raising=False)
+
+    def port_of(rank):
+        monkeypatch.setenv("SUBMITIT_LOCAL_GLOBALID", str(rank))
+        monkeypatch.setenv("SUBMITIT_LOCAL_LOCALID", str(rank))
+        return rendezvous_port(submitit.JobEnvironment())
+
+    with socket.socket() as held:
+        held.bind(("", master_port(job_id)))
+        held.listen()
+        leader = port_of(0)
+    assert leader != master_port(job_id) and 20000 <= leader < 32768
+    assert port_of(1) == leader
+    # a file an earlier controller of the same pid left (another start) is not this start's
+    (file,) = tmp_path.glob(f"{job_id}_*_port")
+    file.rename(tmp_path / f"{job_id}_1_port")
+    assert port_of(0) == master_port(job_id) == port_of(1)

@@ -5,7 +5,10 @@ One task per device: submitit starts every rank itself (locally or through srun)
 or composer launcher. CUDA_VISIBLE_DEVICES is left alone: composer picks `cuda:{LOCAL_RANK}`.
 """
 import os
+import socket
+import time
 import zlib
+from pathlib import Path
 
 
 def job_id() -> str | None:
@@ -43,15 +46,57 @@ def ranks_on_this_node(world: int) -> int:
 def node_name() -> str:
     """This node as Slurm names it (what --exclude takes; two slurmd on one machine share a host name); the host
     name outside Slurm."""
-    import socket
-
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+_PORTS = range(20000, 32768)  # below Linux's ephemeral ports (net.ipv4.ip_local_port_range: 32768 on)
 
 
 def master_port(job_id: str) -> int:
     """A port every rank of a job derives alike, and that differs between jobs sharing a node: below Linux's
-    ephemeral ports (32768 on, net.ipv4.ip_local_port_range), which a busy node's outgoing connections take."""
-    return 20000 + zlib.crc32(str(job_id).encode()) % 12768
+    ephemeral ports, which a busy node's outgoing connections take."""
+    return _PORTS[zlib.crc32(str(job_id).encode()) % len(_PORTS)]
+
+
+def rendezvous_port(job) -> int:
+    """The port rank 0 listens on for the job's rendezvous. A job on several nodes (which holds them whole): derived
+    from its id on each node alike. A job on one node, which may share it with other jobs (and a killed job's
+    ranks that linger): the first port from the derived one that rank 0 finds free, passed to the node's other
+    ranks through a file in the job's submitit folder, named for this start alone."""
+    if job.num_nodes > 1:
+        return master_port(job.job_id)
+    path = Path(job.paths.folder) / f"{job.job_id}_{_this_start()}_port"
+    if job.global_rank == 0:
+        start = _PORTS.index(master_port(job.job_id))
+        port = next(p for p in (*_PORTS[start:], *_PORTS[:start]) if _free(p))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (tmp := path.with_name(path.name + ".tmp")).write_text(str(port))
+        os.replace(tmp, path)
+        return port
+    deadline = time.monotonic() + 600
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank 0 of job {job.job_id} did not write its rendezvous port to {path} in 600 s; "
+                               "its log says why")
+        time.sleep(0.05)
+    return int(path.read_text())
+
+
+def _this_start() -> str:
+    """What names this start of the job: a Slurm job's requeue count and step; a local job's controller (every
+    rank's parent) by its start time, for its pid (the job id) may be a finished job's again."""
+    if in_slurm_job():
+        return f"{requeues()}_{os.environ.get('SLURM_STEP_ID', '')}"
+    return Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[19]
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 def export_from_submitit() -> dict:
@@ -71,7 +116,7 @@ def export_from_submitit() -> dict:
         "LOCAL_WORLD_SIZE": job.num_tasks // job.num_nodes,
         "NODE_RANK": job.node,
         "MASTER_ADDR": job.hostnames[0],
-        "MASTER_PORT": master_port(job.job_id),
+        "MASTER_PORT": rendezvous_port(job),
     }
     env = {k: str(v) for k, v in env.items()}
     os.environ.update(env)
