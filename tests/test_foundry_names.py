@@ -52,6 +52,10 @@ def test_registries_equal_the_pinned_llm_foundry():
     for name, kept in (("optimizers", ours.OPTIMIZERS), ("schedulers", ours.SCHEDULERS)):
         reg = _upstream(getattr(registry, name))
         assert {n: _kwargs(o) for n, o in reg.items()} == kept, name
+    for name, kept in ours.OPTIMIZER_DEFAULTS.items():
+        upstream = inspect.signature(registry.optimizers.get(name)).parameters.values()
+        assert {a.name: list(a.default) if isinstance(a.default, tuple) else a.default for a in upstream
+                if a.default is not inspect.Parameter.empty} == kept, name
     for name, kept in (("callbacks", ours.CALLBACK_KWARGS), ("loggers", ours.LOGGER_KWARGS),
                        ("algorithms", ours.ALGORITHM_KWARGS)):
         reg = _upstream(getattr(registry, name))

@@ -475,10 +475,13 @@ def test_continuing_a_run_by_name_with_a_model_of_another_shape_is_refused_befor
     # another shape there is refused as by run_name= (it was not checked: the KeyError came after the queue), and
     # other settings are said (the YAML's other seed resumed the run's checkpoint without a word)
     model = "model: {name: mpt_causal_lm, d_model: 128, n_heads: 4, n_layers: %d, max_seq_len: 128, vocab_size: 320}"
-    for layers, lr, seed in ((3, 0.5, 17), (2, 0.5, 17), (2, 0.003, 7)):
+    # A setting the YAML leaves out is a change too: weight_decay dropped is decoupled_adamw's 1e-05, which the
+    # checkpoint's 0.0 would replace (it resumed without a word); eps spelled out at its default is none.
+    for layers, lr, seed, decay in ((3, 0.5, 17, 0.0), (2, 0.5, 17, 0.0), (2, 0.003, 17, None), (2, 0.003, 7, 0.0)):
         (tmp_path / "mine.yaml").write_text(
             "variables: {data_local: /tmp/nowhere-c4}\nmax_seq_len: 128\n" + model % layers +
-            f"\noptimizer: {{name: decoupled_adamw, lr: {lr}}}\nseed: {seed}\nsave_folder: {folder}\n")
+            f"\noptimizer: {{name: decoupled_adamw, lr: {lr}, eps: 1.0e-08"
+            + ("" if decay is None else f", weight_decay: {decay}") + f"}}\nseed: {seed}\nsave_folder: {folder}\n")
         proc = run("-m", "train", f"yaml={tmp_path / 'mine.yaml'}", "plan=true", root=root)
         if layers == 3:
             assert proc.returncode == 2 and "error: model.n_layers: the checkpoints this command continues " \
@@ -486,6 +489,10 @@ def test_continuing_a_run_by_name_with_a_model_of_another_shape_is_refused_befor
         elif lr == 0.5:
             assert proc.returncode == 2 and "error: optimizer.lr: the checkpoints this command continues " \
                 "(save_folder=)" in proc.stderr and "optimizer.lr=0.003 there, 0.5 here" in proc.stderr, proc.stderr
+        elif decay is None:
+            assert proc.returncode == 2 and "error: optimizer.weight_decay: " in proc.stderr and \
+                "optimizer.weight_decay=0 there, 1e-05 here" in proc.stderr, proc.stderr
+            assert "optimizer.eps" not in proc.stderr and "optimizer.betas" not in proc.stderr, proc.stderr
         else:
             assert "warning: save_folder: continues the run in" in proc.stderr and \
                 "seed=17 there, 7 here" in proc.stderr, proc.stderr
@@ -499,7 +506,7 @@ def test_continuing_a_run_by_name_with_a_model_of_another_shape_is_refused_befor
         # the same model under another seed: continued, said under the name's key (every variant of the YAML
         # shares its name), with a fix that applies to a name
         (tmp_path / "named.yaml").write_text(named + "max_seq_len: 128\n" + model % 2 +
-                                             "\noptimizer: {name: decoupled_adamw, lr: 0.003}\nseed: 7\n")
+                                             "\noptimizer: {name: decoupled_adamw, lr: 0.003, weight_decay: 0.0}\nseed: 7\n")
         proc = run("-m", "train", f"yaml={tmp_path / 'named.yaml'}", "plan=true", root=root)
         assert "warning: run_name: continues the run in" in proc.stderr and "seed=17 there, 7 here" in proc.stderr \
             and "give it another name (run_name=... on the command line)" in proc.stderr, proc.stderr

@@ -25,6 +25,7 @@ from train.checks.core import (
     value,
     zero_interval,
 )
+from train.checks.foundry_names import OPTIMIZER_DEFAULTS
 from train.config.vocab import MPT_VOCAB
 from train.plan import estimate
 
@@ -649,10 +650,7 @@ def continued_run(cfg, ctx):
                       "load (the same sizes) but compute something else here, so the run does not continue what it "
                       "trained", f"keep the run's model settings to continue it, or drop {given}= to train this "
                       "model as a new run", WARNING)
-    # keys both name (a default spelled out on one side is no change); max_duration: a longer run is what
-    # run_name= is for
-    both = sorted(k for k in set(theirs) & set(ours) if theirs[k] != ours[k] and k != "max_duration")
-    restored = [f"{k}={theirs[k]!r} there, {ours[k]!r} here" for k in both if k.startswith("optimizer.")]
+    restored = other_optimizer(theirs, ours)
     if restored:
         # composer loads the optimizer's state with its param groups, whose lr, betas, eps and weight decay replace
         # the new ones, and the scheduler's base_lrs (optimizer.lr=1e-12 goes on at the checkpoint's rate while the
@@ -665,7 +663,11 @@ def continued_run(cfg, ctx):
                       "+load_weights_only=true: the optimizer, the schedule's step and warmup and the data position start "
                       "afresh)")
         return
-    other = [f"{k}={theirs[k]!r} there, {ours[k]!r} here" for k in both]
+    # a key one side leaves out is a change too (a setting dropped from a YAML), said after those both name;
+    # max_duration: a longer run is what run_name= is for
+    keys = sorted((k for k in {*theirs, *ours} if theirs.get(k) != ours.get(k) and k != "max_duration"
+                   and not k.startswith("optimizer.")), key=lambda k: (k not in theirs or k not in ours, k))
+    other = [f"{k}={theirs.get(k, 'unset')!r} there, {ours.get(k, 'unset')!r} here" for k in keys]
     asked = ctx.given("run_name") or ctx.given("save_folder") or ctx.given("variables.run_name")
     if other and not asked:  # asked on the command line: as asked; fixed in a YAML, every variant of it shares it
         fix = ("leave save_folder to the checkpoint group or put ${run_name} in it" if fixed else
@@ -675,6 +677,20 @@ def continued_run(cfg, ctx):
                       + (f"; and {len(other) - 6} more" if len(other) > 6 else ""),
                       f"composer's autoresume does the same; to train these settings as a run of their own, {fix}",
                       WARNING)
+
+
+def other_optimizer(theirs: dict, ours: dict) -> list:
+    """`key=a there, b here` for each optimizer setting of two identities that differs, a key one leaves out taken
+    at the optimizer's default ('its default' where none is kept here: not the same for sure)."""
+    name = theirs.get("optimizer.name")
+    defaults = OPTIMIZER_DEFAULTS.get(name, {}) if name == ours.get("optimizer.name") else {}
+    out = []
+    for k in sorted(k for k in {*theirs, *ours} if k.startswith("optimizer.")):
+        default = defaults.get(k.removeprefix("optimizer."), "its default")
+        there, here = theirs.get(k, default), ours.get(k, default)
+        if there != here:
+            out.append(f"{k}={there!r} there, {here!r} here")
+    return out
 
 
 RULES = [keeps_something, writes_before_the_end, stops_when_it_diverges, outlives_the_node,

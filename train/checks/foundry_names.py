@@ -6,13 +6,17 @@ OPTIMIZERS / SCHEDULERS: name -> (keyword arguments the class takes, the require
 any (**kwargs). llm-foundry itself also reads `disable_grad` and `param_groups` from an optimizer's config.
 """
 
-OPTIMIZERS = {
-    "adalr_lion": (("lr", "betas", "weight_decay", "outlier_threshold", "timeout", "lr_penalty", "min_scale"), ()),
-    "clip_lion": (("lr", "betas", "weight_decay", "outlier_threshold"), ()),
-    "decoupled_adamw": (("lr", "betas", "eps", "weight_decay", "amsgrad"), ()),
-    "decoupled_lionw": (("lr", "betas", "weight_decay"), ()),
-    "no_op": ((), ()),
+# What each optimizer takes for a setting its config leaves out (its class's defaults; betas as a list, as a config
+# holds them): a resume restores the checkpoint's settings over these, so a key dropped from a YAML is a change.
+OPTIMIZER_DEFAULTS = {
+    "adalr_lion": {"lr": 0.0001, "betas": [0.9, 0.99], "weight_decay": 0.0, "outlier_threshold": 10.0, "timeout": 100,
+                   "lr_penalty": 0.707, "min_scale": 0.0001},
+    "clip_lion": {"lr": 0.0001, "betas": [0.9, 0.99], "weight_decay": 0.0, "outlier_threshold": 5.0},
+    "decoupled_adamw": {"lr": 0.001, "betas": [0.9, 0.95], "eps": 1e-08, "weight_decay": 1e-05, "amsgrad": False},
+    "decoupled_lionw": {"lr": 0.0001, "betas": [0.9, 0.99], "weight_decay": 0.0},
+    "no_op": {},
 }
+OPTIMIZERS = {name: (tuple(defaults), ()) for name, defaults in OPTIMIZER_DEFAULTS.items()}
 OPTIMIZER_EXTRA = ("disable_grad", "param_groups")  # read by llm-foundry's build_optimizer, not the class
 
 SCHEDULERS = {
