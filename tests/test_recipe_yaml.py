@@ -243,6 +243,24 @@ def test_a_group_the_yaml_overrides_is_said_and_mock_data_never_lands_in_the_yam
                                                   "and the preset's values where it leaves a key out: "
                                                   "eval_interval=1000ba; fsdp_config.activation_checkpointing=False ")
     assert "save_folder, fsdp_config.state_dict_type are what trains" in found[("checkpoint", "warning")]
+    # export= (or one of its keys) beneath a YAML with its own exporter: the YAML's exported (every 4ba in float32
+    # where export.interval=2ba export.precision=bfloat16 asked, and the plan said bfloat16), no word
+    exporting = tmp_path / "exporting.yaml"
+    exporting.write_text(recipe.read_text() + "callbacks: {hf_checkpointer: {save_interval: 4ba, precision: float32, "
+                         "save_folder: ./hf}}\n")
+    for given in (["export=hf", "export.interval=2ba"], ["export.precision=bfloat16"]):
+        said = _problems("plan", f"yaml={exporting}", *given, f"tokenizer.name={TOKENIZER}")[("export", "warning")]
+        assert said.startswith(f"{given[0]} goes beneath your YAML, whose callbacks.hf_checkpointer.save_folder, "
+                               "callbacks.hf_checkpointer.save_interval, callbacks.hf_checkpointer.precision are "
+                               "what exports"), said
+    assert ("export", "warning") not in _problems("plan", f"yaml={recipe}", "export=hf", f"tokenizer.name={TOKENIZER}")
+    # data=c4 beneath a model that leaves its vocabulary out: the preset's 50368 trained (an MPT's default, or a
+    # Hugging Face model's config, where llm-foundry reads the YAML alone), no word
+    said = _problems("plan", f"yaml={recipe}", "data=c4", f"tokenizer.name={TOKENIZER}")[("model.vocab_size", "warning")]
+    assert said.startswith("data=c4 goes beneath your YAML, whose model leaves vocab_size out: the preset's 50368 "
+                           "trains"), said
+    assert ("model.vocab_size", "warning") not in _problems("plan", f"yaml={recipe}", "data=c4", "model.vocab_size=512",
+                                                           f"tokenizer.name={TOKENIZER}")
     # set on the command line, the YAML's key is not what trains: not said
     found = _problems("plan", f"yaml={recipe}", "checkpoint=none", "save_folder=null", f"tokenizer.name={TOKENIZER}")
     assert "save_folder," not in found.get(("checkpoint", "warning"), "")
@@ -376,15 +394,18 @@ def test_bad_yamls_are_refused_in_one_pass_naming_each_key(tmp_path, cli):
     # keys of this command, which llm-foundry refuses: `plan: json` made every run of the YAML a plan
     (tmp_path / "planned.yaml").write_text("plan: json\n" + text)
     (tmp_path / "hydra.yaml").write_text("hydra: {run: {dir: elsewhere}}\n" + text)
+    # llm-foundry refuses eval_loaders beside an eval_loader (a list of them trained, eval_loaders dropped, no word)
+    (tmp_path / "both.yaml").write_text(text + "\neval_loaders: [{label: more, name: text, dataset: {}}]\n")
     out = cli("train", "yaml=missing.yaml", "-m", root=tmp_path / "root", cwd=tmp_path)
     assert out.returncode == 2 and f"error: yaml: {tmp_path / 'missing.yaml'}: no such file" in out.stderr
     for name, says in (("list.yaml", "is not a mapping of llm-foundry keys"), ("broken.yaml", "is not readable YAML"),
                        ("planned.yaml", "has a `plan:` key, which is not llm-foundry's"),
-                       ("hydra.yaml", "has a `hydra:` key, which is not llm-foundry's")):
+                       ("hydra.yaml", "has a `hydra:` key, which is not llm-foundry's"),
+                       ("both.yaml", "has both `eval_loader` and `eval_loaders`, which llm-foundry refuses")):
         out = cli("train", f"yaml={name}", root=tmp_path / "root", cwd=tmp_path)
         assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "broken.yaml", "hydra.yaml", "list.yaml",
-                                                          "planned.yaml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "both.yaml", "broken.yaml", "hydra.yaml",
+                                                          "list.yaml", "planned.yaml"]
 
 
 @pytest.mark.e2e  # reads MDS data made by data_prep's command (the c4_mds fixture)

@@ -263,7 +263,7 @@ def _recipe_problems(override) -> list:
 
     from train.checks import Problem
     from train.checks.core import override_values
-    from train.config.recipe_yaml import recipe_file
+    from train.config.recipe_yaml import recipe_file, refused
 
     found = []
     for option in override_values(override, text=True):
@@ -286,15 +286,8 @@ def _recipe_problems(override) -> list:
             continue
         if not OmegaConf.is_dict(loaded):
             found.append(Problem("yaml", f"{path} is not a mapping of llm-foundry keys", fix))
-        elif "defaults" in loaded:
-            found.append(Problem("yaml", f"{path} has a `defaults:` key (Hydra's; llm-foundry's YAMLs have none)",
-                                 "remove it and name the presets on the command line (cluster=ndv5 storage=amlfs)"))
-        else:  # keys of this tool's command, not llm-foundry's (which refuses them): `plan: json` would make every
-            # run a plan
-            for key in (k for k in ("plan", "hydra") if k in loaded):
-                found.append(Problem("yaml", f"{path} has a `{key}:` key, which is not llm-foundry's (it refuses "
-                                     "unknown keys) but this command's", "remove it (on the command line: " +
-                                     ("plan=true)" if key == "plan" else "hydra.<key>=...)")))
+        else:
+            found += [Problem("yaml", f"{path} {problem}", fix) for problem, fix in refused(loaded)]
     return found
 
 

@@ -755,12 +755,21 @@ def data_beneath_the_yaml(cfg, ctx):
     the YAML's variables.data_local trains, and the preset chosen on the command line does nothing, without a
     word."""
     chosen = ctx.given("data") or (ctx.choices.get("data") if ctx.choices.get("experiment") else None)
-    if not chosen or chosen in ("_recipe", "mock") or ctx.given("variables.data_local"):
+    if not chosen or chosen in ("_recipe", "mock"):
         return  # (data=mock: refused above, as it would write into the YAML's folder)
+    how = f"data={chosen}" if ctx.given("data") else f"data={chosen} (of experiment={ctx.choices['experiment']})"
+    vocab = value(cfg, "model.vocab_size")
+    if vocab is not None and _recipe_value(ctx, "model.vocab_size") is None and ctx.given("model.vocab_size") is None:
+        # the preset's vocabulary, for its tokenizer, goes beneath a model that leaves its own to its defaults
+        yield Problem("model.vocab_size", f"{how} goes beneath your YAML, whose model leaves vocab_size out: the "
+                      f"preset's {vocab} trains, where llm-foundry would take the model's own (MPT's default, or a "
+                      "Hugging Face model's config)", f"model.vocab_size=<the size you mean> on the command line, or "
+                      f"leave {how.split(' ')[0]} out (variables.data_local=<folder> trains on another folder)", WARNING)
+    if ctx.given("variables.data_local"):
+        return
     theirs = _recipe_value(ctx, "variables.data_local")
     if theirs is not None and str(value(cfg, "variables.data_local")) == str(theirs):
         # (an experiment that sets its own folder goes over the YAML's: experiment_over_the_yaml says so)
-        how = f"data={chosen}" if ctx.given("data") else f"data={chosen} (of experiment={ctx.choices['experiment']})"
         yield Problem("data", f"{how} goes beneath your YAML, whose variables.data_local ({theirs}) is what "
                       "trains: the preset's folder is not read", f"variables.data_local=<the folder> on the command line "
                       f"to train on another (data={chosen}'s: {value(cfg, 'storage.data_local_root')}/{chosen}), "
@@ -771,7 +780,8 @@ def data_beneath_the_yaml(cfg, ctx):
 # on the command line changes nothing the YAML sets: `model=mpt-350m` on mpt-125m.yaml trains the 125M model under
 # the same run name; `checkpoint=sharded` (or `none`) on a YAML with state_dict_type full and a save_folder saves
 # full checkpoints (or keeps saving), exit 0, no word.
-_GROUP_KEYS = {"checkpoint": ("save_folder", "fsdp_config.state_dict_type", "autoresume")}
+_GROUP_KEYS = {"checkpoint": ("save_folder", "fsdp_config.state_dict_type", "autoresume"),
+               "export": tuple(f"callbacks.hf_checkpointer.{k}" for k in ("save_folder", "save_interval", "precision"))}
 
 
 def _preset_keys(group: str, name: str) -> dict:
@@ -842,15 +852,20 @@ def experiment_over_the_yaml(cfg, ctx):
 
 def groups_beneath_the_yaml(cfg, ctx):
     for group, keys in _GROUP_KEYS.items():
-        chosen = ctx.given(group)
+        # the group, or one of export's keys (export.interval=...), given on the command line
+        chosen = f"{group}={ctx.given(group)}" if ctx.given(group) else next(
+            (str(o).lstrip("+") for o in ctx.overrides if override_key(o).startswith("export.")), None) \
+            if group == "export" else None
         # (a key the command line sets is not the YAML's; `model=` itself is the group's choice)
         theirs = [k for k in keys if _recipe_value(ctx, k) is not None and (k == group or ctx.given(k) is None)]
         if not chosen or not theirs:
             continue
-        fix = {"checkpoint": "set the YAML's keys on the command line (" + ", ".join(
-                   f"{k}=..." for k in theirs) + "; save_folder=null saves none), or leave checkpoint= out"}[group]
-        yield Problem(group, f"{group}={chosen} goes beneath your YAML, whose {', '.join(theirs)} "
-                      f"{'is' if len(theirs) == 1 else 'are'} what trains: the preset's values there are not used",
+        fix = "set the YAML's keys on the command line (" + ", ".join(f"{k}=..." for k in theirs) + (
+            "; save_folder=null saves none), or leave checkpoint= out" if group == "checkpoint" else
+            "), or leave export= out: your YAML's hf_checkpointer exports")
+        yield Problem(group, f"{chosen} goes beneath your YAML, whose {', '.join(theirs)} "
+                      f"{'is' if len(theirs) == 1 else 'are'} what {'trains' if group == 'checkpoint' else 'exports'}: "
+                      "the preset's values there are not used",
                       fix, WARNING)
 
 

@@ -113,6 +113,21 @@ def _option(config_path: str) -> Optional[str]:
     return config_path[len(prefix):] if config_path.startswith(prefix) else None
 
 
+def refused(cfg) -> list:
+    """(problem, fix) for each key of a YAML's mapping that llm-foundry would refuse, or that is this command's."""
+    found = []
+    if "defaults" in cfg:
+        found.append(("has a `defaults:` key (Hydra's; llm-foundry's YAMLs have none)",
+                      "remove it and name the presets on the command line (cluster=ndv5 storage=amlfs)"))
+    for key in (k for k in ("plan", "hydra") if k in cfg):  # `plan: json` would make every run a plan
+        found.append((f"has a `{key}:` key, which is not llm-foundry's (it refuses unknown keys) but this command's",
+                      "remove it (on the command line: " + ("plan=true)" if key == "plan" else "hydra.<key>=...)")))
+    if cfg.get("eval_loader") is not None and cfg.get("eval_loaders") is not None:  # (moving a list would drop one)
+        found.append(("has both `eval_loader` and `eval_loaders`, which llm-foundry refuses (\"Config key "
+                      "`eval_loaders` should not be set\")", "put every evaluator in one of them"))
+    return found
+
+
 def load_config(source, config_path: str) -> ConfigResult:
     """The config source's answer for `config_path` (`yaml/<path>`): the file, as llm-foundry would read it, with
     the defaults that make it the whole recipe."""
@@ -129,13 +144,8 @@ def load_config(source, config_path: str) -> ConfigResult:
     if not OmegaConf.is_dict(cfg):
         raise ConfigLoadError(f"yaml={path}: an llm-foundry YAML is a mapping of keys, not a "
                               f"{type(OmegaConf.to_container(cfg)).__name__}")
-    ours = [key for key in ("plan", "hydra") if key in cfg]
-    if ours:  # not llm-foundry's keys (it refuses them): ours, which would change what the command does
-        raise ConfigLoadError(f"yaml={path}: has a `{ours[0]}:` key, which is not llm-foundry's (it refuses "
-                              f"unknown keys) but this tool's: give it on the command line")
-    if "defaults" in cfg:
-        raise ConfigLoadError(f"yaml={path}: has a `defaults:` key, which is Hydra's; llm-foundry's YAMLs have "
-                              "none (put presets on the command line instead)")
+    for problem, fix in refused(cfg)[:1]:  # (the checks before Hydra name each: train/checks/gate.py)
+        raise ConfigLoadError(f"yaml={path}: {problem}; {fix}")
     if blank_run_name(cfg):
         if OmegaConf.to_container(cfg, resolve=False).get("run_name") == VARIABLE_RUN_NAME:
             # llm-foundry's YAMLs: the variable names the run when it is given (variables.run_name=my-run on
