@@ -337,6 +337,16 @@ callbacks:
     assert "does not exist" in found[("train_loader.dataset.streams.a.local", "error")]
 
 
+def test_seed_on_a_yaml_that_shuffles_by_its_variable_says_the_data_order_does_not_follow():
+    """seed=42 on testing.yaml seeded the model and left the data order at the YAML's global_seed (17): a sweep over
+    seed varied the initialisation alone, no word. Our presets shuffle by seed: nothing to say."""
+    said = _problems("plan", f"yaml={YAMLS / 'testing.yaml'}", "seed=42")[("seed", "warning")]
+    assert said.startswith("seeds the model's initialisation; the data order follows "
+                           "train_loader.dataset.shuffle_seed=17"), said
+    assert ("seed", "warning") not in _problems("plan", f"yaml={YAMLS / 'testing.yaml'}", "variables.global_seed=42")
+    assert ("seed", "warning") not in _problems("plan", "seed=42")
+
+
 def test_the_plan_counts_what_composer_and_the_train_loader_read(tmp_path):
     """max_duration=2e3ba was planned as 23 steps (the digits joined: composer reads 2000 batches), and the tokens of
     a step came from the top-level max_seq_len where the train loader cuts samples to its own."""
