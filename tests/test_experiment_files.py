@@ -61,6 +61,12 @@ def test_an_experiment_is_a_plan_on_the_command_line_that_writes_nothing(tmp_pat
     assert list(tmp_path.iterdir()) == []
 
 
+def _checked(overrides):
+    cfg = compose(overrides)
+    return check(cfg, Context(mode="plan", overrides=tuple(overrides), choices=dict(HydraConfig.get().runtime.choices),
+                              scheduler=scheduler(cfg)))
+
+
 @pytest.fixture
 def local_option():
     """The example local config as an option of the `local` group under a name of its own (conf/local/default.yaml
@@ -82,5 +88,14 @@ def test_the_local_config_applies_after_the_groups_and_before_the_command_line(l
     assert cfg.run_name == compose(["experiment=mpt-30b-ndv5-amlfs"]).run_name  # the cluster's, not the run's
     cli = compose(["experiment=mpt-30b-ndv5-amlfs", f"local={local_option}", "cluster.account=other"])
     assert cli.cluster.account == "other"
+    # the cluster's keys alone are said nothing of; a key that decides what trains goes over a YAML's too and renames
+    # the run (optimizer.lr there replaced testing.yaml's and the name, no word)
+    assert not [p for p in _checked([f"local={local_option}"]) if p.key == "cluster.account"]
+    path = CONF / "local" / f"{local_option}.yaml"
+    path.write_text(path.read_text() + "optimizer: {lr: 0.05}\n")
+    said = [p for p in _checked([f"local={local_option}"]) if p.key == "optimizer.lr"]
+    assert said and said[0].level == "warning" and said[0].problem.startswith(
+        f"conf/local/{local_option}.yaml sets optimizer.lr, which decides what trains"), said
+    assert not [p for p in _checked([f"local={local_option}", "optimizer.lr=0.01"]) if p.key == "optimizer.lr"]
     if not (ROOT / "conf" / "local" / "default.yaml").exists():  # (a developer's own file is theirs)
         assert compose([]).cluster.account is None  # without conf/local/default.yaml: nothing

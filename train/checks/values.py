@@ -861,6 +861,22 @@ def experiment_over_the_yaml(cfg, ctx):
                           f"set the YAML's on the command line (it goes over both), or leave {group}= out", WARNING)
 
 
+def local_config_trains_nothing(cfg, ctx):
+    """The local config (conf/local/default.yaml) is this machine's account, partition, image and storage roots: a
+    key there that decides what trains goes over every command's, a YAML's too, and renames the run, no word."""
+    from common.paths import CONF
+    from train.config.identity import counts
+
+    name = ctx.choices.get("local")  # (`default` also where the optional file is not there)
+    present = name and (CONF / "local" / f"{name}.yaml").is_file()
+    counted = [k for k in _preset_keys("local", name) if counts(k) and ctx.given(k) is None] if present else []
+    if counted:
+        yield Problem(counted[0], f"conf/local/{name}.yaml sets {', '.join(counted[:6])}, which decide"
+                      f"{'s' if len(counted) == 1 else ''} what trains: it goes over every command's (a YAML's "
+                      "too) and changes the run's name", "keep the local config to the cluster's account, partition, "
+                      "image and storage roots, and give these on the command line or in the YAML", WARNING)
+
+
 def groups_beneath_the_yaml(cfg, ctx):
     for group, keys in _GROUP_KEYS.items():
         # the group, or one of export's keys (export.interval=...), given on the command line
@@ -883,4 +899,4 @@ def groups_beneath_the_yaml(cfg, ctx):
 RULES = [plan_form, known_keys, resolves, keeps_the_run_report, slurm_preset_needs_m, mock_data_only_where_asked,
          numbers, eval_interval, schedule, seq_len, seed, eval_loader_shape, held_out, device, fsdp, checkpoint, storage_root, storage,
          cluster_figures, batch, export, objective_reported, variables_the_yaml_leaves_to_ours, data_beneath_the_yaml,
-         model_beneath_the_yaml, experiment_over_the_yaml, groups_beneath_the_yaml]
+         model_beneath_the_yaml, experiment_over_the_yaml, groups_beneath_the_yaml, local_config_trains_nothing]

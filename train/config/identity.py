@@ -190,7 +190,7 @@ def spelt_once(flat: dict) -> dict:
     composer's times, mixed precision's case; keys the rule does not count left out."""
     out = {}
     for k, v in flat.items():
-        if not _counts(k):
+        if not counts(k):
             continue
         v = _plain(v)
         if _is_path_key(k):
@@ -201,7 +201,7 @@ def spelt_once(flat: dict) -> dict:
     return dict(sorted(out.items()))
 
 
-def _counts(key: str) -> bool:
+def counts(key: str) -> bool:
     return key.split(".")[0] not in HOW_TOP and _counted(key)
 
 
