@@ -100,9 +100,16 @@ def train_config_types(cfg, ctx):
 
 
 def seed(cfg, ctx):
-    v = value(cfg, "seed")
+    """A seed composer refuses; and seed=N on a YAML whose loader shuffles by `${variables.global_seed}`: the
+    model's initialisation follows, the data order does not (a sweep over seed varied the initialisation alone)."""
+    v, order = value(cfg, "seed"), value(cfg, "train_loader.dataset.shuffle_seed")
     if is_int(v) and not 0 <= v <= MAX_SEED:
         yield Problem("seed", f"{v} is outside [0, 2^32 - 1] (composer's seed_all refuses it)", "e.g. seed=17")
+    elif ctx.given("seed") is not None and order is not None and str(order) != str(v) \
+            and ctx.given("train_loader.dataset.shuffle_seed") is None and ctx.given("variables.global_seed") is None:
+        yield Problem("seed", f"seeds the model's initialisation; the data order follows "
+                      f"train_loader.dataset.shuffle_seed={order}", "variables.global_seed=<n> (every key that reads "
+                      "it follows), or train_loader.dataset.shuffle_seed=<n> too", WARNING)
 
 
 def _finite(v) -> bool:

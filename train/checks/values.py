@@ -282,17 +282,6 @@ def seq_len(cfg, ctx):
                       f"train_loader.dataset.max_seq_len={top}", WARNING)
 
 
-def seed(cfg, ctx):
-    """seed=N on a YAML whose loader shuffles by `${variables.global_seed}`: the model's initialisation follows, the
-    data order does not (a sweep over seed varied the initialisation alone)."""
-    given, order = ctx.given("seed"), value(cfg, "train_loader.dataset.shuffle_seed")
-    if given is not None and order is not None and str(order) != str(value(cfg, "seed")) \
-            and ctx.given("train_loader.dataset.shuffle_seed") is None and ctx.given("variables.global_seed") is None:
-        yield Problem("seed", f"seeds the model's initialisation; the data order follows "
-                      f"train_loader.dataset.shuffle_seed={order}", "variables.global_seed=<n> (every key that reads "
-                      "it follows), or train_loader.dataset.shuffle_seed=<n> too", WARNING)
-
-
 def eval_loader_shape(cfg, ctx):
     """What llm-foundry refuses of the evaluation loaders when the run starts, after the queue: an eval_loader beside
     eval_loaders (its forbid_config_key: "Config key eval_loaders should not be set"), and an eval_loader without a
@@ -897,6 +886,6 @@ def groups_beneath_the_yaml(cfg, ctx):
 
 
 RULES = [plan_form, known_keys, resolves, keeps_the_run_report, slurm_preset_needs_m, mock_data_only_where_asked,
-         numbers, eval_interval, schedule, seq_len, seed, eval_loader_shape, held_out, device, fsdp, checkpoint, storage_root, storage,
+         numbers, eval_interval, schedule, seq_len, eval_loader_shape, held_out, device, fsdp, checkpoint, storage_root, storage,
          cluster_figures, batch, export, objective_reported, variables_the_yaml_leaves_to_ours, data_beneath_the_yaml,
          model_beneath_the_yaml, experiment_over_the_yaml, groups_beneath_the_yaml, local_config_trains_nothing]
