@@ -337,6 +337,8 @@ CASES = [
     (["tokenizer.name=my/tokenizers/v2"], "refused", "tokenizer.name"),
     (["model.init_device=cuda"], "refused", "model.init_device"),
     (["-m", "cluster=slurm-local", "data=mock", "model.init_device=cuda"], "refused", "model.init_device"),
+    # meta weights sharded by FSDP2 on ranks without a GPU: "Found no NVIDIA driver" after the queue
+    (["-m", "cluster.tasks_per_node=2", "model.init_device=meta"], "refused", "model.init_device"),
     (["data=mds", f"tokenizer.name={TOKENIZER}", "variables.data_local={tmp}/cache", "variables.data_remote={tmp}/blob"],
      "refused", "variables.data_remote"),
 ]

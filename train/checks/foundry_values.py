@@ -347,6 +347,12 @@ def init_device(cfg, ctx):
     elif device == "mixed" and value(cfg, "fsdp_config") is None:
         yield Problem("model.init_device", "mixed needs FSDP (llm-foundry raises NotImplementedError without "
                       "fsdp_config)", "model.init_device=cpu")
+    elif device == "meta" and value(cfg, "fsdp_config") is not None and ctx.world_size(cfg) > 1 \
+            and not value(cfg, "cluster.gpus_per_node"):
+        # composer's FSDP2 makes the meta weights real with to_empty(device="cuda")
+        yield Problem("model.init_device", f"meta on cluster={value(cfg, 'cluster.name')}, which has no GPU "
+                      "(cluster.gpus_per_node=0): composer makes the sharded weights on the GPU, and the run fails "
+                      "as it starts (\"Found no NVIDIA driver\")", "model.init_device=cpu (what the CPU presets set)")
 
 
 def _max_duration_count(cfg):
