@@ -35,13 +35,16 @@ def written(root: Path) -> str:
     "+cluster.env.X='a\"; touch {pwned}; \"'",
     "+cluster.env.X='a\\\\\"; touch {pwned}; #'",
     "cluster.env.TRITON_CACHE_DIR='/tmp/x-$(touch {pwned})'",
+    # bash expands a command held in another variable's value by ${A@P} (and by ${X:B}, ${X[B]} arithmetic)
+    "+cluster.env.A='$(touch {pwned})' +cluster.env.B='\\${{A@P}}'",
+    "+cluster.env.A='a[$(touch {pwned})]' +cluster.env.B='\\${{PATH:A}}'",
 ])
 def test_env_values_stay_data_in_the_submitted_script(tmp_path, override):
     from train.config.compose import compose
     from train.launch.spec import sbatch_script
 
     pwned = tmp_path / "pwned"
-    text = sbatch_script(compose(["cluster=ndv5", "global_train_batch_size=64", override.format(pwned=pwned)]))
+    text = sbatch_script(compose(["cluster=ndv5", "global_train_batch_size=64", *override.format(pwned=pwned).split(" +")]))
     script = tmp_path / "job.sh"
     script.write_text(text)
     fake = tmp_path / "bin"

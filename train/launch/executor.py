@@ -50,8 +50,10 @@ def env_lines(cfg: DictConfig) -> list[str]:
     return [f"export {k}={shell_value(v)}" for k, v in cfg.cluster.env.items()]
 
 
-# `$NAME` and `${NAME}` stay expansions (documented: TRITON_CACHE_DIR=/tmp/triton-cache-$SLURM_JOB_ID).
-_EXPANSION = re.compile(r"\$(?=\{?[A-Za-z_])")
+# `$NAME` and `${NAME}` stay expansions (documented: TRITON_CACHE_DIR=/tmp/triton-cache-$SLURM_JOB_ID), and no
+# other form of `${...}`: `${A@P}`, `${X:B}` or `${X[B]}` run commands held in another variable's value. The task
+# expands the same two forms where no script runs (train/task/main.py).
+VARIABLE = re.compile(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))")
 
 
 def shell_value(value) -> str:
@@ -60,7 +62,7 @@ def shell_value(value) -> str:
     text = str(value)
     out = []
     for i, ch in enumerate(text):
-        if ch in '"\\`' or (ch == "$" and not _EXPANSION.match(text, i)):
+        if ch in '"\\`' or (ch == "$" and not VARIABLE.match(text, i)):
             out.append("\\" + ch)
         else:
             out.append(ch)

@@ -4,7 +4,6 @@ import atexit
 import contextlib
 import logging
 import os
-import re
 import shutil
 import stat
 import tempfile
@@ -536,13 +535,12 @@ def _checkpoint_disk_full(fcfg):
                        "cut-off one is set aside)")
 
 
-_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))")
-
-
 def _as_the_shell_expands(value: str) -> str:
     """`$NAME` / `${NAME}` as the job script's `export` expanded them (train/launch/executor.py), an unset one to
     nothing: os.path.expandvars keeps it as written, so a task set `$UNSET` literally over the script's ""."""
-    return _VARIABLE.sub(lambda m: os.environ.get(m.group(1) or m.group(2), ""), value)
+    from train.launch.executor import VARIABLE
+
+    return VARIABLE.sub(lambda m: os.environ.get(m.group(1) or m.group(2), ""), value)
 
 
 def _node_local_cwd(fcfg, env: dict) -> None:
