@@ -475,3 +475,18 @@ def test_a_temporary_folder_too_long_for_sockets_is_refused_at_the_start(tmp_pat
             assert not binds and "too long" in str(e)
         finally:
             sock.close()
+
+
+@pytest.mark.e2e  # a look is a command of its own
+def test_a_look_with_resolve_masks_the_credentials_it_takes_from_the_environment(tmp_path):
+    """`--cfg job --resolve` printed MLFLOW_TRACKING_URI's password and an `${oc.env:HF_TOKEN}` as Hydra resolves
+    them (exit 0): a look shows them masked, and writes nothing."""
+    token = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
+    env = {"MLFLOW_TRACKING_URI": f"https://alice:{SECRET}@mlflow.example.com", "HF_TOKEN": token}
+    shown = run("-m", "train", "logger=mlflow", "--cfg", "job", "--resolve", root=tmp_path, env=env, check=True)
+    assert "tracking_uri: https://alice:****@mlflow.example.com" in shown.stdout, shown.stdout[-2000:]
+    shown = run("-m", "train", "+variables.x=${oc.env:HF_TOKEN}", "--cfg", "job", "--resolve", root=tmp_path, env=env,
+                check=True)
+    assert "  x: ****" in shown.stdout
+    assert not any(s in shown.stdout + shown.stderr for s in (SECRET, token))
+    assert list(tmp_path.iterdir()) == []

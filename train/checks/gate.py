@@ -9,6 +9,7 @@ Hydra's global state is read here, once, into the Context. Before Hydra reads th
 the one wrapper over Hydra's own refusals of it.
 """
 import functools
+import os
 import sys
 
 from hydra.experimental.callback import Callback
@@ -468,6 +469,8 @@ def before_hydra(args: list):
                            "point of a sweep") + secrets + hydra_problems(args)
     if problems and not report([masked(p, masks) for p in problems]):
         sys.exit(2)
+    if "--resolve" in args:
+        _mask_what_hydra_prints()
 
     def answer(err) -> None:
         problems = composition_problems(args, err)
@@ -477,3 +480,24 @@ def before_hydra(args: list):
             sys.exit(2)
 
     return patch_hydra_composition_errors_answered_first(answer)
+
+
+def _mask_what_hydra_prints() -> None:
+    """A look with --resolve prints values taken from the environment (`${oc.env:HF_TOKEN}`, a password in
+    MLFLOW_TRACKING_URI), which Hydra prints itself: what reaches stdout has the values of the environment's
+    credential variables, and anything of a credential's shape, masked."""
+    from train.checks.safety import CREDENTIAL, mask_shapes
+
+    held = sorted((v for k, v in os.environ.items() if CREDENTIAL.search(k) and len(v) >= 4), key=len, reverse=True)
+    real = sys.stdout
+
+    class Masked:
+        def write(self, text: str) -> int:
+            for value in held:
+                text = text.replace(value, "****")
+            return real.write(mask_shapes(text))
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    sys.stdout = Masked()
