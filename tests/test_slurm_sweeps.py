@@ -147,6 +147,19 @@ def test_a_summary_job_slurm_refuses_leaves_the_points_submitted_and_says_how_to
     assert json.loads((sweep_dir / "sweep.json").read_text())["summary_job"] is None
 
 
+def test_a_job_slurm_does_not_take_is_said_in_its_words_and_nothing_else_is_submitted(slurm, tmp_path):
+    """sbatch failing (here: a slurm.conf naming a controller that is not there) ended `-m` with submitit's
+    traceback."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=broken\nSlurmctldHost=nowhere\n")
+    proc = run("-m", "train", "-m", *TINY, "max_duration=2ba", "checkpoint=none", root=tmp_path / "root",
+               env={"SLURM_CONF": str(conf)}, timeout=300)
+    assert proc.returncode == 1 and "error: hydra.launcher: slurm did not take the job of point(s) #0: sbatch: " \
+        "error: " in proc.stderr, proc.stderr[-3000:]
+    assert "nothing was submitted; fix what it says" in proc.stderr and "Traceback" not in proc.stderr
+    assert "-> job " not in proc.stdout
+
+
 def _accounted_state(job_id: str) -> str:
     """The job's state in Slurm's accounting, once it has caught up with the job's end."""
     deadline = time.time() + 60

@@ -214,13 +214,31 @@ class SweepLaunch:
         body, state = _PickledOnce(self), _PickledOnce(Singleton.get_state())
         for res, idx in job_arrays([p.resources for p in points]):
             ex = executor(res, folder)
-            with ex.batch():
-                for p in (points[i] for i in idx):
-                    p.job = ex.submit(body, self.app.job_overrides(p.overrides, sweep_dir), "hydra.sweep.dir", p.num,
-                                      f"job_id_for_{p.num}", state)
+            try:
+                with ex.batch():  # (the jobs are submitted as it ends)
+                    jobs = [ex.submit(body, self.app.job_overrides(p.overrides, sweep_dir), "hydra.sweep.dir", p.num,
+                                      f"job_id_for_{p.num}", state) for p in (points[i] for i in idx)]
+            except Exception as err:  # sbatch refused it (or is not there): its words, not submitit's traceback
+                self._not_submitted(err, points, res.scheduler)
+            for i, job in zip(idx, jobs):
+                points[i].job = job
         for p in points:
             print(f"[sweep] #{p.num} {' '.join(p.overrides) or '(defaults)'} -> job {p.job.job_id}, "
                   f"log {p.job.task(0).paths.stderr}", flush=True)
+
+    def _not_submitted(self, err: Exception, points: list, scheduler: str) -> None:
+        """Say which points the scheduler refused, in its own last words, and which were submitted (they run), then
+        exit 1."""
+        from common.errors import UserError
+
+        said = [line.strip() for line in str(err).splitlines() if line.strip()]
+        done = [p for p in points if p.job is not None]
+        left = ", ".join(f"#{p.num}" for p in points if p.job is None)
+        self.app.report(UserError(
+            "hydra.launcher", f"{scheduler} did not take the job of point(s) {left}: {said[-1] if said else repr(err)}",
+            ("the point(s) " + ", ".join(f"#{p.num} (job {p.job.job_id})" for p in done) + " were submitted and run; "
+             if done else "nothing was submitted; ") + "fix what it says, then run the same command again"))
+        sys.exit(1)
 
     def _wait(self, points: list) -> None:
         last, refreshed = None, 0.0
