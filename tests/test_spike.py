@@ -7,6 +7,8 @@ import csv
 import json
 import re
 import shlex
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -278,3 +280,39 @@ def test_spike_settings_are_checked_before_anything_starts_all_at_once(tmp_path,
     neg = cli("train", "spike.skip_batches=-1", "spike.lr_scale=0", "plan=json", check=2)
     assert "error: spike.skip_batches: must be a whole number, 0 or more, got -1" in neg.stderr
     assert "error: spike.lr_scale: must be a number above 0 and at most 1" in neg.stderr
+
+
+def test_a_run_killed_after_its_rollback_samples_from_no_export_of_the_training_gone_back(tmp_path, cli, data):
+    """export=hf every batch: the first try exported batches 21-22 before the spike at 23. The rollback sets them
+    aside with the checkpoints after batch 20 (kept under huggingface/set-aside/), so a run killed after it samples
+    and evaluates from an export of its own training (it was batch 22's of the abandoned one, exit 0)."""
+    from helpers import start, stop
+
+    out = (tmp_path / "train.log").open("w")
+    proc = start("-m", "train", *_args(data, "max_duration=40ba", "spike.action=rollback", "spike.skip_batches=6",
+                                       "export=hf", "export.interval=1ba"), root=tmp_path,
+                 stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 600
+        # the rollback's moves are done once its record says so (pending: false)
+        while not [i for p in tmp_path.glob("checkpoints/*/spike.json")
+                   for i in json.loads(p.read_text() or "{}").get("interventions", []) if i.get("pending") is False]:
+            assert proc.poll() is None and time.time() < deadline, (tmp_path / "train.log").read_text()[-3000:]
+            time.sleep(0.05)
+    finally:
+        stop(proc)
+        proc.wait()
+    [save] = (tmp_path / "checkpoints").iterdir()
+    hf = tmp_path / "outputs" / save.name / "huggingface"
+    said = cli("train.sample", save.name, "the cat", "--max-new-tokens=4", check=True,
+               env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    [folder] = re.findall(r"sampling from (\S+)", said.stderr)
+    assert Path(folder).parent == hf and int(Path(folder).name[2:]) <= 21, said.stderr[-3000:]
+    aside = {p.name.split(".")[0]: p for p in (hf / "set-aside").iterdir()}
+    assert set(aside) >= {"ba21", "ba22"}, aside
+    # left in place (a run rolled back before its exports were set aside): passed over, named, as older than it
+    aside["ba22"].rename(hf / "ba22")
+    said = cli("train.sample", save.name, "the cat", "--max-new-tokens=4", check=True,
+               env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    assert f"{hf / 'ba22'}: of a training since rolled back over a loss spike" in said.stderr, said.stderr[-3000:]
+    assert re.findall(r"sampling from (\S+)", said.stderr) == [folder], said.stderr[-3000:]

@@ -14,7 +14,7 @@ def find_folder(arg: str, at: tuple[Path, Path] | None = None) -> Path:
     (its newest `ba{B}`), or a run name on the storage whose roots are `at` (train/config/storage_args.py: roots;
     the local storage's, `$PRETRAIN_ROOT` or `./runs`, by default). Found by run name, a run that trained on past
     its newest export (a checkpoint of a later batch in its save folder) is warned: the export is older weights
-    than the run's."""
+    than the run's; an export of a training since rolled back over a loss spike is passed over."""
     path, by_name = Path(arg), named(arg)
     if by_name:
         path = run_folders(arg, at)[1]
@@ -28,13 +28,16 @@ def find_folder(arg: str, at: tuple[Path, Path] | None = None) -> Path:
                         ", ".join(map(str, partial)))
             found = [p for p in found if p not in partial]
         if found:
-            newest = max(found, key=export_batch)
             # the run's checkpoint folder, found by name or from its outputs folder's (<run>/huggingface/ba{B})
             run = arg if by_name else (path.name if base != path else path.parent.name)
             save_folder = run_folders(run, at)[0]
-            if by_name or (base.name == HF_SUBFOLDER and save_folder.is_dir()):
-                newest = _of_the_runs_end(newest, found, save_folder)
-                _warn_if_trained_past(newest, export_batch(newest), save_folder)
+            if not (by_name or (base.name == HF_SUBFOLDER and save_folder.is_dir())):
+                return max(found, key=export_batch).resolve()
+            found = _not_rolled_back(found, save_folder)
+            if not found:
+                break
+            newest = _of_the_runs_end(max(found, key=export_batch), found, save_folder)
+            _warn_if_trained_past(newest, export_batch(newest), save_folder)
             return newest.resolve()
     raise UserError("model", f"{arg!r}: no exported model there (a folder with config.json, or a run whose outputs "
                     f"hold {HF_SUBFOLDER}/ba{{B}}/)", "export one first: train with export=hf, or run "
@@ -90,6 +93,26 @@ def _of_the_runs_end(newest: Path, found: list, save_folder: Path) -> Path:
                     f"{ended} ({save_folder / finished.FILE}) with no checkpoint past it: the export is of a training "
                     "since gone back", f"export the run as it is: python -m train.export {save_folder.name}; or pass "
                     "the exported folder's path to use it anyway")
+
+
+def _not_rolled_back(found: list, save_folder: Path) -> list:
+    """The exports but those of a training since rolled back over a loss spike (the run's spike.json,
+    train/task/spike.py): past a rollback's point and written before it. The rollback sets them aside; a kill
+    between its record and its moves leaves them, and a start finishes it."""
+    from train.task.interventions import FILE, read, rollbacks
+
+    gone = [p for p in found for r in rollbacks(read(save_folder))
+            if export_batch(p) > r.get("resumed_from", export_batch(p)) and _written(p) < r.get("time", 0)]
+    if gone:
+        log.warning("%s: of a training since rolled back over a loss spike (%s): passed over",
+                    ", ".join(map(str, sorted(set(gone), key=export_batch))), save_folder / FILE)
+    return [p for p in found if p not in gone]
+
+
+def _written(folder: Path) -> float:
+    """When the oldest of the folder's files was written (hf_checkpointer writes them all, in place, at each
+    export: one older than a rollback holds the training before it)."""
+    return min((p.stat().st_mtime for p in folder.rglob("*") if p.is_file()), default=0.0)
 
 
 def _warn_if_trained_past(folder: Path, batch: int, save_folder: Path) -> None:

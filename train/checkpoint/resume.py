@@ -107,8 +107,9 @@ def problem(ckpt: Checkpoint) -> str | None:
     return None
 
 
-def set_aside(ckpt: Checkpoint, why: str) -> Path:
-    """Move a checkpoint that cannot be loaded out of composer's way, keeping it for inspection."""
+def set_aside(ckpt: Checkpoint, why: str, what: str = "checkpoint") -> Path:
+    """Move a checkpoint that cannot be loaded out of composer's way, keeping it for inspection (what="export": a
+    run's Hugging Face folder, out of the way of sample and evaluate, train/hf_model.py)."""
     dest_dir = ckpt.path.parent / SET_ASIDE
     dest_dir.mkdir(exist_ok=True)
     dest = dest_dir / f"{ckpt.path.name}.{time.strftime('%Y%m%d-%H%M%S')}"
@@ -119,8 +120,8 @@ def set_aside(ckpt: Checkpoint, why: str) -> Path:
 
     if manifest_path(ckpt.path).is_file():  # its manifest goes with it
         os.replace(manifest_path(ckpt.path), manifest_path(dest))
-    log.warning("checkpoint %s cannot be resumed from: %s. Moved to %s (kept, not deleted); looking at the "
-                "previous one.", ckpt.path, why, dest)
+    log.warning("%s %s cannot be %s: %s. Moved to %s (kept, not deleted); looking at the previous one.", what,
+                ckpt.path, "resumed from" if what == "checkpoint" else "used", why, dest)
     return dest
 
 

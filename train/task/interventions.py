@@ -39,4 +39,4 @@ def write(folder, interventions: list) -> None:
 
 def shown(folder) -> list:
     """As the reports show them: without the record's bookkeeping."""
-    return [{k: v for k, v in i.items() if k not in ("pending", "time")} for i in read(folder)]
+    return [{k: v for k, v in i.items() if k not in ("pending", "time", "exports")} for i in read(folder)]

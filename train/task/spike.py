@@ -20,6 +20,7 @@ scales by the product of their scales.
 import json
 import logging
 import math
+import os
 import time
 
 from composer.core import Callback, State
@@ -107,6 +108,9 @@ def roll_back(err, cfg, fcfg) -> bool:
     if point:
         entry.update(checkpoint=str(point.path), resumed_from=point.batch,
                      skip_batches=int(cfg.spike.skip_batches), lr_scale=float(cfg.spike.lr_scale), pending=True)
+        hf = (fcfg.get("callbacks") or {}).get("hf_checkpointer")
+        if hf and hf.get("save_folder") and not is_remote(str(hf.save_folder)):  # its exports go aside too
+            entry["exports"] = os.path.abspath(str(hf.save_folder))
     if dist.get_global_rank() == 0:
         log.warning("loss spike at batch %d (loss %.6g, %.3g times the window mean %.4g, since batch %d): %s",
                     spike["batch"], spike["loss"], spike["loss"] / spike["window_mean"], spike["window_mean"],
@@ -125,8 +129,12 @@ def roll_back(err, cfg, fcfg) -> bool:
 
 def finish_pending(folder) -> None:
     """Rank 0, before a start chooses its checkpoint: a rollback recorded but not yet carried out (a kill between
-    its record and its moves) sets aside every checkpoint after its point, then is marked done."""
+    its record and its moves) sets aside every checkpoint after its point, and every export after it (export=hf:
+    sample and evaluate would take the newest, of the training gone back), then is marked done."""
+    from pathlib import Path
+
     from train.checkpoint import resume
+    from train.config.storage_args import HF_SUBFOLDER, export_batch
 
     if not folder or is_remote(folder):
         return
@@ -135,10 +143,14 @@ def finish_pending(folder) -> None:
     if not pending:
         return
     for entry in pending:
+        why = (f"written after batch {entry['resumed_from']}, where the run rolled back to over the loss spike at "
+               f"batch {entry['batch']}")
         for ckpt in resume.find(folder):
             if ckpt.batch > entry["resumed_from"]:
-                resume.set_aside(ckpt, f"written after batch {entry['resumed_from']}, where the run rolled back "
-                                 f"to over the loss spike at batch {entry['batch']}")
+                resume.set_aside(ckpt, why)
+        for export in sorted(Path(entry["exports"], HF_SUBFOLDER).glob("*")) if entry.get("exports") else ():
+            if (export_batch(export) or 0) > entry["resumed_from"]:
+                resume.set_aside(resume.Checkpoint(export, 0, export_batch(export), True), why, what="export")
         entry["pending"] = False
     _write(folder, found)
 
