@@ -730,3 +730,23 @@ def test_a_continuation_that_is_not_text_is_said_to_be_so_and_why():
     assert undecodable(["plain text", "more"], 257) is None
     assert "data=mock's byte-level tokenizer" in undecodable(["ab\ufffdc"], 257)
     assert "data=mock" not in undecodable(["ab\ufffdc"], 50368)
+
+
+@pytest.mark.train
+def test_a_run_given_its_data_by_a_relative_path_is_scored_on_that_data_from_anywhere(tmp_path, cli):
+    """The data folder relative to where the run ran: metrics.json records the folder whole, so `train.evaluate
+    RUN` run from elsewhere scores the samples the run evaluated (it read the path against its own folder: other
+    data, or none, beside the run's number)."""
+    here = tmp_path / "here"
+    here.mkdir()
+    run("-m", "train", "max_duration=10ba", "save_interval=10ba", "export=hf", "storage.data_local_root=data",
+        root=tmp_path / "runs", cwd=here, check=True, env=OFFLINE)
+    [metrics] = (tmp_path / "runs").rglob("metrics.json")
+    [(_, reads)] = json.loads(metrics.read_text())["evaluators"].items()
+    assert reads["streams"][0]["local"] == str(here / "data" / "mock-seq128"), reads
+    name = metrics.parent.name
+    own = json.loads(cli("train.evaluate", name, "--json", root=tmp_path / "runs", check=True,
+                         env=OFFLINE).stdout.strip().splitlines()[-1])
+    [(_, got)] = own["evaluators"].items()
+    assert got["data"] == str(here / "data" / "mock-seq128" / "val"), got
+    assert got["cross_entropy"] == pytest.approx(got["trainer"]["cross_entropy"], rel=1e-6)

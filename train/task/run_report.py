@@ -21,6 +21,7 @@ Registered with llm-foundry's callback registry as `run_report`, so it is config
 import io
 import json
 import logging
+import os
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -416,7 +417,9 @@ def _evaluators(state: State) -> dict:
         if not isinstance(ds, StreamingDataset):
             continue
         found[evaluator.label] = {
-            "streams": [{"local": s.local, "remote": s.remote, "split": s.split} for s in ds.streams],
+            # a local folder whole: a relative one was read against this run's folder, not evaluate's
+            "streams": [{"local": s.local if s.remote else os.path.abspath(s.local), "remote": s.remote,
+                         "split": s.split} for s in ds.streams],
             "max_seq_len": getattr(ds, "max_seq_len", None), "batch_size": ds.batch_size,
             "token_encoding_type": getattr(ds, "token_encoding_type", None),  # llm-foundry's text dataset
             "batches": -1 if evaluator.subset_num_batches is None else int(evaluator.subset_num_batches),
