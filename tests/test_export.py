@@ -682,7 +682,8 @@ def test_icl_options_are_refused_where_they_would_be_ignored_and_a_bad_task_line
 def test_the_runs_record_is_found_and_what_cannot_be_read_again_is_refused_before_the_model_loads(tmp_path):
     """Without --data, evaluate reads the newest metrics.json of the export's run (beside the export, or a sweep
     point's under <output_root>/sweeps/), and refuses at once, each by its evaluator's label, an evaluator whose
-    samples it cannot read again: several streams, a shuffle, replication, a folder no longer there."""
+    samples it cannot read again: several streams, a shuffle, replication, a resampled epoch, a folder no longer
+    there."""
     from common.errors import UserError
     from train.evaluate import _run_metrics, run_problems
 
@@ -694,7 +695,7 @@ def test_the_runs_record_is_found_and_what_cannot_be_read_again_is_refused_befor
 
     def reads(local=tmp_path / "data", streams=1, **kw):
         return {"streams": [{"local": str(local), "remote": None, "split": "val"}] * streams, "shuffle": False,
-                "replication": 1, "sequence_id": {}, **kw}
+                "replication": 1, "sequence_id": {}, "epoch_size": 64, "samples": 64, **kw}
 
     def point(num, run_name, evaluators, age):
         path = outputs / "sweeps" / "t" / str(num) / "metrics.json"
@@ -707,17 +708,19 @@ def test_the_runs_record_is_found_and_what_cannot_be_read_again_is_refused_befor
         _run_metrics(export)
     point(0, "r", None, 1000)  # an older start, before the record
     newest = point(1, "r", {"eval": reads(), "mixed": reads(streams=2), "shuffled": reads(shuffle=True),
-                            "copied": reads(replication=2), "moved": reads(local=tmp_path / "gone"),
+                            "copied": reads(replication=2), "resampled": reads(epoch_size=16),
+                            "moved": reads(local=tmp_path / "gone"),
                             "early": {k: v for k, v in reads().items() if k != "sequence_id"}}, 2000)
     point(2, "another", {"eval": reads()}, 3000)  # newer, another run's
     path, metrics = _run_metrics(export)
     assert path == newest
     problems = [str(p) for p in run_problems(metrics["evaluators"], uses_sequence_id=False)]
-    assert len(problems) == 4 and all(p.startswith("error: --data: the run's evaluator '") for p in problems)
+    assert len(problems) == 5 and all(p.startswith("error: --data: the run's evaluator '") for p in problems)
     assert ["mixed" in problems[0], "shuffles" in problems[1], "replication=2" in problems[2],
-            "holds no index.json now" in problems[3]] == [True] * 4
+            "16 samples of the split's 64 (eval_loader.dataset.epoch_size" in problems[3],
+            "holds no index.json now" in problems[4]] == [True] * 5
     # a record from before sequence ids were recorded, of a model that attends within documents: not sure, refused
-    early = [str(p) for p in run_problems(metrics["evaluators"], uses_sequence_id=True)][4:]
+    early = [str(p) for p in run_problems(metrics["evaluators"], uses_sequence_id=True)][5:]
     assert len(early) == 1 and "'early' ran before metrics.json recorded whether it gave" in early[0], early
     os.utime(newest, (500, 500))
     with pytest.raises(UserError, match="does not say what the run's evaluation read"):
@@ -750,3 +753,30 @@ def test_a_run_given_its_data_by_a_relative_path_is_scored_on_that_data_from_any
     [(_, got)] = own["evaluators"].items()
     assert got["data"] == str(here / "data" / "mock-seq128" / "val"), got
     assert got["cross_entropy"] == pytest.approx(got["trainer"]["cross_entropy"], rel=1e-6)
+
+
+@pytest.mark.train
+def test_evaluation_settings_that_change_the_samples_read_are_rebuilt_or_refused_before_the_model_loads(tmp_path,
+                                                                                                        cli):
+    """eval_loader.drop_last with a batch size that does not divide the split (64 samples in batches of 10): the run
+    evaluated 60, and `train.evaluate RUN` scores those 60 and the run's number. A resampled epoch
+    (eval_loader.dataset.epoch_size=16) is refused by name before the model loads (both scored all 64, exit 0)."""
+    common = ("max_duration=10ba", "save_interval=10ba", "export=hf", "device_eval_batch_size=10",
+              "eval_subset_num_batches=-1")
+    dropped = tmp_path / "dropped"
+    run("-m", "train", *common, "eval_loader.drop_last=true", root=dropped, check=True, env=OFFLINE)
+    [name] = [p.name for p in (dropped / "checkpoints").iterdir()]
+    own = json.loads(cli("train.evaluate", name, "--json", root=dropped, check=True,
+                         env=OFFLINE).stdout.strip().splitlines()[-1])
+    [(_, got)] = own["evaluators"].items()
+    assert got["samples"] == 60, got
+    assert got["cross_entropy"] == pytest.approx(got["trainer"]["cross_entropy"], rel=1e-6)
+    assert "all full batches of 10" in cli("train.evaluate", name, root=dropped, check=True, env=OFFLINE).stdout
+
+    resampled = tmp_path / "resampled"
+    run("-m", "train", *common, "+eval_loader.dataset.epoch_size=16", root=resampled, check=True, env=OFFLINE)
+    [name] = [p.name for p in (resampled / "checkpoints").iterdir()]
+    refused = cli("train.evaluate", name, root=resampled, check=2, env=OFFLINE)
+    assert "read a resampled epoch of 16 samples of the split's 64 (eval_loader.dataset.epoch_size" \
+        in refused.stderr, refused.stderr[-3000:]
+    assert "Instantiating" not in refused.stderr and not refused.stdout  # before the model loads

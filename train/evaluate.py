@@ -59,7 +59,7 @@ def trainer_eval(model, tokenizer, label: str, reads: dict) -> dict:
     dataset = spec.dataloader.dataset
     return {**_score(model, (collate([dataset[i] for i in batch]) for batch in ids), data), "data": data,
             "max_seq_len": reads["max_seq_len"], "nodes": reads["nodes"], "ranks_per_node": reads["ranks_per_node"],
-            "batches_per_rank": reads["batches"], "batch_size": reads["batch_size"]}
+            "batches_per_rank": reads["batches"], "batch_size": reads["batch_size"], "drop_last": reads["drop_last"]}
 
 
 def trainer_batches(dataset, reads: dict) -> list:
@@ -82,7 +82,9 @@ def trainer_batches(dataset, reads: dict) -> list:
         for worker in range(workers):
             ids = work[node, rank, worker].flatten()
             ids = ids[ids != -1].tolist()  # streaming's padding, skipped as its iterator skips it
-            per_worker.append([ids[i:i + size] for i in range(0, len(ids), size)])
+            batches = [ids[i:i + size] for i in range(0, len(ids), size)]
+            # drop_last: torch's DataLoader drops each worker's last batch short of the batch size
+            per_worker.append([b for b in batches if len(b) == size or not reads.get("drop_last")])
         # torch's DataLoader takes its workers' batches in turn, passing over a worker that has run out
         mine = [b for turn in itertools.zip_longest(*per_worker) for b in turn if b is not None]
         found += mine if reads["batches"] < 0 else mine[:reads["batches"]]
@@ -102,6 +104,11 @@ def run_problems(evaluators: dict, uses_sequence_id: bool) -> list:
             why = "shuffles (eval_loader.dataset.shuffle=true: other samples at each evaluation)"
         elif reads["replication"] not in (None, 1):
             why = f"replicates samples over ranks (replication={reads['replication']})"
+        elif "epoch_size" not in reads:
+            why = "ran before metrics.json recorded whether it read a resampled epoch or dropped its last batches"
+        elif reads["epoch_size"] != reads["samples"]:
+            why = (f"read a resampled epoch of {reads['epoch_size']} samples of the split's {reads['samples']} "
+                   "(eval_loader.dataset.epoch_size, or its stream's choose, repeat or proportion)")
         elif "sequence_id" not in reads and uses_sequence_id:
             why = ("ran before metrics.json recorded whether it gave the model sequence ids, which this model uses "
                    "(attn_uses_sequence_id)")
@@ -334,6 +341,7 @@ def _scored(r: dict) -> str:
 
 def _line(label: str, r: dict) -> str:
     each = "all batches" if r["batches_per_rank"] < 0 else f"its first {r['batches_per_rank']} batches"
+    each = each.replace("batches", "full batches") if r.get("drop_last") else each
     ranks = r["nodes"] * r["ranks_per_node"]
     where = f"on each of {ranks} ranks ({r['nodes']} node{'s' * (r['nodes'] > 1)})" if ranks > 1 else "on its one rank"
     text = f"{label}: {_scored(r)}\n  the samples the run evaluated: {each} of {r['batch_size']} {where}"

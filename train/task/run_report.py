@@ -423,6 +423,10 @@ def _evaluators(state: State) -> dict:
             "max_seq_len": getattr(ds, "max_seq_len", None), "batch_size": ds.batch_size,
             "token_encoding_type": getattr(ds, "token_encoding_type", None),  # llm-foundry's text dataset
             "batches": -1 if evaluator.subset_num_batches is None else int(evaluator.subset_num_batches),
+            "drop_last": bool(getattr(loader, "drop_last", False)),
+            # the epoch streaming drew (epoch_size, a stream's choose, repeat or proportion, by sampling_method)
+            # against the split's samples: the same where nothing resampled it
+            "epoch_size": int(ds.epoch_size), "samples": int(ds.num_samples),
             "workers": getattr(loader, "num_workers", 0), "nodes": dist.get_world_size() // ranks_per_node,
             "ranks_per_node": ranks_per_node, "num_canonical_nodes": ds.num_canonical_nodes,
             "partition_algo": ds.partition_algo, "batching_method": ds.batching_method, "shuffle": ds.shuffle,
