@@ -94,3 +94,23 @@ def test_a_run_killed_after_a_checkpoint_counts_the_batches_trained_again_as_los
     assert float(row["goodput"]) == pytest.approx(metrics["goodput"])
     assert row["goodput_parts"] == goodput.said(parts)
     assert "retrained" in row["goodput_parts"] and f"({killed['batch'] - 20} retrained batches)" in row["goodput_parts"]
+
+
+def test_a_sweep_folder_reused_by_another_run_counts_only_this_runs_time(tmp_path):
+    """checkpoint=none keeps the ledger in the point's report folder: a sweep run again into the same folder
+    (hydra.sweep.dir) by another run (another learning rate: another run name) starts its own ledger and its own
+    count of starts, where the earlier run, stopped by a NaN, left its own (it counted that run's time as its
+    retrained batches and lost to requeues, and 2 starts)."""
+    sweep = tmp_path / "sweep"
+    common = ("-m", "train", "-m", "cluster.tasks_per_node=1", "checkpoint=none", "console_log_interval=2ba",
+              "progress_bar=false", f"hydra.sweep.dir={sweep}")
+    run(*common, "max_duration=30ba", "optimizer.lr=1e6", root=tmp_path, check=1)  # a NaN at a few batches
+    left = json.loads((sweep / "0" / goodput.FILE).read_text())
+    assert len(left["segments"]) == 1 and not left["segments"][0]["finished"], left
+    run(*common, "max_duration=8ba", "optimizer.lr=1e-3", root=tmp_path, check=True)
+    metrics = json.loads((sweep / "0" / "metrics.json").read_text())
+    parts = metrics["goodput_parts"]
+    assert parts["starts"] == 1 and parts["retrained_batches"] == 0 and not parts["lost_to_requeues_s"], parts
+    assert json.loads((sweep / "0" / "progress.json").read_text())["starts"] == 1
+    ledger = json.loads((sweep / "0" / goodput.FILE).read_text())
+    assert ledger["run_name"] == metrics["run_name"] != left.get("run_name") and len(ledger["segments"]) == 1

@@ -65,10 +65,11 @@ _CURRENT: list = []  # this process's newest Clock: a second fit in one process 
 class Clock:
     """Rank 0's phases of the current segment, and the run's ledger. `now` is injectable for the tests."""
 
-    def __init__(self, path, batch: int, job=None, began: float | None = None, now=time.time):
-        self.path, self.now = Path(path), now
+    def __init__(self, path, batch: int, job=None, began: float | None = None, now=time.time,
+                 run_name: str | None = None):
+        self.path, self.now, self.run_name = Path(path), now, run_name
         before = _CURRENT[-1] if _CURRENT and _CURRENT[-1].path == self.path else None
-        self.segments = before.segments if before else _read(self.path)
+        self.segments = before.segments if before else _read(self.path, run_name)
         if before:  # the same process fits again: from where its last segment ended; behind it, a rollback
             kind, began = "rollback" if batch < before.segment["batch"] else "start", before.since
         else:
@@ -130,7 +131,8 @@ class Clock:
         if force or self._written is None or self.since - self._written >= HEARTBEAT_S:
             import json
 
-            files.cosmetic_write(self.path, json.dumps({"segments": self.segments}).encode())
+            files.cosmetic_write(self.path, json.dumps({
+                **({"run_name": self.run_name} if self.run_name else {}), "segments": self.segments}).encode())
             self._written = self.since
 
     def account(self) -> dict:
@@ -143,12 +145,16 @@ def _at_exit() -> None:
         _CURRENT[-1].write(force=True)
 
 
-def _read(path: Path) -> list:
-    """The ledger's segments; [] where there is none. One that cannot be read is said, and the account begins
-    with this start (its since_batch says from where)."""
+def _read(path: Path, run_name: str | None = None) -> list:
+    """The ledger's segments; [] where there is none, or where it is another run's (a folder that run left, as a
+    sweep point's report folder reused with checkpoint=none). One that cannot be read is said, and the account
+    begins with this start (its since_batch says from where)."""
     if not path.exists():
         return []
     body = files.read_json(path)
+    if isinstance(body, dict) and run_name and body.get("run_name") not in (None, run_name):
+        log.info("%s is the ledger of another run (%s): goodput counts from this start on", path, body["run_name"])
+        return []
     segments = body.get("segments") if isinstance(body, dict) else None
     if not isinstance(segments, list) or not all(isinstance(s, dict) and _SEGMENT <= set(s) for s in segments):
         log.warning("%s cannot be read as this run's time ledger: goodput counts from this start on", path)

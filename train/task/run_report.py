@@ -147,13 +147,15 @@ class RunReport(Callback):
             # here: one requeued while importing, in its preflight check, loading its checkpoint); the status
             # compares them with Slurm's count now to tell a current record from one a newer start has not
             # replaced yet. starts counts only the starts that got here (in this folder, across jobs).
-            self._status = {"run_name": state.run_name, "starts": int(before.get("starts", 0)) + 1, "job": job_id(),
-                            "requeues": requeues(),
+            ours = before.get("run_name") == state.run_name  # else a folder another run left
+            self._status = {"run_name": state.run_name, "starts": (int(before.get("starts", 0)) if ours else 0) + 1,
+                            "job": job_id(), "requeues": requeues(),
                             "max_duration": _duration(state.max_duration),
                             **({"continued_from": self.continued_from} if self.continued_from else {})}
             ledger = _ledger_folder(savers, state, self.folder)
             self._ledger = ledger if savers else None  # the run's save folder
-            self._clock = goodput.Clock(ledger / goodput.FILE, int(state.timestamp.batch), job_id())
+            self._clock = goodput.Clock(ledger / goodput.FILE, int(state.timestamp.batch), job_id(),
+                                        run_name=state.run_name)
             self._write_status(step=int(state.timestamp.batch), state="training")
 
     def before_dataloader(self, state: State, logger: Logger) -> None:
