@@ -89,6 +89,9 @@ REFUSED = [
     ("cluster.constraint='h100\ntouch /tmp/pwned'", "cluster.constraint"),
     ("+cluster.sbatch_extra.reservation='big\ntouch /tmp/pwned'", "cluster.sbatch_extra.reservation"),
     ("run_name='r\ntouch /tmp/pwned'", "run_name"),
+    ("cluster.summary_partition='htc\ntouch /tmp/pwned #'", "cluster.summary_partition"),
+    ("storage.root='/tmp/r\ntouch /tmp/pwned #'", "storage.root"),  # submitit's folder: --output/--error
+    ("storage.output_root='/tmp/r\ntouch /tmp/pwned #'", "storage.output_root"),
     ("run_name=../../../x", "run_name"),
     ("run_name=a/b", "run_name"),
     ("+cluster.env.WANDB_API_KEY=" + SECRET, "cluster.env.WANDB_API_KEY"),
@@ -121,6 +124,23 @@ def test_refused_before_anything_is_written_and_no_secret_is_echoed(tmp_path, ov
     assert SECRET not in proc.stdout + proc.stderr
     assert SECRET not in written(tmp_path) and not Path("/tmp/pwned").exists()
     assert list(root.iterdir()) == []
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("override,key", [("hydra.sweep.dir='/tmp/s\ntouch /tmp/pwned #'", "hydra.sweep.dir"),
+                                          ("hydra.launcher.submitit_folder='/tmp/s\ntouch /tmp/pwned #/%j'",
+                                           "hydra.launcher.submitit_folder")])
+def test_a_sweep_folder_that_would_break_an_sbatch_line_is_refused_before_anything_is_written(tmp_path, override,
+                                                                                              key, cli):
+    """The sweep's folders are written into the `#SBATCH --output/--error` lines and the srun line."""
+    root, cwd = tmp_path / "root", tmp_path / "cwd"
+    root.mkdir()
+    cwd.mkdir()
+    proc = cli("train", "-m", "plan=json", "cluster=ndv5", override, root=root, cwd=cwd)
+    assert proc.returncode == 2 and f"error: {key}: " in proc.stderr and "control character" in proc.stderr, \
+        proc.stderr[-2000:]
+    assert "#SBATCH" not in proc.stdout and not Path("/tmp/pwned").exists()
+    assert list(root.iterdir()) == [] and list(cwd.iterdir()) == []
 
 
 # A credential by its key's name, given without `+` for a key the config does not have: Hydra's own "Could not

@@ -116,7 +116,8 @@ def validate(points: list, ctxs: list, *, sweep=None, first: int | None = None, 
     found = []
     if sweep is not None:
         found += [*values.sweeper_storage(sweep.hydra.sweeper), *values.objective_direction(sweep),
-                  *values.foreign_launcher(sweep), *values.launcher_resources(sweep)]
+                  *values.foreign_launcher(sweep), *values.launcher_resources(sweep),
+                  *safety.launcher_safety(sweep)]
     folders = {}
     for num, (cfg, ctx) in enumerate(zip(points, ctxs)):
         if checked and num in checked:

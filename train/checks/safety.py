@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from common.errors import TOKEN_FORMS, URL_PASSWORD
 from common.paths import is_remote
-from train.checks.core import Problem, override_key, override_values, plain, value
+from train.checks.core import ConfigError, Problem, override_key, override_values, plain, value
 
 # Environment variable names that hold credentials: never written into a script, a config copy or a plan. By word
 # (AWS_ACCESS_KEY_ID, AWS_SESSION_TOKEN, AZURE_CLIENT_SECRET, AZURE_OPENAI_API_KEY, HF_TOKEN, HF_AUTH,
@@ -334,6 +334,42 @@ def tracking_credentials(cfg, ctx):
         yield from walk(loggers, "loggers")
 
 
+# Every single value the sbatch script is written from (train/launch/executor.py, common/sweep/contract.py): an
+# `#SBATCH` directive's (--account, --partition, the summary job's --partition, --output/--error under the submitit
+# folder) or a shell line's (the image, the folders). Paths follow the roots they are made of: a root is named, not
+# every path made from it. Keys a config does not have are passed over (a point's config has no hydra.*, data_prep's
+# no cluster.*).
+SCRIPT_VALUES = ("cluster.account", "cluster.partition", "cluster.summary_partition", "cluster.qos",
+                 "cluster.constraint", "cluster.container.image", "storage.root", "storage.data_root",
+                 "storage.data_local_root", "storage.checkpoint_root", "storage.output_root", "hydra.sweep.dir",
+                 "hydra.launcher.submitit_folder", "hydra.launcher.account", "hydra.launcher.partition",
+                 "hydra.launcher.summary_partition", "hydra.launcher.qos")
+
+
+def _control_characters(read, keys):
+    """A control character in a value that reaches the sbatch script. read(key): its value, None where missing."""
+    bad = []
+    for key in keys:
+        v = read(key)
+        if isinstance(v, str) and CONTROL.search(v):
+            if not any(b in v for b in bad):  # a path made of a root named already
+                yield Problem(key, f"{v!r} holds a control character (a newline would end its #SBATCH line and run "
+                              "the rest as a shell command)", "remove it")
+            bad.append(v)
+
+
+def launcher_safety(config):
+    """A sweep's own settings (its Hydra config: the sweep folder, submitit's folder, the launcher's resources),
+    checked as a point's are before anything is written: what reaches the script stays data."""
+    def read(key):
+        try:
+            return OmegaConf.select(config, key, default=None)
+        except Exception:  # noqa: BLE001 -- a value that does not resolve is another check's problem
+            return None
+
+    yield from _control_characters(read, SCRIPT_VALUES)
+
+
 def shell_safety(cfg, ctx):
     """sbatch reads `#SBATCH` lines up to a newline (the rest would run as a command, and sbatch would silently
     ignore every directive after it); the run name is a path component of the checkpoint and output folders."""
@@ -343,12 +379,13 @@ def shell_safety(cfg, ctx):
         yield Problem("run_name", f"{name!r} is not a plain folder name (it names the checkpoint and output folders: "
                       "no path separators, `..`, quotes, which break the shell lines that name those folders, or "
                       "control characters)", "e.g. run_name=mpt-30b-c4-v2")
-    for key in ("cluster.account", "cluster.partition", "cluster.qos", "cluster.constraint",
-                "cluster.container.image"):
-        v = value(cfg, key)
-        if isinstance(v, str) and CONTROL.search(v):
-            yield Problem(key, f"{v!r} holds a control character (a newline would end its #SBATCH line and run the "
-                          "rest as a shell command)", "remove it")
+    def read(key):
+        try:
+            return value(cfg, key, None)
+        except ConfigError:  # a value missing or not resolving: its own rule names it
+            return None
+
+    yield from _control_characters(read, SCRIPT_VALUES)
     for k, v in (value(cfg, "cluster.sbatch_extra") or {}).items():
         if CONTROL.search(f"{k}{v}") or not re.match(r"^[A-Za-z0-9_-]+$", str(k)):
             yield Problem(f"cluster.sbatch_extra.{k}", f"{k}={v!r} is not a plain sbatch flag and value (a newline "
