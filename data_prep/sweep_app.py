@@ -26,8 +26,10 @@ class DataPrepApp(SweepApp):
         from common.compose import sweep_points
         from data_prep.errors import DataPrepError
         from data_prep.settings import settings_from
+        from train.checks.safety import launcher_safety
 
-        common = _shared_problems(launcher.config)
+        # the launcher's settings are written into the script, multirun.yaml and the pickles: checked first
+        common = list(launcher_safety(launcher.config)) + _shared_problems(launcher.config)
         out, problems, parts = [], list(common), {}
         said = {(p.key, p.problem) for p in common}
         for overrides, cfg in sweep_points(launcher.hydra_context.config_loader, launcher.config,

@@ -202,6 +202,43 @@ LEGIT = ["EleutherAI/gpt-neox-20b", "mosaicml/mpt-7b-instruct", "meta-llama/Meta
          "Zq8vR2mLx7TnW4pKc9YbH3s"]  # 23 characters: under the length a random string needs
 
 
+# data_prep's parts take their resources and setup lines from its launcher's settings (it has no cluster group):
+# the same rules as training's, before anything is written (the script, multirun.yaml, the pickles).
+HF = "hf_" + "Qw3rTy6uI9" * 3 + "abcd"
+PREP_LAUNCHER = [
+    ("hydra.launcher.account='acct\ntouch /tmp/pwned #'", "hydra.launcher.account", "control character", None),
+    ("hydra.launcher.partition='htc\ntouch /tmp/pwned #'", "hydra.launcher.partition", "control character", None),
+    ("hydra.launcher.qos='high\ntouch /tmp/pwned #'", "hydra.launcher.qos", "control character", None),
+    (f"hydra.launcher.setup=['export HF_TOKEN={HF}']", "hydra.launcher.setup[0]", "a credential", HF),
+    ("hydra.launcher.setup=['export MY_CRED=Jd8sL3kV9w']", "hydra.launcher.setup[0]", "MY_CRED, a credential",
+     "Jd8sL3kV9w"),
+    (f"hydra.launcher.setup=['module load x', 'wandb login {WANDB_KEY}']", "hydra.launcher.setup[1]", "W&B key",
+     WANDB_KEY),
+]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("override,key,what,secret", PREP_LAUNCHER)
+def test_data_preps_launcher_settings_are_checked_as_trainings_before_anything_is_written(tmp_path, override, key,
+                                                                                         what, secret):
+    from helpers import C4, TOKENIZER, need_shared
+
+    need_shared()
+    fake = tmp_path / "bin"  # a submission that got through is recorded here, not queued
+    fake.mkdir()
+    (fake / "sbatch").write_text(f"#!/bin/sh\ncp \"$1\" {tmp_path}/submitted.sh\necho Submitted batch job 1\n")
+    (fake / "sbatch").chmod(0o755)
+    out = tmp_path / "out"
+    proc = run("-m", "data_prep", "-m", "part=range(0,2)", "num_parts=2", "dataset=c4", f"input={C4}",
+               f"tokenizer={TOKENIZER}", f"out_root={out}", "progress=false", "hydra/launcher=htc", override,
+               env={"PATH": f"{fake}:{os.environ['PATH']}"}, cwd=tmp_path)
+    assert proc.returncode == 2, (proc.stdout[-1000:], proc.stderr[-2000:])
+    assert re.search(rf"^data_prep: {re.escape(key)}: .*{re.escape(what)}", proc.stderr, re.M), proc.stderr[-2000:]
+    assert "fix: " in proc.stderr and "Traceback" not in proc.stderr
+    assert secret is None or secret not in proc.stdout + proc.stderr
+    assert not out.exists() and not (tmp_path / "submitted.sh").exists() and not Path("/tmp/pwned").exists()
+
+
 def test_secret_shapes_are_recognised_and_legitimate_values_are_not():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 

@@ -285,10 +285,15 @@ def command_line_secrets(args: list) -> tuple[list, list]:
 def setup_exports(cfg, ctx):
     """cluster.setup lines are written into the sbatch script as they are: a credential assigned there is written
     with them (and into .hydra/ and the plan)."""
-    for num, line in enumerate(value(cfg, "cluster.setup") or []):
+    yield from _assigned_credentials(value(cfg, "cluster.setup"), "cluster.setup")
+
+
+def _assigned_credentials(lines, key: str):
+    """A credential assigned in plain text in the setup lines at `key`."""
+    for num, line in enumerate(lines or []):
         for name, assigned in ASSIGNMENT.findall(str(line)):
             if CREDENTIAL.search(name) and assigned and not assigned.startswith(("$", '"$', "'$")):
-                yield Problem(f"cluster.setup[{num}]", f"sets {name}, a credential, in plain text: the setup lines are "
+                yield Problem(f"{key}[{num}]", f"sets {name}, a credential, in plain text: the setup lines are "
                               f"written into {_WHERE}", f"drop the assignment and `export {name}=...` in the shell you "
                               f"submit from: {_EXPORT} (a setup line may still use ${name})")
 
@@ -341,8 +346,8 @@ def tracking_credentials(cfg, ctx):
 # no cluster.*).
 SCRIPT_VALUES = ("cluster.account", "cluster.partition", "cluster.summary_partition", "cluster.qos",
                  "cluster.constraint", "cluster.container.image", "storage.root", "storage.data_root",
-                 "storage.data_local_root", "storage.checkpoint_root", "storage.output_root", "hydra.sweep.dir",
-                 "hydra.launcher.submitit_folder", "hydra.launcher.account", "hydra.launcher.partition",
+                 "storage.data_local_root", "storage.checkpoint_root", "storage.output_root", "out_root",
+                 "hydra.sweep.dir",                 "hydra.launcher.submitit_folder", "hydra.launcher.account", "hydra.launcher.partition",
                  "hydra.launcher.summary_partition", "hydra.launcher.qos")
 
 
@@ -359,8 +364,9 @@ def _control_characters(read, keys):
 
 
 def launcher_safety(config):
-    """A sweep's own settings (its Hydra config: the sweep folder, submitit's folder, the launcher's resources),
-    checked as a point's are before anything is written: what reaches the script stays data."""
+    """A sweep's own settings (its Hydra config: the sweep folder, submitit's folder, the launcher's resources and
+    setup lines, which data_prep's parts take), checked as a point's are before anything is written: what reaches
+    the script stays data, and no credential is written into the script, multirun.yaml or submitit's pickles."""
     def read(key):
         try:
             return OmegaConf.select(config, key, default=None)
@@ -368,6 +374,17 @@ def launcher_safety(config):
             return None
 
     yield from _control_characters(read, SCRIPT_VALUES)
+    launcher = read("hydra.launcher")
+    if launcher is None:
+        return
+    settings = plain(launcher)
+    yield from _assigned_credentials(settings.get("setup"), "hydra.launcher.setup")
+    for path, name, v in _walk(settings, "hydra.launcher"):
+        whats = dict.fromkeys(what for what, _ in shapes(v)) if isinstance(v, str) else {}
+        if whats:
+            yield _by_shape(path, " and ".join(whats))
+        elif SECRET_KEY.search(name) and isinstance(v, str) and v.strip() and not v.startswith("$"):
+            yield _by_shape(path, "a credential (by its key's name)")
 
 
 def shell_safety(cfg, ctx):
