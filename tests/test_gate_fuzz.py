@@ -329,6 +329,9 @@ CASES = [
     ([f"cluster.setup=['wandb login {SECRET}']"], "refused", "cluster.setup[0]"),
     ([f"cluster.setup=['huggingface-cli login --token {SECRET}']"], "refused", "cluster.setup[0]"),
     ([f"cluster.setup=['export X_CRED={SECRET}']"], "refused", "cluster.setup[0]"),
+    ([f"cluster.setup=['az storage blob list --account-key {SECRET}']"], "refused", "cluster.setup[0]"),
+    ([f"cluster.setup=['aws configure set aws_secret_access_key {SECRET}']"], "refused", "cluster.setup[0]"),
+    ([f"+variables.storage_key={SECRET}"], "refused", "variables.storage_key"),
     (["-m", f"cluster.setup=['wandb login {SECRET}']", "plan=json"], "refused", "cluster.setup[0]"),
     # paths that fail on the allocation
     (["train_loader.dataset.split=nosplit"], "refused", "train_loader.dataset.split"),

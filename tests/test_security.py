@@ -162,6 +162,9 @@ def test_a_credential_by_its_name_without_a_plus_is_refused_before_hydra_can_ech
 # Credentials under names no rule knows, recognised by their shape: (override, the key named, the secret).
 RANDOM = "Zq8vR2mLx7TnW4pKc9YbH3sJdF6gA1eU"  # a long random string, no known prefix
 WANDB_KEY = "0123456789abcdef0123456789abcdef01234567"
+AWS_SECRET = "lQuyQVFiOk0CS/xzw/cXL5pTLO9TzpqNvmb5rgmI"
+AWS_EXAMPLE = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"  # AWS's documented example: not random, named by the command
+AZURE_KEY = "UmkPzSgIE/CF1suOVFdHgaTl19KMKO3tUSyylis1qvdtc3tGwgO8fiBNV8PtkvfAE9CmY6K1C1sdBkltnTiiZg=="
 SHAPED = [
     (f"+variables.handle={RANDOM}", "variables.handle", RANDOM),
     (f"variables.handle={RANDOM}", "variables.handle", RANDOM),  # Hydra's own "could not override" echoes it
@@ -185,6 +188,12 @@ SHAPED = [
     ("cluster.setup=['export X_CRED=Jd8sL3kV9w']", "cluster.setup[0]", "Jd8sL3kV9w"),
     ("cluster.setup=['echo Rt6yU1oP3a | docker login -u bob --password-stdin registry.example.com']",
      "cluster.setup[0]", "Rt6yU1oP3a"),
+    # base64 keys hold `/`: not paths (an AWS secret access key, an Azure storage account key)
+    (f"+variables.handle={AWS_SECRET}", "variables.handle", AWS_SECRET),
+    (f"cluster.setup=['aws configure set aws_secret_access_key {AWS_EXAMPLE}']", "cluster.setup[0]", AWS_EXAMPLE),
+    (f"cluster.setup=['az storage blob list --account-name a --account-key {AZURE_KEY}']", "cluster.setup[0]",
+     AZURE_KEY[:-2]),
+    (f"cluster.setup=['az storage blob list --account-name a --sas-token {RANDOM}']", "cluster.setup[0]", RANDOM),
 ]
 # Values that look like nothing secret and must pass: hub names, paths, the run names and hashes this product makes,
 # git commits, model names, images, URLs without credentials, setup lines that read credentials from the environment.
@@ -199,6 +208,8 @@ LEGIT = ["EleutherAI/gpt-neox-20b", "mosaicml/mpt-7b-instruct", "meta-llama/Meta
          "wandb login $WANDB_API_KEY", "wandb login --host https://wandb.example.com", "export HF_TOKEN=$MY_HF_TOKEN",
          "docker login -u bob -p $REGISTRY_PASSWORD registry.example.com", "curl -H 'Authorization: Bearer $T' x",
          "docker run -u 1000:1000 image", "srun -u --mpi=pmix python train.py",
+         "MyProject/RunA1/CheckpointsB2/Step1000", "data/MPT7B/ckpt/ep0ba1000rank0", f"./{AWS_SECRET}",
+         "az storage blob list --account-key $AZURE_STORAGE_KEY", "sort --sort-key text",
          "Zq8vR2mLx7TnW4pKc9YbH3s"]  # 23 characters: under the length a random string needs
 
 
@@ -258,6 +269,15 @@ def test_secret_shapes_are_recognised_and_legitimate_values_are_not():
     assert shapes(RANDOM[:24]) and not shapes(RANDOM[:23])
 
 
+def test_a_key_named_for_what_it_unlocks_is_a_credential_and_a_column_name_is_not():
+    from train.checks.safety import secret_by_name
+
+    for key in ("variables.storage_key", "variables.account_key", "variables.azure_storage_key", "x.shared_key"):
+        assert secret_by_name(key), key
+    for key in ("text_key", "train_loader.dataset.label_key", "variables.prompt_key", "variables.sort_key"):
+        assert not secret_by_name(key), key
+
+
 @pytest.mark.parametrize("override,key,secret", SHAPED)
 def test_a_secret_by_its_shape_is_refused_by_the_checks_naming_the_key_and_never_the_value(override, key, secret):
     from train.checks import Context, check, errors
@@ -273,6 +293,7 @@ def test_a_secret_by_its_shape_is_refused_by_the_checks_naming_the_key_and_never
         problems += errors(check(cfg, Context(mode="run", overrides=(override,))))
     assert key in [p.key for p in problems]
     assert not any(secret in str(masked(p, masks)) for p in problems)
+    assert all(" it would be written in plain text" in str(masked(p, masks)) for p in problems if "holds" in p.problem)
 
 
 @pytest.mark.e2e  # one process per input (the in-process twin above runs in the fast tier)

@@ -35,6 +35,10 @@ def credentials(cfg, ctx):
 SECRET_KEY = re.compile(r"^(token|hf_token|auth_token|use_auth_token|access_token|api_?key|secret|client_secret|"
                         r"password|passwd|account_key|sas_token|private_key|secret_key|access_key|"
                         r"aws_secret_access_key|aws_access_key_id|aws_session_token)$|(_password|_secret|_api_?key)$|"
+                        # a key named for what it unlocks (an Azure storage account's); text_key, label_key,
+                        # prompt_key name a column
+                        r"(^|_)(storage|account|access|secret|shared|master|primary|secondary|subscription|signing|"
+                        r"encryption)_?key$|"
                         r"(^|_)(access|auth|api|bearer|refresh|session|id|private|personal|hf|hub|github|gh|gitlab|"
                         r"wandb|slack|bot|databricks|mlflow|my)_?token$|(^|_)(creds?|credentials?)$",
                         re.IGNORECASE)
@@ -60,8 +64,11 @@ QUERY_NAME = re.compile(r"(^|[_.-])(token|access_?token|auth|key|api_?key|secret
                         re.IGNORECASE)
 # A shell flag whose value is a secret (`huggingface-cli login --token X`, `--password X`), and those of a login
 # command (`docker login -p X`; `wandb login KEY` takes it as its argument).
-SECRET_FLAG = re.compile(r"^--(token|api[-_]?key|password|passwd|secret|client[-_]secret|access[-_]token|"
-                         r"auth[-_]token|hf[-_]token|wandb[-_]key)$", re.IGNORECASE)
+SECRET_FLAG = re.compile(r"^--(token|api[-_]?key|password|passwd|client[-_]secret|access[-_]token|"
+                         r"auth[-_]token|hf[-_]token|wandb[-_]key|sas[-_]token|"
+                         # az storage --account-key, a key named for what it unlocks (not --sort-key, --label-key)
+                         r"(storage|account|access|secret|shared|master|primary|secondary|subscription)[-_]key|"
+                         r"[a-z_-]*secret[a-z_-]*)$", re.IGNORECASE)
 WANDB_FLAGS_WITH_VALUE = {"--host", "--anonymously"}
 # Long random words: 24 characters or more, outside paths (a path is no secret), in which what is left without its
 # hexadecimal parts (the hashes and ids this product and its tools print: run names mpt-tiny-1c6d94ab, xxh3_64 shard
@@ -69,8 +76,12 @@ WANDB_FLAGS_WITH_VALUE = {"--host", "--anonymously"}
 # entropy of random text, changing between the three as random text does (a model's name, Meta-Llama-3.1-70B-Instruct,
 # mixes them but changes at a quarter of its letters; a random token, at more than half).
 LONG_WORD = re.compile(r"[A-Za-z0-9+_~.-]{24,}={0,2}")
-# A word that is a path (/data/c4, ./ckpt, EleutherAI/gpt-neox-20b; a URL is none): no long random word in it counts
+# A word that is a path (/data/c4, ./ckpt, EleutherAI/gpt-neox-20b; a URL is none): no long random word in it counts.
+# Unless it is one run of base64 with `/` inside and none leading (an AWS secret access key, an Azure storage
+# account key) that reads as random text as a whole: a path starts with /, ./ or ~, or its parts are words.
 PATH = re.compile(r"[^\s'\"=,\[\]{}()]+")
+BASE64 = re.compile(r"[A-Za-z0-9+][A-Za-z0-9+/]{23,}")
+WORD_PART = re.compile(r"(?:[A-Z]?[a-z]{2,}|[0-9]+)+")  # MyProject, runs, step1000: a part of a path
 HEX_PART = re.compile(r"^[0-9a-fA-F]*$")
 ENTROPY_LENGTH, ENTROPY_LEFT, ENTROPY_BITS, ENTROPY_CHANGES = 24, 16, 3.5, 0.4
 
@@ -127,6 +138,11 @@ def _in_commands(text: str) -> list:
                 found.append(("a secret given to a command (" + flag + ")", given))
             elif words[:1] == ["curl"] and flag in ("-u", "--user") and ":" in given:  # (docker run -u uid:gid)
                 found.append(("a password given to a command (" + flag + " user:password)", given.split(":", 1)[1]))
+        # aws configure set aws_secret_access_key KEY
+        at = next((i for i in range(len(words) - 3) if words[i].endswith("aws") and words[i + 1:i + 3] ==
+                   ["configure", "set"]), None)
+        if at is not None and CREDENTIAL.search(words[at + 3].rsplit(".", 1)[-1]) and at + 4 < len(words):
+            found.append((f"a credential given to the AWS CLI ({words[at + 3]})", words[at + 4]))
         at = next((i for i in range(len(words) - 1) if words[i].endswith("wandb") and words[i + 1] == "login"), None)
         if at is not None:  # wandb login KEY, sudo -E wandb login KEY
             skip = False
@@ -154,7 +170,16 @@ def _spans(text: str) -> tuple:
               if QUERY_NAME.search(m.group(1)) and not m.group(2).startswith("$")]
     for what, secret in _in_commands(text):  # words as the shell reads them: found again in the text
         found += [(what, *m.span()) for m in re.finditer(re.escape(secret), text)]
-    paths = [m.span() for m in PATH.finditer(text) if "/" in m.group(0) and not is_remote(m.group(0))]
+    paths = []
+    for m in PATH.finditer(text):
+        word = m.group(0)
+        if "/" not in word or is_remote(word):
+            continue
+        if BASE64.fullmatch(word) and _random_looking(re.sub("[/+]", "", word)) and \
+                not any(len(part) >= 4 and WORD_PART.fullmatch(part) for part in word.split("/")):
+            found.append(("a long random string with / in it (a base64 key, by its form)", *m.span()))
+        else:
+            paths.append(m.span())
     found += [("a long random string (a key or a token, by its form)", *m.span()) for m in LONG_WORD.finditer(text)
               if _random_looking(m.group(0)) and not any(s <= m.start() < e for _, s, e in found)
               and not any(s <= m.start() < e for s, e in paths)]
