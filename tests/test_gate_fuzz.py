@@ -332,6 +332,7 @@ CASES = [
     ([f"cluster.setup=['az storage blob list --account-key {SECRET}']"], "refused", "cluster.setup[0]"),
     ([f"cluster.setup=['aws configure set aws_secret_access_key {SECRET}']"], "refused", "cluster.setup[0]"),
     ([f"+variables.storage_key={SECRET}"], "refused", "variables.storage_key"),
+    ([f"cluster.setup=[export WANDB_API_KEY={SECRET}]"], "refused", "cluster.setup"),  # Hydra cannot read it
     (["-m", f"cluster.setup=['wandb login {SECRET}']", "plan=json"], "refused", "cluster.setup[0]"),
     # paths that fail on the allocation
     (["train_loader.dataset.split=nosplit"], "refused", "train_loader.dataset.split"),

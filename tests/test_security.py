@@ -347,6 +347,17 @@ def test_hydras_grammar_error_for_an_unquoted_url_shows_it_masked(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("mode", [("-m", "plan=json"), ()])
+def test_a_credential_assigned_in_an_override_hydra_cannot_read_is_masked_in_its_refusal(tmp_path, mode):
+    """Unquoted, the setup line is Hydra's grammar error, whose message and quoting fix show the override: a W&B key
+    (40 hexadecimal digits, no shape of its own) assigned to WANDB_API_KEY is masked by its name."""
+    proc = run("-m", "train", *mode, f"cluster.setup=[export WANDB_API_KEY={WANDB_KEY}]", root=tmp_path, cwd=tmp_path)
+    assert proc.returncode == 2 and "Hydra cannot read" in proc.stderr, proc.stderr[-2000:]
+    assert "WANDB_API_KEY=****" in proc.stderr and WANDB_KEY not in proc.stdout + proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.e2e
 def test_legitimate_values_on_the_command_line_pass(tmp_path):
     """Hub names, paths, run names and hashes, setup lines that read credentials from the environment: no
     refusal, in a plan of a plain run and of a sweep."""

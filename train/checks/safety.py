@@ -295,6 +295,9 @@ def command_line_secrets(args: list) -> tuple[list, list]:
             values = override_values(parser.parse_overrides([arg])[0])
         except Exception:  # read by the gate as Hydra's grammar error
             values = []
+        # a credential assigned in its text (`cluster.setup=[export WANDB_API_KEY=...]`, which Hydra cannot read
+        # unquoted): masked wherever the override is shown
+        secrets += assigned_credentials(raw)
         # none read (that, or glob(), range()): its text is looked at, and its items
         values = values or [raw, re.sub(r"[\[\]{}'\",]", " ", raw)]
         found = {}
@@ -313,11 +316,18 @@ def setup_exports(cfg, ctx):
     yield from _assigned_credentials(value(cfg, "cluster.setup"), "cluster.setup")
 
 
+def assigned_credentials(text: str) -> list:
+    """The values assigned in plain text to credential names in a shell line (`export HF_TOKEN=...`); one read from
+    the environment (`$MY_TOKEN`) is none."""
+    values = [assigned.rstrip("]})'\",") for name, assigned in ASSIGNMENT.findall(text) if CREDENTIAL.search(name)]
+    return [v for v in values if v and not v.startswith(("$", '"$', "'$"))]
+
+
 def _assigned_credentials(lines, key: str):
     """A credential assigned in plain text in the setup lines at `key`."""
     for num, line in enumerate(lines or []):
         for name, assigned in ASSIGNMENT.findall(str(line)):
-            if CREDENTIAL.search(name) and assigned and not assigned.startswith(("$", '"$', "'$")):
+            if assigned_credentials(f"{name}={assigned}"):
                 yield Problem(f"{key}[{num}]", f"sets {name}, a credential, in plain text: the setup lines are "
                               f"written into {_WHERE}", f"drop the assignment and `export {name}=...` in the shell you "
                               f"submit from: {_EXPORT} (a setup line may still use ${name})")
@@ -333,7 +343,7 @@ def secret_values(cfg) -> list:
         if secret_by_name(path):
             found.append(v)
         if path.startswith("cluster.setup"):
-            found += [assigned for n, assigned in ASSIGNMENT.findall(v) if CREDENTIAL.search(n)]
+            found += assigned_credentials(v)
     return [f for f in found if f and f.lower() not in ("true", "false")]
 
 
