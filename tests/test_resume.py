@@ -760,8 +760,15 @@ def test_the_final_checkpoint_is_told_in_the_durations_own_unit_at_any_batch_siz
     assert "it is the final one (batch 20)" in _end_not_reached(twenty, command("40960tok", 32))  # its end
     assert "it is the final one (batch 20)" in _end_not_reached(twenty, command("40000tok", 16))  # the batch reaching it
     assert _end_not_reached(twenty, command("38912tok", 16)) is None  # reached by batch 19: trained past it
+    # in epochs the end is not told in batches: the newest checkpoint is taken for the final one where its name's
+    # epochs done could end the run (ep0-ba20: an epoch's last batch saved before the epoch counts as done)
+    assert "it is the newest (batch 20) and, as max_duration=1ep is not told in batches, taken for the final one" \
+        in _end_not_reached(twenty, command("1ep", 16))
+    assert _end_not_reached(twenty, command("1ep", 16), newest=False) is None  # a later one was set aside
+    assert _end_not_reached(twenty, command("3ep", 16)) is None  # in the first of 3 epochs
     (folder / "finished.json").write_text(json.dumps({"max_duration": "40960tok", "batch": 20}))
     assert _end_not_reached(twenty, command("40960tok", 32)) is None  # the run ended there
+    assert _end_not_reached(twenty, command("1ep", 16)) is None
 
 
 def test_a_final_checkpoint_is_the_runs_end_only_by_a_finished_json_written_after_it(tmp_path):

@@ -256,7 +256,7 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
         ckpt = resume.newest_complete(folder, reads_sharded, tidy=True, job=only_job)
         return ckpt, integrity.read_manifest(ckpt.path) if ckpt else None
 
-    chosen, rejected = None, []
+    chosen, rejected, redone = None, [], False
     while ours:
         ckpt, manifest = decided_on_rank_0(newest)
         if ckpt is None:
@@ -269,10 +269,11 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
             if rank == 0:
                 resume.set_aside(ckpt, whys[0])
             continue
-        redo = decided_on_rank_0(_end_not_reached, ckpt, fcfg)
+        redo = decided_on_rank_0(_end_not_reached, ckpt, fcfg, not rejected and not redone)
         if not redo:
             chosen = ckpt
             break
+        redone = True
         if rank == 0:  # every format of that batch (a consolidated file beside its shards), or it is chosen next
             for same in [c for c in resume.find(folder) if c.batch == ckpt.batch]:
                 resume.set_aside(same, redo)
@@ -432,14 +433,16 @@ def _said(scored) -> str:
     return "all" if scored == "all" else f"{scored} samples"
 
 
-def _end_not_reached(ckpt, fcfg) -> str | None:
+def _end_not_reached(ckpt, fcfg, newest: bool = True) -> str | None:
     """Why the run must not resume from `ckpt`, its final checkpoint, though the file is sound: the run stopped
     after it and before its end (no finished.json of this batch: one past it is of a training whose later
     checkpoints are gone). composer writes the final checkpoint
     before what comes at the end of fit: the evaluation at the last batch when max_duration is not a multiple of
     eval_interval, the Hugging Face export, metrics.json and the trackers' last numbers. Resuming from it would
     find nothing to train and report the evaluation before as the final one, exit 0. The batches since the
-    checkpoint before are trained again instead (at most save_interval). None: resume from it."""
+    checkpoint before are trained again instead (at most save_interval). newest: no later checkpoint was found by
+    this start (set aside); where the duration's end cannot be told in batches (epochs, wall-clock time), the newest
+    is taken for the final one. None: resume from it."""
     from train.checkpoint import integrity, resume
     from train.checks.core import batches_in, time_of
     from train.launch import finished
@@ -450,13 +453,19 @@ def _end_not_reached(ckpt, fcfg) -> str | None:
     # command's batch size, as then no batch size changed since
     duration = str(fcfg.get("max_duration")).strip()
     time = time_of(duration)
-    at = integrity.stands_at(ckpt.path, time[1]) if time else None
+    at, end = integrity.stands_at(ckpt.path, time[1]) if time else None, batches_in(fcfg, duration)
     if at:
         if not at[0] < time[0] <= at[1]:  # this command's final one: the batch that ended at it reached it, not the one before
             return None
-    elif batches_in(fcfg, duration) != ckpt.batch:
-        return None  # not this command's final one (past it: the run was trained longer; nothing to do), or in
-        # epochs or wall-clock time, not compared
+    elif end is not None:
+        if end != ckpt.batch:
+            return None  # not this command's final one (past it: the run was trained longer; nothing to do)
+    elif not newest or (time and time[1] == "ep" and not time[0] - 1 <= ckpt.epoch <= time[0]):
+        # in epochs or wall-clock time the end is not known in batches: the newest checkpoint may be the final one
+        # (resumed from, a run killed in its final evaluation printed the evaluation before as its final one, exit 0,
+        # on every rerun). composer names a checkpoint by the epochs done: the epoch's last batch saved at its batch
+        # interval is named before the epoch ends (ep0-ba64 of a 1ep run), so the epoch before counts too
+        return None
     # the batch the run ended at, where its finished.json records it, else its max_duration
     # in batches at this command's batch size; None: no finished.json (or epochs)
     ended = finished.ended_at(ckpt.path.parent)
@@ -473,13 +482,17 @@ def _end_not_reached(ckpt, fcfg) -> str | None:
     # A finished.json past its final checkpoint is of a training whose later checkpoints are gone (deleted by
     # hand to go back, then this shorter one stopped after its final checkpoint): not this one's end (its numbers
     # would be printed as this run's, exit 0). Past a later checkpoint, this is no final one (returned above).
-    why = (f"it is the final one (batch {ckpt.batch}) of a run that stopped before its end (no {finished.FILE} of "
+    what = (f"the final one (batch {ckpt.batch})" if at or end is not None else f"the newest (batch {ckpt.batch}) "
+            f"and, as max_duration={duration} is not told in batches, taken for the final one")
+    why = (f"it is {what} of a run that stopped before its end (no {finished.FILE} of "
            "it): what comes after it (the evaluation at the end, the export, the report) never ran, and resuming "
            "from it would skip them")
     if any(c.batch < ckpt.batch and resume.problem(c) is None for c in found):
         return why + "; the last batches are trained again from the checkpoint before"
-    every = batches_in(fcfg, str(fcfg.get("save_interval")).strip())
-    if every is not None and ckpt.batch <= every:  # the run's one checkpoint ever: the whole run is its last batches
+    interval = str(fcfg.get("save_interval")).strip()
+    every, epochs = batches_in(fcfg, interval), time_of(interval)
+    if (ckpt.batch <= every if every is not None else bool(epochs) and epochs[1] == "ep" and ckpt.epoch <= epochs[0]):
+        # the run's one checkpoint ever: the whole run is its last batches
         return why + f"; no checkpoint came before it, so the run trains its {ckpt.batch} batches again from batch 0"
     log.warning("the run stopped after its final checkpoint %s and before its end (no %s): its final "
                 "evaluation, export and report may be missing, and no earlier checkpoint is left to train its "
