@@ -528,12 +528,17 @@ def test_a_stopped_rank_ends_the_whole_job_within_the_timeout_and_the_error_name
 
 
 def _flip_middle(path: Path, size: int = 4096) -> None:
-    """Invert `size` bytes in the middle of a file, as a bad disk block or a bit-rotting copy would."""
+    """Invert `size` bytes in the middle of a file, as a bad disk block or a bit-rotting copy would: its times
+    stay as they were (a file written since is of another training: finished.ended_at_checkpoint)."""
+    import os
+
+    was = path.stat()
     with open(path, "r+b") as f:
-        f.seek(path.stat().st_size // 2)
+        f.seek(was.st_size // 2)
         block = f.read(size)
-        f.seek(path.stat().st_size // 2)
+        f.seek(was.st_size // 2)
         f.write(bytes(b ^ 0xFF for b in block))
+    os.utime(path, ns=(was.st_atime_ns, was.st_mtime_ns))
 
 
 def _largest_file(ckpt: Path) -> Path:
@@ -816,7 +821,12 @@ def test_a_final_checkpoint_is_the_runs_end_only_by_a_finished_json_written_afte
 def test_a_sweep_takes_a_run_for_finished_only_while_the_checkpoint_it_finished_at_is_kept(tmp_path):
     """A sweep run again reports a finished point from its finished.json instead of submitting it. With the final
     checkpoint deleted by hand the plain command trains the batches since the one before: so must the sweep
-    (measured: it said "finished earlier" with batch 40's numbers while the run's newest checkpoint was ba30)."""
+    (measured: it said "finished earlier" with batch 40's numbers while the run's newest checkpoint was ba30). Nor
+    with a finished.json written before every checkpoint of its batch, as the task tells a run's end: the final
+    checkpoint deleted by hand, then written again by a start killed in its final evaluation (it said "finished
+    earlier" with the deleted training's objective and the killed start's evaluation before its end)."""
+    import os
+
     from omegaconf import OmegaConf
 
     from train.launch.finished import read
@@ -824,13 +834,18 @@ def test_a_sweep_takes_a_run_for_finished_only_while_the_checkpoint_it_finished_
     folder = tmp_path / "run"
     folder.mkdir()
     cfg = OmegaConf.create({"max_duration": "40ba", "save_folder": str(folder), "autoresume": True})
-    (folder / "finished.json").write_text(json.dumps({"max_duration": "40ba", "batch": 40, "metrics": {"x": 1}}))
     for name in ("ep0-ba30-rank0.pt", "ep0-ba40-rank0.pt"):
         (folder / name).write_bytes(b"")
+    record = folder / "finished.json"
+    record.write_text(json.dumps({"max_duration": "40ba", "batch": 40, "metrics": {"x": 1}}))
     assert read(cfg)["value"] == {"x": 1}
+    os.utime(record, ((folder / "ep0-ba40-rank0.pt").stat().st_mtime - 60,) * 2)
+    assert read(cfg) is None  # an earlier training's end: its checkpoint written again since
+    record.write_text(record.read_text())
     (folder / "ep0-ba40-rank0.pt").unlink()
     assert read(cfg) is None  # the checkpoint it finished at is gone: trained again
-    (folder / "ep0-ba40").mkdir()  # the same batch's sharded folder
+    (folder / "ep0-ba40").mkdir()  # the same batch's sharded folder, from before the record
+    os.utime(folder / "ep0-ba40", (record.stat().st_mtime - 1,) * 2)
     assert read(cfg) is not None
     (folder / "finished.json").write_text(json.dumps({"max_duration": "40ba", "metrics": {}}))  # no batch recorded
     assert read(cfg) is not None

@@ -53,9 +53,11 @@ def read(cfg: DictConfig, verify: bool = False) -> dict | None:
 
 
 def _kept(folder: Path, body: dict, cfg: DictConfig, verify: bool = False) -> bool:
-    """Whether the checkpoint the run finished at is still there: with it deleted by hand, the plain command
-    trains the batches since the one before, so a sweep must submit the point too (else it would say "finished
-    earlier" while the run's newest export is the checkpoint before's). verify: and still what was written (its
+    """Whether the checkpoint the run finished at is still there, and the run's end (ended_at_checkpoint): with it
+    deleted by hand, the plain command trains the batches since the one before, so a sweep must submit the point
+    too (else it would say "finished earlier" while the run's newest export is the checkpoint before's); written
+    again since by a start stopped before its end, the same (it said "finished earlier" with the deleted
+    training's objective). verify: and still what was written (its
     manifest, else its CRCs): a damaged one is submitted, and the task sets it aside and trains its last batches
     again. Checkpoints named otherwise than composer's default (save_filename, save_latest_filename) or not
     resumed from (autoresume=false) are not this tool's to list, as the task does not choose among them
@@ -66,10 +68,10 @@ def _kept(folder: Path, body: dict, cfg: DictConfig, verify: bool = False) -> bo
 
     if not cfg.get("autoresume") or cfg.get("save_filename") or cfg.get("save_latest_filename"):
         return True
-    kept, batch = find(folder), body.get("batch")
-    final = [c for c in kept if not isinstance(batch, int) or c.batch == batch]
-    if not final:
+    batch = ended_at_checkpoint(folder, cfg)
+    if batch is None:
         return False
+    final = [c for c in find(folder) if c.batch == batch]
     if verify:
         why = unreadable(final[-1])
         if why:
@@ -86,18 +88,37 @@ def last(save_folder) -> dict | None:
     return _body(_folder(save_folder))
 
 
-def reached(save_folder) -> str | None:
-    """The max_duration the run of this save folder last finished at (whatever this command asks), or None."""
-    body = _body(_folder(save_folder))
-    return body.get("max_duration") if body else None
-
-
 def ended_at(save_folder) -> int | None:
     """The batch the run of this save folder last finished at, where its finished.json says (one written
     without it says nothing), else None."""
     body = _body(_folder(save_folder))
     batch = body.get("batch") if body else None
     return batch if isinstance(batch, int) and not isinstance(batch, bool) else None
+
+
+def ended_at_checkpoint(folder: Path, cfg) -> int | None:
+    """The batch of the checkpoint the run of this save folder ended at, or None where it ended at none here: its
+    finished.json records the batch (one without: its max_duration, in batches at `cfg`'s batch sizes) and a
+    checkpoint of that batch is here, and it was not written before every checkpoint of that batch. One written
+    before is of an earlier training that ended there (its checkpoint deleted by hand to go back, then a later start
+    stopped after writing it again, before its end): resuming from it, or reporting it finished, would give the
+    earlier training's numbers for this one. The checkpoints' own files are compared, not their manifests (a later
+    start writes one for a checkpoint without), and the oldest format of the batch (a conversion written beside it
+    since is of the same checkpoint). The one test of a run's end, for the task's choice of where to resume and
+    for a sweep's of what to submit."""
+    from train.checkpoint.resume import find
+    from train.checks.core import batches_in
+
+    body, folder = _body(folder), Path(folder)
+    batch = ended_at(folder)
+    if batch is None and body:
+        batch = batches_in(cfg, str(body.get("max_duration")).strip())
+    try:
+        written = (folder / FILE).stat().st_mtime
+        times = [c.path.stat().st_mtime for c in find(folder) if c.batch == batch]
+    except OSError:
+        return None
+    return batch if times and not written < min(times) else None
 
 
 def _body(folder: Path | None) -> dict | None:

@@ -466,19 +466,9 @@ def _end_not_reached(ckpt, fcfg, newest: bool = True) -> str | None:
         # on every rerun). composer names a checkpoint by the epochs done: the epoch's last batch saved at its batch
         # interval is named before the epoch ends (ep0-ba64 of a 1ep run), so the epoch before counts too
         return None
-    # the batch the run ended at, where its finished.json records it, else its max_duration
-    # in batches at this command's batch size; None: no finished.json (or epochs)
-    ended = finished.ended_at(ckpt.path.parent)
-    if ended is None:
-        ended = batches_in(fcfg, str(finished.reached(ckpt.path.parent)).strip())
-    # a finished.json written before every checkpoint of this batch is of an earlier training that ended at it (its
-    # checkpoint deleted by hand to go back, then this one stopped after writing it again): not this one's end. The
-    # checkpoints' own files are compared, not their manifests (a later start writes one for a checkpoint without),
-    # and the oldest format of the batch (a conversion written beside it since is of the same checkpoint).
-    record, found = ckpt.path.parent / finished.FILE, resume.find(ckpt.path.parent)
-    if ended == ckpt.batch and not (record.exists() and record.stat().st_mtime < min(
-            c.path.stat().st_mtime for c in found if c.batch == ckpt.batch)):
+    if finished.ended_at_checkpoint(ckpt.path.parent, fcfg) == ckpt.batch:
         return None  # the run reached its end at this batch
+    found = resume.find(ckpt.path.parent)
     # A finished.json past its final checkpoint is of a training whose later checkpoints are gone (deleted by
     # hand to go back, then this shorter one stopped after its final checkpoint): not this one's end (its numbers
     # would be printed as this run's, exit 0). Past a later checkpoint, this is no final one (returned above).
