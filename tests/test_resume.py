@@ -116,6 +116,33 @@ def test_killed_after_a_checkpoint_then_finished_the_same_command_resumes_then_d
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file() and p.name != ".lock"} == before
 
 
+def test_a_finished_run_again_prints_its_own_numbers_from_a_report_folder_another_run_shares(tmp_path):
+    """Two runs with one report folder (hydra.run.dir= the same): the first run again has nothing to train and
+    printed the second's numbers from that folder's metrics.json, exit 0. It prints its own finished.json's, and
+    where that records no batch (nothing of its own at its checkpoint) it stops naming the other run's file."""
+    from helpers import train_here
+
+    shared = tmp_path / "shared"
+    first = ["max_duration=4ba", "save_interval=4ba", "eval_interval=4ba", "progress_bar=false",
+             f"hydra.run.dir={shared}"]
+    train_here(*first, "optimizer.lr=1e-3", root=tmp_path, check=True)
+    [folder] = (tmp_path / "checkpoints").iterdir()
+    own = json.loads((folder / "finished.json").read_text())["metrics"]
+    train_here(*first, "optimizer.lr=5e-3", root=tmp_path, check=True)
+    other = json.loads((shared / "metrics.json").read_text())
+    assert other["run_name"] != own["run_name"] and other["final_train_loss"] != own["final_train_loss"]
+
+    again = train_here(*first, "optimizer.lr=1e-3", root=tmp_path, check=True)
+    assert "nothing to do" in again.stderr
+    assert f"final train loss {float(format(own['final_train_loss'], '.3g'))}, " in again.stdout, again.stdout
+    assert f"metrics:     {folder / 'finished.json'}" in again.stdout
+    record = json.loads((folder / "finished.json").read_text())
+    (folder / "finished.json").write_text(json.dumps({k: v for k, v in record.items() if k != "batch"}))
+    stopped = train_here(*first, "optimizer.lr=1e-3", root=tmp_path)
+    assert stopped.returncode != 0 and "final train loss" not in stopped.stdout
+    assert f"{shared / 'metrics.json'} is run {other['run_name']}'s" in stopped.stderr, stopped.stderr[-3000:]
+
+
 EVERY_20 = command(2, "sharded", "eval_interval=20ba")  # evaluations every 20 batches, checkpoints every 10
 
 

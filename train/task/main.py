@@ -165,6 +165,7 @@ def run(cfg: DictConfig) -> dict:
                     f"evaluation do not make another run): to score it under others, python -m train.evaluate "
                     f"{fcfg.run_name} --data <MDS folder>.")
     metrics = files.read_json(report / "metrics.json", strict=True)  # the run's answer: a damaged one is said
+    where = report / "metrics.json"
     if dist.get_global_rank() == 0:
         from train.launch import finished
 
@@ -175,14 +176,28 @@ def run(cfg: DictConfig) -> dict:
             # finished.json keeps them (whatever max_duration that start had: one continued past this command's).
             # This command's outputs folder may hold an earlier stretch's (a run continued under -m, whose outputs
             # go to the sweep's folder, then run plainly: its report folder holds an earlier batch's numbers).
+            # A report folder two runs share (hydra.run.dir= the same) holds the other's metrics.json: the run's own
+            # finished.json where it records this batch, else a metrics.json of this run only.
+            from train.checkpoint.integrity import RunStopped
+            from train.launch.sweep_app import _of_run
+
             last = finished.last(fcfg.save_folder)  # `at`: the batch of the checkpoint it stands at, found above
-            if last and last.get("batch") == at and last.get("metrics") and metrics.get("batches") != at:
+            ours = _of_run(metrics, fcfg.run_name)
+            if last and last.get("batch") == at and last.get("metrics") and (not ours or metrics.get("batches") != at):
                 metrics = last["metrics"]
                 report = Path(last["report"]) if last.get("report") else report
+                where = report / "metrics.json" if ours else Path(fcfg.save_folder) / finished.FILE
+            elif metrics and not ours:
+                raise RunStopped("hydra.run.dir", f"{report / 'metrics.json'} is run {metrics.get('run_name')}'s (its "
+                                 f"report folder is shared with this one), and {fcfg.run_name}'s {finished.FILE} "
+                                 f"records no numbers of its checkpoint {fcfg.get('load_path')} (batch {at}): this "
+                                 "run's numbers are not known here",
+                                 f"python -m train.evaluate {fcfg.run_name} --data <MDS folder> scores that "
+                                 "checkpoint; give each run a report folder of its own (hydra.run.dir)")
             if metrics and at is not None and metrics.get("batches") not in (None, at):
                 log.warning("the numbers printed are of batch %s (%s), the last this run recorded; its checkpoint "
                             "%s is of batch %s: no start that finished there recorded its own", metrics["batches"],
-                            report / "metrics.json", fcfg.get("load_path"), at)
+                            where, fcfg.get("load_path"), at)
             from train.checkpoint.integrity import check_eval
 
             # a run stopped by its final evaluation's non-finite loss, whose final checkpoint is its only one (none
@@ -191,7 +206,7 @@ def run(cfg: DictConfig) -> dict:
         print(f"\nfinal train loss {_rounded(metrics.get('final_train_loss'))}, "
               f"eval {_rounded(metrics.get('final_eval'))}\n"
               f"checkpoints: {_shown(fcfg.save_folder) if fcfg.save_folder else 'none (checkpoint=none)'}\n"
-              f"loss curve:  {_shown(report / 'loss_curve.png')}\nmetrics:     {_shown(report / 'metrics.json')}",
+              f"loss curve:  {_shown(report / 'loss_curve.png')}\nmetrics:     {_shown(where)}",
               flush=True)  # the run's answer: stdout (metrics.json holds every number unrounded)
     return metrics
 
