@@ -798,6 +798,13 @@ def test_the_final_checkpoint_is_told_in_the_durations_own_unit_at_any_batch_siz
         in _end_not_reached(twenty, command("1ep", 16))
     assert _end_not_reached(twenty, command("1ep", 16), newest=False) is None  # a later one was set aside
     assert _end_not_reached(twenty, command("3ep", 16)) is None  # in the first of 3 epochs
+    # recorded in epochs done (an epoch's last batch ends it): the end of 1ep, not a checkpoint inside it
+    for epochs, final in (((0, 1), True), ((0, 0), False), ((1, 1), False)):
+        stamp = {"batch": 20, "sample": 320, "token": 40960, "epoch": epochs[1],
+                 "before": {"batch": 19, "sample": 304, "token": 38912, "epoch": epochs[0]}}
+        integrity.write_manifest(twenty.path, None, stamp)
+        said = _end_not_reached(twenty, command("1ep", 16))
+        assert ("it is the final one (batch 20)" in said) if final else said is None, (epochs, said)
     (folder / "finished.json").write_text(json.dumps({"max_duration": "40960tok", "batch": 20}))
     assert _end_not_reached(twenty, command("40960tok", 32)) is None  # the run ended there
     assert _end_not_reached(twenty, command("1ep", 16)) is None

@@ -123,10 +123,10 @@ def test_a_kill_during_the_final_evaluation_is_followed_by_a_rerun_that_reports_
 
 
 def test_a_kill_during_the_final_evaluation_of_a_run_in_epochs_trains_its_last_batches_again(tmp_path):
-    """max_duration=1ep (20 batches of 320 samples): the final checkpoint ep1-ba20 is not told in batches, so the
+    """max_duration=1ep (20 batches of 320 samples): the final checkpoint ep1-ba20 was not told in batches, so the
     rerun resumed from it, had nothing to train and printed the evaluation at 15 as the final one, exit 0, on every
-    rerun. Its newest checkpoint is now taken for the final one: set aside, batches 17-20 trained again from the one
-    before, and the evaluation at the end reported."""
+    rerun. Its manifest records the epochs done: set aside, batches 17-20 trained again from the one before, and
+    the evaluation at the end reported."""
     args = ["-m", "train", "max_duration=1ep", "data.train_samples=320", f"storage.data_local_root={tmp_path / 'data'}",
             "scheduler.t_warmup=4ba", "eval_interval=15ba", "save_interval=8ba", "device_eval_batch_size=1",
             "eval_subset_num_batches=-1", "progress_bar=false"]
@@ -134,8 +134,7 @@ def test_a_kill_during_the_final_evaluation_of_a_run_in_epochs_trains_its_last_b
     assert (folder / "ep1-ba20-rank0.pt").is_file() and not (folder / "finished.json").exists()
     again = training(*args, root=tmp_path, check=True)
     assert "nothing to do" not in again.stderr
-    assert "ep1-ba20-rank0.pt cannot be resumed from: it is the newest (batch 20) and, as max_duration=1ep is not " \
-        "told in batches, taken for the final one" in again.stderr
+    assert "ep1-ba20-rank0.pt cannot be resumed from: it is the final one (batch 20)" in again.stderr
     assert f"resuming from {folder / 'ep0-ba16-rank0.pt'}" in again.stderr
     got = metrics(tmp_path)
     assert got["batches"] == 20 and [b for b, _ in got["eval"]] == [15, 20] and got["final_eval"] == got["eval"][-1][1]

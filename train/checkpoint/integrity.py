@@ -94,7 +94,7 @@ def hash_files(ckpt, names) -> dict:
 def write_manifest(ckpt, entries: dict | None = None, timestamp: dict | None = None, run: dict | None = None,
                    job: str | None = None) -> Path:
     """entries: hash_files' of every file of the checkpoint (None: hashed here, in this one process).
-    timestamp: where the checkpoint stands ({batch, sample, token}, and `before`: the same at the start of the
+    timestamp: where the checkpoint stands ({batch, sample, token, epoch}, and `before`: the same at the start of the
     batch that ended at it), as the trainer counted when it wrote it; a checkpoint hashed later has none.
     run: the record of the run that wrote it (identity.json's content); by default the one in its folder.
     job: the job that trained it, as train/task/distributed.job_id names it (a requeue of a run that does not
@@ -119,11 +119,11 @@ def run_of(ckpt) -> dict:
     return run if isinstance(run, dict) else {}
 
 
-_COUNTS = {"ba": "batch", "sp": "sample", "tok": "token"}
+_COUNTS = {"ba": "batch", "sp": "sample", "tok": "token", "ep": "epoch"}
 
 
 def stands_at(ckpt, unit: str) -> tuple[int, int] | None:
-    """Where the checkpoint stands in a duration's unit (ba, sp, tok), as its manifest records it: (at the start of
+    """Where the checkpoint stands in a duration's unit (ba, sp, tok, ep), as its manifest records it: (at the start of
     the batch that ended at it, at it); None where the manifest says nothing of it, or another unit."""
     stamp = (read_manifest(ckpt) or {}).get("timestamp")
     key = _COUNTS.get(unit)

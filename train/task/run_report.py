@@ -56,8 +56,12 @@ class Manifests(Callback):
 
     @staticmethod
     def _counts(state: State) -> dict:
-        t = state.timestamp
-        return {"batch": int(t.batch.value), "sample": int(t.sample.value), "token": int(t.token.value)}
+        # epochs done, an epoch's last batch counted as ending it: its batch checkpoint comes before composer moves
+        # to the next epoch (ep0-ba64, the final one of a 1ep run of 64 batches)
+        t, n = state.timestamp, state.dataloader_len
+        ended = n is not None and int(t.batch_in_epoch.value) >= int(n.value) > 0
+        return {"batch": int(t.batch.value), "sample": int(t.sample.value), "token": int(t.token.value),
+                "epoch": int(t.epoch.value) + ended}
 
     def batch_start(self, state: State, logger: Logger) -> None:
         self._before = self._counts(state)
