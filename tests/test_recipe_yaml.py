@@ -261,6 +261,7 @@ def test_a_group_the_yaml_overrides_is_said_and_mock_data_never_lands_in_the_yam
                            "trains"), said
     assert ("model.vocab_size", "warning") not in _problems("plan", f"yaml={recipe}", "data=c4", "model.vocab_size=512",
                                                            f"tokenizer.name={TOKENIZER}")
+    assert ("model.vocab_size", "warning") not in _problems("plan", "data=c4", f"tokenizer.name={TOKENIZER}")  # no YAML
     # set on the command line, the YAML's key is not what trains: not said
     found = _problems("plan", f"yaml={recipe}", "checkpoint=none", "save_folder=null", f"tokenizer.name={TOKENIZER}")
     assert "save_folder," not in found.get(("checkpoint", "warning"), "")

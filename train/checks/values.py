@@ -755,7 +755,7 @@ def data_beneath_the_yaml(cfg, ctx):
     the YAML's variables.data_local trains, and the preset chosen on the command line does nothing, without a
     word."""
     chosen = ctx.given("data") or (ctx.choices.get("data") if ctx.choices.get("experiment") else None)
-    if not chosen or chosen in ("_recipe", "mock"):
+    if not ctx.choices.get("yaml") or not chosen or chosen in ("_recipe", "mock"):
         return  # (data=mock: refused above, as it would write into the YAML's folder)
     how = f"data={chosen}" if ctx.given("data") else f"data={chosen} (of experiment={ctx.choices['experiment']})"
     vocab = value(cfg, "model.vocab_size")
