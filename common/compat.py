@@ -477,17 +477,26 @@ def streaming_shm_prefix_from_local_leader(streams_local: list, streams_remote: 
         return shared.get_shm_prefix(streams_local, streams_remote, world, retry)
     shared._check_self(streams_local)
     found = None
-    if world.is_local_leader:
+    for _ in range(retry if world.is_local_leader else 0):
+        # a prefix found free, registered at once; another job's leader may take it in between (streaming's
+        # own walk has the same gap): then the next free one
         found = max(shared._check_and_find_retrying(streams_local, streams_remote, shm_name=name, retry=retry)
                     for name in SHM_TO_CLEAN)
+        data = shared._pack_locals(streams_local, found)
+        try:
+            shm = SharedMemory(shared._get_path(found, LOCALS), True, len(data))
+        except FileExistsError:
+            continue
+        shm.buf[:len(data)] = data
+        break
+    else:
+        if world.is_local_leader:
+            raise RuntimeError(f"streaming's shared memory: every free prefix found was taken before it could be "
+                               f"registered, {retry} times")
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, (world.node, found))
     prefix_int = next(n for node, n in every if node == world.node and n is not None)
     name = shared._get_path(prefix_int, LOCALS)
-    if world.is_local_leader:
-        data = shared._pack_locals(streams_local, prefix_int)
-        shm = SharedMemory(name, True, len(data))
-        shm.buf[:len(data)] = data
     dist.barrier()
     if not world.is_local_leader:
         shm = SharedMemory(name, False)  # made by the leader before the barrier

@@ -600,13 +600,16 @@ _HELD: list[int] = []
 def held_scratch(path: Path) -> tuple[Path, bool]:
     """`path` made private (private_dir) and held: a shared flock on the folder itself, which the kernel lets go
     when this process ends, SIGKILL included. (path, whether the file system took the lock.) Another job's
-    remove_stale_scratch may remove the folder between our mkdir and our lock (its exclusive lock came first):
-    then it is made again."""
+    remove_stale_scratch may remove the folder between our mkdir and our lock (its exclusive lock came first),
+    even before we open it: then it is made again."""
     import fcntl
 
     while True:
         path = private_dir(path)
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
         except OSError as err:  # a file system without flock on folders: used unheld, nothing removed
