@@ -543,12 +543,12 @@ def other_shape(theirs: dict, ours: dict) -> str:
     return _differing((*SHAPE_KEYS, *shape_keys(theirs, ours)), theirs, ours, defaults)
 
 
-def _differing(keys, theirs: dict, ours: dict, defaults: dict) -> str:
+def _differing(keys, theirs: dict, ours: dict, defaults: dict, unknown=_UNSET) -> str:
     """`key=a there, b here` for each of keys the two identities hold other values of, a key one leaves out taken
-    at its default (not compared where it has none)."""
+    at its default (where it has none: `unknown`, not compared by default)."""
     changed = []
     for k in keys:
-        there, here = theirs.get(k, defaults.get(k, _UNSET)), ours.get(k, defaults.get(k, _UNSET))
+        there, here = theirs.get(k, defaults.get(k, unknown)), ours.get(k, defaults.get(k, unknown))
         if there is not _UNSET and here is not _UNSET and there != here:
             changed.append(f"{k}={there!r} there, {here!r} here" + _WHY.get(k, ""))
     return "; ".join(changed)
@@ -655,9 +655,9 @@ def continued_run(cfg, ctx):
         # composer loads the optimizer's state with its param groups, whose lr, betas, eps and weight decay replace
         # the new ones, and the scheduler's base_lrs (optimizer.lr=1e-12 goes on at the checkpoint's rate while the
         # run records 1e-12). The schedule's shape (t_warmup, alpha_f) is rebuilt from this command.
-        yield Problem(restored[0].split("=")[0], f"the checkpoints this command continues ({given}=), in {folder} "
+        yield Problem(restored.split("=")[0], f"the checkpoints this command continues ({given}=), in {folder} "
                       f"(up to batch {found[-1].batch}), hold the optimizer's own settings, which a resume restores "
-                      f"over this command's: {'; '.join(restored)}; it would go on under the first and record the "
+                      f"over this command's: {restored}; it would go on under the first and record the "
                       "second", "keep the run's optimizer settings to continue it; to go on from its weights under "
                       f"these, start a new run from them (drop {given}=, add load_path=<its newest checkpoint> "
                       "+load_weights_only=true: the optimizer, the schedule's step and warmup and the data position start "
@@ -679,18 +679,13 @@ def continued_run(cfg, ctx):
                       WARNING)
 
 
-def other_optimizer(theirs: dict, ours: dict) -> list:
-    """`key=a there, b here` for each optimizer setting of two identities that differs, a key one leaves out taken
+def other_optimizer(theirs: dict, ours: dict) -> str:
+    """The optimizer settings of two identities that differ, as other_shape says them, a key one leaves out taken
     at the optimizer's default ('its default' where none is kept here: not the same for sure)."""
     name = theirs.get("optimizer.name")
-    defaults = OPTIMIZER_DEFAULTS.get(name, {}) if name == ours.get("optimizer.name") else {}
-    out = []
-    for k in sorted(k for k in {*theirs, *ours} if k.startswith("optimizer.")):
-        default = defaults.get(k.removeprefix("optimizer."), "its default")
-        there, here = theirs.get(k, default), ours.get(k, default)
-        if there != here:
-            out.append(f"{k}={there!r} there, {here!r} here")
-    return out
+    kept = OPTIMIZER_DEFAULTS.get(name, {}) if name == ours.get("optimizer.name") else {}
+    keys = sorted(k for k in {*theirs, *ours} if k.startswith("optimizer."))
+    return _differing(keys, theirs, ours, {f"optimizer.{k}": v for k, v in kept.items()}, unknown="its default")
 
 
 RULES = [keeps_something, writes_before_the_end, stops_when_it_diverges, outlives_the_node,

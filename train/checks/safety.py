@@ -382,8 +382,8 @@ def tracking_credentials(cfg, ctx):
 SCRIPT_VALUES = ("cluster.account", "cluster.partition", "cluster.summary_partition", "cluster.qos",
                  "cluster.constraint", "cluster.container.image", "storage.root", "storage.data_root",
                  "storage.data_local_root", "storage.checkpoint_root", "storage.output_root", "out_root",
-                 "hydra.sweep.dir",                 "hydra.launcher.submitit_folder", "hydra.launcher.account", "hydra.launcher.partition",
-                 "hydra.launcher.summary_partition", "hydra.launcher.qos")
+                 "hydra.sweep.dir", "hydra.launcher.submitit_folder", "hydra.launcher.account",
+                 "hydra.launcher.partition", "hydra.launcher.summary_partition", "hydra.launcher.qos")
 
 
 def _control_characters(read, keys):

@@ -868,10 +868,10 @@ def local_config_trains_nothing(cfg, ctx):
 
 def groups_beneath_the_yaml(cfg, ctx):
     for group, keys in _GROUP_KEYS.items():
-        # the group, or one of export's keys (export.interval=...), given on the command line
-        chosen = f"{group}={ctx.given(group)}" if ctx.given(group) else next(
-            (str(o).lstrip("+") for o in ctx.overrides if override_key(o).startswith("export.")), None) \
-            if group == "export" else None
+        # the group given on the command line, or one of export's keys (export.interval=...)
+        chosen = f"{group}={ctx.given(group)}" if ctx.given(group) else None
+        if chosen is None and group == "export":
+            chosen = next((str(o).lstrip("+") for o in ctx.overrides if override_key(o).startswith("export.")), None)
         # (a key the command line sets is not the YAML's; `model=` itself is the group's choice)
         theirs = [k for k in keys if _recipe_value(ctx, k) is not None and (k == group or ctx.given(k) is None)]
         if not chosen or not theirs:

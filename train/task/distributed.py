@@ -55,7 +55,11 @@ _PORTS = range(20000, 32768)  # below Linux's ephemeral ports (net.ipv4.ip_local
 def master_port(job_id: str) -> int:
     """A port every rank of a job derives alike, and that differs between jobs sharing a node: below Linux's
     ephemeral ports, which a busy node's outgoing connections take."""
-    return _PORTS[zlib.crc32(str(job_id).encode()) % len(_PORTS)]
+    return _PORTS[_derived(job_id)]
+
+
+def _derived(job_id: str) -> int:
+    return zlib.crc32(str(job_id).encode()) % len(_PORTS)
 
 
 def rendezvous_port(job) -> int:
@@ -67,8 +71,8 @@ def rendezvous_port(job) -> int:
         return master_port(job.job_id)
     path = Path(job.paths.folder) / f"{job.job_id}_{_this_start()}_port"
     if job.global_rank == 0:
-        start = _PORTS.index(master_port(job.job_id))
-        port = next(p for p in (*_PORTS[start:], *_PORTS[:start]) if _free(p))
+        start = _derived(job.job_id)
+        port = next(p for p in (_PORTS[(start + i) % len(_PORTS)] for i in range(len(_PORTS))) if _free(p))
         path.parent.mkdir(parents=True, exist_ok=True)
         (tmp := path.with_name(path.name + ".tmp")).write_text(str(port))
         os.replace(tmp, path)
