@@ -200,8 +200,8 @@ class TrainApp(SweepApp):
 
         report = Path(point["report"])
         found = [read_json(report / name) for name in ("progress.json", "metrics.json")]
-        progress, metrics = (_of_run(f, point.get("run")) for f in found)
-        # another run's report files in this point's folder (see _of_run): nothing of its files either (its loss
+        progress, metrics = (of_run(f, point.get("run")) for f in found)
+        # another run's report files in this point's folder (see of_run): nothing of its files either (its loss
         # curve, progress age, preflight verdicts), and the folder is read as holding none of this point's yet
         others = any(f and not ours for f, ours in zip(found, (progress, metrics)))
         done_before = point.get("finished")
@@ -210,7 +210,7 @@ class TrainApp(SweepApp):
             # and reports the checkpoint's numbers) writes no report of its own: those, from the run's finished.json
             from train.launch.finished import last
 
-            done_before = _of_run((last(point.get("checkpoint")) or {}).get("metrics") or {}, point.get("run"))
+            done_before = of_run((last(point.get("checkpoint")) or {}).get("metrics") or {}, point.get("run"))
         # a run finished earlier (nothing submitted): its finished.json's numbers where its report folder is gone,
         # or holds a later stretch's since (the run continued to a longer max_duration under run_name=)
         if done_before and metrics.get("batches") != done_before.get("batches"):
@@ -275,7 +275,7 @@ class TrainApp(SweepApp):
         return False
 
 
-def _of_run(report: dict, run: str | None) -> dict:
+def of_run(report: dict, run: str | None) -> dict:
     """A report file (progress.json, metrics.json) of the point's run, or {}: a point folder of a sweep run again
     into the same sweep folder holds the files of whatever run had that number before (a failed point would show
     another run's metrics and loss curve). Files and points that do not record their run: kept."""

@@ -179,10 +179,10 @@ def run(cfg: DictConfig) -> dict:
             # A report folder two runs share (hydra.run.dir= the same) holds the other's metrics.json: the run's own
             # finished.json where it records this batch, else a metrics.json of this run only.
             from train.checkpoint.integrity import RunStopped
-            from train.launch.sweep_app import _of_run
+            from train.launch.sweep_app import of_run
 
             last = finished.last(fcfg.save_folder)  # `at`: the batch of the checkpoint it stands at, found above
-            ours = _of_run(metrics, fcfg.run_name)
+            ours = of_run(metrics, fcfg.run_name)
             if last and last.get("batch") == at and last.get("metrics") and (not ours or metrics.get("batches") != at):
                 metrics = last["metrics"]
                 report = Path(last["report"]) if last.get("report") else report
