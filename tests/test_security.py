@@ -278,6 +278,26 @@ def test_a_key_named_for_what_it_unlocks_is_a_credential_and_a_column_name_is_no
         assert not secret_by_name(key), key
 
 
+def test_a_credential_word_names_a_secret_in_a_config_key_as_in_an_environment_variable():
+    """One list of words: a passphrase or a SAS under variables reached .hydra/ while cluster.env refused them."""
+    from omegaconf import OmegaConf
+
+    from train.checks import Context
+    from train.checks.safety import secret_by_name, secrets_in_values, tracking_credentials
+
+    for word in ("passphrase", "sas", "github_pat", "connection_string", "hf_auth", "my_secret_value", "creds"):
+        assert secret_by_name(f"variables.{word}") and secret_by_name(f"cluster.env.{word.upper()}"), word
+        assert secret_by_name(f"loggers.wandb.{word}"), word
+    for key in ("eos_token", "pad_token", "concat_tokens", "max_tokens", "patience", "loggers.mosaicml.ignore_keys",
+                "loggers.slack.include_keys", "train_loader.dataset.text_key"):
+        assert not secret_by_name(key), key
+    cfg = OmegaConf.create({"variables": {"passphrase": "correct-horse"},
+                            "loggers": {"neptune": {"api_token": "x1", "ignore_keys": ["a"]}}})
+    ctx = Context(mode="run", overrides=())
+    assert [p.key for p in secrets_in_values(cfg, ctx)] == ["variables.passphrase"]
+    assert [p.key for p in tracking_credentials(cfg, ctx)] == ["loggers.neptune.api_token"]
+
+
 @pytest.mark.parametrize("override,key,secret", SHAPED)
 def test_a_secret_by_its_shape_is_refused_by_the_checks_naming_the_key_and_never_the_value(override, key, secret):
     from train.checks import Context, check, errors

@@ -13,9 +13,11 @@ from train.checks.core import ConfigError, Problem, override_key, override_value
 # (AWS_ACCESS_KEY_ID, AWS_SESSION_TOKEN, AZURE_CLIENT_SECRET, AZURE_OPENAI_API_KEY, HF_TOKEN, HF_AUTH,
 # WANDB_API_KEY, MLFLOW_TRACKING_PASSWORD, DATABRICKS_TOKEN, GOOGLE_APPLICATION_CREDENTIALS, MY_CRED, ...), not by letters:
 # TOKENIZERS_PARALLELISM and NCCL_IB_QPS_PER_CONNECTION are settings.
-CREDENTIAL = re.compile(r"(^|_)(KEYS?|TOKENS?|SECRETS?|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|CREDS?|AUTH|APIKEY|"
-                        r"ACCESSKEY|AUTHTOKEN|SAS|PAT)(_|$)|SECRET|PASSWORD|CONNECTION_STRING|^AZURE_STORAGE_",
-                        re.IGNORECASE)
+# Words that name a credential wherever they stand as a word of a name, in an environment variable's or a config
+# key's: one list, read by both rules below.
+_WORDS = r"SECRETS?|PASSWORDS?|PASSWD|PASSPHRASE|CREDENTIALS?|CREDS?|AUTH|APIKEY|ACCESSKEY|AUTHTOKEN|SAS|PAT"
+_ANYWHERE = r"SECRET|PASSWORD|PASSPHRASE|CONNECTION_STRING"
+CREDENTIAL = re.compile(rf"(^|_)(KEYS?|TOKENS?|{_WORDS})(_|$)|{_ANYWHERE}|^AZURE_STORAGE_", re.IGNORECASE)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _WHERE = "the sbatch script, the run's .hydra/ config, the sweep's files and the plan"
@@ -30,17 +32,18 @@ def credentials(cfg, ctx):
                           f"{_WHERE}", f"remove it here and `export {name}=...` in the shell you submit from: {_EXPORT}")
 
 
-# Config keys that hold a secret (a tokenizer's `token`, a `password`), outside loggers (tracking_credentials) and
-# cluster.env (credentials). `eos_token`, `pad_token` and `concat_tokens` are not secrets.
-SECRET_KEY = re.compile(r"^(token|hf_token|auth_token|use_auth_token|access_token|api_?key|secret|client_secret|"
-                        r"password|passwd|account_key|sas_token|private_key|secret_key|access_key|"
-                        r"aws_secret_access_key|aws_access_key_id|aws_session_token)$|(_password|_secret|_api_?key)$|"
+# Config keys that hold a secret (a tokenizer's `token`, a `password`), outside loggers and cluster.env (named as
+# environment variables are: CREDENTIAL). A key or token word counts only with what it unlocks: `eos_token`,
+# `pad_token`, `concat_tokens`, `text_key` are settings.
+SECRET_KEY = re.compile(rf"(^|_)({_WORDS})(_|$)|{_ANYWHERE}|"
+                        r"^(token|hf_token|auth_token|use_auth_token|access_token|api_?key|account_key|sas_token|"
+                        r"private_key|secret_key|access_key|aws_access_key_id|aws_session_token)$|_api_?key$|"
                         # a key named for what it unlocks (an Azure storage account's); text_key, label_key,
                         # prompt_key name a column
                         r"(^|_)(storage|account|access|secret|shared|master|primary|secondary|subscription|signing|"
                         r"encryption)_?key$|"
                         r"(^|_)(access|auth|api|bearer|refresh|session|id|private|personal|hf|hub|github|gh|gitlab|"
-                        r"wandb|slack|bot|databricks|mlflow|my)_?token$|(^|_)(creds?|credentials?)$",
+                        r"wandb|slack|bot|databricks|mlflow|my)_?token$",
                         re.IGNORECASE)
 # An assignment in a shell line: `export NAME=value`, `NAME=value cmd`, `declare -x NAME=value`, `env NAME=value`.
 ASSIGNMENT = re.compile(r"(?:^|[\s;&|(])(?:export\s+|declare\s+-x\s+|env\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
@@ -269,8 +272,10 @@ def secret_by_name(key: str) -> bool:
     """A key whose value the config checks take for a credential by its name alone (credentials,
     secrets_in_values, tracking_credentials): refused on the command line too, before a message can echo it."""
     last = key.rsplit(".", 1)[-1].split("[")[0]
-    return bool(SECRET_KEY.search(last) or key.startswith("cluster.env.") and CREDENTIAL.search(last)
-                or key.startswith("loggers.") and LOGGER_CREDENTIAL.search(last))
+    if key.startswith("cluster.env."):
+        return bool(CREDENTIAL.search(last))
+    # a logger's arguments (W&B's `api_key`, a `key`, a `token`) hold nothing but its settings and its secrets
+    return bool(SECRET_KEY.search(last) or key.startswith("loggers.") and LOGGER_WORD.search(last))
 
 
 def command_line_secrets(args: list) -> tuple[list, list]:
@@ -347,9 +352,7 @@ def secret_values(cfg) -> list:
     return [f for f in found if f and f.lower() not in ("true", "false")]
 
 
-# Argument names of a logger that hold a secret (W&B's `api_key`, a `token`, a `password`), at any depth.
-LOGGER_CREDENTIAL = re.compile(r"(^|_)(key|token|secret|password|passwd|credentials?)$|api_?key|secret|password",
-                               re.IGNORECASE)
+LOGGER_WORD = re.compile(r"(^|_)(key|token)$", re.IGNORECASE)
 
 
 def tracking_credentials(cfg, ctx):
@@ -359,7 +362,7 @@ def tracking_credentials(cfg, ctx):
         if isinstance(node, dict):
             for k, v in node.items():
                 yield from walk(v, f"{path}.{k}")
-                if LOGGER_CREDENTIAL.search(str(k)) and v not in (None, ""):
+                if secret_by_name(f"{path}.{k}") and v not in (None, ""):
                     yield Problem(f"{path}.{k}", "looks like a credential: it would be written in plain text into "
                                   "the run's .hydra/ config, the plan and the config logged to the tracker",
                                   "remove it here and export it in the shell you submit from (WANDB_API_KEY, "
