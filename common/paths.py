@@ -58,12 +58,13 @@ def unwritable(path) -> str | None:
 def is_remote(path) -> bool:
     """Whether a folder or file given (a save_folder, a load_path, a data location, a container image) is an object
     store's URL (s3://, gs://, oci://, azure://, hf://...): a scheme and `://` at its start, as composer and streaming
-    read one (urllib's urlparse, which drops leading spaces); `/data/a://b` is a local path to them. Nothing of a
+    read one (urllib's urlparse, which drops leading spaces; composer reads AZURE_BLOBS:// as azure://); `/data/a://b`
+    is a local path to them. Nothing of a
     URL is on this machine to look at, so the rules and steps that read a local folder leave it."""
     return bool(_URL.match(str(path)))
 
 
-_URL = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://")
+_URL = re.compile(r"\s*([A-Za-z][A-Za-z0-9+.-]*|AZURE_BLOBS)://")
 
 
 def hub_switched_off_by() -> str | None:

