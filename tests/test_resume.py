@@ -1044,3 +1044,21 @@ def test_every_kept_checkpoint_has_its_manifest_and_a_shorter_max_duration_rolls
     assert "nothing to do" in again.stderr and "cannot be resumed from" not in again.stderr
     assert not (folder / "set-aside").exists() and _files(folder, "f") == before
     assert json.loads((folder / "finished.json").read_text())["max_duration"] == "24ba"
+
+
+def test_the_plan_says_a_resume_only_where_the_start_goes_on_from_the_runs_checkpoints(tmp_path):
+    """The plan and the task read one rule (resume.goes_on): with autoresume=false, or checkpoints of the user's own
+    naming, a start does not go on from the newest checkpoint here; the plan said `resumes from ... batch 8` beside
+    its own warning that the start trains from batch 0 over them."""
+    import torch
+
+    from train.config.compose import compose
+    from train.plan.forecast import build_plan
+
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    torch.save({"state": {"model": {"w": torch.ones(8)}}}, folder / "ep0-ba8-rank0.pt")
+    base = [f"save_folder={folder}", "max_duration=12ba", "plan=json", f"storage.root={tmp_path}"]
+    assert build_plan(compose(base))["resumes"]["batch"] == 8
+    assert build_plan(compose([*base, "autoresume=false", "save_overwrite=true"]))["resumes"] is None
+    assert build_plan(compose([*base, "+save_filename='ep{epoch}-ba{batch}-rank{rank}.pt'"]))["resumes"] is None

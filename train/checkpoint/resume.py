@@ -61,6 +61,15 @@ def holding_checkpoint(path) -> Path | None:
     return None
 
 
+def goes_on(cfg, job: str | None = None) -> bool:
+    """Whether a start of this run goes on from the checkpoints in its save folder, which this tool then chooses
+    among and verifies: those of composer's default names (`save_filename`, `save_latest_filename` unset), with
+    autoresume, or as a requeued job (`job`: its id; with autoresume=false it continues what its own job trained).
+    Otherwise composer decides (its `latest` link), or the run starts at batch 0. cfg: ours or llm-foundry's."""
+    named = not cfg.get("save_filename") and not cfg.get("save_latest_filename")
+    return named and bool(cfg.get("autoresume") or job is not None)
+
+
 def find(folder) -> list[Checkpoint]:
     """Every checkpoint in `folder` named as composer names them, oldest first."""
     folder = Path(folder)

@@ -64,9 +64,9 @@ def _kept(folder: Path, body: dict, cfg: DictConfig, verify: bool = False) -> bo
     (train/task/main.py): their finished.json is taken as it stands."""
     import logging
 
-    from train.checkpoint.resume import find, unreadable
+    from train.checkpoint.resume import find, goes_on, unreadable
 
-    if not cfg.get("autoresume") or cfg.get("save_filename") or cfg.get("save_latest_filename"):
+    if not goes_on(cfg):
         return True
     batch = ended_at_checkpoint(folder, cfg)
     if batch is None:

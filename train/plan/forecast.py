@@ -199,11 +199,12 @@ def _resumes(cfg, duration, tokens_per_step: int) -> dict | None:
     files are verified against its manifest), where it stands, and the steps and tokens left to max_duration at
     this command's batch size: from the tokens or samples it trained, as its manifest records them, where the
     duration is in those (a run continued at another batch size trained other amounts per batch before), else
-    in batches. None for a new run, or a save folder not on a file system here."""
+    in batches. None for a new run, one that starts at batch 0 over its checkpoints (resume.goes_on), or a save
+    folder not on a file system here."""
     from train.checkpoint import integrity, resume
 
     folder = value(cfg, "save_folder")
-    if not folder or is_remote(folder):
+    if not folder or is_remote(folder) or not resume.goes_on(cfg):
         return None
     found = resume.newest_complete(folder)
     if found is None:

@@ -254,12 +254,11 @@ def _choose_resume_point(cfg, fcfg) -> str | None:
     from train.task import shards
 
     rank, world = dist.get_global_rank(), dist.get_world_size()
-    named = not fcfg.get("save_filename") and not fcfg.get("save_latest_filename")
     # A requeued job (its time limit, a preemption, a node lost) always continues: with autoresume=false (as
     # llm-foundry's examples set it) each allocation would train the same first batches again, exit 0. It continues
     # the checkpoints its own job trained alone: those an earlier run left in the folder are not its own.
     job = job_id() if requeues() > 0 else None  # the form the manifests record (train/checkpoint/integrity.py)
-    ours = named and (fcfg.get("autoresume") or job is not None)
+    ours = resume.goes_on(fcfg, job)
     only_job = None if fcfg.get("autoresume") else job
     reads_sharded = sharded_checkpoints(fcfg, world)  # as the login node's check of load_path reads it
     decided_on_rank_0(resume.claim, folder)  # FolderInUse, raised on every rank
