@@ -205,3 +205,23 @@ def test_said_names_the_allocated_time_and_each_part_that_is_not_zero():
     assert goodput.said(parts) == ("allocated 1:00:00: trained 80.0%, startup 10.0%, checkpoint 5.0%, other 1.0%, "
                                    "retrained 3.0%, lost to requeues 1.0% (12 retrained batches)")
     assert goodput.said({}) == ""
+
+
+@pytest.mark.parametrize("env, from_job", [
+    ({"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "7"}, True),
+    ({"SLURM_JOB_ID": "7"}, True),  # a plain run in an allocation (salloc, a batch script)
+    ({"SUBMITIT_EXECUTOR": "local", "SLURM_JOB_ID": "7"}, False),  # a local job inherits the allocation's variables
+    ({}, False),
+], ids=["submitit slurm", "plain run in an allocation", "local job in an allocation", "no job"])
+def test_a_start_begins_at_slurms_job_start_in_every_job_slurm_runs(env, from_job, monkeypatch):
+    """began_at counts the job's time before this process started wherever distributed.in_slurm_job says Slurm
+    runs the job: a plain run inside an allocation too, not only a submitit Slurm job."""
+    import psutil
+
+    for name in ("SUBMITIT_EXECUTOR", "SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    started = psutil.Process().create_time()
+    monkeypatch.setenv("SLURM_JOB_START_TIME", str(int(started) - 600))
+    assert goodput.began_at() == (int(started) - 600 if from_job else started)

@@ -48,11 +48,14 @@ HEARTBEAT_S = 30.0
 
 def began_at() -> float:
     """When this start's allocation began (seconds since the epoch): Slurm's job start where Slurm exports it
-    (23.02 and later) inside a job, else this process's start."""
+    (23.02 and later) inside a job Slurm runs (a submitit Slurm job or a plain run in an allocation, as
+    distributed.in_slurm_job tells), else this process's start."""
     import psutil
 
+    from train.task.distributed import in_slurm_job
+
     started = psutil.Process().create_time()
-    job = os.environ.get("SLURM_JOB_START_TIME") if os.environ.get("SUBMITIT_EXECUTOR") == "slurm" else None
+    job = os.environ.get("SLURM_JOB_START_TIME") if in_slurm_job() else None
     try:
         return min(started, float(job)) if job else started
     except ValueError:
