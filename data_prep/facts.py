@@ -124,15 +124,25 @@ def _read_json(path: Path):
         return None
 
 
-def _shards(folder: Path) -> list | None:
-    index = _read_json(folder / INDEX_FILE)
+def index_shards(split_folder: str | os.PathLike) -> list[dict] | None:
+    """The shards a folder's index.json lists, as recorded; None where it has no readable list. The one reader of
+    an MDS index here: the checks, data_prep's merge and the task's shard hashes all read it through this, and
+    reach a shard's file through shard_file."""
+    index = _read_json(Path(split_folder) / INDEX_FILE)
     shards = index.get("shards") if isinstance(index, dict) else None
     return shards if isinstance(shards, list) and all(isinstance(s, dict) for s in shards) else None
 
 
+def shard_file(split_folder: str | os.PathLike, info: dict) -> Path | None:
+    """The file a shard's `raw_data` or `zip_data` entry names, inside the folder; None where it names a file
+    outside it (an absolute name, or one with `..`: check_index says so), which nothing here reads or hashes."""
+    name = str(info["basename"])
+    return None if os.path.isabs(name) or ".." in Path(name).parts else Path(split_folder) / name
+
+
 def samples_in(split_folder: str | os.PathLike) -> int | None:
     """Samples its index.json lists; None where there is no readable index."""
-    shards = _shards(Path(split_folder))
+    shards = index_shards(split_folder)
     return sum(int(s.get("samples") or 0) for s in shards) if shards is not None else None
 
 
@@ -165,15 +175,16 @@ def _tokens_in(data: bytes, encoding: str) -> int | None:
 def first_sample_tokens(split_folder: str | os.PathLike) -> int | None:
     """Tokens in the first sample of the first non-empty shard; None for compressed-only shards (zstd is not in
     the standard library), a folder without a `tokens` column, or anything unreadable."""
-    folder = Path(split_folder)
-    shards = _shards(folder)
-    shard = next((s for s in shards or [] if s.get("samples")), None)
+    shard = next((s for s in index_shards(split_folder) or [] if s.get("samples")), None)
     if shard is None:
         return None
     try:
         column = shard["column_names"].index("tokens")
         encodings, sizes = shard["column_encodings"], shard["column_sizes"]
-        with open(folder / shard["raw_data"]["basename"], "rb") as fh:  # a compressed shard: no raw file here
+        file = shard_file(split_folder, shard["raw_data"])
+        if file is None:
+            return None
+        with open(file, "rb") as fh:  # a compressed shard: no raw file here
             head = fh.read(12)
             start, end = struct.unpack("<II", head[4:12])
             if not 0 < end - start <= _MAX_SAMPLE_BYTES:
@@ -235,7 +246,7 @@ def check_index(split_folder: str | os.PathLike) -> list[str]:
         return [f"{index_path} does not exist: {folder} is not a finished MDS dataset"]
     if _read_json(index_path) is None:
         return [f"{index_path} cannot be read as JSON (cut short or overwritten?)"]
-    shards = _shards(folder)
+    shards = index_shards(folder)
     if shards is None:
         return [f"{index_path} has no list of shards"]
     if not shards:
@@ -257,18 +268,19 @@ def shard_problems(folder: str | os.PathLike, shards: list[dict]) -> list[str]:
             continue
         found = False
         for info in files:
-            name = str(info["basename"])
-            if os.path.isabs(name) or ".." in Path(name).parts:
-                problems.append(f"{index_path}: shard {number} names {name!r}, outside the dataset folder")
+            file = shard_file(folder, info)
+            if file is None:
+                problems.append(f"{index_path}: shard {number} names {str(info['basename'])!r}, outside the "
+                                "dataset folder")
                 found = True
                 break
             try:
-                size = (folder / name).stat().st_size
+                size = file.stat().st_size
             except OSError:
                 continue
             found = True
             if size != info.get("bytes"):
-                problems.append(f"{folder / name} has {size:,} bytes but {INDEX_FILE} records {info.get('bytes')} "
+                problems.append(f"{file} has {size:,} bytes but {INDEX_FILE} records {info.get('bytes')} "
                                 f"(cut short or replaced)")
             break
         if not found:

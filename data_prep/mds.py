@@ -144,11 +144,6 @@ def atomic_write(target: Path, data: bytes) -> None:
         files.atomic_write(target, data)
 
 
-def read_index(folder: Path) -> list[dict]:
-    with open(Path(folder) / INDEX_FILE) as fh:
-        return json.load(fh)["shards"]
-
-
 def prefixed(shards: list[dict], subfolder: str) -> list[dict]:
     """Shard entries as seen from the parent folder (what streaming's merge_index does)."""
     out = []

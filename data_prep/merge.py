@@ -15,8 +15,8 @@ import numpy as np
 from common import files
 from data_prep.blocks import Block
 from data_prep.errors import DataPrepError
-from data_prep.facts import BLOCK_FILE, INDEX_FILE, SUMMARY_FILE
-from data_prep.mds import ShardWriter, prefixed, read_index, write_index
+from data_prep.facts import BLOCK_FILE, INDEX_FILE, SUMMARY_FILE, index_shards
+from data_prep.mds import ShardWriter, prefixed, write_index
 from data_prep.part import MAX_EXAMPLES, is_complete, scratch
 from data_prep.settings import Settings
 
@@ -115,7 +115,10 @@ def merge(split_dir: Path, blocks: list[Block], settings: Settings) -> dict:
     examples: list[list] = []
     for block in blocks:
         folder = split_dir / block.folder
-        shards += prefixed(read_index(folder), block.folder)
+        block_shards = index_shards(folder)  # a complete block's, checked by part.damage before the merge
+        if block_shards is None:
+            raise OSError(f"{folder / INDEX_FILE} cannot be read as the block's list of shards")
+        shards += prefixed(block_shards, block.folder)
         with open(folder / BLOCK_FILE) as fh:
             meta = json.load(fh)
         for key in totals:

@@ -15,7 +15,7 @@ import numpy as np
 from data_prep.blocks import Block
 from data_prep.encode import ChunkResult, EncoderPool
 from data_prep.errors import DataPrepError, writing
-from data_prep.facts import BLOCK_FILE, INDEX_FILE, _shards, shard_problems
+from data_prep.facts import BLOCK_FILE, INDEX_FILE, index_shards, shard_problems
 from data_prep.mds import ShardWriter
 from data_prep.reader import BlockReader, line_number_of
 from data_prep.settings import Settings
@@ -42,7 +42,7 @@ def damage(split_dir: Path, block: Block) -> list[str]:
     folder = split_dir / block.folder
     if not (folder / INDEX_FILE).exists():
         return [f"{folder / INDEX_FILE} is missing"]
-    shards = _shards(folder)  # its index.json's list of shards as the training side reads it (facts.py)
+    shards = index_shards(folder)  # its index.json's list of shards as the training side reads it
     if shards is None:
         return [f"{folder / INDEX_FILE} cannot be read as the block's list of shards (cut short or overwritten?)"]
     return _unreadable_record(folder) + shard_problems(folder, shards)

@@ -177,3 +177,25 @@ def test_each_stream_of_a_mixture_is_checked_and_a_resume_on_other_data_is_seen(
     _write(b, samples=30)
     with pytest.raises(OtherData):
         same_train_data(then, train_data(mixture), mixture, "ep0-ba10-rank0.pt")
+
+
+def test_a_shard_named_outside_the_dataset_folder_is_not_hashed_but_named(tmp_path):
+    """index.json's reader (data_prep/facts.py: index_shards, shard_file) is the one the checks and the task's
+    hashes share: a shard whose basename points outside the split's folder (here a byte-for-byte copy, with the
+    right hash) is reported by check_index and by the task alike, never hashed as if it were this data's."""
+    from data_prep.facts import check_index, first_sample_tokens
+
+    data = tmp_path / "mds"
+    _write(data / "train")
+    _write(data / "val", samples=10)
+    index = json.loads((data / "train" / "index.json").read_text())
+    first = data / "train" / index["shards"][0]["raw_data"]["basename"]
+    elsewhere = tmp_path / "elsewhere.mds"
+    elsewhere.write_bytes(first.read_bytes())
+    index["shards"][0]["raw_data"]["basename"] = str(elsewhere)
+    (data / "train" / "index.json").write_text(json.dumps(index))
+    assert "outside the dataset folder" in " ".join(check_index(data / "train"))
+    assert first_sample_tokens(data / "train") is None  # not read from the file outside
+    assert (elsewhere, None) in shard_files(data / "train")
+    [(key, file, why)] = verify(_fcfg(data))
+    assert (key, file) == ("train_loader.dataset", str(elsewhere)) and "outside the dataset folder" in why

@@ -506,7 +506,7 @@ def data(cfg, ctx):
         if recorded and ours() and ours() != recorded:
             other.setdefault(found.get("tokenizer") or "another tokenizer", []).append(str(folder))
         if not all(any((s.get(kind) or {}).get("hashes") for kind in ("zip_data", "raw_data"))
-                   for s in facts._shards(folder) or []):  # checked before training where it has them
+                   for s in facts.index_shards(folder) or []):  # checked before training where it has them
             unhashed.setdefault(key, []).append(str(folder))
     for key, folders in unhashed.items():
         yield Problem(key, f"{' and '.join(folders)}: index.json records no hash of {'their' if len(folders) > 1 else 'its'}"

@@ -13,7 +13,6 @@ ones, a plain run leaving nothing behind (train/task/refusal.py). Folders withou
 without `hashes=`, llm-foundry's converter) are left as they are; remote data (variables.data_remote) is streamed
 and checked by streaming as it downloads it.
 """
-import json
 import logging
 import os
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from common.errors import Problem, UserError
+from data_prep.facts import index_shards, samples_in, shard_file
 from data_prep.mds import file_hashes
 from train.config.loaders import loader_keys
 from train.task import refusal
@@ -96,10 +96,8 @@ def train_data(fcfg) -> dict | None:
     if not indexes:
         return None
     raws = [index.read_bytes() for index in indexes]
-    try:
-        samples = sum(int(s.get("samples") or 0) for raw in raws for s in json.loads(raw).get("shards") or [])
-    except (ValueError, AttributeError, TypeError):
-        samples = None
+    counts = [samples_in(index.parent) for index in indexes]
+    samples = None if None in counts else sum(counts)
     # one split: its index's own hash (the form a record of one split keeps); a mixture: every stream's, in order
     digest = hashlib.sha256(raws[0]).hexdigest() if len(raws) == 1 else \
         hashlib.sha256(b"".join(hashlib.sha256(raw).digest() for raw in raws)).hexdigest()
@@ -128,21 +126,28 @@ def same_train_data(then: dict | None, now: dict | None, fcfg, checkpoint) -> No
 
 def shard_files(folder: Path) -> list:
     """(file, {algo: digest}) of every shard file of a split whose index.json records a hash: the compressed file
-    where it is there, else the raw one."""
-    with open(folder / "index.json") as fh:
-        index = json.load(fh)
+    where it is there, else the raw one. A file named outside the split's folder is (its name as recorded, None):
+    not hashed, and damaged says why."""
     files = []
-    for shard in index.get("shards") or []:
+    for shard in index_shards(folder) or []:
         for kind in ("zip_data", "raw_data"):
             info = shard.get(kind)
-            if info and info.get("hashes") and (folder / info["basename"]).is_file():
-                files.append((folder / info["basename"], info["hashes"]))
+            if not info or not info.get("hashes"):
+                continue
+            file = shard_file(folder, info)
+            if file is None:
+                files.append((Path(str(info["basename"])), None))
+                break
+            if file.is_file():
+                files.append((file, info["hashes"]))
                 break
     return files
 
 
-def damaged(file: Path, hashes: dict) -> str | None:
+def damaged(file: Path, hashes: dict | None) -> str | None:
     """Why this shard file is not the one recorded, or None."""
+    if hashes is None:
+        return "index.json names it outside the dataset folder (streaming would read a file that is not this data's)"
     known = {a: h for a, h in hashes.items() if a in _supported()}
     if not known:
         return None
