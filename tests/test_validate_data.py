@@ -281,3 +281,40 @@ def test_the_data_a_run_would_not_find_is_named_by_what_to_change(tmp_path, c4_m
     [p] = [p for p in check(compose([*gpu, "model.init_device=cuda"]), Context(mode="sweep", choices={"cluster": "ndv5"}, scheduler="slurm"))
            if p.key == "model.init_device"]
     assert "asserts one of cpu, meta, mixed" in p.problem and p.fix.startswith("model.init_device=meta"), p
+
+
+def test_a_data_folder_given_with_a_tilde_is_refused_with_the_expanded_path(tmp_path, cli):
+    """Streaming opens os.path.join(local, split) as given: `~` is not expanded there (the shell expands it only at
+    the start of a word, not in `variables.data_local="~/mds"`). The checks expanded it and passed, the run claimed
+    its folder, then streaming stopped ("local file ~/mds/train/index.json does not exist"), and the task's shard
+    hashes and its record of the training data passed the folder over. Refused first, naming the key, with the
+    expanded path; the checks, the shard hashes and the record read the same folders (mds_sources)."""
+    import numpy as np
+
+    from data_prep.mds import ShardWriter
+
+    need_shared()
+    home = tmp_path / "home"
+    for split in ("train", "val"):
+        (home / "mds" / split).mkdir(parents=True)
+        writer = ShardWriter(home / "mds" / split, 128, None, 1 << 16)
+        writer.add(np.random.default_rng(0).integers(0, 255, (64, 128), dtype=np.int32))
+        writer.finish()
+    args = ("data=mds", f"tokenizer.name={TOKENIZER}", "run_name=tilde", "max_duration=2ba", "max_seq_len=128")
+    proc = cli("train", *args, 'variables.data_local="~/mds"', root=tmp_path / "root", env={"HOME": str(home)},
+               check=2)
+    [(level, fix)] = [(level, f) for level, k, _, f in problems_in(proc.stderr) if k == "variables.data_local"]
+    assert level == ERROR and fix.strip() == f"fix: variables.data_local={home}/mds", proc.stderr[-3000:]
+    assert "streaming does not expand ~" in proc.stderr
+    assert not (tmp_path / "root" / "checkpoints" / "tilde").exists()
+    # the folder streaming would open is the one the task hashes: ~ as a folder in the working directory
+    from train.config.loaders import mds_sources
+    from train.task.shards import _split_folders
+
+    cfg = compose([*args, 'variables.data_local="~/mds"'])
+    assert {str(s.folder) for s in mds_sources(cfg)} == {"~/mds/train", "~/mds/val"}
+    assert _split_folders(cfg) == []
+    cfg = compose([*args, f"variables.data_local={home}/mds"])
+    assert [(k, str(f)) for k, f in _split_folders(cfg)] == [("train_loader.dataset", f"{home}/mds/train"),
+                                                           ("eval_loader.dataset", f"{home}/mds/val")]
+    assert not [p for p in check(cfg, Context()) if p.key == "variables.data_local" and p.level == ERROR]

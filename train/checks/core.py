@@ -8,12 +8,12 @@ import os
 import re
 import weakref
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from omegaconf import ListConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import InterpolationResolutionError, InterpolationToMissingValueError, MissingMandatoryValue
 
 from common.errors import ERROR, WARNING, Problem, UserError  # noqa: F401  (the rules import them from here)
+from train.config.loaders import split_folder  # noqa: F401  (the rules import it from here)
 
 
 class ConfigError(UserError):
@@ -408,12 +408,6 @@ def warmup_end(t_warmup, end: int | None, batches_of) -> int | None:
     if time and time[1] == "dur":
         return int(time[0] * end) if end is not None else None
     return batches_of(t_warmup) if t_warmup else 0
-
-
-def split_folder(root, split) -> Path:
-    """The folder streaming reads a split from: <root>/<split>, or root itself where no split is named."""
-    root = Path(str(root)).expanduser()
-    return root / str(split) if split else root
 
 
 def same_or_under(path, root) -> bool:

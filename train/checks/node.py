@@ -15,7 +15,7 @@ from common.paths import PROJECT, hub_switched_off_by, is_remote
 from data_prep import facts
 from train.checks.core import ERROR, WARNING, Problem, split_folder, value
 from train.config import vocab
-from train.config.loaders import loader_keys
+from train.config.loaders import mds_sources
 from train.launch.executor import topology_file
 from train.plan import estimate
 
@@ -447,29 +447,22 @@ def data(cfg, ctx):
         yield from _mock_counts(cfg)  # written when the run starts, unless a set is there already
     written = {mock / "train", mock / "val"} if mock is not None else set()
     tokenizer_name = str(value(cfg, "tokenizer.name"))
-    # what the loaders refer to in llm-foundry's YAMLs: unset is fine where each loader names its own folder (a
-    # loader that refers to it stops at its value below: variables.data_local has no value)
-    try:
-        data_local = OmegaConf.select(cfg, "variables.data_local", default=None, throw_on_missing=False)
-    except ValueError:  # an interpolation in it that does not resolve: the resolve rule names it
-        data_local = None
     # this run's tokenizer, by vocabulary (the same tokenizer saved elsewhere is the same), read once if needed
     ours = functools.cache(lambda: facts.tokenizer_fingerprint(tokenizer_name))
     checked, missing, other, unhashed = set(), set(), {}, {}
-    for loader, at in _mds_sources(cfg):
-        local, split = value(cfg, f"{at}.local"), value(cfg, f"{at}.split") or value(cfg, f"{loader}.dataset.split")
-        remote = value(cfg, f"{at}.remote")
+    # a loader that refers to variables.data_local without a value stops at reading it (value names the key)
+    for source in mds_sources(cfg, functools.partial(value, cfg)):
+        loader, split, remote = source.loader, source.split, source.remote
+        if any(_at_home(p) for p in (source.local, remote)):
+            continue  # data_home names it
         if remote:
-            if local and not is_remote(str(remote)):
-                yield from _remote_folder(cfg, loader, at, Path(str(local)).expanduser(), split, str(remote),
-                                          tokenizer_name, checked, missing)
+            if source.local and not is_remote(remote):
+                yield from _remote_folder(cfg, source, tokenizer_name, checked, missing)
             continue
-        if not local:
+        if not source.local:
             continue  # not an MDS loader (llm-foundry's own checks name what it needs)
         # the key to fix: the one most commands set (variables.data_local), unless this loader was given its own
-        key = "variables.data_local" if local == data_local else f"{at}.local"
-        local = Path(str(local)).expanduser()
-        folder = split_folder(local, split)
+        key, local, folder = source.local_key, Path(source.local), source.folder
         if folder in checked or folder in written:
             continue
         checked.add(folder)
@@ -520,22 +513,20 @@ def data(cfg, ctx):
                       "<the tokenizer data_prep used>") + ", or prepare the data again with this tokenizer")
 
 
-def _remote_folder(cfg, loader: str, at: str, local: Path, split, remote: str, tokenizer_name: str, checked: set,
-                   missing: set):
+def _remote_folder(cfg, source, tokenizer_name: str, checked: set, missing: set):
     """A loader's remote that is a folder (not a URI): streaming copies the split's index.json and shards from it
     into the local folder as it starts, and fails there if it holds none, unless the local folder holds the whole
     split already (streaming then reads that)."""
-    folder, copy = split_folder(remote, split), split_folder(local, split)
+    loader, local, split, remote, key = source.loader, source.local, source.split, source.remote, source.remote_key
+    folder, copy = split_folder(remote, split), source.folder
     if folder in checked or (folder / "index.json").is_file():
         return
     checked.add(folder)
     if (copy / "index.json").is_file() and not facts.check_index(copy):
         return  # a whole copy here already
-    remote_var = OmegaConf.select(cfg, "variables.data_remote", default=None, throw_on_missing=False)
-    key = "variables.data_remote" if remote == remote_var else f"{at}.remote"
     from train.checks.core import same_or_under
 
-    root = Path(remote).expanduser()
+    root = Path(remote)
     mounts = [str(m).split(":")[0] for m in value(cfg, "storage.mounts") or []]
     if any(same_or_under(root, m) and not os.path.exists(m) for m in mounts):
         return  # a storage not mounted on this node: the mounts rule names it
@@ -550,15 +541,23 @@ def _remote_folder(cfg, loader: str, at: str, local: Path, split, remote: str, t
                   f"split={split or 'train'} tokenizer={tokenizer_name}`")
 
 
-def _mds_sources(cfg):
-    """(loader, key) of each MDS source a loader reads: its dataset, or each of its dataset's `streams` (a mixture:
-    streaming opens every stream's local folder, and a stream without its own split takes the dataset's)."""
-    for loader in loader_keys(cfg):
-        streams = value(cfg, f"{loader}.dataset.streams")
-        if OmegaConf.is_dict(streams) and len(streams):
-            yield from ((loader, f"{loader}.dataset.streams.{name}") for name in streams)
-        else:
-            yield loader, f"{loader}.dataset"
+def _at_home(path) -> bool:
+    """A folder written from the home folder's `~`, which streaming does not expand."""
+    return bool(path) and not is_remote(str(path)) and str(path).startswith("~")
+
+
+def data_home(cfg, ctx):
+    """A loader's folder given as `~/...`: the shell expands `~` only at the start of a word, not in
+    `variables.data_local="~/mds"`, and streaming opens os.path.join(local, split) as given, so it would read a
+    folder named `~` in the working directory (and find none: "No remote provided, but local file ~/mds/train/index.json
+    does not exist either"), after the run folder was claimed. Refused with the expanded path."""
+    said = set()
+    for source in mds_sources(cfg):
+        for key, path in ((source.local_key, source.local), (source.remote_key, source.remote)):
+            if _at_home(path) and key not in said:
+                said.add(key)
+                yield Problem(key, f"{path!r}: streaming does not expand ~ (it would read {os.path.abspath(path)}, "
+                              "a folder named ~ in the working directory)", f"{key}={os.path.expanduser(path)}")
 
 
 def _sample_length(cfg, folder: Path, sample: int | None):
@@ -577,9 +576,9 @@ def _sample_length(cfg, folder: Path, sample: int | None):
                       f"with concat_tokens={seq}", WARNING)
 
 
-RULES = [mounts, container, load_path, icl_files, no_overwrite, tokenizer, vocabulary, data]
+RULES = [mounts, container, load_path, icl_files, no_overwrite, tokenizer, vocabulary, data_home, data]
 # Rules that hold whatever node they run on: not softened in a plan.
-EVERYWHERE = {vocabulary}
+EVERYWHERE = {vocabulary, data_home}
 
 
 def folder_free(cfg, ctx):

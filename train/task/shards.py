@@ -19,12 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from common.errors import Problem, UserError
 from data_prep.facts import index_shards, samples_in, shard_file
 from data_prep.mds import file_hashes
-from train.config.loaders import loader_keys
+from train.config.loaders import mds_sources
 from train.task import refusal
 from train.task.distributed import node_name
 
@@ -65,19 +63,13 @@ def check_mounts(cfg) -> None:
 
 def _split_folders(fcfg) -> list:
     """(key, folder) of each local split the loaders will read, where no remote is streamed into it: a loader's
-    dataset, or each stream of a mixture (`dataset.streams`; a stream without a split takes the dataset's)."""
-    found, fcfg = [], fcfg if OmegaConf.is_config(fcfg) else OmegaConf.create(fcfg)
-    for loader in loader_keys(fcfg):
-        dataset = OmegaConf.select(fcfg, f"{loader}.dataset") or {}
-        streams = dataset.get("streams") or {}
-        sources = [(f"{loader}.dataset.streams.{name}", s or {}) for name, s in streams.items()] if streams else \
-            [(f"{loader}.dataset", dataset)]
-        for key, source in sources:
-            if source.get("remote") or not source.get("local"):
-                continue
-            folder = Path(str(source["local"])) / str(source.get("split") or dataset.get("split") or "")
-            if (folder / "index.json").is_file() and folder not in [f for _, f in found]:
-                found.append((key, folder))
+    dataset, or each stream of a mixture, each folder as streaming opens it (train/config/loaders.py: mds_sources)."""
+    found = []
+    for source in mds_sources(fcfg):
+        if source.remote or not source.local:
+            continue
+        if (source.folder / "index.json").is_file() and source.folder not in [f for _, f in found]:
+            found.append((source.key, source.folder))
     return found
 
 
