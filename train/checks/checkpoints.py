@@ -20,7 +20,6 @@ from train.checks.core import (
     is_number,
     per_batch,
     same_or_under,
-    split_folder,
     time_of,
     value,
     zero_interval,
@@ -296,11 +295,12 @@ def _epoch_batches(cfg) -> tuple[int | None, str]:
         samples, source = value(cfg, "data.train_samples"), "data.train_samples"
     else:
         from data_prep.facts import samples_in
+        from train.config.loaders import mds_sources
 
-        local, split = value(cfg, "train_loader.dataset.local"), value(cfg, "train_loader.dataset.split")
-        if not local or is_remote(str(local)):
-            return None, "an epoch's batches: the train split is not in a local folder (train_loader.dataset.local)"
-        folder = split_folder(local, split)
+        sources = [s for s in mds_sources(cfg) if s.loader == "train_loader"]
+        if len(sources) != 1 or not sources[0].local or is_remote(sources[0].local):
+            return None, "an epoch's batches: the train split is not in one local folder (train_loader.dataset.local)"
+        folder = sources[0].folder
         samples, source = samples_in(folder), f"{folder}/index.json"
         if samples is None:
             return None, f"an epoch's batches: no readable {folder}/index.json here"
