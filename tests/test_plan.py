@@ -252,6 +252,16 @@ def test_plan_shows_the_exported_models_size(tmp_path, cli):
     # checks that folder against the one a training writes); others stay as written
     named = plan("export=hf", "run_name=r", 'callbacks.hf_checkpointer.huggingface_folder_name="{run_name}/b{batch:03d}-{epoch}"')
     assert named["export_folder"].endswith("/outputs/r/huggingface/r/b{B}-{epoch}")
+    # ...and said: sample, evaluate and a spike's rollback find a run's exports by ba{batch}
+    from train.checks import WARNING, Context, check
+
+    key = "callbacks.hf_checkpointer.huggingface_folder_name"
+
+    def said(name):
+        cfg = compose(["export=hf", f'{key}="{name}"'])
+        return [(p.level, p.problem.split(":")[0]) for p in check(cfg, Context(mode="run", overrides=())) if p.key == key]
+
+    assert said("step{batch}") == [(WARNING, "'step{batch}'")] and said("ba{batch}") == []
     cpu = plan("export=hf")
     assert cpu["export_precision"] == "float32" and cpu["export_bytes"] == 4 * cpu["params"]
     none = plan()

@@ -552,6 +552,21 @@ def export(cfg, ctx):
         yield from _duration(cfg, "export.interval")
 
 
+def export_folder_name(cfg, ctx):
+    """An export's batch is read back from its folder's name, ba{batch} (train/config/storage_args.py:
+    export_batch): train.sample and train.evaluate take a run's newest export, a loss spike's rollback sets aside
+    those past its point. composer fills any of its fields into another name, which nothing records where an
+    export is read back: said, as hf_checkpointer writes it all the same."""
+    key, default = "callbacks.hf_checkpointer.huggingface_folder_name", estimate.HF_FOLDER_NAME
+    name = value(cfg, key) if value(cfg, "callbacks.hf_checkpointer") is not None else None
+    if name is not None and str(name) != default:
+        yield Problem(key, f"{str(name)!r}: train.sample and train.evaluate find a run's exports by their folder "
+                      f"name, {default}, and a loss spike's rollback sets aside those past its point by it: "
+                      "under another name they pass over this run's exports, and a rollback leaves those of the "
+                      "training it went back from beside the others", f"leave it out ({default}) to have them "
+                      "found; callbacks.hf_checkpointer.save_folder=<folder> moves the exports", WARNING)
+
+
 def slurm_preset_needs_m(cfg, ctx):
     """A Slurm cluster preset without `-m` trains in this process: on a login node, with the GPU settings of the
     preset (flash attention, the fused loss, bf16), it fails after importing torch. Inside a Slurm allocation
@@ -887,5 +902,5 @@ def groups_beneath_the_yaml(cfg, ctx):
 
 RULES = [plan_form, known_keys, resolves, keeps_the_run_report, slurm_preset_needs_m, mock_data_only_where_asked,
          numbers, eval_interval, schedule, seq_len, eval_loader_shape, held_out, device, fsdp, checkpoint, storage_root, storage,
-         cluster_figures, batch, export, objective_reported, variables_the_yaml_leaves_to_ours, data_beneath_the_yaml,
+         cluster_figures, batch, export, export_folder_name, objective_reported, variables_the_yaml_leaves_to_ours, data_beneath_the_yaml,
          model_beneath_the_yaml, experiment_over_the_yaml, groups_beneath_the_yaml, local_config_trains_nothing]

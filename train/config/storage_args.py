@@ -13,6 +13,7 @@ import string
 from pathlib import Path
 
 from common.errors import UserError
+from train.plan.estimate import HF_FOLDER_NAME
 
 _OVERRIDE = re.compile(r"^storage(\.[A-Za-z_]\w*)?=")
 
@@ -61,7 +62,6 @@ def run_folders(run: str | Path, at: tuple[Path, Path] | None = None) -> tuple[P
 
 
 HF_SUBFOLDER = "huggingface"  # llm-foundry's hf_checkpointer: <its save_folder>/huggingface/<huggingface_folder_name>
-HF_FOLDER_NAME = "ba{batch}"  # hf_checkpointer's default huggingface_folder_name (conf/export/hf.yaml keeps it)
 
 
 class _Kept(dict):

@@ -42,6 +42,7 @@ HEADROOM = 0.10
 
 # Bytes per weight of a Hugging Face export, by its precision (llm-foundry's hf_checkpointer's names).
 EXPORT_BYTES_PER_PARAM = {"float32": 4, "bfloat16": 2, "float16": 2}
+HF_FOLDER_NAME = "ba{batch}"  # hf_checkpointer's default huggingface_folder_name (conf/export/hf.yaml keeps it)
 
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "NO_SHARD")
 
