@@ -166,14 +166,19 @@ class Before:
                    frozenset(b.folder for b in mine if is_complete(s.split_dir, b)))
 
 
+# What a refusal for the input names: the blocks made of that input go with the run (take_back).
+INPUT_KEYS = ("input", "strict", "dataset.text_key")
+
+
 def take_back(s: Settings, before: Before, lock: OutRootLock, mine: list[Block], err: Exception) -> None:
     """A refused or failed run leaves out_root as it found it. Refused for its input (an unreadable file, no
-    document, strict's first bad line), the blocks it finished go too: made of input that is to be fixed, they would
-    make the corrected run's plan "another dataset" and be refused. A failed write (out_root's own errors: a full
-    disk) keeps them, for the same command again. The plan, the lock folder and the folders it made go only while no
-    other run or part holds a range here (theirs to keep) and no finished block needs the plan."""
+    document, strict's first bad line, the text key), the blocks it finished go too: made of input that is to be
+    fixed, they would make the corrected run's plan "another dataset" and be refused. Any other failure (a full
+    disk, a tokenizing worker killed) keeps them, for the same command again. The plan, the lock folder and the
+    folders it made go only while no other run or part holds a range here (theirs to keep) and no finished block
+    needs the plan."""
     split = s.split_dir
-    if isinstance(err, DataPrepError) and err.key != "out_root":
+    if isinstance(err, DataPrepError) and err.key in INPUT_KEYS:
         for block in mine:
             if block.folder not in before.complete and is_complete(split, block):
                 shutil.rmtree(split / block.folder, ignore_errors=True)

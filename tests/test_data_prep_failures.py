@@ -228,6 +228,31 @@ def test_a_refused_run_takes_back_the_blocks_it_finished_and_keeps_those_made_be
     assert proc.returncode == 2 and not (tmp_path / "fresh").exists(), proc.stderr
 
 
+def test_a_run_stopped_by_anything_but_its_input_keeps_the_blocks_it_finished(tmp_path):
+    """A tokenizing worker killed (the OOM killer) said "the same command again (finished blocks are kept)" and
+    removed every block the run had finished, as a refusal of its input does: those are made of good input, and
+    the same command again goes on from them. Refused for its input, they go (the test above)."""
+    from data_prep.app import Before, prepare, take_back
+    from data_prep.blocks import plan_bytes
+    from data_prep.lock import OutRootLock
+    from data_prep.part import is_complete
+    from train.config.compose import compose
+
+    args = ["dataset=jsonl", f"input=[{C4_FIRST},{C4_SECOND}]", "num_parts=2", "progress=false",
+            f"out_root={tmp_path}"]
+    job = prepare(compose([*args, f"tokenizer={TOKENIZER}"], config_name="data_prep"))
+    s, mine = job.settings, [b for part in job.parts for b in part]
+    before = Before.look(s, mine)  # as the whole run starts: nothing here
+    prep(*args, "part=0")  # what the run had finished when it stopped: part 0's blocks
+    made = [b for b in mine if is_complete(s.split_dir, b)]
+    assert made and len(made) < len(mine)
+    died = DataPrepError("workers", "a tokenizing worker process died (pid 1, killed by SIGKILL)", "run it again")
+    take_back(s, before, OutRootLock(s, mine, plan_bytes(job.plan)), mine, died)
+    assert all(is_complete(s.split_dir, b) for b in made)
+    take_back(s, before, OutRootLock(s, mine, plan_bytes(job.plan)), mine, DataPrepError("input", "cut short"))
+    assert not any(is_complete(s.split_dir, b) for b in made)
+
+
 # ------------------------------------------------------------------------------------------------------------
 # 3. A failed merge leaves no temporary file, and the next run finishes the same dataset
 
