@@ -64,8 +64,21 @@ def _not_compressed(source: Source) -> str | None:
     return None
 
 
-# Folder names a corpus gives its splits (SlimPajama-627B: train/, validation/, test/)
-SPLIT_FOLDERS = {"train", "training", "validation", "valid", "val", "test", "eval", "dev", "holdout"}
+# Folder names a corpus gives its splits (SlimPajama-627B: train/, validation/, test/), by what each holds
+SPLIT_KINDS = {"train": "train", "training": "train", "validation": "held-out", "valid": "held-out",
+               "val": "held-out", "eval": "held-out", "dev": "held-out", "holdout": "held-out", "test": "test"}
+
+
+def _other_split(path: str, settings: Settings) -> None:
+    """An input under a folder named for another kind of split than split= (train/ made into split=val: an
+    evaluation on training data, a held-out folder trained on): said, as a copy may be named so on purpose."""
+    ours = SPLIT_KINDS.get(settings.split)
+    named = next((part for part in reversed(Path(path).parts[:-1] if os.path.isfile(path) else Path(path).parts)
+                  if part in SPLIT_KINDS), None)
+    if ours and named and SPLIT_KINDS[named] != ours:
+        logging.getLogger(__name__).warning(
+            f"data_prep: warning: input: {path} is under a folder named {named}/, made here into split="
+            f"{settings.split}: a {SPLIT_KINDS[named]} split's documents in a {ours} split (check input= and split=)")
 
 
 def _expand(item: str, settings: Settings) -> list[str]:
@@ -80,7 +93,7 @@ def _expand(item: str, settings: Settings) -> list[str]:
                                 f"(what dataset={settings.dataset.name} reads)",
                                 "point input= at the files themselves, or pick the dataset= that matches them")
         splits = sorted({Path(f).relative_to(path).parts[0] for f in files if len(Path(f).relative_to(path).parts) > 1}
-                        & SPLIT_FOLDERS)
+                        & SPLIT_KINDS.keys())
         if len(splits) > 1:  # a corpus's root (SlimPajama-627B/): one split of all of them mixes in held-out data
             raise DataPrepError("input", f"folder {path} holds the splits {', '.join(splits)}: read whole, every "
                                 f"one of them would be in split={settings.split}",
@@ -142,6 +155,7 @@ def resolve_sources(settings: Settings) -> list[Source]:
     seen: dict[tuple, Source] = {}
     problems = []
     for item in settings.inputs:
+        _other_split(os.path.expanduser(item), settings)
         for path in _expand(item, settings):
             source = _local(path)
             why = _not_compressed(source)

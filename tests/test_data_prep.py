@@ -506,6 +506,30 @@ def test_bad_input_gives_one_clear_message_and_writes_nothing(tmp_path, case):
     assert _snapshot(tmp_path) == before
 
 
+def test_an_input_under_a_folder_named_for_another_split_is_said(tmp_path, caplog):
+    """A corpus's train/ folder made into split=val went through without a word (an evaluation on training data
+    later, reported as held out); a held-out folder made into split=train the same. Said, naming both."""
+    from data_prep.inputs import resolve_sources
+    from data_prep.settings import settings_from
+    from train.config.compose import compose
+
+    folder = tmp_path / "SlimPajama-627B" / "train" / "chunk1"
+    folder.mkdir(parents=True)
+    shutil.copy(next(SLIMPAJAMA.glob("*.jsonl.zst")), folder / "part.jsonl.zst")
+
+    def said(split, item):
+        caplog.clear()
+        resolve_sources(settings_from(compose(["dataset=slimpajama", f"input={item}", f"split={split}",
+                                               f"out_root={tmp_path / 'out'}", "tokenizer=t"], config_name="data_prep")))
+        return [r.getMessage() for r in caplog.records if "is under a folder named" in r.getMessage()]
+
+    assert said("val", folder.parent) == [f"data_prep: warning: input: {folder.parent} is under a folder named train/, "
+                                          "made here into split=val: a train split's documents in a held-out split "
+                                          "(check input= and split=)"]
+    assert said("validation", folder / "part.jsonl.zst") and said("test", f"{folder}/*.zst")
+    assert not said("train", folder) and not said("val_small", folder)  # a split of its own naming: not told
+
+
 @pytest.mark.parametrize("codec, cut", [("gzip", 300_000), ("zstd", 700_000), ("gzip", 0), ("zstd", 0)])
 def test_a_truncated_compressed_file_stops_with_its_name_not_a_traceback(tmp_path, codec, cut):
     """A download cut short, or one that failed and left 0 bytes (no compressor writes that). A cut .zst was read
