@@ -17,6 +17,7 @@ from common.console import libraries_to_the_log, library_levels, printed_to_the_
 from common.errors import UserError
 from common.paths import is_remote
 from common.signals import leave_to_the_task_in_every_fork
+from train.checkpoint.integrity import RunStopped
 from train.config.loaders import loader_keys
 from train.task import shards
 from train.task.distributed import decided_on_rank_0, export_from_submitit, job_id, requeues
@@ -75,7 +76,6 @@ def run(cfg: DictConfig) -> dict:
         _verify_load_path(fcfg)
     from llmfoundry.command_utils import train
 
-    from train.checkpoint.integrity import RunStopped
     from train.task import shm_registry, spike, tracking
     from train.task.continuation import register as continuation_register
     from train.task.run_report import register
@@ -121,7 +121,6 @@ def run(cfg: DictConfig) -> dict:
                 tracking.after_the_trainer()
     except BaseException as err:  # torch's CheckpointException (a sharded write failed on a rank) is no Exception
         from common.files import is_disk_full
-        from train.checkpoint.integrity import RunStopped
 
         if isinstance(err, RunStopped) and getattr(err, "went_bad", False):  # its fix: the command that continues it
             # from its last good checkpoint
@@ -178,7 +177,6 @@ def run(cfg: DictConfig) -> dict:
             # go to the sweep's folder, then run plainly: its report folder holds an earlier batch's numbers).
             # A report folder two runs share (hydra.run.dir= the same) holds the other's metrics.json: the run's own
             # finished.json where it records this batch, else a metrics.json of this run only.
-            from train.checkpoint.integrity import RunStopped
             from train.launch.sweep_app import of_run
 
             last = finished.last(fcfg.save_folder)  # `at`: the batch of the checkpoint it stands at, found above
