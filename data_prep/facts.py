@@ -124,11 +124,18 @@ def _read_json(path: Path):
         return None
 
 
-def index_shards(split_folder: str | os.PathLike) -> list[dict] | None:
+def index_shards(split_folder: str | os.PathLike, raw: bytes | None = None) -> list[dict] | None:
     """The shards a folder's index.json lists, as recorded; None where it has no readable list. The one reader of
     an MDS index here: the checks, data_prep's merge and the task's shard hashes all read it through this, and
-    reach a shard's file through shard_file."""
-    index = _read_json(Path(split_folder) / INDEX_FILE)
+    reach a shard's file through shard_file. raw: the index's bytes, where the caller read them already (what it
+    hashes is then what is read here)."""
+    if raw is None:
+        index = _read_json(Path(split_folder) / INDEX_FILE)
+    else:
+        try:
+            index = json.loads(raw)
+        except ValueError:
+            index = None
     shards = index.get("shards") if isinstance(index, dict) else None
     return shards if isinstance(shards, list) and all(isinstance(s, dict) for s in shards) else None
 
@@ -140,9 +147,9 @@ def shard_file(split_folder: str | os.PathLike, info: dict) -> Path | None:
     return None if os.path.isabs(name) or ".." in Path(name).parts else Path(split_folder) / name
 
 
-def samples_in(split_folder: str | os.PathLike) -> int | None:
-    """Samples its index.json lists; None where there is no readable index."""
-    shards = index_shards(split_folder)
+def samples_in(split_folder: str | os.PathLike, raw: bytes | None = None) -> int | None:
+    """Samples its index.json lists (raw: its bytes, read already); None where there is no readable index."""
+    shards = index_shards(split_folder, raw)
     return sum(int(s.get("samples") or 0) for s in shards) if shards is not None else None
 
 

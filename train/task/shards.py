@@ -88,7 +88,7 @@ def train_data(fcfg) -> dict | None:
     if not indexes:
         return None
     raws = [index.read_bytes() for index in indexes]
-    counts = [samples_in(index.parent) for index in indexes]
+    counts = [samples_in(index.parent, raw) for index, raw in zip(indexes, raws)]
     samples = None if None in counts else sum(counts)
     # one split: its index's own hash (the form a record of one split keeps); a mixture: every stream's, in order
     digest = hashlib.sha256(raws[0]).hexdigest() if len(raws) == 1 else \
